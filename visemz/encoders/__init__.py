@@ -1,0 +1,85 @@
+"""integers <-> bytes: the shared block encoder and its entropy stage.
+
+``encode_ints`` / ``decode_ints`` are the public entry points.  NumPy arrays run
+on the CPU (the reference in :mod:`reference`); cupy arrays and torch CUDA
+tensors run on the GPU (:mod:`gpu`).  Both write identical block streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import device as dev
+from ..config import DEFAULTS
+from ..errors import UnsupportedFormatError
+from . import entropy as E
+from . import layout as L
+from . import reference, stream
+
+__all__ = ["encode_ints", "decode_ints", "EncoderConfig", "POLICIES", "ENTROPIES"]
+
+POLICIES = tuple(L.POLICIES)
+ENTROPIES = tuple(E.KINDS)
+_SAFE = {np.dtype(t) for t in ("int8", "int16", "int32", "uint8", "uint16")}
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """How integers are encoded: the three choices ``encode_ints`` takes."""
+
+    policy: str = "global"
+    bitshuffle: bool = True
+    entropy: str = "zstd"
+
+    def __post_init__(self):
+        L.check_policy(self.policy)
+        E.check_kind(self.entropy)
+
+
+def _check_dtype(dtype) -> None:
+    if np.dtype(dtype) not in _SAFE:
+        raise UnsupportedFormatError(
+            f"dtype {np.dtype(dtype)} cannot be encoded losslessly as int32; use int8/16/32 or uint8/16"
+        )
+
+
+def encode_ints(arr, *, policy: str = "global", bitshuffle: bool = True, entropy: str = "zstd") -> bytes:
+    """Encode an integer array (any shape, flattened in C order) into an ints stream.
+
+    policy: "global" (one data-dependent width with varied-length outliers; best for
+    sparse latents) or "block" (a width per block of 32; best for dense data).
+    entropy: "zstd" (CPU or GPU), "ans" (nvCOMP, GPU only) or "none".
+    """
+    cfg = EncoderConfig(policy, bitshuffle, entropy)
+    if dev.is_gpu_array(arr):
+        from . import gpu
+
+        return gpu.encode_ints(arr, cfg)
+    a = np.asarray(arr)
+    _check_dtype(a.dtype)
+    L.check_count(a.size)
+    raw = reference.encode(a.reshape(-1), L.POLICIES[cfg.policy], cfg.bitshuffle)
+    kind = E.KINDS[cfg.entropy]
+    frames = [raw] if kind == E.KINDS["none"] else E.compress_cpu(raw, kind, DEFAULTS.entropy_chunk)
+    return stream.pack(len(raw), kind, DEFAULTS.entropy_chunk, frames)
+
+
+def decode_ints(buf, *, device: str | None = None):
+    """Decode an ints stream into a 1-D int32 array.
+
+    device None or "cpu": a NumPy array, decoded on the CPU.  "cuda": a cupy array,
+    decoded on the GPU.  "auto": the GPU when one is usable.
+    """
+    where = dev.resolve(device or "cpu")
+    parsed = stream.parse(buf)
+    if where == "cuda":
+        from . import gpu
+
+        return gpu.decode_ints(parsed)
+    if parsed.entropy == E.KINDS["none"]:
+        raw = parsed.frames[0]
+    else:
+        raw = E.decompress_cpu(parsed.frames, parsed.entropy, parsed.sizes)
+    return reference.decode(raw)

@@ -1,0 +1,165 @@
+"""The block stream's layout: constants, header, section sizes, width choice.
+
+One definition shared by the NumPy reference and the CUDA kernels (which
+mirror these constants in ``cuda/block.cu``); docs/FORMAT.md describes the
+same bytes in prose.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
+
+MAGIC = b"VZBK"
+VERSION = 1
+HEADER = struct.Struct("<4sBBBBQII")  # magic, version, policy, flags, width, n, ntiles, payload
+HEADER_SIZE = HEADER.size  # 24
+
+TILE_VALUES = 16384  # values per tile: the unit of offsets (and of one GPU thread block)
+GLOBAL_BLOCK = 64  # values per block under the global-width policy (6-bit outlier index)
+PERBLOCK_BLOCK = 32  # values per block under the per-block policy (one warp)
+GLOBAL_WIDTHS = (1, 2, 4, 8)  # truncation widths the global policy chooses from
+MAX_VALUES = 1 << 29  # keeps every payload offset inside a u32
+
+FLAG_BITSHUFFLE = 1
+
+POLICIES = {"global": 0, "block": 1}
+POLICY_NAMES = {v: k for k, v in POLICIES.items()}
+
+# Magnitude categories of a sign-shifted value u, by bit length:
+# 0 -> 0, 1 -> 1, 2 -> 2, 3..4 -> 3, 5..8 -> 4, 9..16 -> 5, 17..24 -> 6, 25..32 -> 7.
+# Width index k (t = 1, 2, 4, 8 for k = 1..4) holds exactly the values of category <= k.
+CATEGORY_BOUNDS = np.array([1, 2, 4, 16, 256, 1 << 16, 1 << 24], dtype=np.uint32)
+OUTLIER_BYTES = np.array([0, 1, 1, 1, 1, 2, 3, 4], dtype=np.int64)  # bytes to store u, by category
+
+
+@dataclass(frozen=True)
+class Header:
+    policy: int
+    bitshuffle: bool
+    width: int
+    n: int
+    ntiles: int
+    payload: int
+
+    def pack(self) -> bytes:
+        flags = FLAG_BITSHUFFLE if self.bitshuffle else 0
+        return HEADER.pack(MAGIC, VERSION, self.policy, flags, self.width, self.n, self.ntiles, self.payload)
+
+
+def block_size(policy: int) -> int:
+    return GLOBAL_BLOCK if policy == POLICIES["global"] else PERBLOCK_BLOCK
+
+
+def n_tiles(n: int) -> int:
+    return -(-n // TILE_VALUES)
+
+
+def n_blocks(policy: int, n: int) -> int:
+    return -(-n // block_size(policy))
+
+
+def meta_size(policy: int, n: int) -> int:
+    """Bytes of per-block metadata: 2 flag bits per block (global) or a width byte (block)."""
+    nb = n_blocks(policy, n)
+    return -(-nb // 4) if policy == POLICIES["global"] else nb
+
+
+def table_offset() -> int:
+    return HEADER_SIZE
+
+
+def meta_offset(n: int) -> int:
+    return HEADER_SIZE + 4 * n_tiles(n)
+
+
+def payload_offset(policy: int, n: int) -> int:
+    return meta_offset(n) + meta_size(policy, n)
+
+
+def max_payload(policy: int, n: int) -> int:
+    """Worst-case payload bytes, for allocating GPU output before sizes are known."""
+    tiles = n_tiles(n)
+    if policy == POLICIES["global"]:
+        # chunks (1 B/value at t=8) + count byte per block + index byte + 4 value bytes per value
+        return tiles * (TILE_VALUES * 6 + TILE_VALUES // GLOBAL_BLOCK)
+    return tiles * TILE_VALUES * 4
+
+
+def max_stream_size(policy: int, n: int) -> int:
+    return payload_offset(policy, n) + max_payload(policy, n)
+
+
+def check_policy(policy: str) -> int:
+    if policy not in POLICIES:
+        raise UnsupportedFormatError(f"policy={policy!r}: expected one of {sorted(POLICIES)}")
+    return POLICIES[policy]
+
+
+def check_count(n: int) -> None:
+    if n > MAX_VALUES:
+        raise LimitExceededError(f"{n} values exceed the block stream's limit of {MAX_VALUES} (2**29) values")
+
+
+def choose_width(value_counts: np.ndarray, block_min: np.ndarray, block_max: np.ndarray) -> int:
+    """Exact payload size of each global width; the smallest wins (ties: narrower).
+
+    ``value_counts[c]``: values of category c; ``block_min[c]``: blocks whose smallest
+    non-zero category is c (c = 0: all-zero block); ``block_max[c]``: blocks whose
+    largest category is c.  The CUDA kernel computes the same integers the same way.
+    """
+    best = None
+    for k, t in enumerate(GLOBAL_WIDTHS, start=1):
+        chunks = int(block_min[1 : k + 1].sum())
+        with_outliers = int(block_max[k + 1 :].sum())
+        outliers = int(value_counts[k + 1 :].sum())
+        value_bytes = int((value_counts[k + 1 :] * OUTLIER_BYTES[k + 1 :]).sum())
+        size = 8 * t * chunks + with_outliers + outliers + value_bytes
+        if best is None or size < best[0]:
+            best = (size, t)
+    return best[1]
+
+
+def parse_header(buf: memoryview) -> Header:
+    """Validate the fixed header and every derived size against the buffer."""
+    if len(buf) < HEADER_SIZE:
+        raise CorruptStreamError(f"block stream of {len(buf)} bytes is shorter than its {HEADER_SIZE}-byte header")
+    magic, version, policy, flags, width, n, ntiles, payload = HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise CorruptStreamError(f"block stream magic {magic!r} is not {MAGIC!r}")
+    if version != VERSION:
+        raise UnsupportedFormatError(f"block stream version {version} (this build reads version {VERSION})")
+    if policy not in POLICY_NAMES:
+        raise CorruptStreamError(f"block stream policy code {policy} is unknown")
+    if flags & ~FLAG_BITSHUFFLE:
+        raise CorruptStreamError(f"block stream flags 0x{flags:02x} has unknown bits")
+    if n > MAX_VALUES:
+        raise LimitExceededError(f"block stream claims {n} values, over the limit of {MAX_VALUES}")
+    if ntiles != n_tiles(n):
+        raise CorruptStreamError(f"block stream has {ntiles} tiles for {n} values (expected {n_tiles(n)})")
+    if policy == POLICIES["global"]:
+        if width not in GLOBAL_WIDTHS and not (n == 0 and width == 0):
+            raise CorruptStreamError(f"block stream global width {width} is not one of {GLOBAL_WIDTHS}")
+    elif width != 0:
+        raise CorruptStreamError(f"block stream per-block policy with width field {width} (must be 0)")
+    expected = payload_offset(policy, n) + payload
+    if payload > max_payload(policy, n) or expected != len(buf):
+        raise CorruptStreamError(
+            f"block stream of {len(buf)} bytes does not match its header ({n} values, payload {payload} bytes)"
+        )
+    return Header(policy, bool(flags & FLAG_BITSHUFFLE), width, n, ntiles, payload)
+
+
+def tile_ends(buf: memoryview, hdr: Header) -> np.ndarray:
+    """The tile table, checked to be non-decreasing and to end at the payload size."""
+    ends = np.frombuffer(buf, dtype="<u4", count=hdr.ntiles, offset=table_offset()).astype(np.int64)
+    if hdr.ntiles:
+        if np.any(np.diff(ends) < 0) or ends[0] < 0 or ends[-1] != hdr.payload:
+            raise CorruptStreamError("block stream tile table is not a non-decreasing list ending at the payload size")
+    elif hdr.payload:
+        raise CorruptStreamError(f"empty block stream with a payload of {hdr.payload} bytes")
+    return ends

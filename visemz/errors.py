@@ -1,0 +1,32 @@
+"""Error types raised by visemz.
+
+Every failure a user can cause (bad input, corrupt or foreign files, a missing
+GPU) is a :class:`VisemzError` subclass whose message names the bad value, so
+callers can catch one base class and still tell the cases apart.
+"""
+
+from __future__ import annotations
+
+
+class VisemzError(Exception):
+    """Base class of every error visemz raises on purpose."""
+
+
+class CorruptStreamError(VisemzError, ValueError):
+    """A compressed stream or container is truncated, altered or inconsistent."""
+
+
+class UnsupportedFormatError(VisemzError, ValueError):
+    """Input is valid but not something this version handles (dtype, version, field)."""
+
+
+class InvalidArgumentError(VisemzError, ValueError):
+    """An argument has a value outside its documented domain."""
+
+
+class DeviceUnavailableError(VisemzError, RuntimeError):
+    """A GPU, or a GPU-only library (cupy, nvCOMP, kvikio, DALI), is needed but absent."""
+
+
+class LimitExceededError(VisemzError, ValueError):
+    """An input or a stream asks for more than the documented size limits."""
