@@ -124,8 +124,9 @@ def choose_width(value_counts: np.ndarray, block_min: np.ndarray, block_max: np.
     return best[1]
 
 
-def parse_header(buf: memoryview) -> Header:
-    """Validate the fixed header and every derived size against the buffer."""
+def parse_header(buf: memoryview, total: int | None = None) -> Header:
+    """Validate the fixed header and every derived size against the stream length (default: len(buf))."""
+    total = len(buf) if total is None else total
     if len(buf) < HEADER_SIZE:
         raise CorruptStreamError(f"block stream of {len(buf)} bytes is shorter than its {HEADER_SIZE}-byte header")
     magic, version, policy, flags, width, n, ntiles, payload = HEADER.unpack_from(buf, 0)
@@ -147,9 +148,9 @@ def parse_header(buf: memoryview) -> Header:
     elif width != 0:
         raise CorruptStreamError(f"block stream per-block policy with width field {width} (must be 0)")
     expected = payload_offset(policy, n) + payload
-    if payload > max_payload(policy, n) or expected != len(buf):
+    if payload > max_payload(policy, n) or expected != total:
         raise CorruptStreamError(
-            f"block stream of {len(buf)} bytes does not match its header ({n} values, payload {payload} bytes)"
+            f"block stream of {total} bytes does not match its header ({n} values, payload {payload} bytes)"
         )
     return Header(policy, bool(flags & FLAG_BITSHUFFLE), width, n, ntiles, payload)
 

@@ -1,0 +1,144 @@
+"""Encoder throughput and ratio on the GPU, against a device copy and nvCOMP's own codecs.
+
+    python scripts/bench_encoder.py --out bench.json [--sizes-mb 1 16 64 256 1024] [--repeat 20]
+
+Throughput is GB/s of int32 input (1 GB = 1e9 bytes), the median over --repeat timed
+runs after warm-up, timed with CUDA events.  The device-to-device copy of the same
+bytes is the memory roofline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+
+def timed(cp, fn, repeat: int, warmup: int = 3) -> float:
+    """Median seconds of fn() on the current stream, CUDA events around each call."""
+    for _ in range(warmup):
+        fn()
+    cp.cuda.get_current_stream().synchronize()
+    times = []
+    for _ in range(repeat):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
+    return statistics.median(times)
+
+
+def make_data(cp, kind: str, n: int, seed: int):
+    rs = cp.random.RandomState(seed)
+    if kind == "latent":  # rounded Laplacian(0, 0.5): ~63% zeros, like a quantised latent
+        return cp.rint(rs.laplace(0.0, 0.5, n, dtype=cp.float32)).astype(cp.int32)
+    if kind == "dense":  # smooth-field residuals: every value non-zero, ~12-bit magnitudes
+        return rs.randint(-3000, 3000, n, dtype=cp.int32)
+    raise ValueError(kind)
+
+
+def nvcomp_row(cp, gpu, algo: str, x, repeat: int, **opts):
+    from nvidia import nvcomp as nv
+
+    s = cp.cuda.get_current_stream().ptr
+    c = nv.Codec(algorithm=algo, bitstream_kind=nv.BitstreamKind.NVCOMP_NATIVE, device_id=cp.cuda.Device().id,
+                 cuda_stream=s, **opts)
+    src = nv.as_array(x, cuda_stream=s)
+    enc = c.encode(src)
+    cp.cuda.get_current_stream().synchronize()
+    size = enc.buffer_size
+    t_enc = timed(cp, lambda: c.encode(src), repeat)
+    t_dec = timed(cp, lambda: c.decode(enc), repeat)
+    return {"codec": f"nvcomp-{algo}", "ratio": x.nbytes / size, "enc_GBps": x.nbytes / t_enc / 1e9,
+            "dec_GBps": x.nbytes / t_dec / 1e9}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 64, 256, 1024])
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--out", default="bench_encoder.json")
+    ap.add_argument("--no-nvcomp", action="store_true")
+    args = ap.parse_args()
+
+    import cupy as cp
+
+    from visemz.encoders import entropy as E
+    from visemz.encoders import gpu, reference
+    from visemz.encoders import layout as L
+
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    print(f"device: {name}")
+    rows = []
+    for kind in ("latent", "dense"):
+        for mb in args.sizes_mb:
+            n = mb * (1 << 20) // 4
+            x = make_data(cp, kind, n, seed=mb)
+            dst = cp.empty_like(x)
+            t_copy = timed(cp, lambda: cp.copyto(dst, x), args.repeat)
+            base = {"data": kind, "MB": mb, "copy_GBps": x.nbytes / t_copy / 1e9}
+            for policy in ("global", "block"):
+                pid = L.POLICIES[policy]
+                raw = gpu.encode_raw(x, pid, True)
+                t_enc = timed(cp, lambda: gpu.encode_block_stream(x, pid, True), args.repeat)
+                t_dec = timed(cp, lambda: gpu.decode_block_stream(raw), args.repeat)
+                frames = gpu.compress_frames(raw, E.KINDS["zstd"], 1 << 20)
+                zsize = sum(f.size for f in frames)
+                sizes = [b - a for a, b in E.chunk_bounds(raw.size, 1 << 20)]
+                host_frames = [f.get().tobytes() for f in frames]
+                t_zenc = timed(cp, lambda: gpu.compress_frames(raw, E.KINDS["zstd"], 1 << 20), args.repeat)
+                t_zdec = timed(cp, lambda: gpu.decompress_frames(host_frames, E.KINDS["zstd"], sizes), args.repeat)
+                row = dict(base, codec=f"visemz-{policy}", ratio=x.nbytes / raw.size,
+                           enc_GBps=x.nbytes / t_enc / 1e9, dec_GBps=x.nbytes / t_dec / 1e9,
+                           ratio_zstd=x.nbytes / zsize,
+                           enc_zstd_GBps=x.nbytes / (t_enc + t_zenc) / 1e9,
+                           dec_zstd_GBps=x.nbytes / (t_zdec + t_dec) / 1e9)
+                row["enc_vs_copy"] = row["enc_GBps"] / base["copy_GBps"]
+                rows.append(row)
+                print(json.dumps(row))
+            if not args.no_nvcomp and mb <= 256:
+                for algo, opts in (("Bitcomp", {"data_type": "<i4"}), ("Cascaded", {"data_type": "<i4"}),
+                                   ("ANS", {"data_type": "|u1"})):
+                    try:
+                        row = dict(base, **nvcomp_row(cp, gpu, algo, x, max(5, args.repeat // 4), **opts))
+                    except Exception as e:  # report, keep benchmarking the rest
+                        row = dict(base, codec=f"nvcomp-{algo}", error=str(e)[:200])
+                    rows.append(row)
+                    print(json.dumps(row))
+            del x, dst
+            cp.get_default_memory_pool().free_all_blocks()
+    # CPU reference, one core, latent-like data
+    v = np.round(np.random.default_rng(0).laplace(0, 0.5, 4 << 20)).astype(np.int32)
+    for policy in ("global", "block"):
+        ts = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            reference.encode(v, L.POLICIES[policy], True)
+            ts.append(time.perf_counter() - t0)
+        row = {"data": "latent", "MB": 16, "codec": f"numpy-reference-{policy}", "enc_MBps": v.nbytes / statistics.median(ts) / 1e6}
+        rows.append(row)
+        print(json.dumps(row))
+    with open(args.out, "w") as f:
+        json.dump({"device": name, "rows": rows}, f, indent=1)
+    print_table(name, rows)
+
+
+def print_table(name: str, rows: list[dict]) -> None:
+    print(f"\n{name}: GB/s of int32 input (median), ratio = input bytes / output bytes")
+    print("| data | MB | codec | ratio | enc GB/s | dec GB/s | +zstd ratio | +zstd enc | +zstd dec | copy GB/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "copy_GBps" not in r:
+            continue
+        f = lambda k: f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-"
+        print(f"| {r['data']} | {r['MB']} | {r['codec']} | {f('ratio')} | {f('enc_GBps')} | {f('dec_GBps')} | "
+              f"{f('ratio_zstd')} | {f('enc_zstd_GBps')} | {f('dec_zstd_GBps')} | {f('copy_GBps')} |")
+
+
+if __name__ == "__main__":
+    main()

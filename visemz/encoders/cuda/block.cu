@@ -1,0 +1,517 @@
+// The shared block encoder on the GPU: sign-shift, truncation (global width with
+// varied-length outliers, or a width per block), bit-flag zero-chunk scan,
+// optional bitshuffle, and single-pass decoupled look-back compaction.
+//
+// These kernels write exactly the bytes of visemz/encoders/reference.py; the
+// layout constants mirror visemz/encoders/layout.py and docs/FORMAT.md.
+// One thread block of 256 threads (8 warps) handles one tile of 16384 values;
+// every value a warp needs stays in its registers from load to store.
+
+#define FULL 0xffffffffu
+#define TILE 16384
+#define WARPS 8
+#define HEADER_SIZE 24
+#define ST_AGG (1ull << 62)
+#define ST_PRE (2ull << 62)
+#define ST_MASK ((1ull << 62) - 1)
+
+typedef unsigned char u8;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 zigzag(int v) { return ((u32)v << 1) ^ (u32)(v >> 31); }
+__device__ __forceinline__ int unzigzag(u32 u) { return (int)((u >> 1) ^ (0u - (u & 1u))); }
+
+// Magnitude category by bit length: 0,1,2 -> same; 3-4 -> 3; 5-8 -> 4; 9-16 -> 5; 17-24 -> 6; 25-32 -> 7.
+__device__ __forceinline__ u32 category(u32 u) {
+    u32 b = 32 - __clz(u);
+    return b <= 2 ? b : (b <= 4 ? 3 : (b <= 8 ? 4 : (b <= 16 ? 5 : (b <= 24 ? 6 : 7))));
+}
+__device__ __forceinline__ u32 outlier_bytes(u32 u) { return u < 256u ? 1 : (u < 65536u ? 2 : (u < 16777216u ? 3 : 4)); }
+__device__ __forceinline__ u32 lanemask_lt() { u32 m; asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m)); return m; }
+
+__device__ __forceinline__ u32 warp_incl_scan(u32 x, u32 lane) {
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        u32 y = __shfl_up_sync(FULL, x, d);
+        if (lane >= (u32)d) x += y;
+    }
+    return x;
+}
+
+__device__ __forceinline__ long long n_tiles(long long n) { return (n + TILE - 1) / TILE; }
+
+// Exact payload size of each global width (k = 1..4 <-> t = 1, 2, 4, 8); smallest wins, ties to narrower.
+__device__ u32 choose_width(const u64* s) {
+    const u64 vbytes[8] = {0, 1, 1, 1, 1, 2, 3, 4};
+    u64 best = ~0ull; u32 best_t = 1;
+    for (int k = 1; k <= 4; ++k) {
+        u32 t = 1u << (k - 1);
+        u64 chunks = 0, with_out = 0, outs = 0, vb = 0;
+        for (int c = 1; c <= k; ++c) chunks += s[8 + c];
+        for (int c = k + 1; c < 8; ++c) { with_out += s[16 + c]; outs += s[c]; vb += s[c] * vbytes[c]; }
+        u64 size = 8ull * t * chunks + with_out + outs + vb;
+        if (size < best) { best = size; best_t = t; }
+    }
+    return best_t;
+}
+
+// Decoupled look-back (Merrill & Garland): publish this tile's aggregate, add predecessors'
+// aggregates until one publishes an inclusive prefix, publish ours. Returns the exclusive prefix.
+__device__ u64 look_back(u64* status, u32 tile, u64 agg) {
+    if (tile == 0) { atomicExch(&status[0], ST_PRE | agg); return 0; }
+    atomicExch(&status[tile], ST_AGG | agg);
+    u64 excl = 0;
+    long long p = (long long)tile - 1;
+    while (true) {
+        u64 s = *(volatile u64*)&status[p];
+        if (s == 0) continue;  // predecessor has not published yet
+        excl += s & ST_MASK;
+        if (s & ST_PRE) break;
+        --p;
+    }
+    __threadfence();
+    atomicExch(&status[tile], ST_PRE | (excl + agg));
+    return excl;
+}
+
+__device__ void write_header(u8* out, u32 policy, u32 bitshuffle, u32 width, long long n, u32 payload) {
+    const u8 magic[4] = {'V', 'Z', 'B', 'K'};
+    for (int i = 0; i < 4; ++i) out[i] = magic[i];
+    out[4] = 1; out[5] = (u8)policy; out[6] = (u8)(bitshuffle ? 1 : 0); out[7] = (u8)width;
+    for (int i = 0; i < 8; ++i) out[8 + i] = (u8)((unsigned long long)n >> (8 * i));
+    u32 nt = (u32)n_tiles(n);
+    for (int i = 0; i < 4; ++i) { out[16 + i] = (u8)(nt >> (8 * i)); out[20 + i] = (u8)(payload >> (8 * i)); }
+}
+
+// Block-wide exclusive prefix of per-warp totals, for quantities [q0, q1) of a [WARPS][S] table;
+// s_tot gets the tile totals.  Callers __syncthreads() before and after.
+template <int S>
+__device__ void tile_scan(u32 (*s_warp)[S], u32 (*s_pre)[S], u32* s_tot, int q0, int q1) {
+    int q = q0 + (int)threadIdx.x;
+    if (q < q1) {
+        u32 acc = 0;
+        for (int w = 0; w < WARPS; ++w) { s_pre[w][q] = acc; acc += s_warp[w][q]; }
+        s_tot[q] = acc;
+    }
+}
+
+// ------------------------------------------------------------------ global policy
+// stats: [0,8) values per category, [8,16) blocks by smallest non-zero category
+// (0: all zero), [16,24) blocks by largest category.
+extern "C" __global__ void __launch_bounds__(256) global_stats(const int* __restrict__ v, long long n, u64* stats) {
+    const u32 lane = threadIdx.x & 31;
+    const long long nb = (n + 63) / 64;
+    u32 cnt[8] = {0, 0, 0, 0, 0, 0, 0, 0}, bmin[8] = {0, 0, 0, 0, 0, 0, 0, 0}, bmax[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long b = warp; b < nb; b += nwarps) {
+        long long i = b * 64 + lane;
+        u32 lo = i < n ? zigzag(v[i]) : 0, hi = i + 32 < n ? zigzag(v[i + 32]) : 0;
+        u32 cl = category(lo), ch = category(hi);
+#pragma unroll
+        for (u32 c = 0; c < 8; ++c) cnt[c] += (cl == c) + (ch == c);
+        u32 mn = __reduce_min_sync(FULL, min(cl ? cl : 8u, ch ? ch : 8u));
+        u32 mx = __reduce_max_sync(FULL, max(cl, ch));
+        mn = mn == 8 ? 0 : mn;
+#pragma unroll
+        for (u32 c = 0; c < 8; ++c) { bmin[c] += (mn == c); bmax[c] += (mx == c); }
+    }
+    // Padding values of the last block count as zeros, as in the reference.
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        u32 total = __reduce_add_sync(FULL, cnt[c]);
+        if (lane == 0) {
+            if (total) atomicAdd(&stats[c], (u64)total);
+            if (bmin[c]) atomicAdd(&stats[8 + c], (u64)bmin[c]);
+            if (bmax[c]) atomicAdd(&stats[16 + c], (u64)bmax[c]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) global_encode(
+    const int* __restrict__ v, long long n, const u64* __restrict__ stats, int bitshuffle, u8* __restrict__ out,
+    u64* status, u32* tile_counter, u64* out_size) {
+    __shared__ u32 s_tile, s_t;
+    __shared__ u64 s_prefix;
+    __shared__ u32 s_warp[WARPS][4], s_pre[WARPS][4], s_tot[4];
+    __shared__ u32 s_buf[WARPS][16];
+    const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (threadIdx.x == 0) { s_tile = atomicAdd(tile_counter, 1u); s_t = choose_width(stats); }
+    __syncthreads();
+    const u32 tile = s_tile, t = s_t, lim = 1u << t;
+    const long long ntiles = n_tiles(n), nb = (n + 63) / 64;
+    const long long meta_off = HEADER_SIZE + 4 * ntiles, meta_size = (nb + 3) / 4;
+    const long long pay_off = meta_off + meta_size;
+    const long long first_block = (long long)tile * 256 + w * 32;
+
+    u32 lo[32], hi[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        long long i = (first_block + j) * 64 + lane;
+        lo[j] = i < n ? zigzag(__ldcs(v + i)) : 0;
+        hi[j] = i + 32 < n ? zigzag(__ldcs(v + i + 32)) : 0;
+    }
+    // Pass 1: per-block sizes; lane j keeps block j's numbers.
+    u32 my_nz = 0, my_cnt = 0, my_vb = 0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        bool fl = lo[j] < lim, fh = hi[j] < lim;
+        u32 nz = __any_sync(FULL, ((fl ? lo[j] : 0) | (fh ? hi[j] : 0)) != 0);
+        u32 cnt = __popc(__ballot_sync(FULL, !fl)) + __popc(__ballot_sync(FULL, !fh));
+        u32 vb = 0;
+        if (cnt) vb = __reduce_add_sync(FULL, (fl ? 0 : outlier_bytes(lo[j])) + (fh ? 0 : outlier_bytes(hi[j])));
+        if (lane == (u32)j) { my_nz = nz; my_cnt = cnt; my_vb = vb; }
+    }
+    u32 q[4] = {my_nz, my_cnt ? 1u : 0u, my_cnt, my_vb};
+    u32 ex[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        u32 inc = warp_incl_scan(q[k], lane);
+        ex[k] = inc - q[k];
+        if (lane == 31) s_warp[w][k] = inc;
+    }
+    __syncthreads();
+    tile_scan<4>(s_warp, s_pre, s_tot, 0, 4);
+    __syncthreads();
+    const u32 n_nz = s_tot[0], n_ho = s_tot[1], n_out = s_tot[2], n_vb = s_tot[3];
+    const u64 tile_size = 8ull * t * n_nz + n_ho + n_out + n_vb;
+    if (threadIdx.x == 0) {
+        u64 prefix = look_back(status, tile, tile_size);
+        s_prefix = prefix;
+        u64 end = prefix + tile_size;
+        *(u32*)(out + HEADER_SIZE + 4ull * tile) = (u32)end;
+        if (tile == ntiles - 1) {
+            write_header(out, 0, bitshuffle, t, n, (u32)end);
+            *out_size = pay_off + end;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) ex[k] += s_pre[w][k];
+
+    // Flags: 2 bits per block, 4 blocks per byte.
+    u32 nzm = __ballot_sync(FULL, my_nz), hom = __ballot_sync(FULL, my_cnt != 0);
+    if (lane < 8) {
+        long long byte = first_block / 4 + lane;
+        if (byte < meta_size) {
+            u32 f = 0;
+            for (int i = 0; i < 4; ++i)
+                f |= ((nzm >> (4 * lane + i)) & 1u) << (2 * i) | ((hom >> (4 * lane + i)) & 1u) << (2 * i + 1);
+            out[meta_off + byte] = (u8)f;
+        }
+    }
+    u8* base = out + pay_off + s_prefix;
+    u8* counts = base + 8ull * t * n_nz;
+    u8* index = counts + n_ho;
+    u8* values = index + n_out;
+    u8* buf = (u8*)s_buf[w];
+    // Pass 2: write chunks and outliers.
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        bool fl = lo[j] < lim, fh = hi[j] < lim;
+        u32 tl = fl ? lo[j] : 0, th = fh ? hi[j] : 0;
+        u32 nz = __shfl_sync(FULL, my_nz, j);
+        if (nz) {
+            u32 off = __shfl_sync(FULL, ex[0], j) * 8 * t;
+            if (bitshuffle) {
+                for (u32 p = 0; p < t; ++p) {
+                    u32 b0 = __ballot_sync(FULL, (tl >> p) & 1u), b1 = __ballot_sync(FULL, (th >> p) & 1u);
+                    if (lane == p) { s_buf[w][2 * p] = b0; s_buf[w][2 * p + 1] = b1; }
+                }
+            } else {
+                if (lane < 16) s_buf[w][lane] = 0;
+                __syncwarp();
+                atomicOr(&s_buf[w][(lane * t) >> 5], tl << ((lane * t) & 31));
+                atomicOr(&s_buf[w][((32 + lane) * t) >> 5], th << (((32 + lane) * t) & 31));
+            }
+            __syncwarp();
+            if (lane < 8 * t) base[off + lane] = buf[lane];
+            if (lane + 32 < 8 * t) base[off + lane + 32] = buf[lane + 32];
+            __syncwarp();
+        }
+        u32 cnt = __shfl_sync(FULL, my_cnt, j);
+        if (cnt) {
+            u32 ho_rank = __shfl_sync(FULL, ex[1], j), orank = __shfl_sync(FULL, ex[2], j);
+            u32 voff = __shfl_sync(FULL, ex[3], j);
+            if (lane == 0) counts[ho_rank] = (u8)(cnt - 1);
+            u32 ml = __ballot_sync(FULL, !fl), mh = __ballot_sync(FULL, !fh);
+            u32 nbl = fl ? 0 : outlier_bytes(lo[j]), nbh = fh ? 0 : outlier_bytes(hi[j]);
+            u32 sl = warp_incl_scan(nbl, lane), sh = warp_incl_scan(nbh, lane);
+            u32 totl = __shfl_sync(FULL, sl, 31);
+            if (!fl) {
+                u32 r = orank + __popc(ml & lanemask_lt());
+                index[r] = (u8)(((nbl - 1) << 6) | lane);
+                u8* dst = values + voff + sl - nbl;
+                for (u32 k = 0; k < nbl; ++k) dst[k] = (u8)(lo[j] >> (8 * k));
+            }
+            if (!fh) {
+                u32 r = orank + __popc(ml) + __popc(mh & lanemask_lt());
+                index[r] = (u8)(((nbh - 1) << 6) | (32 + lane));
+                u8* dst = values + voff + totl + sh - nbh;
+                for (u32 k = 0; k < nbh; ++k) dst[k] = (u8)(hi[j] >> (8 * k));
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) global_decode(
+    const u8* __restrict__ in, long long n, u32 t, int bitshuffle, u32 payload, int* __restrict__ out, int* err) {
+    __shared__ u32 s_warp[WARPS][4], s_pre[WARPS][4], s_tot[4];
+    __shared__ u32 s_vals[WARPS][64];
+    __shared__ u32 s_buf[WARPS][16];
+    const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, tile = blockIdx.x;
+    const long long ntiles = n_tiles(n), nb = (n + 63) / 64;
+    const long long meta_off = HEADER_SIZE + 4 * ntiles, meta_size = (nb + 3) / 4;
+    const u8* pay = in + meta_off + meta_size;
+    const u32* table = (const u32*)(in + HEADER_SIZE);
+    const u32 start = tile ? table[tile - 1] : 0, end = table[tile];
+    if (start > end || end > payload || (tile == ntiles - 1 && end != payload)) { if (threadIdx.x == 0) atomicOr(err, 1); return; }
+    const u32 size = end - start;
+    const long long first_block = (long long)tile * 256 + w * 32;
+    const long long blk = first_block + lane;
+    u32 f = 0;
+    if (blk / 4 < meta_size) f = (in[meta_off + blk / 4] >> (2 * (blk % 4))) & 3u;
+    if (blk >= nb && f) atomicOr(err, 2);
+    const u32 my_nz = f & 1u, my_ho = (f >> 1) & 1u;
+    u32 ex[4], q[2] = {my_nz, my_ho};
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        u32 inc = warp_incl_scan(q[k], lane);
+        ex[k] = inc - q[k];
+        if (lane == 31) s_warp[w][k] = inc;
+    }
+    __syncthreads();
+    tile_scan<4>(s_warp, s_pre, s_tot, 0, 2);
+    __syncthreads();
+    const u64 chunk_bytes = 8ull * t * s_tot[0];
+    const u32 n_ho = s_tot[1];
+    ex[0] += s_pre[w][0]; ex[1] += s_pre[w][1];
+    if (chunk_bytes + n_ho > size) { if (threadIdx.x == 0) atomicOr(err, 4); return; }
+    const u8* base = pay + start;
+    const u8* counts = base + chunk_bytes;
+    u32 my_cnt = my_ho ? counts[ex[1]] + 1u : 0u;
+    {
+        u32 inc = warp_incl_scan(my_cnt, lane);
+        ex[2] = inc - my_cnt;
+        if (lane == 31) s_warp[w][2] = inc;
+    }
+    __syncthreads();
+    tile_scan<4>(s_warp, s_pre, s_tot, 2, 3);
+    __syncthreads();
+    const u32 n_out = s_tot[2];
+    ex[2] += s_pre[w][2];
+    if (chunk_bytes + n_ho + n_out > size) { if (threadIdx.x == 0) atomicOr(err, 8); return; }
+    const u8* index = counts + n_ho;
+    // Value bytes per block come from its index bytes.
+    u32 my_vb = 0;
+    for (int j = 0; j < 32; ++j) {
+        u32 cnt = __shfl_sync(FULL, my_cnt, j), orank = __shfl_sync(FULL, ex[2], j);
+        if (!cnt) continue;
+        u32 s = (lane < cnt ? (index[orank + lane] >> 6) + 1u : 0u) + (lane + 32 < cnt ? (index[orank + lane + 32] >> 6) + 1u : 0u);
+        s = __reduce_add_sync(FULL, s);
+        if (lane == (u32)j) my_vb = s;
+    }
+    {
+        u32 inc = warp_incl_scan(my_vb, lane);
+        ex[3] = inc - my_vb;
+        if (lane == 31) s_warp[w][3] = inc;
+    }
+    __syncthreads();
+    tile_scan<4>(s_warp, s_pre, s_tot, 3, 4);
+    __syncthreads();
+    if (chunk_bytes + n_ho + n_out + s_tot[3] != size) { if (threadIdx.x == 0) atomicOr(err, 16); return; }
+    ex[3] += s_pre[w][3];
+    const u8* values = index + n_out;
+    u8* buf = (u8*)s_buf[w];
+    const u32 mask = (1u << t) - 1u;
+    for (int j = 0; j < 32; ++j) {
+        long long b = first_block + j;
+        if (b >= nb) break;
+        u32 lo = 0, hi = 0;
+        if (__shfl_sync(FULL, my_nz, j)) {
+            u32 off = __shfl_sync(FULL, ex[0], j) * 8 * t;
+            if (lane < 8 * t) buf[lane] = base[off + lane];
+            if (lane + 32 < 8 * t) buf[lane + 32] = base[off + lane + 32];
+            __syncwarp();
+            if (bitshuffle) {
+                for (u32 p = 0; p < t; ++p) {
+                    lo |= ((buf[8 * p + (lane >> 3)] >> (lane & 7)) & 1u) << p;
+                    hi |= ((buf[8 * p + 4 + (lane >> 3)] >> (lane & 7)) & 1u) << p;
+                }
+            } else {
+                u32 bl = lane * t, bh = (32 + lane) * t;
+                lo = (buf[bl >> 3] >> (bl & 7)) & mask;
+                hi = (buf[bh >> 3] >> (bh & 7)) & mask;
+            }
+            __syncwarp();
+        }
+        u32 cnt = __shfl_sync(FULL, my_cnt, j);
+        if (cnt) {
+            s_vals[w][lane] = lo; s_vals[w][lane + 32] = hi;
+            __syncwarp();
+            u32 orank = __shfl_sync(FULL, ex[2], j), voff = __shfl_sync(FULL, ex[3], j);
+            u32 ia = lane < cnt ? index[orank + lane] : 0, ib = lane + 32 < cnt ? index[orank + lane + 32] : 0;
+            u32 na = lane < cnt ? (ia >> 6) + 1u : 0u, nbb = lane + 32 < cnt ? (ib >> 6) + 1u : 0u;
+            u32 sa = warp_incl_scan(na, lane), sb = warp_incl_scan(nbb, lane), tota = __shfl_sync(FULL, sa, 31);
+            // positions must increase within a block (the reference checks the same)
+            u32 pa = ia & 63u, pb = ib & 63u;
+            u32 prev_a = __shfl_up_sync(FULL, pa, 1), prev_b = __shfl_up_sync(FULL, pb, 1);
+            u32 last_a = __shfl_sync(FULL, pa, 31);
+            if (lane < cnt && lane > 0 && pa <= prev_a) atomicOr(err, 32);
+            if (lane + 32 < cnt && pb <= (lane == 0 ? last_a : prev_b)) atomicOr(err, 32);
+            if (lane < cnt) {
+                const u8* src = values + voff + sa - na;
+                u32 u = 0;
+                for (u32 k = 0; k < na; ++k) u |= (u32)src[k] << (8 * k);
+                s_vals[w][pa] = u;
+            }
+            if (lane + 32 < cnt) {
+                const u8* src = values + voff + tota + sb - nbb;
+                u32 u = 0;
+                for (u32 k = 0; k < nbb; ++k) u |= (u32)src[k] << (8 * k);
+                s_vals[w][pb] = u;
+            }
+            __syncwarp();
+            lo = s_vals[w][lane]; hi = s_vals[w][lane + 32];
+            __syncwarp();
+        }
+        long long i = b * 64 + lane;
+        if (i < n) out[i] = unzigzag(lo);
+        if (i + 32 < n) out[i + 32] = unzigzag(hi);
+    }
+}
+
+// ---------------------------------------------------------------- per-block policy
+extern "C" __global__ void __launch_bounds__(256) block_encode(
+    const int* __restrict__ v, long long n, int bitshuffle, u8* __restrict__ out, u64* status, u32* tile_counter,
+    u64* out_size) {
+    __shared__ u32 s_tile;
+    __shared__ u64 s_prefix;
+    __shared__ u32 s_warp[WARPS][1], s_pre[WARPS][1], s_tot[1];
+    __shared__ u32 s_buf[WARPS][33];
+    const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+    __syncthreads();
+    const u32 tile = s_tile;
+    const long long ntiles = n_tiles(n), nb = (n + 31) / 32;
+    const long long meta_off = HEADER_SIZE + 4 * ntiles, pay_off = meta_off + nb;
+    const long long first_block = (long long)tile * 512 + w * 64;
+    u32 u[64];
+#pragma unroll
+    for (int j = 0; j < 64; ++j) {
+        long long i = (first_block + j) * 32 + lane;
+        u[j] = i < n ? zigzag(__ldcs(v + i)) : 0;
+    }
+    u32 w0 = 0, w1 = 0;
+#pragma unroll
+    for (int j = 0; j < 64; ++j) {
+        u32 width = 32 - __clz(__reduce_or_sync(FULL, u[j]));
+        if (j < 32) { if (lane == (u32)j) w0 = width; }
+        else if (lane == (u32)(j - 32)) w1 = width;
+    }
+    u32 s0 = warp_incl_scan(w0, lane), s1 = warp_incl_scan(w1, lane);
+    u32 tot0 = __shfl_sync(FULL, s0, 31);
+    u32 e0 = s0 - w0, e1 = tot0 + s1 - w1;
+    if (lane == 31) s_warp[w][0] = tot0 + s1;
+    __syncthreads();
+    tile_scan<1>(s_warp, s_pre, s_tot, 0, 1);
+    __syncthreads();
+    const u64 tile_size = 4ull * s_tot[0];
+    if (threadIdx.x == 0) {
+        u64 prefix = look_back(status, tile, tile_size);
+        s_prefix = prefix;
+        u64 end = prefix + tile_size;
+        *(u32*)(out + HEADER_SIZE + 4ull * tile) = (u32)end;
+        if (tile == ntiles - 1) {
+            write_header(out, 1, bitshuffle, 0, n, (u32)end);
+            *out_size = pay_off + end;
+        }
+    }
+    __syncthreads();
+    e0 += s_pre[w][0]; e1 += s_pre[w][0];
+    if (first_block + lane < nb) out[meta_off + first_block + lane] = (u8)w0;
+    if (first_block + 32 + lane < nb) out[meta_off + first_block + 32 + lane] = (u8)w1;
+    u8* base = out + pay_off + s_prefix;
+#pragma unroll
+    for (int j = 0; j < 64; ++j) {
+        u32 width = __shfl_sync(FULL, j < 32 ? w0 : w1, j & 31);
+        if (!width) continue;
+        u32 off = 4 * __shfl_sync(FULL, j < 32 ? e0 : e1, j & 31);
+        u32 word = 0;
+        if (bitshuffle) {
+            for (u32 p = 0; p < width; ++p) {
+                u32 b = __ballot_sync(FULL, (u[j] >> p) & 1u);
+                if (lane == p) word = b;
+            }
+        } else {
+            s_buf[w][lane] = 0;
+            __syncwarp();
+            u32 bit = lane * width, k = bit >> 5, sh = bit & 31;
+            atomicOr(&s_buf[w][k], u[j] << sh);
+            if (sh + width > 32) atomicOr(&s_buf[w][k + 1], u[j] >> (32 - sh));
+            __syncwarp();
+            word = s_buf[w][lane];
+            __syncwarp();
+        }
+        if (lane < width) {
+            u8* dst = base + off + 4 * lane;
+            dst[0] = (u8)word; dst[1] = (u8)(word >> 8); dst[2] = (u8)(word >> 16); dst[3] = (u8)(word >> 24);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) block_decode(
+    const u8* __restrict__ in, long long n, int bitshuffle, u32 payload, int* __restrict__ out, int* err) {
+    __shared__ u32 s_warp[WARPS][1], s_pre[WARPS][1], s_tot[1];
+    __shared__ u32 s_buf[WARPS][33];
+    const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, tile = blockIdx.x;
+    const long long ntiles = n_tiles(n), nb = (n + 31) / 32;
+    const long long meta_off = HEADER_SIZE + 4 * ntiles;
+    const u8* pay = in + meta_off + nb;
+    const u32* table = (const u32*)(in + HEADER_SIZE);
+    const u32 start = tile ? table[tile - 1] : 0, end = table[tile];
+    if (start > end || end > payload || (tile == ntiles - 1 && end != payload)) { if (threadIdx.x == 0) atomicOr(err, 1); return; }
+    const long long first_block = (long long)tile * 512 + w * 64;
+    u32 w0 = first_block + lane < nb ? in[meta_off + first_block + lane] : 0;
+    u32 w1 = first_block + 32 + lane < nb ? in[meta_off + first_block + 32 + lane] : 0;
+    if (w0 > 32 || w1 > 32) { atomicOr(err, 2); w0 = min(w0, 32u); w1 = min(w1, 32u); }
+    u32 s0 = warp_incl_scan(w0, lane), s1 = warp_incl_scan(w1, lane);
+    u32 tot0 = __shfl_sync(FULL, s0, 31);
+    u32 e0 = s0 - w0, e1 = tot0 + s1 - w1;
+    if (lane == 31) s_warp[w][0] = tot0 + s1;
+    __syncthreads();
+    tile_scan<1>(s_warp, s_pre, s_tot, 0, 1);
+    __syncthreads();
+    if (4ull * s_tot[0] != end - start) { if (threadIdx.x == 0) atomicOr(err, 4); return; }
+    e0 += s_pre[w][0]; e1 += s_pre[w][0];
+    const u8* base = pay + start;
+    for (int j = 0; j < 64; ++j) {
+        long long b = first_block + j;
+        if (b >= nb) break;
+        u32 width = __shfl_sync(FULL, j < 32 ? w0 : w1, j & 31);
+        u32 val = 0;
+        if (width) {
+            u32 off = 4 * __shfl_sync(FULL, j < 32 ? e0 : e1, j & 31);
+            u32 word = 0;
+            if (lane < width) {
+                const u8* src = base + off + 4 * lane;
+                word = (u32)src[0] | (u32)src[1] << 8 | (u32)src[2] << 16 | (u32)src[3] << 24;
+            }
+            if (bitshuffle) {
+                for (u32 p = 0; p < width; ++p) val |= ((__shfl_sync(FULL, word, p) >> lane) & 1u) << p;
+            } else {
+                s_buf[w][lane] = word;
+                s_buf[w][32] = 0;
+                __syncwarp();
+                u32 bit = lane * width, k = bit >> 5, sh = bit & 31;
+                val = s_buf[w][k] >> sh;
+                if (sh + width > 32) val |= s_buf[w][k + 1] << (32 - sh);
+                if (width < 32) val &= (1u << width) - 1u;
+                __syncwarp();
+            }
+        }
+        long long i = b * 32 + lane;
+        if (i < n) out[i] = unzigzag(val);
+    }
+}

@@ -1,0 +1,217 @@
+"""The GPU path: block-encoder kernels (cupy RawModule via nvrtc) and nvCOMP entropy.
+
+Everything stays on the device; the host reads back only the final stream size
+(encode) or the 24-byte block header and an error word (decode).  The bytes
+equal the NumPy reference's for every input (tests/test_gpu_encoder.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import numpy as np
+
+from .. import device as dev
+from ..config import DEFAULTS
+from ..errors import CorruptStreamError, DeviceUnavailableError, UnsupportedFormatError
+from . import entropy as E
+from . import layout as L
+from . import stream
+
+THREADS = 256
+_SAFE = ("int8", "int16", "int32", "uint8", "uint16")
+
+
+@functools.lru_cache(maxsize=None)
+def _module(device_id: int):
+    cp = dev.require_cupy()
+    src = resources.files("visemz.encoders").joinpath("cuda/block.cu").read_text()
+    with cp.cuda.Device(device_id):
+        return cp.RawModule(code=src, options=("-std=c++17",))  # cupy targets the device's own arch
+
+
+def kernel(name: str):
+    cp = dev.require_cupy()
+    return _module(cp.cuda.Device().id).get_function(name)
+
+
+class _Workspace:
+    """Per-device scratch: look-back status words, tile counter, stats and size cells."""
+
+    def __init__(self, cp):
+        self.cp = cp
+        self.status = cp.zeros(0, cp.uint64)
+        self.small = cp.zeros(32, cp.uint64)  # [0,24) stats, 24 out_size, 25 tile counter (low 32 bits)
+
+    def reset(self, ntiles: int):
+        cp = self.cp
+        if self.status.size < ntiles:
+            self.status = cp.zeros(max(ntiles, 1024), cp.uint64)
+        else:
+            self.status[:ntiles].fill(0)
+        self.small.fill(0)
+        return self.status, self.small[:24], self.small[24:25], self.small[25:26].view(cp.uint32)
+
+
+@functools.lru_cache(maxsize=None)
+def _workspace(device_id: int) -> _Workspace:
+    return _Workspace(dev.require_cupy())
+
+
+def _as_int32(arr):
+    cp = dev.require_cupy()
+    a = dev.as_cupy(arr)
+    if a.dtype.name not in _SAFE:
+        raise UnsupportedFormatError(f"dtype {a.dtype} cannot be encoded losslessly as int32; use int8/16/32 or uint8/16")
+    return cp.ascontiguousarray(a.reshape(-1), dtype=cp.int32)
+
+
+def sm_count() -> int:
+    cp = dev.require_cupy()
+    return cp.cuda.Device().attributes["MultiProcessorCount"]
+
+
+def encode_block_stream(arr, policy: int, bitshuffle: bool):
+    """int array on the GPU -> (uint8 cupy buffer of the block stream, its size as a 1-element device array).
+
+    No host synchronisation: the size stays on the device until the caller reads it.
+    """
+    cp = dev.require_cupy()
+    v = _as_int32(arr)
+    n = v.size
+    L.check_count(n)
+    out = cp.empty(L.max_stream_size(policy, n), cp.uint8)
+    if n == 0:
+        hdr = L.Header(policy, bitshuffle, 0, 0, 0, 0).pack()
+        out[: len(hdr)] = cp.asarray(np.frombuffer(hdr, np.uint8))
+        return out, cp.asarray([len(hdr)], cp.uint64)
+    ntiles = L.n_tiles(n)
+    status, stats, out_size, counter = _workspace(cp.cuda.Device().id).reset(ntiles)
+    args_tail = (np.int32(bitshuffle), out, status, counter, out_size)
+    if policy == L.POLICIES["global"]:
+        grid = min(-(-n // (THREADS // 32 * 64)), sm_count() * 8)
+        kernel("global_stats")((grid,), (THREADS,), (v, np.int64(n), stats))
+        kernel("global_encode")((ntiles,), (THREADS,), (v, np.int64(n), stats) + args_tail)
+    else:
+        kernel("block_encode")((ntiles,), (THREADS,), (v, np.int64(n)) + args_tail)
+    return out, out_size.copy()
+
+
+def encode_raw(arr, policy: int, bitshuffle: bool):
+    """The block stream as a cupy uint8 array (reads its size: one host sync)."""
+    out, size = encode_block_stream(arr, policy, bitshuffle)
+    return out[: int(size.get()[0])]
+
+
+def decode_block_stream(raw) -> "cupy.ndarray":
+    """Block stream on the GPU (cupy uint8) -> int32 cupy array; reads the 24-byte header and an error word."""
+    cp = dev.require_cupy()
+    if raw.size < L.HEADER_SIZE:
+        raise CorruptStreamError(f"block stream of {raw.size} bytes is shorter than its {L.HEADER_SIZE}-byte header")
+    head = memoryview(raw[: L.HEADER_SIZE].get().tobytes())
+    hdr = L.parse_header(head, total=raw.size)
+    out = cp.empty(hdr.n, cp.int32)
+    if hdr.n == 0:
+        return out
+    err = cp.zeros(1, cp.int32)
+    if hdr.policy == L.POLICIES["global"]:
+        args = (raw, np.int64(hdr.n), np.uint32(hdr.width), np.int32(hdr.bitshuffle), np.uint32(hdr.payload), out, err)
+        kernel("global_decode")((hdr.ntiles,), (THREADS,), args)
+    else:
+        args = (raw, np.int64(hdr.n), np.int32(hdr.bitshuffle), np.uint32(hdr.payload), out, err)
+        kernel("block_decode")((hdr.ntiles,), (THREADS,), args)
+    code = int(err.get()[0])
+    if code:
+        raise CorruptStreamError(f"block stream is inconsistent (GPU decoder error bits 0x{code:x})")
+    return out
+
+
+# ---------------------------------------------------------------- nvCOMP
+@functools.lru_cache(maxsize=None)
+def _nvcomp():
+    try:
+        from nvidia import nvcomp
+    except ImportError:
+        raise DeviceUnavailableError("nvCOMP is not installed: pip install 'visemz[gpu]' (nvidia-nvcomp-cu13)") from None
+    return nvcomp
+
+
+@functools.lru_cache(maxsize=64)
+def _codec(algorithm: str, device_id: int, stream_ptr: int, options: tuple):
+    nv = _nvcomp()
+    return nv.Codec(
+        algorithm=algorithm,
+        bitstream_kind=nv.BitstreamKind.RAW,
+        device_id=device_id,
+        cuda_stream=stream_ptr,
+        **dict(options),
+    )
+
+
+def codec(algorithm: str, **options):
+    """An nvCOMP RAW-bitstream codec bound to the current device and stream (cached)."""
+    cp = dev.require_cupy()
+    return _codec(algorithm, cp.cuda.Device().id, cp.cuda.get_current_stream().ptr, tuple(sorted(options.items())))
+
+
+def _entropy_codec(kind: int):
+    return codec("Zstd") if kind == E.KINDS["zstd"] else codec("ANS", data_type="|u1")
+
+
+def compress_frames(raw, kind: int, chunk: int) -> list:
+    """Block stream on the GPU -> list of compressed frames (cupy uint8 views), one per chunk."""
+    cp = dev.require_cupy()
+    nv = _nvcomp()
+    s = cp.cuda.get_current_stream().ptr
+    pieces = [nv.as_array(raw[a:b], cuda_stream=s) for a, b in E.chunk_bounds(raw.size, chunk)]
+    if not pieces:
+        return []
+    frames = _entropy_codec(kind).encode(pieces)
+    return [cp.asarray(f).view(cp.uint8).reshape(-1) for f in frames]
+
+
+def decompress_frames(frames: list, kind: int, sizes: list[int]):
+    """Host frames -> the block stream on the GPU (cupy uint8), each frame checked against its size."""
+    cp = dev.require_cupy()
+    nv = _nvcomp()
+    s = cp.cuda.get_current_stream().ptr
+    joined = cp.asarray(np.frombuffer(b"".join(frames), np.uint8))
+    views, pos = [], 0
+    for f in frames:
+        views.append(nv.as_array(joined[pos : pos + len(f)], cuda_stream=s))
+        pos += len(f)
+    try:
+        outs = _entropy_codec(kind).decode(views, data_type="|u1")
+    except RuntimeError as e:
+        raise CorruptStreamError(f"nvCOMP could not decode a frame: {e}") from None
+    outs = [cp.asarray(o).view(cp.uint8).reshape(-1) for o in outs]
+    got = [o.size for o in outs]
+    if got != list(sizes):
+        raise CorruptStreamError(f"entropy frames decoded to sizes {got[:4]}..., expected {list(sizes)[:4]}...")
+    return cp.concatenate(outs) if outs else cp.zeros(0, cp.uint8)
+
+
+# ---------------------------------------------------------------- public
+def encode_ints(arr, cfg) -> bytes:
+    raw = encode_raw(arr, L.POLICIES[cfg.policy], cfg.bitshuffle)
+    kind = E.KINDS[cfg.entropy]
+    if kind == E.KINDS["none"]:
+        return stream.pack(raw.size, kind, DEFAULTS.entropy_chunk, [raw.get().tobytes()])
+    frames = compress_frames(raw, kind, DEFAULTS.entropy_chunk)
+    cp = dev.require_cupy()
+    host = cp.concatenate(frames).get().tobytes() if frames else b""
+    parts, pos = [], 0
+    for f in frames:
+        parts.append(host[pos : pos + f.size])
+        pos += f.size
+    return stream.pack(raw.size, kind, DEFAULTS.entropy_chunk, parts)
+
+
+def decode_ints(parsed: stream.Frames):
+    cp = dev.require_cupy()
+    if parsed.entropy == E.KINDS["none"]:
+        raw = cp.asarray(np.frombuffer(parsed.frames[0], np.uint8))
+    else:
+        raw = decompress_frames(parsed.frames, parsed.entropy, parsed.sizes)
+    return decode_block_stream(raw)
