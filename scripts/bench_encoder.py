@@ -35,7 +35,19 @@ def timed(cp, fn, repeat: int, warmup: int = 3) -> float:
 
 def make_data(cp, kind: str, n: int, seed: int):
     rs = cp.random.RandomState(seed)
-    if kind == "latent":  # rounded Laplacian(0, 0.5): ~63% zeros, like a quantised latent
+    if kind == "latent":
+        # Shaped like a learned codec's quantised latent (192 channels): each channel has its own
+        # scale (log-uniform 0.02..3, so many channels are almost all zero) and a smooth spatial
+        # modulation; values are rounded Laplacian.
+        c = 192
+        hw = -(-n // c)
+        scale = cp.exp(rs.uniform(np.log(0.02), np.log(3.0), (c, 1))).astype(cp.float32)
+        side = int(np.sqrt(hw)) + 1
+        yy, xx = cp.meshgrid(cp.arange(side, dtype=cp.float32), cp.arange(side, dtype=cp.float32), indexing="ij")
+        field = (0.6 + 0.4 * cp.sin(yy / 23.0) * cp.cos(xx / 31.0)).reshape(-1)[:hw]
+        x = rs.laplace(0.0, 1.0, (c, hw), dtype=cp.float32) * scale * field
+        return cp.rint(x).astype(cp.int32).reshape(-1)[:n]
+    if kind == "laplace":  # i.i.d. rounded Laplacian(0, 0.5): ~63% zeros spread over every block
         return cp.rint(rs.laplace(0.0, 0.5, n, dtype=cp.float32)).astype(cp.int32)
     if kind == "dense":  # smooth-field residuals: every value non-zero, ~12-bit magnitudes
         return rs.randint(-3000, 3000, n, dtype=cp.int32)
@@ -61,6 +73,7 @@ def nvcomp_row(cp, gpu, algo: str, x, repeat: int, **opts):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 64, 256, 1024])
+    ap.add_argument("--nvcomp-max-mb", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--out", default="bench_encoder.json")
     ap.add_argument("--no-nvcomp", action="store_true")
@@ -68,6 +81,7 @@ def main() -> None:
 
     import cupy as cp
 
+    from visemz.config import DEFAULTS
     from visemz.encoders import entropy as E
     from visemz.encoders import gpu, reference
     from visemz.encoders import layout as L
@@ -75,7 +89,7 @@ def main() -> None:
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     print(f"device: {name}")
     rows = []
-    for kind in ("latent", "dense"):
+    for kind in ("latent", "laplace", "dense"):
         for mb in args.sizes_mb:
             n = mb * (1 << 20) // 4
             x = make_data(cp, kind, n, seed=mb)
@@ -87,11 +101,11 @@ def main() -> None:
                 raw = gpu.encode_raw(x, pid, True)
                 t_enc = timed(cp, lambda: gpu.encode_block_stream(x, pid, True), args.repeat)
                 t_dec = timed(cp, lambda: gpu.decode_block_stream(raw), args.repeat)
-                frames = gpu.compress_frames(raw, E.KINDS["zstd"], 1 << 20)
+                frames = gpu.compress_frames(raw, E.KINDS["zstd"], DEFAULTS.entropy_chunk)
                 zsize = sum(f.size for f in frames)
-                sizes = [b - a for a, b in E.chunk_bounds(raw.size, 1 << 20)]
+                sizes = [b - a for a, b in E.chunk_bounds(raw.size, DEFAULTS.entropy_chunk)]
                 host_frames = [f.get().tobytes() for f in frames]
-                t_zenc = timed(cp, lambda: gpu.compress_frames(raw, E.KINDS["zstd"], 1 << 20), args.repeat)
+                t_zenc = timed(cp, lambda: gpu.compress_frames(raw, E.KINDS["zstd"], DEFAULTS.entropy_chunk), args.repeat)
                 t_zdec = timed(cp, lambda: gpu.decompress_frames(host_frames, E.KINDS["zstd"], sizes), args.repeat)
                 row = dict(base, codec=f"visemz-{policy}", ratio=x.nbytes / raw.size,
                            enc_GBps=x.nbytes / t_enc / 1e9, dec_GBps=x.nbytes / t_dec / 1e9,
@@ -101,7 +115,7 @@ def main() -> None:
                 row["enc_vs_copy"] = row["enc_GBps"] / base["copy_GBps"]
                 rows.append(row)
                 print(json.dumps(row))
-            if not args.no_nvcomp and mb <= 256:
+            if not args.no_nvcomp and mb <= args.nvcomp_max_mb:
                 for algo, opts in (("Bitcomp", {"data_type": "<i4"}), ("Cascaded", {"data_type": "<i4"}),
                                    ("ANS", {"data_type": "|u1"})):
                     try:

@@ -68,6 +68,7 @@ def test_global_width_follows_the_data():
         v = np.round(rng.laplace(0, scale, 50_000)).astype(np.int32)
         raw = reference.encode(v, L.POLICIES["global"], True)
         chosen = raw[7]
+        assert chosen in L.GLOBAL_WIDTHS
         u = reference.zigzag(v)
         sizes = {}
         for t in L.GLOBAL_WIDTHS:

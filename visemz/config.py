@@ -17,7 +17,8 @@ class Defaults:
     #: "auto" uses the GPU when cupy sees one, else the CPU; or "cpu" / "cuda".
     device: str = "auto"  # VISEMZ_DEVICE
     #: Uncompressed bytes per zstd/ANS frame of the entropy stage.
-    entropy_chunk: int = 1 << 20  # VISEMZ_ENTROPY_CHUNK
+    #: 64 KiB gives nvCOMP's batched zstd enough chunks to fill a GPU.
+    entropy_chunk: int = 1 << 16  # VISEMZ_ENTROPY_CHUNK
     #: zstd level on the CPU (nvCOMP's GPU zstd has no level).
     zstd_level: int = 3  # VISEMZ_ZSTD_LEVEL
     #: CPU threads for zstd and loaders; 0 means os.cpu_count().

@@ -19,10 +19,12 @@ VERSION = 1
 HEADER = struct.Struct("<4sBBBBQII")  # magic, version, policy, flags, width, n, ntiles, payload
 HEADER_SIZE = HEADER.size  # 24
 
-TILE_VALUES = 16384  # values per tile: the unit of offsets (and of one GPU thread block)
+TILE_VALUES = 8192  # values per tile: the unit of offsets (and of one GPU thread block)
 GLOBAL_BLOCK = 64  # values per block under the global-width policy (6-bit outlier index)
 PERBLOCK_BLOCK = 32  # values per block under the per-block policy (one warp)
-GLOBAL_WIDTHS = (1, 2, 4, 8)  # truncation widths the global policy chooses from
+# Truncation widths the global policy chooses from.  Any t in 1..8 keeps every block
+# byte-aligned (64 values * t bits = 8t bytes), so widths need not be powers of two.
+GLOBAL_WIDTHS = tuple(range(1, 9))
 MAX_VALUES = 1 << 29  # keeps every payload offset inside a u32
 
 FLAG_BITSHUFFLE = 1
@@ -30,11 +32,11 @@ FLAG_BITSHUFFLE = 1
 POLICIES = {"global": 0, "block": 1}
 POLICY_NAMES = {v: k for k, v in POLICIES.items()}
 
-# Magnitude categories of a sign-shifted value u, by bit length:
-# 0 -> 0, 1 -> 1, 2 -> 2, 3..4 -> 3, 5..8 -> 4, 9..16 -> 5, 17..24 -> 6, 25..32 -> 7.
-# Width index k (t = 1, 2, 4, 8 for k = 1..4) holds exactly the values of category <= k.
-CATEGORY_BOUNDS = np.array([1, 2, 4, 16, 256, 1 << 16, 1 << 24], dtype=np.uint32)
-OUTLIER_BYTES = np.array([0, 1, 1, 1, 1, 2, 3, 4], dtype=np.int64)  # bytes to store u, by category
+# Magnitude categories of a sign-shifted value u: its bit length up to 8 (category = t
+# holds exactly the values that fit in t bits), then 9 for 9..16 bits, 10 for 17..24, 11 for 25..32.
+N_CATEGORIES = 12
+CATEGORY_BOUNDS = np.array([1 << b for b in range(9)] + [1 << 16, 1 << 24], dtype=np.uint32)
+OUTLIER_BYTES = np.array([0] + [1] * 8 + [2, 3, 4], dtype=np.int64)  # bytes to store u, by category
 
 
 @dataclass(frozen=True)
@@ -113,11 +115,11 @@ def choose_width(value_counts: np.ndarray, block_min: np.ndarray, block_max: np.
     largest category is c.  The CUDA kernel computes the same integers the same way.
     """
     best = None
-    for k, t in enumerate(GLOBAL_WIDTHS, start=1):
-        chunks = int(block_min[1 : k + 1].sum())
-        with_outliers = int(block_max[k + 1 :].sum())
-        outliers = int(value_counts[k + 1 :].sum())
-        value_bytes = int((value_counts[k + 1 :] * OUTLIER_BYTES[k + 1 :]).sum())
+    for t in GLOBAL_WIDTHS:
+        chunks = int(block_min[1 : t + 1].sum())
+        with_outliers = int(block_max[t + 1 :].sum())
+        outliers = int(value_counts[t + 1 :].sum())
+        value_bytes = int((value_counts[t + 1 :] * OUTLIER_BYTES[t + 1 :]).sum())
         size = 8 * t * chunks + with_outliers + outliers + value_bytes
         if best is None or size < best[0]:
             best = (size, t)

@@ -120,7 +120,7 @@ def _global_stats(u2: np.ndarray):
     flat = u2.reshape(-1)
     nzi = np.flatnonzero(flat)
     cat = categories(flat[nzi])
-    value_counts = np.bincount(cat, minlength=8)
+    value_counts = np.bincount(cat, minlength=L.N_CATEGORIES)
     value_counts[0] = flat.size - nzi.size
     bmin = np.zeros(nb, dtype=_U8)
     bmax = np.zeros(nb, dtype=_U8)
@@ -138,8 +138,9 @@ def encode_global(v: np.ndarray, bitshuffle: bool) -> bytes:
     u2 = _padded(zigzag(v), L.GLOBAL_BLOCK)
     nb = u2.shape[0]
     nzi, cat, value_counts, bmin, bmax = _global_stats(u2)
-    t = L.choose_width(value_counts, np.bincount(bmin, minlength=8), np.bincount(bmax, minlength=8)) if n else 0
-    k = L.GLOBAL_WIDTHS.index(t) + 1 if n else 0
+    hist = lambda b: np.bincount(b, minlength=L.N_CATEGORIES)
+    t = L.choose_width(value_counts, hist(bmin), hist(bmax)) if n else 0
+    k = t  # category <= t  <=>  the value fits in t bits
     bpt = L.TILE_VALUES // L.GLOBAL_BLOCK
 
     chunk_blocks = np.flatnonzero((bmin >= 1) & (bmin <= k))

@@ -4,11 +4,14 @@
 //
 // These kernels write exactly the bytes of visemz/encoders/reference.py; the
 // layout constants mirror visemz/encoders/layout.py and docs/FORMAT.md.
-// One thread block of 256 threads (8 warps) handles one tile of 16384 values;
+// One thread block of 256 threads (8 warps) handles one tile of 8192 values;
 // every value a warp needs stays in its registers from load to store.
 
 #define FULL 0xffffffffu
-#define TILE 16384
+#define TILE 8192
+#define NCAT 12
+#define GB_PER_WARP 16   // global policy: 64-value blocks per warp (128 per tile)
+#define PB_PER_WARP 32   // per-block policy: 32-value blocks per warp (256 per tile)
 #define WARPS 8
 #define HEADER_SIZE 24
 #define ST_AGG (1ull << 62)
@@ -22,10 +25,10 @@ typedef unsigned long long u64;
 __device__ __forceinline__ u32 zigzag(int v) { return ((u32)v << 1) ^ (u32)(v >> 31); }
 __device__ __forceinline__ int unzigzag(u32 u) { return (int)((u >> 1) ^ (0u - (u & 1u))); }
 
-// Magnitude category by bit length: 0,1,2 -> same; 3-4 -> 3; 5-8 -> 4; 9-16 -> 5; 17-24 -> 6; 25-32 -> 7.
+// Magnitude category: the bit length up to 8, then 9 (9..16 bits), 10 (17..24), 11 (25..32).
 __device__ __forceinline__ u32 category(u32 u) {
     u32 b = 32 - __clz(u);
-    return b <= 2 ? b : (b <= 4 ? 3 : (b <= 8 ? 4 : (b <= 16 ? 5 : (b <= 24 ? 6 : 7))));
+    return b <= 8 ? b : (b <= 16 ? 9 : (b <= 24 ? 10 : 11));
 }
 __device__ __forceinline__ u32 outlier_bytes(u32 u) { return u < 256u ? 1 : (u < 65536u ? 2 : (u < 16777216u ? 3 : 4)); }
 __device__ __forceinline__ u32 lanemask_lt() { u32 m; asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m)); return m; }
@@ -41,15 +44,17 @@ __device__ __forceinline__ u32 warp_incl_scan(u32 x, u32 lane) {
 
 __device__ __forceinline__ long long n_tiles(long long n) { return (n + TILE - 1) / TILE; }
 
-// Exact payload size of each global width (k = 1..4 <-> t = 1, 2, 4, 8); smallest wins, ties to narrower.
+// Exact payload size of each global width t = 1..8; smallest wins, ties to narrower.
+// s: [0,12) values per category, [12,24) blocks by smallest non-zero category, [24,36) by largest.
 __device__ u32 choose_width(const u64* s) {
-    const u64 vbytes[8] = {0, 1, 1, 1, 1, 2, 3, 4};
     u64 best = ~0ull; u32 best_t = 1;
-    for (int k = 1; k <= 4; ++k) {
-        u32 t = 1u << (k - 1);
+    for (u32 t = 1; t <= 8; ++t) {
         u64 chunks = 0, with_out = 0, outs = 0, vb = 0;
-        for (int c = 1; c <= k; ++c) chunks += s[8 + c];
-        for (int c = k + 1; c < 8; ++c) { with_out += s[16 + c]; outs += s[c]; vb += s[c] * vbytes[c]; }
+        for (u32 c = 1; c <= t; ++c) chunks += s[NCAT + c];
+        for (u32 c = t + 1; c < NCAT; ++c) {
+            u64 bytes = c <= 8 ? 1 : c - 7;
+            with_out += s[2 * NCAT + c]; outs += s[c]; vb += s[c] * bytes;
+        }
         u64 size = 8ull * t * chunks + with_out + outs + vb;
         if (size < best) { best = size; best_t = t; }
     }
@@ -97,45 +102,88 @@ __device__ void tile_scan(u32 (*s_warp)[S], u32 (*s_pre)[S], u32* s_tot, int q0,
 }
 
 // ------------------------------------------------------------------ global policy
-// stats: [0,8) values per category, [8,16) blocks by smallest non-zero category
-// (0: all zero), [16,24) blocks by largest category.
+// Outliers of one 64-value block, from ballots alone (no scans): bit masks of the
+// outlier positions and of the two bits of (bytes - 1) of each outlier.
+struct Outliers {
+    u32 ml, mh;            // outlier masks, values 0..31 and 32..63
+    u32 b0l, b0h, b1l, b1h;  // bit 0 and bit 1 of (bytes - 1), per outlier
+    __device__ __forceinline__ u32 count() const { return __popc(ml) + __popc(mh); }
+    __device__ __forceinline__ u32 bytes() const {
+        return count() + __popc(b0l) + __popc(b0h) + 2 * (__popc(b1l) + __popc(b1h));
+    }
+};
+
+__device__ __forceinline__ Outliers find_outliers(u32 lo, u32 hi, u32 lim) {
+    Outliers o;
+    bool ol = lo >= lim, oh = hi >= lim;
+    u32 el = ol ? outlier_bytes(lo) - 1 : 0, eh = oh ? outlier_bytes(hi) - 1 : 0;
+    o.ml = __ballot_sync(FULL, ol); o.mh = __ballot_sync(FULL, oh);
+    o.b0l = __ballot_sync(FULL, el & 1); o.b0h = __ballot_sync(FULL, eh & 1);
+    o.b1l = __ballot_sync(FULL, el >> 1); o.b1h = __ballot_sync(FULL, eh >> 1);
+    return o;
+}
+
+// stats: [0,12) values per category, [12,24) blocks by smallest non-zero category
+// (0: all zero), [24,36) blocks by largest category.
 extern "C" __global__ void __launch_bounds__(256) global_stats(const int* __restrict__ v, long long n, u64* stats) {
     const u32 lane = threadIdx.x & 31;
     const long long nb = (n + 63) / 64;
-    u32 cnt[8] = {0, 0, 0, 0, 0, 0, 0, 0}, bmin[8] = {0, 0, 0, 0, 0, 0, 0, 0}, bmax[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    u32 cnt[NCAT], bmin[NCAT], bmax[NCAT];
+#pragma unroll
+    for (int c = 0; c < NCAT; ++c) cnt[c] = bmin[c] = bmax[c] = 0;
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long b = warp; b < nb; b += nwarps) {
         long long i = b * 64 + lane;
-        u32 lo = i < n ? zigzag(v[i]) : 0, hi = i + 32 < n ? zigzag(v[i + 32]) : 0;
+        u32 lo = i < n ? zigzag(__ldcs(v + i)) : 0, hi = i + 32 < n ? zigzag(__ldcs(v + i + 32)) : 0;
         u32 cl = category(lo), ch = category(hi);
 #pragma unroll
-        for (u32 c = 0; c < 8; ++c) cnt[c] += (cl == c) + (ch == c);
-        u32 mn = __reduce_min_sync(FULL, min(cl ? cl : 8u, ch ? ch : 8u));
+        for (u32 c = 1; c < NCAT; ++c) cnt[c] += (cl == c) + (ch == c);
+        u32 mn = __reduce_min_sync(FULL, min(cl ? cl : 99u, ch ? ch : 99u));
         u32 mx = __reduce_max_sync(FULL, max(cl, ch));
-        mn = mn == 8 ? 0 : mn;
+        mn = mn == 99 ? 0 : mn;
 #pragma unroll
-        for (u32 c = 0; c < 8; ++c) { bmin[c] += (mn == c); bmax[c] += (mx == c); }
+        for (u32 c = 0; c < NCAT; ++c) { bmin[c] += (mn == c); bmax[c] += (mx == c); }
     }
-    // Padding values of the last block count as zeros, as in the reference.
+    // cnt[0] (zeros) is not needed by the width choice and stays 0.
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
+    for (int c = 0; c < NCAT; ++c) {
         u32 total = __reduce_add_sync(FULL, cnt[c]);
         if (lane == 0) {
             if (total) atomicAdd(&stats[c], (u64)total);
-            if (bmin[c]) atomicAdd(&stats[8 + c], (u64)bmin[c]);
-            if (bmax[c]) atomicAdd(&stats[16 + c], (u64)bmax[c]);
+            if (bmin[c]) atomicAdd(&stats[NCAT + c], (u64)bmin[c]);
+            if (bmax[c]) atomicAdd(&stats[2 * NCAT + c], (u64)bmax[c]);
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) global_encode(
+// Pack a 64-value block's truncated values (lane holds values lane and lane+32) into
+// buf (8t bytes): bit-planes of 8 bytes each, or t-bit values LSB first.
+__device__ __forceinline__ void pack_chunk(u32* buf, u32 tl, u32 th, u32 t, u32 lane, int bitshuffle) {
+    if (bitshuffle) {
+        for (u32 p = 0; p < t; ++p) {
+            u32 b0 = __ballot_sync(FULL, (tl >> p) & 1u), b1 = __ballot_sync(FULL, (th >> p) & 1u);
+            if (lane == p) { buf[2 * p] = b0; buf[2 * p + 1] = b1; }
+        }
+    } else {
+        if (lane < 17) buf[lane] = 0;
+        __syncwarp();
+        u32 bl = lane * t, bh = (32 + lane) * t;
+        atomicOr(&buf[bl >> 5], tl << (bl & 31));
+        if ((bl & 31) + t > 32) atomicOr(&buf[(bl >> 5) + 1], tl >> (32 - (bl & 31)));
+        atomicOr(&buf[bh >> 5], th << (bh & 31));
+        if ((bh & 31) + t > 32) atomicOr(&buf[(bh >> 5) + 1], th >> (32 - (bh & 31)));
+    }
+    __syncwarp();
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) global_encode(
     const int* __restrict__ v, long long n, const u64* __restrict__ stats, int bitshuffle, u8* __restrict__ out,
     u64* status, u32* tile_counter, u64* out_size) {
     __shared__ u32 s_tile, s_t;
     __shared__ u64 s_prefix;
     __shared__ u32 s_warp[WARPS][4], s_pre[WARPS][4], s_tot[4];
-    __shared__ u32 s_buf[WARPS][16];
+    __shared__ u32 s_buf[WARPS][17];
     const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (threadIdx.x == 0) { s_tile = atomicAdd(tile_counter, 1u); s_t = choose_width(stats); }
     __syncthreads();
@@ -143,11 +191,11 @@ extern "C" __global__ void __launch_bounds__(256) global_encode(
     const long long ntiles = n_tiles(n), nb = (n + 63) / 64;
     const long long meta_off = HEADER_SIZE + 4 * ntiles, meta_size = (nb + 3) / 4;
     const long long pay_off = meta_off + meta_size;
-    const long long first_block = (long long)tile * 256 + w * 32;
+    const long long first_block = (long long)tile * (WARPS * GB_PER_WARP) + w * GB_PER_WARP;
 
-    u32 lo[32], hi[32];
+    u32 lo[GB_PER_WARP], hi[GB_PER_WARP];
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < GB_PER_WARP; ++j) {
         long long i = (first_block + j) * 64 + lane;
         lo[j] = i < n ? zigzag(__ldcs(v + i)) : 0;
         hi[j] = i + 32 < n ? zigzag(__ldcs(v + i + 32)) : 0;
@@ -155,13 +203,11 @@ extern "C" __global__ void __launch_bounds__(256) global_encode(
     // Pass 1: per-block sizes; lane j keeps block j's numbers.
     u32 my_nz = 0, my_cnt = 0, my_vb = 0;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        bool fl = lo[j] < lim, fh = hi[j] < lim;
-        u32 nz = __any_sync(FULL, ((fl ? lo[j] : 0) | (fh ? hi[j] : 0)) != 0);
-        u32 cnt = __popc(__ballot_sync(FULL, !fl)) + __popc(__ballot_sync(FULL, !fh));
-        u32 vb = 0;
-        if (cnt) vb = __reduce_add_sync(FULL, (fl ? 0 : outlier_bytes(lo[j])) + (fh ? 0 : outlier_bytes(hi[j])));
-        if (lane == (u32)j) { my_nz = nz; my_cnt = cnt; my_vb = vb; }
+    for (int j = 0; j < GB_PER_WARP; ++j) {
+        u32 tl = lo[j] < lim ? lo[j] : 0, th = hi[j] < lim ? hi[j] : 0;
+        u32 nz = __any_sync(FULL, (tl | th) != 0);
+        Outliers o = find_outliers(lo[j], hi[j], lim);
+        if (lane == (u32)j) { my_nz = nz; my_cnt = o.count(); my_vb = o.bytes(); }
     }
     u32 q[4] = {my_nz, my_cnt ? 1u : 0u, my_cnt, my_vb};
     u32 ex[4];
@@ -190,9 +236,9 @@ extern "C" __global__ void __launch_bounds__(256) global_encode(
 #pragma unroll
     for (int k = 0; k < 4; ++k) ex[k] += s_pre[w][k];
 
-    // Flags: 2 bits per block, 4 blocks per byte.
+    // Flags: 2 bits per block, 4 blocks per byte; a warp's 16 blocks fill 4 bytes.
     u32 nzm = __ballot_sync(FULL, my_nz), hom = __ballot_sync(FULL, my_cnt != 0);
-    if (lane < 8) {
+    if (lane < GB_PER_WARP / 4) {
         long long byte = first_block / 4 + lane;
         if (byte < meta_size) {
             u32 f = 0;
@@ -205,27 +251,14 @@ extern "C" __global__ void __launch_bounds__(256) global_encode(
     u8* counts = base + 8ull * t * n_nz;
     u8* index = counts + n_ho;
     u8* values = index + n_out;
-    u8* buf = (u8*)s_buf[w];
+    const u8* buf = (const u8*)s_buf[w];
+    const u32 lt = lanemask_lt();
     // Pass 2: write chunks and outliers.
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        bool fl = lo[j] < lim, fh = hi[j] < lim;
-        u32 tl = fl ? lo[j] : 0, th = fh ? hi[j] : 0;
-        u32 nz = __shfl_sync(FULL, my_nz, j);
-        if (nz) {
+    for (int j = 0; j < GB_PER_WARP; ++j) {
+        if (__shfl_sync(FULL, my_nz, j)) {
             u32 off = __shfl_sync(FULL, ex[0], j) * 8 * t;
-            if (bitshuffle) {
-                for (u32 p = 0; p < t; ++p) {
-                    u32 b0 = __ballot_sync(FULL, (tl >> p) & 1u), b1 = __ballot_sync(FULL, (th >> p) & 1u);
-                    if (lane == p) { s_buf[w][2 * p] = b0; s_buf[w][2 * p + 1] = b1; }
-                }
-            } else {
-                if (lane < 16) s_buf[w][lane] = 0;
-                __syncwarp();
-                atomicOr(&s_buf[w][(lane * t) >> 5], tl << ((lane * t) & 31));
-                atomicOr(&s_buf[w][((32 + lane) * t) >> 5], th << (((32 + lane) * t) & 31));
-            }
-            __syncwarp();
+            pack_chunk(s_buf[w], lo[j] < lim ? lo[j] : 0, hi[j] < lim ? hi[j] : 0, t, lane, bitshuffle);
             if (lane < 8 * t) base[off + lane] = buf[lane];
             if (lane + 32 < 8 * t) base[off + lane + 32] = buf[lane + 32];
             __syncwarp();
@@ -235,21 +268,22 @@ extern "C" __global__ void __launch_bounds__(256) global_encode(
             u32 ho_rank = __shfl_sync(FULL, ex[1], j), orank = __shfl_sync(FULL, ex[2], j);
             u32 voff = __shfl_sync(FULL, ex[3], j);
             if (lane == 0) counts[ho_rank] = (u8)(cnt - 1);
-            u32 ml = __ballot_sync(FULL, !fl), mh = __ballot_sync(FULL, !fh);
-            u32 nbl = fl ? 0 : outlier_bytes(lo[j]), nbh = fh ? 0 : outlier_bytes(hi[j]);
-            u32 sl = warp_incl_scan(nbl, lane), sh = warp_incl_scan(nbh, lane);
-            u32 totl = __shfl_sync(FULL, sl, 31);
-            if (!fl) {
-                u32 r = orank + __popc(ml & lanemask_lt());
-                index[r] = (u8)(((nbl - 1) << 6) | lane);
-                u8* dst = values + voff + sl - nbl;
-                for (u32 k = 0; k < nbl; ++k) dst[k] = (u8)(lo[j] >> (8 * k));
+            Outliers o = find_outliers(lo[j], hi[j], lim);
+            // bytes of the outliers before this lane's: count + bit-0 sum + 2 * bit-1 sum
+            u32 before_l = __popc(o.ml & lt) + __popc(o.b0l & lt) + 2 * __popc(o.b1l & lt);
+            u32 all_l = __popc(o.ml) + __popc(o.b0l) + 2 * __popc(o.b1l);
+            u32 before_h = all_l + __popc(o.mh & lt) + __popc(o.b0h & lt) + 2 * __popc(o.b1h & lt);
+            if (lo[j] >= lim) {
+                u32 nbt = outlier_bytes(lo[j]);
+                index[orank + __popc(o.ml & lt)] = (u8)(((nbt - 1) << 6) | lane);
+                u8* dst = values + voff + before_l;
+                for (u32 k = 0; k < nbt; ++k) dst[k] = (u8)(lo[j] >> (8 * k));
             }
-            if (!fh) {
-                u32 r = orank + __popc(ml) + __popc(mh & lanemask_lt());
-                index[r] = (u8)(((nbh - 1) << 6) | (32 + lane));
-                u8* dst = values + voff + totl + sh - nbh;
-                for (u32 k = 0; k < nbh; ++k) dst[k] = (u8)(hi[j] >> (8 * k));
+            if (hi[j] >= lim) {
+                u32 nbt = outlier_bytes(hi[j]);
+                index[orank + __popc(o.ml) + __popc(o.mh & lt)] = (u8)(((nbt - 1) << 6) | (32 + lane));
+                u8* dst = values + voff + before_h;
+                for (u32 k = 0; k < nbt; ++k) dst[k] = (u8)(hi[j] >> (8 * k));
             }
         }
     }
@@ -259,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
     const u8* __restrict__ in, long long n, u32 t, int bitshuffle, u32 payload, int* __restrict__ out, int* err) {
     __shared__ u32 s_warp[WARPS][4], s_pre[WARPS][4], s_tot[4];
     __shared__ u32 s_vals[WARPS][64];
-    __shared__ u32 s_buf[WARPS][16];
+    __shared__ u32 s_buf[WARPS][17];
     const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, tile = blockIdx.x;
     const long long ntiles = n_tiles(n), nb = (n + 63) / 64;
     const long long meta_off = HEADER_SIZE + 4 * ntiles, meta_size = (nb + 3) / 4;
@@ -268,10 +302,10 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
     const u32 start = tile ? table[tile - 1] : 0, end = table[tile];
     if (start > end || end > payload || (tile == ntiles - 1 && end != payload)) { if (threadIdx.x == 0) atomicOr(err, 1); return; }
     const u32 size = end - start;
-    const long long first_block = (long long)tile * 256 + w * 32;
+    const long long first_block = (long long)tile * (WARPS * GB_PER_WARP) + w * GB_PER_WARP;
     const long long blk = first_block + lane;
     u32 f = 0;
-    if (blk / 4 < meta_size) f = (in[meta_off + blk / 4] >> (2 * (blk % 4))) & 3u;
+    if (lane < GB_PER_WARP && blk / 4 < meta_size) f = (in[meta_off + blk / 4] >> (2 * (blk % 4))) & 3u;
     if (blk >= nb && f) atomicOr(err, 2);
     const u32 my_nz = f & 1u, my_ho = (f >> 1) & 1u;
     u32 ex[4], q[2] = {my_nz, my_ho};
@@ -305,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
     const u8* index = counts + n_ho;
     // Value bytes per block come from its index bytes.
     u32 my_vb = 0;
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < GB_PER_WARP; ++j) {
         u32 cnt = __shfl_sync(FULL, my_cnt, j), orank = __shfl_sync(FULL, ex[2], j);
         if (!cnt) continue;
         u32 s = (lane < cnt ? (index[orank + lane] >> 6) + 1u : 0u) + (lane + 32 < cnt ? (index[orank + lane + 32] >> 6) + 1u : 0u);
@@ -325,7 +359,7 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
     const u8* values = index + n_out;
     u8* buf = (u8*)s_buf[w];
     const u32 mask = (1u << t) - 1u;
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < GB_PER_WARP; ++j) {
         long long b = first_block + j;
         if (b >= nb) break;
         u32 lo = 0, hi = 0;
@@ -339,10 +373,10 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
                     lo |= ((buf[8 * p + (lane >> 3)] >> (lane & 7)) & 1u) << p;
                     hi |= ((buf[8 * p + 4 + (lane >> 3)] >> (lane & 7)) & 1u) << p;
                 }
-            } else {
+            } else {  // t-bit values LSB first; a value may straddle two bytes
                 u32 bl = lane * t, bh = (32 + lane) * t;
-                lo = (buf[bl >> 3] >> (bl & 7)) & mask;
-                hi = (buf[bh >> 3] >> (bh & 7)) & mask;
+                lo = (((u32)buf[bl >> 3] | (u32)buf[(bl >> 3) + 1] << 8) >> (bl & 7)) & mask;
+                hi = (((u32)buf[bh >> 3] | (u32)buf[(bh >> 3) + 1] << 8) >> (bh & 7)) & mask;
             }
             __syncwarp();
         }
@@ -383,7 +417,7 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
 }
 
 // ---------------------------------------------------------------- per-block policy
-extern "C" __global__ void __launch_bounds__(256) block_encode(
+extern "C" __global__ void __launch_bounds__(256, 2) block_encode(
     const int* __restrict__ v, long long n, int bitshuffle, u8* __restrict__ out, u64* status, u32* tile_counter,
     u64* out_size) {
     __shared__ u32 s_tile;
@@ -396,24 +430,22 @@ extern "C" __global__ void __launch_bounds__(256) block_encode(
     const u32 tile = s_tile;
     const long long ntiles = n_tiles(n), nb = (n + 31) / 32;
     const long long meta_off = HEADER_SIZE + 4 * ntiles, pay_off = meta_off + nb;
-    const long long first_block = (long long)tile * 512 + w * 64;
-    u32 u[64];
+    const long long first_block = (long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP;
+    u32 u[PB_PER_WARP];
 #pragma unroll
-    for (int j = 0; j < 64; ++j) {
+    for (int j = 0; j < PB_PER_WARP; ++j) {
         long long i = (first_block + j) * 32 + lane;
         u[j] = i < n ? zigzag(__ldcs(v + i)) : 0;
     }
-    u32 w0 = 0, w1 = 0;
+    u32 my_w = 0;
 #pragma unroll
-    for (int j = 0; j < 64; ++j) {
+    for (int j = 0; j < PB_PER_WARP; ++j) {
         u32 width = 32 - __clz(__reduce_or_sync(FULL, u[j]));
-        if (j < 32) { if (lane == (u32)j) w0 = width; }
-        else if (lane == (u32)(j - 32)) w1 = width;
+        if (lane == (u32)j) my_w = width;
     }
-    u32 s0 = warp_incl_scan(w0, lane), s1 = warp_incl_scan(w1, lane);
-    u32 tot0 = __shfl_sync(FULL, s0, 31);
-    u32 e0 = s0 - w0, e1 = tot0 + s1 - w1;
-    if (lane == 31) s_warp[w][0] = tot0 + s1;
+    u32 inc = warp_incl_scan(my_w, lane);
+    u32 ex = inc - my_w;
+    if (lane == 31) s_warp[w][0] = inc;
     __syncthreads();
     tile_scan<1>(s_warp, s_pre, s_tot, 0, 1);
     __syncthreads();
@@ -429,15 +461,14 @@ extern "C" __global__ void __launch_bounds__(256) block_encode(
         }
     }
     __syncthreads();
-    e0 += s_pre[w][0]; e1 += s_pre[w][0];
-    if (first_block + lane < nb) out[meta_off + first_block + lane] = (u8)w0;
-    if (first_block + 32 + lane < nb) out[meta_off + first_block + 32 + lane] = (u8)w1;
+    ex += s_pre[w][0];
+    if (first_block + lane < nb) out[meta_off + first_block + lane] = (u8)my_w;
     u8* base = out + pay_off + s_prefix;
 #pragma unroll
-    for (int j = 0; j < 64; ++j) {
-        u32 width = __shfl_sync(FULL, j < 32 ? w0 : w1, j & 31);
+    for (int j = 0; j < PB_PER_WARP; ++j) {
+        u32 width = __shfl_sync(FULL, my_w, j);
         if (!width) continue;
-        u32 off = 4 * __shfl_sync(FULL, j < 32 ? e0 : e1, j & 31);
+        u32 off = 4 * __shfl_sync(FULL, ex, j);
         u32 word = 0;
         if (bitshuffle) {
             for (u32 p = 0; p < width; ++p) {
@@ -472,27 +503,25 @@ extern "C" __global__ void __launch_bounds__(256) block_decode(
     const u32* table = (const u32*)(in + HEADER_SIZE);
     const u32 start = tile ? table[tile - 1] : 0, end = table[tile];
     if (start > end || end > payload || (tile == ntiles - 1 && end != payload)) { if (threadIdx.x == 0) atomicOr(err, 1); return; }
-    const long long first_block = (long long)tile * 512 + w * 64;
-    u32 w0 = first_block + lane < nb ? in[meta_off + first_block + lane] : 0;
-    u32 w1 = first_block + 32 + lane < nb ? in[meta_off + first_block + 32 + lane] : 0;
-    if (w0 > 32 || w1 > 32) { atomicOr(err, 2); w0 = min(w0, 32u); w1 = min(w1, 32u); }
-    u32 s0 = warp_incl_scan(w0, lane), s1 = warp_incl_scan(w1, lane);
-    u32 tot0 = __shfl_sync(FULL, s0, 31);
-    u32 e0 = s0 - w0, e1 = tot0 + s1 - w1;
-    if (lane == 31) s_warp[w][0] = tot0 + s1;
+    const long long first_block = (long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP;
+    u32 my_w = first_block + lane < nb ? in[meta_off + first_block + lane] : 0;
+    if (my_w > 32) { atomicOr(err, 2); my_w = 32; }
+    u32 inc = warp_incl_scan(my_w, lane);
+    u32 ex = inc - my_w;
+    if (lane == 31) s_warp[w][0] = inc;
     __syncthreads();
     tile_scan<1>(s_warp, s_pre, s_tot, 0, 1);
     __syncthreads();
     if (4ull * s_tot[0] != end - start) { if (threadIdx.x == 0) atomicOr(err, 4); return; }
-    e0 += s_pre[w][0]; e1 += s_pre[w][0];
+    ex += s_pre[w][0];
     const u8* base = pay + start;
-    for (int j = 0; j < 64; ++j) {
+    for (int j = 0; j < PB_PER_WARP; ++j) {
         long long b = first_block + j;
         if (b >= nb) break;
-        u32 width = __shfl_sync(FULL, j < 32 ? w0 : w1, j & 31);
+        u32 width = __shfl_sync(FULL, my_w, j);
         u32 val = 0;
         if (width) {
-            u32 off = 4 * __shfl_sync(FULL, j < 32 ? e0 : e1, j & 31);
+            u32 off = 4 * __shfl_sync(FULL, ex, j);
             u32 word = 0;
             if (lane < width) {
                 const u8* src = base + off + 4 * lane;
