@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import device as dev
 from ..config import DEFAULTS
-from ..errors import CorruptStreamError, DeviceUnavailableError, UnsupportedFormatError
+from ..errors import CorruptStreamError, DeviceUnavailableError, UnsupportedFormatError, VisemzError
 from . import entropy as E
 from . import layout as L
 from . import stream
@@ -36,13 +36,17 @@ def kernel(name: str):
     return _module(cp.cuda.Device().id).get_function(name)
 
 
+N_STATS = 3 * L.N_CATEGORIES  # global_stats output: value, block-min and block-max histograms
+
+
 class _Workspace:
     """Per-device scratch: look-back status words, tile counter, stats and size cells."""
 
     def __init__(self, cp):
         self.cp = cp
         self.status = cp.zeros(0, cp.uint64)
-        self.small = cp.zeros(32, cp.uint64)  # [0,24) stats, 24 out_size, 25 tile counter (low 32 bits)
+        # [0, N_STATS) stats | N_STATS: out_size | N_STATS + 1: tile counter (low 32 bits)
+        self.small = cp.zeros(N_STATS + 2, cp.uint64)
 
     def reset(self, ntiles: int):
         cp = self.cp
@@ -51,7 +55,8 @@ class _Workspace:
         else:
             self.status[:ntiles].fill(0)
         self.small.fill(0)
-        return self.status, self.small[:24], self.small[24:25], self.small[25:26].view(cp.uint32)
+        s = self.small
+        return self.status, s[:N_STATS], s[N_STATS : N_STATS + 1], s[N_STATS + 1 : N_STATS + 2].view(cp.uint32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -101,7 +106,10 @@ def encode_block_stream(arr, policy: int, bitshuffle: bool):
 def encode_raw(arr, policy: int, bitshuffle: bool):
     """The block stream as a cupy uint8 array (reads its size: one host sync)."""
     out, size = encode_block_stream(arr, policy, bitshuffle)
-    return out[: int(size.get()[0])]
+    nbytes = int(size.get()[0])
+    if nbytes > out.size:  # the kernel's look-back gave up (see look_back in block.cu)
+        raise VisemzError(f"GPU block encoder failed (reported size {nbytes:#x})")
+    return out[:nbytes]
 
 
 def decode_block_stream(raw) -> "cupy.ndarray":
@@ -176,11 +184,13 @@ def decompress_frames(frames: list, kind: int, sizes: list[int]):
     cp = dev.require_cupy()
     nv = _nvcomp()
     s = cp.cuda.get_current_stream().ptr
-    joined = cp.asarray(np.frombuffer(b"".join(frames), np.uint8))
-    views, pos = [], 0
-    for f in frames:
-        views.append(nv.as_array(joined[pos : pos + len(f)], cuda_stream=s))
-        pos += len(f)
+    # nvCOMP wants aligned compressed chunks (ANS faults on odd addresses): 16-byte slots.
+    starts = np.cumsum([0] + [-(-len(f) // 16) * 16 for f in frames])
+    host = np.zeros(int(starts[-1]), np.uint8)
+    for f, a in zip(frames, starts):
+        host[a : a + len(f)] = np.frombuffer(f, np.uint8)
+    joined = cp.asarray(host)
+    views = [nv.as_array(joined[a : a + len(f)], cuda_stream=s) for f, a in zip(frames, starts.tolist())]
     try:
         outs = _entropy_codec(kind).decode(views, data_type="|u1")
     except RuntimeError as e:

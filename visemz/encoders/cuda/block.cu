@@ -63,14 +63,20 @@ __device__ u32 choose_width(const u64* s) {
 
 // Decoupled look-back (Merrill & Garland): publish this tile's aggregate, add predecessors'
 // aggregates until one publishes an inclusive prefix, publish ours. Returns the exclusive prefix.
-__device__ u64 look_back(u64* status, u32 tile, u64 agg) {
+// A predecessor that never publishes means a bug; after ~2^24 polls we mark the result
+// invalid (out_size = ~0) and finish, so the host raises instead of hanging.
+__device__ u64 look_back(u64* status, u32 tile, u64 agg, u64* out_size) {
     if (tile == 0) { atomicExch(&status[0], ST_PRE | agg); return 0; }
     atomicExch(&status[tile], ST_AGG | agg);
     u64 excl = 0;
     long long p = (long long)tile - 1;
+    u32 spins = 0;
     while (true) {
         u64 s = *(volatile u64*)&status[p];
-        if (s == 0) continue;  // predecessor has not published yet
+        if (s == 0) {  // predecessor has not published yet
+            if (++spins > (1u << 24)) { atomicExch(out_size, ~0ull); break; }
+            continue;
+        }
         excl += s & ST_MASK;
         if (s & ST_PRE) break;
         --p;
@@ -223,13 +229,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) global_encode(
     const u32 n_nz = s_tot[0], n_ho = s_tot[1], n_out = s_tot[2], n_vb = s_tot[3];
     const u64 tile_size = 8ull * t * n_nz + n_ho + n_out + n_vb;
     if (threadIdx.x == 0) {
-        u64 prefix = look_back(status, tile, tile_size);
+        u64 prefix = look_back(status, tile, tile_size, out_size);
         s_prefix = prefix;
         u64 end = prefix + tile_size;
         *(u32*)(out + HEADER_SIZE + 4ull * tile) = (u32)end;
         if (tile == ntiles - 1) {
             write_header(out, 0, bitshuffle, t, n, (u32)end);
-            *out_size = pay_off + end;
+            atomicCAS(out_size, 0ull, (u64)(pay_off + end));
         }
     }
     __syncthreads();
@@ -451,13 +457,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) block_encode(
     __syncthreads();
     const u64 tile_size = 4ull * s_tot[0];
     if (threadIdx.x == 0) {
-        u64 prefix = look_back(status, tile, tile_size);
+        u64 prefix = look_back(status, tile, tile_size, out_size);
         s_prefix = prefix;
         u64 end = prefix + tile_size;
         *(u32*)(out + HEADER_SIZE + 4ull * tile) = (u32)end;
         if (tile == ntiles - 1) {
             write_header(out, 1, bitshuffle, 0, n, (u32)end);
-            *out_size = pay_off + end;
+            atomicCAS(out_size, 0ull, (u64)(pay_off + end));
         }
     }
     __syncthreads();
