@@ -36,7 +36,8 @@ def kernel(name: str):
     return _module(cp.cuda.Device().id).get_function(name)
 
 
-N_STATS = 3 * L.N_CATEGORIES  # global_stats output: value, block-min and block-max histograms
+# global_stats output: value, block-min and block-max histograms, then non-zero planes per width
+N_STATS = 3 * L.N_CATEGORIES + len(L.GLOBAL_WIDTHS)
 
 
 class _Workspace:
@@ -77,6 +78,12 @@ def sm_count() -> int:
     return cp.cuda.Device().attributes["MultiProcessorCount"]
 
 
+def global_stats(v, stats) -> None:
+    """Histograms for the global width choice, accumulated into ``stats`` (zeroed by the caller)."""
+    grid = min(-(-v.size // (THREADS // 32 * 64)), sm_count() * 8)
+    kernel("global_stats")((grid,), (THREADS,), (v, np.int64(v.size), stats))
+
+
 def encode_block_stream(arr, policy: int, bitshuffle: bool):
     """int array on the GPU -> (uint8 cupy buffer of the block stream, its size as a 1-element device array).
 
@@ -95,8 +102,7 @@ def encode_block_stream(arr, policy: int, bitshuffle: bool):
     status, stats, out_size, counter = _workspace(cp.cuda.Device().id).reset(ntiles)
     args_tail = (np.int32(bitshuffle), out, status, counter, out_size)
     if policy == L.POLICIES["global"]:
-        grid = min(-(-n // (THREADS // 32 * 64)), sm_count() * 8)
-        kernel("global_stats")((grid,), (THREADS,), (v, np.int64(n), stats))
+        global_stats(v, stats)
         kernel("global_encode")((ntiles,), (THREADS,), (v, np.int64(n), stats) + args_tail)
     else:
         kernel("block_encode")((ntiles,), (THREADS,), (v, np.int64(n)) + args_tail)

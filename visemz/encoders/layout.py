@@ -65,10 +65,21 @@ def n_blocks(policy: int, n: int) -> int:
     return -(-n // block_size(policy))
 
 
-def meta_size(policy: int, n: int) -> int:
-    """Bytes of per-block metadata: 2 flag bits per block (global) or a width byte (block)."""
+def chunk_flags(width: int, bitshuffle: bool) -> int:
+    """Zero-chunk flags per global block: one per bit-plane (bitshuffle), else one per block."""
+    return width if bitshuffle else 1
+
+
+def meta_size(policy: int, n: int, width: int = 8, bitshuffle: bool = True) -> int:
+    """Bytes of per-block metadata.
+
+    global: per block, its chunk flags then one outlier flag, bit-packed LSB first;
+    block: one width byte per block.
+    """
     nb = n_blocks(policy, n)
-    return -(-nb // 4) if policy == POLICIES["global"] else nb
+    if policy == POLICIES["global"]:
+        return -(-nb * (chunk_flags(width, bitshuffle) + 1) // 8)
+    return nb
 
 
 def table_offset() -> int:
@@ -79,8 +90,8 @@ def meta_offset(n: int) -> int:
     return HEADER_SIZE + 4 * n_tiles(n)
 
 
-def payload_offset(policy: int, n: int) -> int:
-    return meta_offset(n) + meta_size(policy, n)
+def payload_offset(policy: int, n: int, width: int = 8, bitshuffle: bool = True) -> int:
+    return meta_offset(n) + meta_size(policy, n, width, bitshuffle)
 
 
 def max_payload(policy: int, n: int) -> int:
@@ -93,7 +104,7 @@ def max_payload(policy: int, n: int) -> int:
 
 
 def max_stream_size(policy: int, n: int) -> int:
-    return payload_offset(policy, n) + max_payload(policy, n)
+    return payload_offset(policy, n) + max_payload(policy, n)  # meta at its largest (t = 8)
 
 
 def check_policy(policy: str) -> int:
@@ -107,20 +118,28 @@ def check_count(n: int) -> None:
         raise LimitExceededError(f"{n} values exceed the block stream's limit of {MAX_VALUES} (2**29) values")
 
 
-def choose_width(value_counts: np.ndarray, block_min: np.ndarray, block_max: np.ndarray) -> int:
-    """Exact payload size of each global width; the smallest wins (ties: narrower).
+def choose_width(
+    value_counts: np.ndarray, block_min: np.ndarray, block_max: np.ndarray, planes: np.ndarray, nb: int,
+    bitshuffle: bool,
+) -> int:
+    """Exact block-stream size of each global width; the smallest wins (ties: narrower).
 
     ``value_counts[c]``: values of category c; ``block_min[c]``: blocks whose smallest
     non-zero category is c (c = 0: all-zero block); ``block_max[c]``: blocks whose
-    largest category is c.  The CUDA kernel computes the same integers the same way.
+    largest category is c; ``planes[t - 1]``: non-zero bit-planes over all blocks when
+    values of up to t bits are kept.  The CUDA kernel computes the same integers.
     """
     best = None
     for t in GLOBAL_WIDTHS:
-        chunks = int(block_min[1 : t + 1].sum())
+        if bitshuffle:
+            chunk_bytes = 8 * int(planes[t - 1])
+        else:
+            chunk_bytes = 8 * t * int(block_min[1 : t + 1].sum())
         with_outliers = int(block_max[t + 1 :].sum())
         outliers = int(value_counts[t + 1 :].sum())
         value_bytes = int((value_counts[t + 1 :] * OUTLIER_BYTES[t + 1 :]).sum())
-        size = 8 * t * chunks + with_outliers + outliers + value_bytes
+        meta = -(-nb * (chunk_flags(t, bitshuffle) + 1) // 8)
+        size = chunk_bytes + with_outliers + outliers + value_bytes + meta
         if best is None or size < best[0]:
             best = (size, t)
     return best[1]
@@ -149,7 +168,7 @@ def parse_header(buf: memoryview, total: int | None = None) -> Header:
             raise CorruptStreamError(f"block stream global width {width} is not one of {GLOBAL_WIDTHS}")
     elif width != 0:
         raise CorruptStreamError(f"block stream per-block policy with width field {width} (must be 0)")
-    expected = payload_offset(policy, n) + payload
+    expected = payload_offset(policy, n, width, bool(flags & FLAG_BITSHUFFLE)) + payload
     if payload > max_payload(policy, n) or expected != total:
         raise CorruptStreamError(
             f"block stream of {total} bytes does not match its header ({n} values, payload {payload} bytes)"

@@ -114,22 +114,50 @@ def _stream(hdr: L.Header, ends: np.ndarray, meta: np.ndarray, payload: np.ndarr
 
 
 # ------------------------------------------------------------ global policy
+_POPCOUNT8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+
+
+def _segments(blk: np.ndarray) -> np.ndarray:
+    """Start indices of runs of equal block ids in a sorted array."""
+    return np.flatnonzero(np.r_[True, blk[1:] != blk[:-1]]) if blk.size else np.zeros(0, np.int64)
+
+
 def _global_stats(u2: np.ndarray):
-    """Category histograms the width choice needs, computed over non-zero values only."""
+    """Histograms the width choice needs, computed over non-zero values only."""
     nb = u2.shape[0]
     flat = u2.reshape(-1)
     nzi = np.flatnonzero(flat)
-    cat = categories(flat[nzi])
+    u = flat[nzi]
+    cat = categories(u)
     value_counts = np.bincount(cat, minlength=L.N_CATEGORIES)
-    value_counts[0] = flat.size - nzi.size
     bmin = np.zeros(nb, dtype=_U8)
     bmax = np.zeros(nb, dtype=_U8)
+    planes = np.zeros(len(L.GLOBAL_WIDTHS), np.int64)
+    blk = nzi // L.GLOBAL_BLOCK
+    starts = _segments(blk)
     if nzi.size:
-        blk = nzi // L.GLOBAL_BLOCK
-        starts = np.flatnonzero(np.r_[True, blk[1:] != blk[:-1]])
         bmin[blk[starts]] = np.minimum.reduceat(cat, starts)
         bmax[blk[starts]] = np.maximum.reduceat(cat, starts)
-    return nzi, cat, value_counts, bmin, bmax
+        for t in L.GLOBAL_WIDTHS:  # non-zero bit-planes of each block when t bits are kept
+            kept = np.where(cat <= t, u, 0).astype(_U8)
+            planes[t - 1] = _POPCOUNT8[np.bitwise_or.reduceat(kept, starts)].sum()
+    return nzi, cat, value_counts, bmin, bmax, planes, blk, starts
+
+
+def _chunk_masks(u_kept: np.ndarray, blk: np.ndarray, starts: np.ndarray, nb: int, bitshuffle: bool) -> np.ndarray:
+    """Per block: which chunks are non-zero (bit p = plane p with bitshuffle, bit 0 = the chunk without)."""
+    masks = np.zeros(nb, dtype=np.uint16)
+    if starts.size:
+        ors = np.bitwise_or.reduceat(u_kept, starts)
+        masks[blk[starts]] = ors if bitshuffle else (ors != 0)
+    return masks
+
+
+def _pack_meta(masks: np.ndarray, has_out: np.ndarray, nflag: int) -> np.ndarray:
+    """(nflag chunk flags, outlier flag) per block, bit-packed LSB first."""
+    bits = ((masks[:, None] >> np.arange(nflag, dtype=np.uint16)) & 1).astype(_U8)
+    bits = np.concatenate([bits, has_out[:, None].astype(_U8)], axis=1)
+    return np.packbits(bits.reshape(-1), bitorder="little")
 
 
 def encode_global(v: np.ndarray, bitshuffle: bool) -> bytes:
@@ -137,20 +165,28 @@ def encode_global(v: np.ndarray, bitshuffle: bool) -> bytes:
     ntiles = L.n_tiles(n)
     u2 = _padded(zigzag(v), L.GLOBAL_BLOCK)
     nb = u2.shape[0]
-    nzi, cat, value_counts, bmin, bmax = _global_stats(u2)
+    nzi, cat, value_counts, bmin, bmax, planes, blk, starts = _global_stats(u2)
     hist = lambda b: np.bincount(b, minlength=L.N_CATEGORIES)
-    t = L.choose_width(value_counts, hist(bmin), hist(bmax)) if n else 0
-    k = t  # category <= t  <=>  the value fits in t bits
+    t = L.choose_width(value_counts, hist(bmin), hist(bmax), planes, nb, bitshuffle) if n else 0
+    nflag = L.chunk_flags(t, bitshuffle)
     bpt = L.TILE_VALUES // L.GLOBAL_BLOCK
 
-    chunk_blocks = np.flatnonzero((bmin >= 1) & (bmin <= k))
+    kept = cat <= t  # category <= t  <=>  the value fits in t bits
+    masks = _chunk_masks(np.where(kept, u2.reshape(-1)[nzi], 0).astype(np.uint16), blk, starts, nb, bitshuffle)
+    chunk_blocks = np.flatnonzero(masks)
+    present = ((masks[chunk_blocks, None] >> np.arange(nflag, dtype=np.uint16)) & 1).astype(bool)  # (m, nflag)
     ub = u2[chunk_blocks]
-    chunks = pack_bits(np.where(ub < (1 << t), ub, 0), t, bitshuffle).reshape(-1) if t else np.zeros(0, _U8)
+    chunk_size = 8 * t // nflag if t else 0
+    if chunk_blocks.size:
+        packed = pack_bits(np.where(ub < (1 << t), ub, 0), t, bitshuffle)
+        chunks = packed.reshape(chunk_blocks.size, nflag, chunk_size)[present].reshape(-1)
+    else:
+        chunks = np.zeros(0, _U8)
 
-    ho_blocks = np.flatnonzero(bmax > k)
-    sel = cat > k
+    sel = ~kept
     oidx, ocat = nzi[sel], cat[sel]
     oblk = oidx // L.GLOBAL_BLOCK
+    ho_blocks = np.flatnonzero(bmax > t)
     nbytes = L.OUTLIER_BYTES[ocat]
     counts = (np.bincount(oblk, minlength=nb)[ho_blocks] - 1).astype(_U8)
     index = ((nbytes - 1) << 6 | (oidx % L.GLOBAL_BLOCK)).astype(_U8)
@@ -160,17 +196,15 @@ def encode_global(v: np.ndarray, bitshuffle: bool) -> bytes:
     payload, ends = _assemble(
         ntiles,
         [
-            (chunks, 8 * t * _tile_of(chunk_blocks, bpt, ntiles)),
+            (chunks, chunk_size * _tile_of(chunk_blocks, bpt, ntiles, weights=present.sum(1))),
             (counts, _tile_of(ho_blocks, bpt, ntiles)),
             (index, _tile_of(oblk, bpt, ntiles)),
             (values, _tile_of(oblk, bpt, ntiles, weights=nbytes)),
         ],
     )
-    flags = np.zeros(-(-nb // 4) * 4, dtype=_U8)
-    flags[chunk_blocks] |= 1
-    flags[ho_blocks] |= 2
-    f4 = flags.reshape(-1, 4)
-    meta = (f4[:, 0] | f4[:, 1] << 2 | f4[:, 2] << 4 | f4[:, 3] << 6).astype(_U8)
+    has_out = np.zeros(nb, bool)
+    has_out[ho_blocks] = True
+    meta = _pack_meta(masks, has_out, nflag) if n else np.zeros(0, _U8)
     hdr = L.Header(L.POLICIES["global"], bitshuffle, t, n, ntiles, int(payload.size))
     return _stream(hdr, ends, meta, payload)
 
@@ -188,18 +222,24 @@ def _tile_sums(x: np.ndarray, tile: np.ndarray, ntiles: int) -> np.ndarray:
 def decode_global(buf: memoryview, hdr: L.Header) -> np.ndarray:
     n, t, ntiles = hdr.n, hdr.width, hdr.ntiles
     ends = L.tile_ends(buf, hdr)
+    if n == 0:
+        return np.zeros(0, np.int32)
     nb = L.n_blocks(hdr.policy, n)
-    meta = np.frombuffer(buf, _U8, L.meta_size(hdr.policy, n), L.meta_offset(n))
-    payload = np.frombuffer(buf, _U8, hdr.payload, L.payload_offset(hdr.policy, n))
-    flags = ((meta[:, None] >> np.array([0, 2, 4, 6], _U8)) & 3).reshape(-1)
-    if np.any(flags[nb:]):
+    nflag = L.chunk_flags(t, hdr.bitshuffle)
+    meta = np.frombuffer(buf, _U8, L.meta_size(hdr.policy, n, t, hdr.bitshuffle), L.meta_offset(n))
+    payload = np.frombuffer(buf, _U8, hdr.payload, L.payload_offset(hdr.policy, n, t, hdr.bitshuffle))
+    bits = np.unpackbits(meta, bitorder="little")
+    if np.any(bits[nb * (nflag + 1) :]):
         raise CorruptStreamError("block stream sets flags for blocks past its end")
-    flags = flags[:nb]
+    bits = bits[: nb * (nflag + 1)].reshape(nb, nflag + 1).astype(bool)
+    present_all, has_out = bits[:, :nflag], bits[:, nflag]
     bpt = L.TILE_VALUES // L.GLOBAL_BLOCK
     starts = ends - np.diff(np.r_[0, ends])
-    chunk_blocks = np.flatnonzero(flags & 1)
-    ho_blocks = np.flatnonzero(flags & 2)
-    cb = 8 * t * _tile_of(chunk_blocks, bpt, ntiles)
+    chunk_blocks = np.flatnonzero(present_all.any(1))
+    present = present_all[chunk_blocks]
+    ho_blocks = np.flatnonzero(has_out)
+    chunk_size = 8 * t // nflag
+    cb = chunk_size * _tile_of(chunk_blocks, bpt, ntiles, weights=present.sum(1))
     hb = _tile_of(ho_blocks, bpt, ntiles)
     sizes = ends - starts
     if np.any(cb + hb > sizes):
@@ -222,8 +262,9 @@ def decode_global(buf: memoryview, hdr: L.Header) -> np.ndarray:
 
     u2 = np.zeros((nb, L.GLOBAL_BLOCK), dtype=np.uint32)
     if chunk_blocks.size:
-        chunks = _gather(payload, starts, cb).reshape(-1, 8 * t)
-        u2[chunk_blocks] = unpack_bits(chunks, L.GLOBAL_BLOCK, t, hdr.bitshuffle)
+        full = np.zeros((chunk_blocks.size, nflag, chunk_size), _U8)
+        full[present] = _gather(payload, starts, cb).reshape(-1, chunk_size)
+        u2[chunk_blocks] = unpack_bits(full.reshape(chunk_blocks.size, 8 * t), L.GLOBAL_BLOCK, t, hdr.bitshuffle)
     if index.size:
         vals = _gather(payload, starts + cb + hb + kt, vt)
         off = np.cumsum(nbytes) - nbytes

@@ -44,18 +44,21 @@ __device__ __forceinline__ u32 warp_incl_scan(u32 x, u32 lane) {
 
 __device__ __forceinline__ long long n_tiles(long long n) { return (n + TILE - 1) / TILE; }
 
-// Exact payload size of each global width t = 1..8; smallest wins, ties to narrower.
-// s: [0,12) values per category, [12,24) blocks by smallest non-zero category, [24,36) by largest.
-__device__ u32 choose_width(const u64* s) {
+// Exact block-stream size of each global width t = 1..8; smallest wins, ties to narrower.
+// s: [0,12) values per category, [12,24) blocks by smallest non-zero category, [24,36) by
+// largest, [36,44) non-zero bit-planes over all blocks when t = 1..8 bits are kept.
+__device__ u32 choose_width(const u64* s, long long nb, int bitshuffle) {
     u64 best = ~0ull; u32 best_t = 1;
     for (u32 t = 1; t <= 8; ++t) {
-        u64 chunks = 0, with_out = 0, outs = 0, vb = 0;
-        for (u32 c = 1; c <= t; ++c) chunks += s[NCAT + c];
+        u64 chunk_bytes = 0, with_out = 0, outs = 0, vb = 0;
+        if (bitshuffle) chunk_bytes = 8ull * s[3 * NCAT + t - 1];
+        else for (u32 c = 1; c <= t; ++c) chunk_bytes += 8ull * t * s[NCAT + c];
         for (u32 c = t + 1; c < NCAT; ++c) {
             u64 bytes = c <= 8 ? 1 : c - 7;
             with_out += s[2 * NCAT + c]; outs += s[c]; vb += s[c] * bytes;
         }
-        u64 size = 8ull * t * chunks + with_out + outs + vb;
+        u64 meta = ((u64)nb * ((bitshuffle ? t : 1) + 1) + 7) / 8;
+        u64 size = chunk_bytes + with_out + outs + vb + meta;
         if (size < best) { best = size; best_t = t; }
     }
     return best_t;
@@ -130,13 +133,16 @@ __device__ __forceinline__ Outliers find_outliers(u32 lo, u32 hi, u32 lim) {
 }
 
 // stats: [0,12) values per category, [12,24) blocks by smallest non-zero category
-// (0: all zero), [24,36) blocks by largest category.
+// (0: all zero), [24,36) blocks by largest category, [36,44) non-zero bit-planes when
+// values of up to t = 1..8 bits are kept.
 extern "C" __global__ void __launch_bounds__(256) global_stats(const int* __restrict__ v, long long n, u64* stats) {
     const u32 lane = threadIdx.x & 31;
     const long long nb = (n + 63) / 64;
-    u32 cnt[NCAT], bmin[NCAT], bmax[NCAT];
+    u32 cnt[NCAT], bmin[NCAT], bmax[NCAT], planes[8];
 #pragma unroll
     for (int c = 0; c < NCAT; ++c) cnt[c] = bmin[c] = bmax[c] = 0;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) planes[t] = 0;
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     for (long long b = warp; b < nb; b += nwarps) {
@@ -150,6 +156,9 @@ extern "C" __global__ void __launch_bounds__(256) global_stats(const int* __rest
         mn = mn == 99 ? 0 : mn;
 #pragma unroll
         for (u32 c = 0; c < NCAT; ++c) { bmin[c] += (mn == c); bmax[c] += (mx == c); }
+#pragma unroll
+        for (u32 t = 1; t <= 8; ++t)
+            planes[t - 1] += __popc(__reduce_or_sync(FULL, (cl <= t ? lo : 0u) | (ch <= t ? hi : 0u)));
     }
     // cnt[0] (zeros) is not needed by the width choice and stays 0.
 #pragma unroll
@@ -159,6 +168,7 @@ extern "C" __global__ void __launch_bounds__(256) global_stats(const int* __rest
             if (total) atomicAdd(&stats[c], (u64)total);
             if (bmin[c]) atomicAdd(&stats[NCAT + c], (u64)bmin[c]);
             if (bmax[c]) atomicAdd(&stats[2 * NCAT + c], (u64)bmax[c]);
+            if (c < 8 && planes[c]) atomicAdd(&stats[3 * NCAT + c], (u64)planes[c]);
         }
     }
 }
@@ -191,11 +201,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) global_encode(
     __shared__ u32 s_warp[WARPS][4], s_pre[WARPS][4], s_tot[4];
     __shared__ u32 s_buf[WARPS][17];
     const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    if (threadIdx.x == 0) { s_tile = atomicAdd(tile_counter, 1u); s_t = choose_width(stats); }
+    const long long ntiles = n_tiles(n), nb = (n + 63) / 64;
+    if (threadIdx.x == 0) { s_tile = atomicAdd(tile_counter, 1u); s_t = choose_width(stats, nb, bitshuffle); }
     __syncthreads();
     const u32 tile = s_tile, t = s_t, lim = 1u << t;
-    const long long ntiles = n_tiles(n), nb = (n + 63) / 64;
-    const long long meta_off = HEADER_SIZE + 4 * ntiles, meta_size = (nb + 3) / 4;
+    // A block's chunks: its t bit-planes of 8 bytes (bitshuffle), or one chunk of 8t bytes.
+    const u32 nflag = bitshuffle ? t : 1, csize = bitshuffle ? 8 : 8 * t;
+    const long long meta_off = HEADER_SIZE + 4 * ntiles, meta_size = (nb * (nflag + 1) + 7) / 8;
     const long long pay_off = meta_off + meta_size;
     const long long first_block = (long long)tile * (WARPS * GB_PER_WARP) + w * GB_PER_WARP;
 
@@ -207,15 +219,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) global_encode(
         hi[j] = i + 32 < n ? zigzag(__ldcs(v + i + 32)) : 0;
     }
     // Pass 1: per-block sizes; lane j keeps block j's numbers.
-    u32 my_nz = 0, my_cnt = 0, my_vb = 0;
+    u32 my_mask = 0, my_cnt = 0, my_vb = 0;
 #pragma unroll
     for (int j = 0; j < GB_PER_WARP; ++j) {
         u32 tl = lo[j] < lim ? lo[j] : 0, th = hi[j] < lim ? hi[j] : 0;
-        u32 nz = __any_sync(FULL, (tl | th) != 0);
+        u32 planes = __reduce_or_sync(FULL, tl | th);  // bit p: plane p is non-zero
         Outliers o = find_outliers(lo[j], hi[j], lim);
-        if (lane == (u32)j) { my_nz = nz; my_cnt = o.count(); my_vb = o.bytes(); }
+        if (lane == (u32)j) { my_mask = bitshuffle ? planes : (planes != 0); my_cnt = o.count(); my_vb = o.bytes(); }
     }
-    u32 q[4] = {my_nz, my_cnt ? 1u : 0u, my_cnt, my_vb};
+    u32 q[4] = {(u32)__popc(my_mask), my_cnt ? 1u : 0u, my_cnt, my_vb};
     u32 ex[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -226,8 +238,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) global_encode(
     __syncthreads();
     tile_scan<4>(s_warp, s_pre, s_tot, 0, 4);
     __syncthreads();
-    const u32 n_nz = s_tot[0], n_ho = s_tot[1], n_out = s_tot[2], n_vb = s_tot[3];
-    const u64 tile_size = 8ull * t * n_nz + n_ho + n_out + n_vb;
+    const u32 n_chunks = s_tot[0], n_ho = s_tot[1], n_out = s_tot[2], n_vb = s_tot[3];
+    const u64 tile_size = (u64)csize * n_chunks + n_ho + n_out + n_vb;
     if (threadIdx.x == 0) {
         u64 prefix = look_back(status, tile, tile_size, out_size);
         s_prefix = prefix;
@@ -242,19 +254,24 @@ extern "C" __global__ void __launch_bounds__(256, 2) global_encode(
 #pragma unroll
     for (int k = 0; k < 4; ++k) ex[k] += s_pre[w][k];
 
-    // Flags: 2 bits per block, 4 blocks per byte; a warp's 16 blocks fill 4 bytes.
-    u32 nzm = __ballot_sync(FULL, my_nz), hom = __ballot_sync(FULL, my_cnt != 0);
-    if (lane < GB_PER_WARP / 4) {
-        long long byte = first_block / 4 + lane;
-        if (byte < meta_size) {
-            u32 f = 0;
-            for (int i = 0; i < 4; ++i)
-                f |= ((nzm >> (4 * lane + i)) & 1u) << (2 * i) | ((hom >> (4 * lane + i)) & 1u) << (2 * i + 1);
-            out[meta_off + byte] = (u8)f;
-        }
+    // Meta: per block nflag chunk flags and one outlier flag, bit-packed; a warp's 16 blocks
+    // fill 2 * (nflag + 1) whole bytes.
+    const u32 fbits = nflag + 1;
+    if (lane < 5) s_buf[w][lane] = 0;
+    __syncwarp();
+    if (lane < GB_PER_WARP) {
+        u32 val = my_mask | ((my_cnt != 0 ? 1u : 0u) << nflag), bit = lane * fbits;
+        atomicOr(&s_buf[w][bit >> 5], val << (bit & 31));
+        if ((bit & 31) + fbits > 32) atomicOr(&s_buf[w][(bit >> 5) + 1], val >> (32 - (bit & 31)));
     }
+    __syncwarp();
+    if (lane < 2 * fbits) {
+        long long byte = first_block * fbits / 8 + lane;
+        if (byte < meta_size) out[meta_off + byte] = ((const u8*)s_buf[w])[lane];
+    }
+    __syncwarp();
     u8* base = out + pay_off + s_prefix;
-    u8* counts = base + 8ull * t * n_nz;
+    u8* counts = base + (u64)csize * n_chunks;
     u8* index = counts + n_ho;
     u8* values = index + n_out;
     const u8* buf = (const u8*)s_buf[w];
@@ -262,11 +279,18 @@ extern "C" __global__ void __launch_bounds__(256, 2) global_encode(
     // Pass 2: write chunks and outliers.
 #pragma unroll
     for (int j = 0; j < GB_PER_WARP; ++j) {
-        if (__shfl_sync(FULL, my_nz, j)) {
-            u32 off = __shfl_sync(FULL, ex[0], j) * 8 * t;
+        u32 mask = __shfl_sync(FULL, my_mask, j);
+        if (mask) {
+            u32 off = __shfl_sync(FULL, ex[0], j) * csize;
             pack_chunk(s_buf[w], lo[j] < lim ? lo[j] : 0, hi[j] < lim ? hi[j] : 0, t, lane, bitshuffle);
-            if (lane < 8 * t) base[off + lane] = buf[lane];
-            if (lane + 32 < 8 * t) base[off + lane + 32] = buf[lane + 32];
+#pragma unroll
+            for (u32 h = 0; h < 64; h += 32) {
+                u32 b = lane + h, p = b >> 3;
+                if (b < 8 * t) {
+                    if (!bitshuffle) base[off + b] = buf[b];
+                    else if ((mask >> p) & 1u) base[off + 8 * __popc(mask & ((1u << p) - 1u)) + (b & 7)] = buf[b];
+                }
+            }
             __syncwarp();
         }
         u32 cnt = __shfl_sync(FULL, my_cnt, j);
@@ -302,7 +326,8 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
     __shared__ u32 s_buf[WARPS][17];
     const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, tile = blockIdx.x;
     const long long ntiles = n_tiles(n), nb = (n + 63) / 64;
-    const long long meta_off = HEADER_SIZE + 4 * ntiles, meta_size = (nb + 3) / 4;
+    const u32 nflag = bitshuffle ? t : 1, csize = bitshuffle ? 8 : 8 * t, fbits = nflag + 1;
+    const long long meta_off = HEADER_SIZE + 4 * ntiles, meta_size = (nb * fbits + 7) / 8;
     const u8* pay = in + meta_off + meta_size;
     const u32* table = (const u32*)(in + HEADER_SIZE);
     const u32 start = tile ? table[tile - 1] : 0, end = table[tile];
@@ -311,10 +336,14 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
     const long long first_block = (long long)tile * (WARPS * GB_PER_WARP) + w * GB_PER_WARP;
     const long long blk = first_block + lane;
     u32 f = 0;
-    if (lane < GB_PER_WARP && blk / 4 < meta_size) f = (in[meta_off + blk / 4] >> (2 * (blk % 4))) & 3u;
+    if (lane < GB_PER_WARP) {
+        long long bit = blk * fbits, byte = bit >> 3;
+        u32 b0 = byte < meta_size ? in[meta_off + byte] : 0u, b1 = byte + 1 < meta_size ? in[meta_off + byte + 1] : 0u;
+        f = ((b0 | b1 << 8) >> (bit & 7)) & ((1u << fbits) - 1u);
+    }
     if (blk >= nb && f) atomicOr(err, 2);
-    const u32 my_nz = f & 1u, my_ho = (f >> 1) & 1u;
-    u32 ex[4], q[2] = {my_nz, my_ho};
+    const u32 my_mask = f & ((1u << nflag) - 1u), my_ho = f >> nflag;
+    u32 ex[4], q[2] = {(u32)__popc(my_mask), my_ho};
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         u32 inc = warp_incl_scan(q[k], lane);
@@ -324,7 +353,7 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
     __syncthreads();
     tile_scan<4>(s_warp, s_pre, s_tot, 0, 2);
     __syncthreads();
-    const u64 chunk_bytes = 8ull * t * s_tot[0];
+    const u64 chunk_bytes = (u64)csize * s_tot[0];
     const u32 n_ho = s_tot[1];
     ex[0] += s_pre[w][0]; ex[1] += s_pre[w][1];
     if (chunk_bytes + n_ho > size) { if (threadIdx.x == 0) atomicOr(err, 4); return; }
@@ -369,10 +398,17 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
         long long b = first_block + j;
         if (b >= nb) break;
         u32 lo = 0, hi = 0;
-        if (__shfl_sync(FULL, my_nz, j)) {
-            u32 off = __shfl_sync(FULL, ex[0], j) * 8 * t;
-            if (lane < 8 * t) buf[lane] = base[off + lane];
-            if (lane + 32 < 8 * t) buf[lane + 32] = base[off + lane + 32];
+        u32 cmask = __shfl_sync(FULL, my_mask, j);
+        if (cmask) {
+            u32 off = __shfl_sync(FULL, ex[0], j) * csize;
+#pragma unroll
+            for (u32 h = 0; h < 64; h += 32) {
+                u32 b = lane + h, p = b >> 3;
+                if (b < 8 * t) {
+                    if (!bitshuffle) buf[b] = base[off + b];
+                    else buf[b] = ((cmask >> p) & 1u) ? base[off + 8 * __popc(cmask & ((1u << p) - 1u)) + (b & 7)] : 0;
+                }
+            }
             __syncwarp();
             if (bitshuffle) {
                 for (u32 p = 0; p < t; ++p) {
