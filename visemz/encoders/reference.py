@@ -27,8 +27,19 @@ def unzigzag(u: np.ndarray) -> np.ndarray:
     return ((u >> 1) ^ (np.uint32(0) - (u & 1))).view(np.int32)
 
 
+_SMALL_CATEGORY = np.searchsorted(L.CATEGORY_BOUNDS, np.arange(256), side="right").astype(_U8)
+
+
 def categories(u: np.ndarray) -> np.ndarray:
-    return np.searchsorted(L.CATEGORY_BOUNDS, u, side="right").astype(_U8)
+    """Magnitude category of each uint32 (see layout.N_CATEGORIES).
+
+    A 256-entry table serves the small values that dominate latents; only values of
+    9 or more bits go through a search.
+    """
+    cat = _SMALL_CATEGORY[np.minimum(u, 255).astype(_U8)]
+    big = np.flatnonzero(u > 255)
+    cat[big] = np.searchsorted(L.CATEGORY_BOUNDS, u[big], side="right")
+    return cat
 
 
 def bit_length(x: np.ndarray) -> np.ndarray:
@@ -138,8 +149,9 @@ def _global_stats(u2: np.ndarray):
     if nzi.size:
         bmin[blk[starts]] = np.minimum.reduceat(cat, starts)
         bmax[blk[starts]] = np.maximum.reduceat(cat, starts)
-        for t in L.GLOBAL_WIDTHS:  # non-zero bit-planes of each block when t bits are kept
-            kept = np.where(cat <= t, u, 0).astype(_U8)
+        u8 = np.where(cat <= 8, u, 0).astype(_U8)
+        for t in L.GLOBAL_WIDTHS:  # non-zero bit-planes of each block when values of <= t bits are kept
+            kept = np.where(u8 < (1 << t), u8, _U8(0))
             planes[t - 1] = _POPCOUNT8[np.bitwise_or.reduceat(kept, starts)].sum()
     return nzi, cat, value_counts, bmin, bmax, planes, blk, starts
 
