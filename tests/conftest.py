@@ -21,3 +21,35 @@ def xp(request):
     import cupy
 
     return cupy
+
+
+@pytest.fixture(scope="session")
+def model_weights(tmp_path_factory):
+    """The shipped weights when all are present; otherwise seeded random weights in a temp folder.
+
+    The codec's guarantees (shapes, dtypes, error bound, file validation) hold for any weights;
+    rate-distortion quality is measured by scripts/, not by tests.
+    """
+    import os
+
+    import torch
+
+    from visemz.models import all_specs, architectures
+    from visemz.models import weights as W
+
+    if all(W.weights_path(s).is_file() for s in all_specs()):
+        yield W.weights_dir()
+        return
+    folder = tmp_path_factory.mktemp("weights")
+    torch.manual_seed(0)
+    for s in all_specs():
+        W.save(architectures.build(s), s, folder / f"{s.name}.safetensors", {"note": "random weights for tests"})
+    old = os.environ.get("VISEMZ_WEIGHTS_DIR")
+    os.environ["VISEMZ_WEIGHTS_DIR"] = str(folder)
+    W.load.cache_clear()
+    yield folder
+    if old is None:
+        del os.environ["VISEMZ_WEIGHTS_DIR"]
+    else:
+        os.environ["VISEMZ_WEIGHTS_DIR"] = old
+    W.load.cache_clear()

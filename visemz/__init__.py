@@ -11,6 +11,15 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # the codec imports torch and compressai: load it on first use, not at import
+    if name in ("compress", "decompress", "ImageCodec"):
+        from . import codec
+
+        return getattr(codec, name)
+    raise AttributeError(f"module 'visemz' has no attribute {name!r}")
+
 __all__ = [
     "VisemzError",
     "CorruptStreamError",
@@ -19,4 +28,7 @@ __all__ = [
     "DeviceUnavailableError",
     "LimitExceededError",
     "__version__",
+    "compress",
+    "decompress",
+    "ImageCodec",
 ]

@@ -65,3 +65,14 @@ def as_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "numpy"):  # torch CPU tensor
         return x.detach().numpy()
     return np.asarray(x)
+
+
+def ints_to_torch(buf, device: str):
+    """Decode an ints stream straight into a torch int32 tensor on ``device`` (GPU decode on cuda)."""
+    import torch
+
+    from .encoders import decode_ints
+
+    if device.startswith("cuda"):
+        return torch.as_tensor(decode_ints(buf, device="cuda"), device=device)
+    return torch.from_numpy(decode_ints(buf))

@@ -1,0 +1,180 @@
+"""visemz.compress / decompress on the CPU: dtypes, layouts, odd sizes, the error bound, bad input."""
+
+import numpy as np
+import pytest
+import torch
+
+import visemz
+from visemz import container
+from visemz.errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError, VisemzError
+
+MODELS = ("balle2016", "mbt2018-mean")
+
+
+@pytest.fixture(autouse=True)
+def _weights(model_weights):
+    return model_weights
+
+
+def _image(dtype: str, shape: tuple, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype == "uint8":
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+    if dtype == "uint16":
+        return rng.integers(0, 4096, shape, dtype=np.uint16)  # 12-bit detector data in 16-bit words
+    return (rng.standard_normal(shape) * 40 + 1000).astype(np.float32)
+
+
+def _err(a, b) -> float:
+    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "float32"])
+@pytest.mark.parametrize("shape", [(24, 40), (24, 40, 1), (24, 40, 3), (24, 40, 4)])
+def test_roundtrip_keeps_dtype_and_shape(model, dtype, shape):
+    img = _image(dtype, shape)
+    out = visemz.decompress(visemz.compress(img, model=model, quality=2))
+    assert out.dtype == img.dtype and out.shape == img.shape
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (63, 65), (3000, 17)])
+def test_odd_sizes(shape):
+    img = _image("uint8", shape, seed=3)
+    for model in MODELS:
+        buf = visemz.compress(img, model=model, quality=1, max_error=0)
+        np.testing.assert_array_equal(visemz.decompress(buf), img)
+
+
+def _adversarial(dtype: str) -> list[np.ndarray]:
+    top = {"uint8": 255, "uint16": 65535}.get(dtype)
+    h, w = 70, 90
+    yy, xx = np.mgrid[:h, :w]
+    if top is None:
+        base = [np.where((yy + xx) % 2, 1e6, -1e6), (yy * 1e-7 + 3.0), np.full((h, w), 7.25),
+                np.random.default_rng(1).standard_normal((h, w)) * 1e5]
+        return [b.astype(np.float32) for b in base]
+    return [
+        np.where((yy + xx) % 2, top, 0).astype(dtype),  # checkerboard of the extremes
+        (xx * top // (w - 1)).astype(dtype),  # ramp through every level
+        np.full((h, w), top // 2, dtype),  # constant
+        np.random.default_rng(2).integers(0, top + 1, (h, w)).astype(dtype),  # noise
+        np.stack([np.full((h, w), top, dtype), np.zeros((h, w), dtype), (xx % 2 * top).astype(dtype)], 2),
+    ]
+
+
+@pytest.mark.parametrize(
+    "dtype,bounds", [("uint8", (0, 1, 3, 10)), ("uint16", (0, 7, 300)), ("float32", (0, 1e-3, 0.25, 1000.0))]
+)
+def test_error_bound_holds(dtype, bounds):
+    for img in _adversarial(dtype) + [_image(dtype, (50, 61, 3), seed=9)]:
+        for e in bounds:
+            for model in MODELS:
+                out = visemz.decompress(visemz.compress(img, model=model, quality=1, max_error=e))
+                assert out.dtype == img.dtype
+                assert _err(out, img) <= e, f"{dtype} {img.shape} {model} E={e}"
+
+
+def test_error_bound_on_a_camera_image():
+    from skimage import data
+
+    img = data.camera()
+    for e in (0, 2):
+        buf = visemz.compress(img, model="balle2016", quality=3, max_error=e)
+        assert _err(visemz.decompress(buf), img) <= e
+
+
+def test_torch_input():
+    img = torch.from_numpy(_image("uint8", (33, 47, 3)))
+    out = visemz.decompress(visemz.compress(img, max_error=0))
+    np.testing.assert_array_equal(out, img.numpy())
+
+
+@pytest.mark.parametrize(
+    "bad,exc,word",
+    [
+        (np.zeros((8, 8), np.int64), UnsupportedFormatError, "int64"),
+        (np.zeros((2, 8, 8, 3), np.uint8), UnsupportedFormatError, "(2, 8, 8, 3)"),
+        (np.zeros((0, 8), np.uint8), InvalidArgumentError, "empty"),
+        (np.array([[np.nan, 1.0]], np.float32), InvalidArgumentError, "NaN"),
+        ([[1, 2], [3, 4]], UnsupportedFormatError, "list"),
+    ],
+)
+def test_bad_images_are_named(bad, exc, word):
+    with pytest.raises(exc, match=__import__("re").escape(word)):
+        visemz.compress(bad)
+
+
+def test_bad_arguments_are_named():
+    img = _image("uint8", (16, 16))
+    with pytest.raises(InvalidArgumentError, match="quality=9"):
+        visemz.compress(img, quality=9)
+    with pytest.raises(InvalidArgumentError, match="'jpeg'"):
+        visemz.compress(img, model="jpeg")
+    with pytest.raises(InvalidArgumentError, match="-1"):
+        visemz.compress(img, max_error=-1)
+    with pytest.raises(InvalidArgumentError, match="1.5"):
+        visemz.compress(img, max_error=1.5)
+    with pytest.raises(UnsupportedFormatError, match="'lz4'"):
+        visemz.ImageCodec(entropy="lz4")
+
+
+def test_corrupt_files_raise_visemz_errors():
+    buf = bytearray(visemz.compress(_image("uint8", (20, 30, 3)), max_error=1))
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(buf) * 8, 400, replace=False):
+        buf[i // 8] ^= 1 << (i % 8)
+        with pytest.raises(VisemzError):
+            visemz.decompress(bytes(buf))
+        buf[i // 8] ^= 1 << (i % 8)
+    for cut in (0, 10, 40, len(buf) // 2, len(buf) - 1):
+        with pytest.raises(VisemzError):
+            visemz.decompress(bytes(buf[:cut]))
+    visemz.decompress(bytes(buf))  # the undamaged file still decodes
+
+
+def _rewrite(buf: bytes, **changes) -> bytes:
+    c = container.unpack(buf)
+    return container.pack(c.kind, dict(c.meta, **changes), {k: bytes(v) for k, v in c.sections.items()})
+
+
+def test_hostile_headers_with_valid_checksums():
+    buf = visemz.compress(_image("uint8", (20, 30)), max_error=0)
+    cases = [
+        (dict(shape=[100000, 100000]), VisemzError),
+        (dict(shape=[20, 31]), CorruptStreamError),
+        (dict(dtype="float64"), UnsupportedFormatError),
+        (dict(model_id="0000000000000000"), UnsupportedFormatError),
+        (dict(format=2), UnsupportedFormatError),
+        (dict(residual="bits"), CorruptStreamError),
+        (dict(colour=1), UnsupportedFormatError),
+        (dict(symbols={"y": [1, 96, 2, 2]}), CorruptStreamError),
+        (dict(range=[5, 1]), CorruptStreamError),
+    ]
+    for change, exc in cases:
+        with pytest.raises(exc):
+            visemz.decompress(_rewrite(buf, **change))
+    c = container.unpack(buf)
+    with pytest.raises(UnsupportedFormatError, match="tensor"):
+        visemz.decompress(container.pack("tensor", dict(c.meta), {}))
+
+
+def test_weights_load_without_unpickling(monkeypatch):
+    import pickle
+
+    from visemz.models import all_specs
+    from visemz.models import weights as W
+
+    def refuse(*a, **k):
+        raise AssertionError("weights must not be unpickled")
+
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    W.load.cache_clear()
+    try:
+        for s in all_specs():
+            net, model_id = W.load(s)
+            assert len(model_id) == 16 and not net.training
+    finally:
+        W.load.cache_clear()

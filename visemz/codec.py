@@ -1,0 +1,180 @@
+"""ImageCodec: images <-> .vsz bytes, gluing model, block encoder and container.
+
+    buf = visemz.compress(image, model="balle2016", quality=3, max_error=None)
+    image = visemz.decompress(buf)
+
+The model's latent symbols are the only float -> int step; everything after them is
+integer coding, so a file written on a GPU decodes to the same symbols on a CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from . import container, residual
+from . import device as dev
+from .encoders import encode_ints
+from .errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
+from .models import architectures, registry
+from .models import weights as W
+from .pixels import DTYPES, MAX_PIXELS, ImageMeta, as_tensor, check_max_error, denormalise, describe, from_batch, to_batch
+
+KIND = "image"
+FORMAT = 1
+META_KEYS = {"format", "model", "model_id", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
+
+
+@contextmanager
+def _exact_math():
+    """Full float32 (no TF32) and no autograd: GPU results stay within rounding of the CPU's."""
+    with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@functools.lru_cache(maxsize=16)
+def _model64(spec: registry.ModelSpec, device: str) -> torch.nn.Module:
+    """A float64 copy of the model, for the error-bound path's device-independent synthesis."""
+    net, _ = W.load(spec, device)
+    return copy.deepcopy(net).double()
+
+
+class ImageCodec:
+    """Compress and decompress images with one device and entropy setting."""
+
+    def __init__(self, device: str | None = None, entropy: str = "zstd", bitshuffle: bool = True):
+        self.device = dev.resolve(device)
+        self.enc = {"entropy": entropy, "bitshuffle": bitshuffle}
+        encode_ints(np.zeros(0, np.int32), **self.enc)  # validates the options now, naming a bad one
+
+    # ------------------------------------------------------------------ compress
+    def compress(self, image, *, model: str = "balle2016", quality: int = 3, max_error=None) -> bytes:
+        t = as_tensor(image, self.device)
+        meta = describe(t)
+        e = check_max_error(max_error, meta.dtype)
+        spec = registry.spec(model, quality, meta.variant)
+        net, model_id = W.load(spec, self.device)
+        with _exact_math():
+            symbols = architectures.analyse(net, to_batch(t, meta))
+            sections = {name: encode_ints(self._ints(s), policy="global", **self.enc) for name, s in symbols.items()}
+            mode = None
+            if e is not None:
+                x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, torch.float64), meta)
+                extra, mode = residual.encode(t, x01, meta, e, **self.enc)
+                sections.update(extra)
+        header = {
+            "format": FORMAT, "model": spec.name, "model_id": model_id, "dtype": meta.dtype,
+            "shape": list(meta.shape), "range": [meta.lo, meta.hi],
+            "symbols": {k: list(v.shape) for k, v in symbols.items()},
+            "max_error": e, "residual": mode, "entropy": self.enc["entropy"],
+        }
+        return container.pack(KIND, header, sections)
+
+    @staticmethod
+    def _ints(t: torch.Tensor):
+        t = t.contiguous()
+        return t if t.is_cuda else t.numpy()
+
+    # ---------------------------------------------------------------- decompress
+    def decompress_tensor(self, buf) -> torch.Tensor:
+        """.vsz bytes -> the image as a torch tensor on this codec's device."""
+        c = container.unpack(buf)
+        if c.kind != KIND:
+            raise UnsupportedFormatError(f"container holds {c.kind!r}, not an image")
+        h = _check_header(c.meta, c.sections)
+        spec = registry.parse(h["model"])
+        meta = ImageMeta(h["dtype"], tuple(h["shape"]), float(h["range"][0]), float(h["range"][1]))
+        net, model_id = W.load(spec, self.device)
+        if model_id != h["model_id"]:
+            raise UnsupportedFormatError(
+                f"file was written with weights {h['model_id']} of {spec.name}; this install has {model_id}"
+            )
+        want = architectures.latent_shapes(net, *_batch_and_padded(meta))
+        if {k: list(v) for k, v in want.items()} != h["symbols"]:
+            raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and {spec.name}")
+        symbols = {}
+        for name, shape in want.items():
+            s = dev.ints_to_torch(c.sections[name], self.device)
+            if s.numel() != math.prod(shape):
+                raise CorruptStreamError(f"section {name!r} holds {s.numel()} symbols, expected {math.prod(shape)}")
+            symbols[name] = s.reshape(shape)
+        with _exact_math():
+            if h["residual"] is None:
+                return denormalise(from_batch(architectures.synthesise(net, symbols), meta), meta)
+            x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, torch.float64), meta)
+            return residual.decode(c.sections, x01, meta, h["max_error"], h["residual"])
+
+    def decompress(self, buf) -> np.ndarray:
+        """.vsz bytes -> the image as a NumPy array of the original dtype and shape."""
+        out = self.decompress_tensor(buf)
+        if out.dtype == torch.uint16:  # torch cannot hand uint16 to NumPy directly
+            return out.to(torch.int32).cpu().numpy().astype(np.uint16)
+        return out.cpu().numpy()
+
+
+def _batch_and_padded(meta: ImageMeta) -> tuple[int, int, int]:
+    batch = 1 if meta.channels == 3 or len(meta.shape) == 2 else meta.channels
+    return (batch, *meta.padded)
+
+
+def _check_header(h: dict, sections: dict) -> dict:
+    """Validate an image header strictly: known keys, types, sizes, before anything is decoded."""
+    unknown = set(h) - META_KEYS
+    if unknown:
+        raise UnsupportedFormatError(f"image header has unknown fields {sorted(unknown)}")
+    missing = META_KEYS - set(h)
+    if missing:
+        raise CorruptStreamError(f"image header lacks fields {sorted(missing)}")
+    if h["format"] != FORMAT:
+        raise UnsupportedFormatError(f"image format {h['format']!r} (this build reads {FORMAT})")
+    if h["dtype"] not in DTYPES:
+        raise UnsupportedFormatError(f"image dtype {h['dtype']!r} is not one of {list(DTYPES)}")
+    shape = h["shape"]
+    if not (isinstance(shape, list) and len(shape) in (2, 3) and all(isinstance(s, int) and s >= 1 for s in shape)):
+        raise CorruptStreamError(f"image shape {shape!r} is invalid")
+    if math.prod(shape) > MAX_PIXELS:
+        raise LimitExceededError(f"image shape {shape} exceeds {MAX_PIXELS} values")
+    rng = h["range"]
+    if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(v, (int, float)) for v in rng) and rng[0] <= rng[1]):
+        raise CorruptStreamError(f"image range {rng!r} is invalid")
+    if not isinstance(h["model"], str) or not isinstance(h["model_id"], str) or not isinstance(h["symbols"], dict):
+        raise CorruptStreamError("image header model, model_id or symbols field has the wrong type")
+    e, mode = h["max_error"], h["residual"]
+    if (e is None) != (mode is None) or (e is not None and (not isinstance(e, (int, float)) or e < 0)):
+        raise CorruptStreamError(f"image header max_error {e!r} / residual {mode!r} are inconsistent")
+    if mode is not None:
+        meta = ImageMeta(h["dtype"], tuple(shape), float(rng[0]), float(rng[1]))
+        if mode != residual.mode_for(meta, e):
+            raise CorruptStreamError(f"residual mode {mode!r} does not match dtype {h['dtype']} and max_error {e}")
+        need = {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
+        if not need <= set(sections):
+            raise CorruptStreamError(f"image lacks sections {sorted(need - set(sections))}")
+    for name in h["symbols"]:
+        if name not in sections:
+            raise CorruptStreamError(f"image lacks the symbol section {name!r}")
+    return h
+
+
+@functools.lru_cache(maxsize=4)
+def _default(device: str | None) -> ImageCodec:
+    return ImageCodec(device)
+
+
+def compress(image, *, model: str = "balle2016", quality: int = 3, max_error=None, device: str | None = None) -> bytes:
+    """Compress an HxW or HxWxC image (uint8, uint16 or float32; NumPy, cupy or torch) to .vsz bytes."""
+    return _default(device).compress(image, model=model, quality=quality, max_error=max_error)
+
+
+def decompress(buf, *, device: str | None = None) -> np.ndarray:
+    """Decompress .vsz bytes to a NumPy array of the original dtype and shape."""
+    return _default(device).decompress(buf)

@@ -1,0 +1,116 @@
+"""Model weights as safetensors: int8 convolution kernels, everything else fp16.
+
+Convolution kernels (the bulk of every model) are stored as int8 with one float32
+scale per output channel; other parameters and buffers as fp16.  Loading goes
+through ``safetensors`` only: nothing is ever unpickled.  The model id recorded in
+every compressed file is the xxh64 of the weights file, so a file written with other
+weights is refused instead of decoded into garbage.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from importlib import resources
+from pathlib import Path
+
+import torch
+import xxhash
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import InvalidArgumentError, UnsupportedFormatError
+from . import architectures
+from .registry import ModelSpec
+
+INT8_SUFFIX, SCALE_SUFFIX = ".int8", ".scale"
+
+
+def weights_dir() -> Path:
+    """Where weights are looked up: $VISEMZ_WEIGHTS_DIR, else the package's own folder."""
+    env = os.environ.get("VISEMZ_WEIGHTS_DIR")
+    return Path(env) if env else Path(str(resources.files("visemz.models").joinpath("weights")))
+
+
+def weights_path(spec: ModelSpec) -> Path:
+    return weights_dir() / f"{spec.name}.safetensors"
+
+
+def quantize_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """State dict -> storable tensors: int8 + per-channel scale for 4-D kernels, fp16 otherwise."""
+    out = {}
+    for name, t in state.items():
+        t = t.detach().float().cpu()
+        if t.dim() == 4:  # one scale per slice along dim 0 (output channels; input ones for deconvs)
+            amax = t.abs().amax(dim=(1, 2, 3), keepdim=True).clamp_min(1e-12)
+            scale = amax / 127.0
+            out[name + INT8_SUFFIX] = torch.round(t / scale).clamp(-127, 127).to(torch.int8).contiguous()
+            out[name + SCALE_SUFFIX] = scale.contiguous()
+        else:
+            out[name] = t.half().contiguous()
+    return out
+
+
+def dequantize_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    state = {}
+    for name, t in tensors.items():
+        if name.endswith(SCALE_SUFFIX):
+            continue
+        if name.endswith(INT8_SUFFIX):
+            base = name[: -len(INT8_SUFFIX)]
+            state[base] = t.float() * tensors[base + SCALE_SUFFIX]
+        else:
+            state[name] = t.float()
+    return state
+
+
+def save(model: torch.nn.Module, spec: ModelSpec, path: Path, card: dict) -> str:
+    """Write weights (and the model card beside them); returns the model id."""
+    meta = {"spec": json.dumps({"arch": spec.arch, "variant": spec.variant, "quality": spec.quality,
+                                "N": spec.N, "M": spec.M})}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(quantize_state(model.state_dict()), str(tmp), metadata=meta)
+    os.replace(tmp, path)
+    model_id = file_id(path)
+    card = dict(card, model=spec.name, model_id=model_id, weights=path.name)
+    path.with_suffix(".json").write_text(json.dumps(card, indent=1) + "\n")
+    return model_id
+
+
+def file_id(path: Path) -> str:
+    return xxhash.xxh64(path.read_bytes()).hexdigest()
+
+
+def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
+
+
+@functools.lru_cache(maxsize=32)
+def load(spec: ModelSpec, device: str = "cpu") -> tuple[torch.nn.Module, str]:
+    """The model for ``spec`` with its shipped weights, in eval mode, and its model id."""
+    path = weights_path(spec)
+    if not path.is_file():
+        raise UnsupportedFormatError(f"no weights for model {spec.name!r} at {path}")
+    tensors, meta = read_tensors(path)
+    stored = json.loads(meta.get("spec", "{}"))
+    if (stored.get("N"), stored.get("M")) != (spec.N, spec.M):
+        raise UnsupportedFormatError(f"weights {path.name} are N={stored.get('N')}, M={stored.get('M')}; expected {spec.N}/{spec.M}")
+    model = architectures.build(spec)
+    missing, unexpected = model.load_state_dict(dequantize_state(tensors), strict=False)
+    if missing or unexpected:
+        raise UnsupportedFormatError(f"weights {path.name} do not match {spec.name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.eval().requires_grad_(False)
+    return model.to(device), file_id(path)
+
+
+def available() -> list[str]:
+    d = weights_dir()
+    return sorted(p.stem for p in d.glob("*.safetensors")) if d.is_dir() else []
+
+
+def check_device(device: str) -> None:
+    if device not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"device={device!r}: expected 'cpu' or 'cuda'")

@@ -1,0 +1,134 @@
+"""Images <-> model tensors: dtypes, value ranges, channel layouts, padding.
+
+Inputs are HxW or HxWxC arrays (NumPy, cupy or torch) of uint8, uint16 or float32.
+uint8 maps 0..255 to [0, 1]; uint16 and float32 map their own [min, max] to [0, 1]
+and keep that range in the file header.  Three channels use the RGB models; any other
+channel count is coded as a batch of grayscale planes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import InvalidArgumentError, LimitExceededError, UnsupportedFormatError
+
+DTYPES = ("uint8", "uint16", "float32")
+PAD = 64  # the models downsample by 64 (hyperprior); pad to a multiple of it
+MAX_PIXELS = 1 << 30
+MAX_CHANNELS = 64
+
+
+@dataclass(frozen=True)
+class ImageMeta:
+    dtype: str
+    shape: tuple[int, ...]
+    lo: float
+    hi: float
+
+    @property
+    def height(self) -> int:
+        return self.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.shape[1]
+
+    @property
+    def channels(self) -> int:
+        return self.shape[2] if len(self.shape) == 3 else 1
+
+    @property
+    def variant(self) -> str:
+        return "rgb" if self.channels == 3 else "gray"
+
+    @property
+    def padded(self) -> tuple[int, int]:
+        return (-(-self.height // PAD) * PAD, -(-self.width // PAD) * PAD)
+
+
+def as_tensor(image, device: str) -> torch.Tensor:
+    """NumPy, cupy or torch -> torch tensor on ``device`` (no copy when already there)."""
+    if isinstance(image, torch.Tensor):
+        return image.to(device)
+    if hasattr(image, "__cuda_array_interface__"):
+        return torch.as_tensor(image, device="cuda").to(device)
+    if isinstance(image, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(image)).to(device)
+    raise UnsupportedFormatError(f"expected a NumPy, cupy or torch array, got {type(image).__name__}")
+
+
+def check_max_error(max_error, dtype: str):
+    if max_error is None:
+        return None
+    try:
+        e = float(max_error)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"max_error={max_error!r} is not a number") from None
+    if not np.isfinite(e) or e < 0:
+        raise InvalidArgumentError(f"max_error={max_error!r} must be a finite number >= 0")
+    if dtype != "float32":
+        if e != int(e):
+            raise InvalidArgumentError(f"max_error={max_error!r} must be a whole number of {dtype} levels")
+        return int(e)
+    return e
+
+
+def describe(t: torch.Tensor) -> ImageMeta:
+    name = str(t.dtype).replace("torch.", "")
+    if name not in DTYPES:
+        raise UnsupportedFormatError(f"image dtype {name} is not supported: use one of {list(DTYPES)}")
+    if t.dim() not in (2, 3):
+        raise UnsupportedFormatError(f"image of shape {tuple(t.shape)}: expected HxW or HxWxC")
+    if t.numel() == 0:
+        raise InvalidArgumentError(f"image of shape {tuple(t.shape)} is empty")
+    if t.dim() == 3 and t.shape[2] > MAX_CHANNELS:
+        raise UnsupportedFormatError(f"image with {t.shape[2]} channels: at most {MAX_CHANNELS} (is it CxHxW?)")
+    if t.numel() > MAX_PIXELS:
+        raise LimitExceededError(f"image of {t.numel()} values exceeds the limit of {MAX_PIXELS}")
+    if name == "uint8":
+        lo, hi = 0.0, 255.0
+    else:
+        if name == "float32" and not bool(torch.isfinite(t).all()):
+            raise InvalidArgumentError("float32 image holds NaN or Inf values")
+        w = t.to(torch.int32) if name == "uint16" else t  # torch's uint16 lacks min/max
+        lo, hi = float(w.min()), float(w.max())
+    return ImageMeta(name, tuple(int(s) for s in t.shape), lo, hi)
+
+
+def to_batch(t: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
+    """Image -> (B, C, Hp, Wp) float32 in [0, 1], edge-padded to multiples of 64."""
+    x = t.to(torch.int32) if meta.dtype == "uint16" else t
+    x = x.to(torch.float64 if meta.dtype == "float32" else torch.float32)
+    x = (x - meta.lo) / (meta.hi - meta.lo) if meta.hi > meta.lo else torch.zeros_like(x)
+    x = x.to(torch.float32)
+    if x.dim() == 2:
+        x = x[None, None]
+    elif meta.channels == 3:
+        x = x.permute(2, 0, 1)[None]
+    else:
+        x = x.permute(2, 0, 1)[:, None]
+    ph, pw = meta.padded
+    return F.pad(x, (0, pw - meta.width, 0, ph - meta.height), mode="replicate")
+
+
+def from_batch(x: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
+    """(B, C, Hp, Wp) values in [0, 1] -> the image layout (HxW or HxWxC), cropped, still [0, 1]."""
+    x = x[:, :, : meta.height, : meta.width]
+    if len(meta.shape) == 2:
+        return x[0, 0]
+    return x[0].permute(1, 2, 0) if meta.channels == 3 else x[:, 0].permute(1, 2, 0)
+
+
+def denormalise(x01: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
+    """Values in [0, 1] (any float dtype) -> the original dtype and range."""
+    x = x01.clamp(0, 1).to(torch.float64)
+    if meta.dtype == "uint8":
+        return torch.round(x * 255).to(torch.uint8)
+    v = meta.lo + x * (meta.hi - meta.lo)
+    if meta.dtype == "uint16":
+        return torch.round(v).clamp(0, 65535).to(torch.int32).to(torch.uint16)
+    return v.to(torch.float32)
