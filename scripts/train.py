@@ -97,7 +97,8 @@ class Trainer:
         aux.backward()
         self.aux_opt.step()
         self.step += 1
-        return {"loss": loss.item(), "mse": mse.item(), "bpp": bpp.item(), "aux": aux.item()}
+        # stays on the GPU: reading it here would stall the queue every step
+        return torch.stack([loss.detach(), mse.detach(), bpp.detach(), aux.detach()])
 
 
 def group_of(spec) -> str:
@@ -178,8 +179,8 @@ def main() -> None:
             m = t.train_step(samplers[t.spec.variant].batch(args.batch))
             acc[t.spec.name].append(m)
             if t.step % args.log_every == 0:
-                rows = acc[t.spec.name]
-                mean = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+                vals = torch.stack(acc[t.spec.name]).mean(0).tolist()  # one sync per model per log
+                mean = dict(zip(("loss", "mse", "bpp", "aux"), vals))
                 psnr = 10 * math.log10(1.0 / max(mean["mse"], 1e-12))
                 writer.writerow([t.spec.name, t.step, f"{mean['loss']:.5f}", f"{mean['mse']:.7f}", f"{psnr:.3f}",
                                  f"{mean['bpp']:.5f}", f"{mean['aux']:.3f}", f"{time.perf_counter() - t0:.1f}"])
