@@ -48,15 +48,17 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None, help="e.g. balle2016-rgb-q3 (default: all shipped)")
     args = ap.parse_args()
 
-    gpu_name = torch.cuda.get_device_name()
-    print(f"device: {gpu_name}")
-    sync = torch.cuda.synchronize
-    vz_gpu, vz_cpu = visemz.ImageCodec("cuda"), visemz.ImageCodec("cpu")
+    cuda = torch.cuda.is_available()
+    dev_name = torch.cuda.get_device_name() if cuda else "CPU only"
+    print(f"device: {dev_name}")
+    sync = torch.cuda.synchronize if cuda else None
+    main_dev = "cuda" if cuda else "cpu"
+    vz_gpu, vz_cpu = (visemz.ImageCodec("cuda") if cuda else None), visemz.ImageCodec("cpu")
     specs = [s for s in all_specs() if W.weights_path(s).is_file() and (not args.models or s.name in args.models)]
     rows = []
     for spec in specs:
-        net, _ = W.load(spec, "cuda")
-        ref = architectures.build(spec).to("cuda").eval()
+        net, _ = W.load(spec, main_dev)
+        ref = architectures.build(spec).to(main_dev).eval()
         ref.load_state_dict(net.state_dict())
         ref.update(force=True)  # CompressAI's CDF tables for its rANS coder
         for set_name, images in evalkit.eval_sets(args.data, spec.variant, args.limit).items():
@@ -65,11 +67,12 @@ def main() -> None:
             acc = {k: [] for k in ("ca", "gpu", "cpu")}
             for i, (_, img) in enumerate(images):
                 rep = args.repeat if i == 0 or img.size < 2_000_000 else 1
-                compressai_roundtrip(ref, img, "cuda") if i == 0 else None  # warm-up
-                t_ca, (n_ca, rec_ca) = evalkit.timed(lambda: compressai_roundtrip(ref, img, "cuda"), sync, rep)
+                if i == 0:
+                    compressai_roundtrip(ref, img, main_dev)  # warm-up
+                t_ca, (n_ca, rec_ca) = evalkit.timed(lambda: compressai_roundtrip(ref, img, main_dev), sync, rep)
                 acc["ca"].append((n_ca, rec_ca, t_ca))
                 for key, codec in (("gpu", vz_gpu), ("cpu", vz_cpu)):
-                    if key == "cpu" and args.no_cpu:
+                    if codec is None or (key == "cpu" and args.no_cpu):
                         continue
                     run = lambda: (lambda b: (len(b), codec.decompress(b)))(codec.compress(img, model=spec.arch, quality=spec.quality))
                     if i == 0:
@@ -90,8 +93,8 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     with open(args.out, "w") as f:
-        json.dump({"device": gpu_name, "rows": rows}, f, indent=1)
-    print_table(gpu_name, rows)
+        json.dump({"device": dev_name, "rows": rows}, f, indent=1)
+    print_table(dev_name, rows)
 
 
 def print_table(name: str, rows: list[dict]) -> None:

@@ -45,11 +45,13 @@ def main() -> None:
             spec = parse(name)
             model = architectures.build(spec)
             model.load_state_dict({k.split("/", 1)[1]: v.float() for k, v in tensors.items() if k.startswith(name + "/")})
+            if not all(torch.isfinite(v).all() for v in model.state_dict().values()):
+                raise SystemExit(f"{name}: checkpoint holds non-finite values; not exported")
             card = {
                 "arch": spec.arch, "variant": spec.variant, "quality": spec.quality, "lambda": spec.lam,
                 "compressai_quality": spec.compressai_quality, "N": spec.N, "M": spec.M,
                 "data": f"../shared/data/train/{spec.variant} (random 256x256 crops, flips)",
-                "steps": state["steps"][name], "batch": 16,
+                "steps": state["steps"][name], "batch": 16, "checkpoint_note": state.get("note", ""),
                 "train_seconds_all_models": round(state["train_seconds"], 1),
                 "trained_on": gpu, "storage": "int8 convolution kernels (per-channel scale), fp16 otherwise",
                 "exported": datetime.date.today().isoformat(),

@@ -81,8 +81,15 @@ class Trainer:
         self.aux_opt = torch.optim.Adam([params[n] for n in aux], lr=1e-3)
         self.amp = amp
         self.step = 0
+        self.lr = lr
+        self.started = 0  # step at which this run began: the LR warms up from there
+        self.good = None  # last finite state, restored if the loss turns non-finite
 
-    def train_step(self, x: torch.Tensor) -> dict[str, float]:
+    WARMUP = 500  # steps of linear LR warm-up after every (re)start: Adam's moments start afresh
+
+    def train_step(self, x: torch.Tensor) -> torch.Tensor:
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr * min(1.0, (self.step - self.started + 1) / self.WARMUP)
         x_hat, liks = architectures.forward_train(self.model, x, self.amp)
         pixels = x.shape[0] * x.shape[2] * x.shape[3]
         bpp = sum(torch.log(l).sum() for l in liks) / (-math.log(2) * pixels)
@@ -90,7 +97,7 @@ class Trainer:
         loss = self.spec.lam * 255**2 * mse + bpp
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0, error_if_nonfinite=False)
         self.opt.step()
         aux = self.model.aux_loss()
         self.aux_opt.zero_grad(set_to_none=True)
@@ -99,6 +106,18 @@ class Trainer:
         self.step += 1
         # stays on the GPU: reading it here would stall the queue every step
         return torch.stack([loss.detach(), mse.detach(), bpp.detach(), aux.detach()])
+
+
+    def check_finite(self, metrics: list[float]) -> bool:
+        """Called at log time: keep a finite snapshot, or roll back to the last one."""
+        if all(math.isfinite(v) for v in metrics):
+            self.good = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            return True
+        if self.good is not None:
+            self.model.load_state_dict(self.good)
+        self.opt.state.clear()  # Adam's moments are poisoned too
+        self.started = self.step  # warm up again
+        return False
 
 
 def group_of(spec) -> str:
@@ -133,7 +152,7 @@ def resume(trainers: list[Trainer], src: Path) -> float:
         prefix = t.spec.name + "/"
         tensors = {k[len(prefix):]: v.float() for k, v in load_file(str(f)).items() if k.startswith(prefix)}
         t.model.load_state_dict(tensors)
-        t.step = state["steps"][t.spec.name]
+        t.step = t.started = state["steps"][t.spec.name]
         print(f"{t.spec.name}: resumed at step {t.step}")
     return float(state.get("train_seconds", 0.0))
 
@@ -180,6 +199,8 @@ def main() -> None:
             acc[t.spec.name].append(m)
             if t.step % args.log_every == 0:
                 vals = torch.stack(acc[t.spec.name]).mean(0).tolist()  # one sync per model per log
+                if not t.check_finite(vals):
+                    print(f"{t.spec.name}: non-finite loss at step {t.step}; rolled back to the last finite state")
                 mean = dict(zip(("loss", "mse", "bpp", "aux"), vals))
                 psnr = 10 * math.log10(1.0 / max(mean["mse"], 1e-12))
                 writer.writerow([t.spec.name, t.step, f"{mean['loss']:.5f}", f"{mean['mse']:.7f}", f"{psnr:.3f}",

@@ -1,10 +1,17 @@
-"""The ``visemz`` command, over the public API only."""
+"""The ``visemz`` command, over the public API only.
+
+Exit codes: 0 everything succeeded; 1 some items failed (each is reported); 2 the command
+could not run at all (bad arguments, unreadable source, unusable device).
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -12,6 +19,150 @@ from . import __version__
 from .errors import VisemzError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="GPU-first compression for scientific images.")
+
+
+def _progress(total_hint: str, quiet: bool):
+    """A rich progress bar with images/s and MB/s, or nothing when quiet / not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return None, None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} images"),
+                   TimeElapsedColumn(), transient=True)
+    task = bar.add_task(total_hint, total=None)
+    state = {"n": 0, "bytes": 0}
+    import time
+
+    t0 = time.perf_counter()
+
+    def update(result):
+        state["n"] += 1
+        state["bytes"] += result.bytes_in
+        dt = max(time.perf_counter() - t0, 1e-9)
+        bar.update(task, advance=1, description=f"{total_hint} {state['n'] / dt:.1f} img/s {state['bytes'] / 1e6 / dt:.1f} MB/s")
+
+    return bar, update
+
+
+def _report(summary, as_json: bool) -> None:
+    d = summary.to_dict()
+    if as_json:
+        typer.echo(json.dumps(d, indent=1))
+    else:
+        typer.echo(f"{d['done']} done, {d['skipped']} skipped, {d['failed']} failed in {d['seconds']} s"
+                   + (f"; {d['images_per_s']} images/s, {d['MB_per_s']} MB/s" if d["done"] else "")
+                   + (f"; ratio {d['ratio']}, {d['bpp']} bpp" if d["ratio"] else ""))
+        for e in d["errors"]:
+            typer.echo(f"  failed: {e['file']}: {e['error']}", err=True)
+    raise typer.Exit(1 if d["failed"] else 0)
+
+
+def _run_with_progress(label: str, quiet: bool, job):
+    bar, update = _progress(label, quiet)
+    if bar is None:
+        return job(None)
+    with bar:
+        return job(update)
+
+
+@app.command()
+def compress(
+    src: Path = typer.Argument(..., help="an image file or a folder (walked recursively)"),
+    dst: Path = typer.Argument(..., help="output folder; a/b/c.tif becomes DST/a/b/c.tif.vsz"),
+    model: str = typer.Option("balle2016", help="balle2016 or mbt2018-mean"),
+    quality: int = typer.Option(3, min=1, max=4),
+    max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in pixel units (0: lossless)"),
+    entropy: str = typer.Option("zstd", help="zstd, ans (GPU only) or none"),
+    streams: int = typer.Option(0, help="parallel workers (0: automatic)"),
+    device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
+    no_resume: bool = typer.Option(False, "--no-resume", help="recompress outputs that are already complete"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+) -> None:
+    """Compress images into .vsz files, mirroring the source tree."""
+    from .pipeline.jobs import CompressConfig, compress_folder
+
+    cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume)
+    summary = _run_with_progress("compress", as_json, lambda p: compress_folder(src, dst, cfg, progress=p))
+    _report(summary, as_json)
+
+
+@app.command()
+def decompress(
+    src: Path = typer.Argument(..., help="a .vsz file or a folder of them"),
+    dst: Path = typer.Argument(..., help="output folder"),
+    format: str = typer.Option("png", "--format", help="png, tiff or npy"),
+    device: Optional[str] = typer.Option(None),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Decompress .vsz files, restoring each image's dtype and shape."""
+    from .pipeline.jobs import decompress_folder
+
+    if format not in ("png", "tiff", "npy"):
+        raise typer.BadParameter(f"{format!r}: expected png, tiff or npy", param_hint="--format")
+    summary = _run_with_progress("decompress", as_json, lambda p: decompress_folder(src, dst, format, device, p))
+    _report(summary, as_json)
+
+
+@app.command()
+def info(file: Path) -> None:
+    """Show a .vsz file's header, section sizes, ratio and bpp."""
+    from . import container
+
+    try:
+        data = file.read_bytes()
+    except OSError as e:
+        raise VisemzError(f"cannot read {str(file)!r}: {e.strerror}") from None
+    c = container.unpack(data)
+    out = {"file": str(file), "bytes": len(data), "kind": c.kind, "meta": c.meta,
+           "sections": {k: len(v) for k, v in c.sections.items()}}
+    meta = c.meta
+    if c.kind == "image" and isinstance(meta.get("shape"), list):
+        h, w = meta["shape"][:2]
+        raw = h * w * (meta["shape"][2] if len(meta["shape"]) == 3 else 1)
+        raw *= {"uint8": 1, "uint16": 2, "float32": 4}.get(meta.get("dtype"), 1)
+        out.update(bpp=round(8 * len(data) / (h * w), 4), ratio=round(raw / len(data), 3))
+    typer.echo(json.dumps(out, indent=1))
+
+
+@app.command()
+def verify(src: Path, dst: Path, device: Optional[str] = typer.Option(None)) -> None:
+    """Decode the outputs in DST of the images in SRC and compare: PSNR and max error."""
+    from .pipeline.jobs import verify as run
+
+    rows = run(src, dst, device)
+    typer.echo(json.dumps(rows, indent=1))
+    raise typer.Exit(1 if any("error" in r for r in rows) else 0)
+
+
+SAMPLES = ("camera.png", "astronaut.png", "coins.png", "moon.png", "cell.png", "hubble_deep_field.jpg", "page.png", "coffee.png")
+
+
+@app.command()
+def demo(
+    out: Optional[Path] = typer.Option(None, help="keep the outputs here (default: a temporary folder)"),
+    device: Optional[str] = typer.Option(None),
+) -> None:
+    """The main job on an embedded default: compress scikit-image's sample images."""
+    import skimage.data
+
+    from .device import resolve
+    from .pipeline.jobs import CompressConfig, compress_folder, verify as run_verify
+
+    data_dir = Path(skimage.data.__file__).parent
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "samples"
+        src.mkdir()
+        for name in SAMPLES:
+            if (data_dir / name).is_file():
+                shutil.copy(data_dir / name, src / name)
+        dst = out or Path(tmp) / "compressed"
+        summary = compress_folder(src, dst, CompressConfig(device=device, resume=False))
+        d = summary.to_dict()
+        typer.echo(f"compressed {d['done']} sample images from scikit-image ({d['bytes_in']} -> {d['bytes_out']} bytes, "
+                   f"ratio {d['ratio']}, {d['bpp']} bpp) in {d['seconds']} s on {resolve(device)}")
+        for row in run_verify(src, dst, device):
+            typer.echo(f"  {row['file']}: PSNR {row.get('psnr')} dB, max error {row.get('max_error')}")
+    raise typer.Exit(1 if d["failed"] else 0)
 
 
 @app.command()
@@ -31,7 +182,18 @@ def ints_info(path: Path) -> None:
 
 def main() -> None:
     try:
-        app()
+        app(standalone_mode=False)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
     except VisemzError as e:
         typer.echo(f"visemz: error: {e}", err=True)
         sys.exit(2)
+    except Exception as e:  # click usage errors and the like
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(2)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(130)
+        raise

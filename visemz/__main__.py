@@ -1,0 +1,5 @@
+"""``python -m visemz`` is the ``visemz`` command."""
+
+from .cli import main
+
+main()
