@@ -182,18 +182,17 @@ def ints_info(path: Path) -> None:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns the code of a typer.Exit here
+        sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except VisemzError as e:
         typer.echo(f"visemz: error: {e}", err=True)
         sys.exit(2)
-    except Exception as e:  # click usage errors and the like
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as e:
+        if hasattr(e, "show") and hasattr(e, "exit_code"):  # usage errors of typer's bundled click
             e.show()
             sys.exit(2)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(130)
         raise

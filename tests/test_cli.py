@@ -1,0 +1,169 @@
+"""The visemz command end to end on temporary trees (CPU): exit codes, messages, resume, kills."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import tifffile
+
+from visemz.pipeline.jobs import is_complete
+
+GOOD = {
+    "a/gray8.png": ("uint8", (40, 52)),
+    "a/b/rgb8.png": ("uint8", (33, 47, 3)),
+    "a/b/gray16.png": ("uint16", (40, 52)),
+    "c/rgb16.tif": ("uint16", (30, 41, 3)),
+    "c/gray8.tif": ("uint8", (25, 70)),
+    "top.npy": ("float32", (20, 30)),
+}
+BAD = ("bad/corrupt.png", "bad/empty.png", "bad/notes.tif")
+
+
+def _array(dtype, shape, seed):
+    rng = np.random.default_rng(seed)
+    if dtype == "float32":
+        return rng.standard_normal(shape).astype(np.float32)
+    return rng.integers(0, 4096 if dtype == "uint16" else 256, shape).astype(dtype)
+
+
+def _write(path: Path, img: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".npy":
+        np.save(path, img)
+    elif path.suffix == ".tif":
+        tifffile.imwrite(path, img)
+    else:
+        cv2.imwrite(str(path), cv2.cvtColor(img, cv2.COLOR_RGB2BGR) if img.ndim == 3 else img)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    src = tmp_path / "src"
+    images = {}
+    for i, (rel, (dtype, shape)) in enumerate(GOOD.items()):
+        images[rel] = _array(dtype, shape, i)
+        _write(src / rel, images[rel])
+    (src / "bad").mkdir()
+    (src / "bad/corrupt.png").write_bytes(np.random.default_rng(0).integers(0, 256, 500, dtype=np.uint8).tobytes())
+    (src / "bad/empty.png").write_bytes(b"")
+    (src / "bad/notes.tif").write_text("not an image\n")
+    (src / "README.txt").write_text("ignored: not an image extension\n")
+    return src, images
+
+
+@pytest.fixture
+def cli(model_weights):
+    env = dict(os.environ, VISEMZ_WEIGHTS_DIR=str(model_weights), VISEMZ_DEVICE="cpu")
+
+    def run(*args, timeout=300):
+        return subprocess.run([sys.executable, "-m", "visemz", *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+
+    run.env = env
+    return run
+
+
+def _digest(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_compress_resume_decompress_verify(tree, cli, tmp_path):
+    src, images = tree
+    before = _digest(src)
+    dst = tmp_path / "dst"
+    r = cli("compress", src, dst, "--max-error", "0", "--json")
+    assert r.returncode == 1, r.stderr
+    summary = json.loads(r.stdout)
+    assert (summary["done"], summary["failed"], summary["skipped"]) == (len(GOOD), len(BAD), 0)
+    assert {e["file"] for e in summary["errors"]} == set(BAD)
+    assert all(os.path.basename(e["file"]) in e["error"] for e in summary["errors"])
+    for rel in GOOD:
+        assert is_complete(dst / (rel + ".vsz"))
+    assert not any((dst / (b + ".vsz")).exists() for b in BAD)
+    assert _digest(src) == before  # inputs untouched
+
+    again = json.loads(cli("compress", src, dst, "--max-error", "0", "--json").stdout)
+    assert (again["done"], again["skipped"], again["failed"]) == (0, len(GOOD), len(BAD))
+
+    out = tmp_path / "out"
+    r = cli("decompress", dst, out, "--format", "tiff", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rel, img in images.items():
+        back = tifffile.imread(out / (rel + ".tif" if not rel.endswith(".tif") else rel))
+        assert back.dtype == img.dtype and back.shape == img.shape
+        np.testing.assert_array_equal(back, img)
+    r = cli("decompress", dst, tmp_path / "png", "--format", "png", "--json")
+    assert r.returncode == 1 and "top.npy.vsz" in r.stdout and "--format tiff" in r.stdout
+
+    r = cli("verify", src, dst)
+    rows = {row["file"]: row for row in json.loads(r.stdout)}
+    assert r.returncode == 1 and all(rows[rel]["max_error"] == 0 for rel in GOOD)
+    assert all("error" in rows[b] for b in BAD)
+
+    info = json.loads(cli("info", dst / "a/b/rgb8.png.vsz").stdout)
+    assert info["kind"] == "image" and info["meta"]["shape"] == [33, 47, 3] and info["bpp"] > 0
+
+
+def test_unwritable_output_is_reported(tree, cli, tmp_path):
+    src, _ = tree
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way")
+    r = cli("compress", src / "a", blocker / "out", "--json")
+    summary = json.loads(r.stdout)
+    assert r.returncode == 1 and summary["done"] == 0 and summary["failed"] == 3
+    assert all("cannot write" in e["error"] for e in summary["errors"])
+    if os.geteuid() != 0:  # root ignores directory permissions
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        r = cli("compress", src / "a", ro, "--json")
+        assert r.returncode == 1 and json.loads(r.stdout)["failed"] == 3
+
+
+def test_usage_errors_exit_2(cli, tmp_path):
+    r = cli("compress", tmp_path / "missing", tmp_path / "out")
+    assert r.returncode == 2 and "missing" in r.stderr
+    r = cli("decompress", tmp_path, tmp_path / "out", "--format", "gif")
+    assert r.returncode == 2 and "gif" in (r.stderr + r.stdout)
+    r = cli("compress", tmp_path, tmp_path / "out", "--quality", "9")
+    assert r.returncode == 2
+
+
+def test_killed_run_resumes_without_loss(cli, tmp_path):
+    src, dst = tmp_path / "many", tmp_path / "dst"
+    images = {f"d{i % 4}/img{i:03d}.png": _array("uint8", (96, 128, 3), i) for i in range(60)}
+    for rel, img in images.items():
+        _write(src / rel, img)
+    proc = subprocess.Popen([sys.executable, "-m", "visemz", "compress", str(src), str(dst), "--max-error", "0",
+                             "--streams", "2"], env=cli.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(dst.rglob("*.vsz")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    written = list(dst.rglob("*.vsz"))
+    assert 0 < len(written) < len(images), "the run was not interrupted part-way"
+    assert all(is_complete(p) for p in written)  # no partial file under a final name
+
+    r = cli("compress", src, dst, "--max-error", "0", "--json")
+    summary = json.loads(r.stdout)
+    assert r.returncode == 0 and summary["done"] + summary["skipped"] == len(images)
+    assert summary["skipped"] >= len(written)
+    out = tmp_path / "out"
+    assert cli("decompress", dst, out, "--format", "png").returncode == 0
+    for rel, img in images.items():
+        np.testing.assert_array_equal(cv2.cvtColor(cv2.imread(str(out / rel)), cv2.COLOR_BGR2RGB), img)
+
+
+def test_demo_runs_the_main_job(cli):
+    r = cli("demo")
+    assert r.returncode == 0, r.stderr
+    assert "compressed 8 sample images" in r.stdout and "PSNR" in r.stdout
