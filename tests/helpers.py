@@ -36,3 +36,14 @@ def check_roundtrip(v: np.ndarray, **kwargs) -> bytes:
     assert out.dtype == np.int32 and out.shape == (v.size,)
     np.testing.assert_array_equal(out, v.reshape(-1).astype(np.int32))
     return buf
+
+
+def damaged_copies(raw: bytes, seed: int):
+    """Every byte of ``raw`` changed once to another random value: yields (position, damaged bytes)."""
+    data = bytearray(raw)
+    rng = np.random.default_rng(seed)
+    for i in range(len(data)):
+        old = data[i]
+        data[i] = (old + int(rng.integers(1, 256))) % 256
+        yield i, bytes(data)
+        data[i] = old

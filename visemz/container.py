@@ -25,9 +25,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-import xxhash
-
 from .errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
+from .framing import read_prefix, xxh64
 
 MAGIC = b"\x89VSZ\r\n\x1a\n"
 VERSION = 1
@@ -46,13 +45,6 @@ class Container:
     sections: dict[str, memoryview] = field(default_factory=dict)
 
 
-def _xxh(*parts) -> int:
-    h = xxhash.xxh64()
-    for p in parts:
-        h.update(p)
-    return h.intdigest()
-
-
 def pack(kind: str, meta: dict[str, Any], sections: dict[str, bytes]) -> bytes:
     names = list(sections)
     if len(names) > MAX_SECTIONS:
@@ -62,10 +54,10 @@ def pack(kind: str, meta: dict[str, Any], sections: dict[str, bytes]) -> bytes:
     if len(hbytes) > MAX_HEADER:
         raise LimitExceededError(f"container header of {len(hbytes)} bytes exceeds {MAX_HEADER}")
     bodies = [memoryview(sections[n]).cast("B") for n in names]
-    table = b"".join(ENTRY.pack(len(b), _xxh(b)) for b in bodies)
+    table = b"".join(ENTRY.pack(len(b), xxh64(b)) for b in bodies)
     total = HEAD + len(table) + len(hbytes) + sum(len(b) for b in bodies)
     fixed = FIXED.pack(MAGIC, VERSION, 0, len(hbytes), len(names), 0, total)
-    return b"".join([fixed, struct.pack("<Q", _xxh(fixed, table, hbytes)), table, hbytes, *bodies])
+    return b"".join([fixed, struct.pack("<Q", xxh64(fixed, table, hbytes)), table, hbytes, *bodies])
 
 
 def _reject_constant(name: str):
@@ -91,17 +83,7 @@ def _header(raw: memoryview) -> dict[str, Any]:
 
 
 def unpack(buf) -> Container:
-    try:
-        mv = memoryview(buf).cast("B")
-    except TypeError:
-        raise UnsupportedFormatError(f"expected a bytes-like container, got {type(buf).__name__}") from None
-    if len(mv) < HEAD:
-        raise CorruptStreamError(f"container of {len(mv)} bytes is shorter than its {HEAD}-byte header")
-    magic, version, reserved, hlen, nsec, reserved2, total = FIXED.unpack_from(mv, 0)
-    if magic != MAGIC:
-        raise CorruptStreamError(f"not a .vsz container: magic {bytes(magic)!r}")
-    if version != VERSION:
-        raise UnsupportedFormatError(f".vsz format version {version} (this build reads version {VERSION})")
+    mv, (reserved, hlen, nsec, reserved2, total) = read_prefix(buf, ".vsz container", FIXED, HEAD, MAGIC, VERSION)
     if total != len(mv):
         raise CorruptStreamError(f"container claims {total} bytes but {len(mv)} are present (truncated or padded)")
     if hlen > MAX_HEADER or nsec > MAX_SECTIONS or reserved or reserved2:
@@ -110,7 +92,7 @@ def unpack(buf) -> Container:
     if table_end + hlen > len(mv):
         raise CorruptStreamError("container section table and header run past its end")
     (stored,) = struct.unpack_from("<Q", mv, FIXED.size)
-    if _xxh(mv[: FIXED.size], mv[HEAD:table_end], mv[table_end : table_end + hlen]) != stored:
+    if xxh64(mv[: FIXED.size], mv[HEAD:table_end], mv[table_end : table_end + hlen]) != stored:
         raise CorruptStreamError("container header checksum mismatch")
     entries = [ENTRY.unpack_from(mv, HEAD + ENTRY.size * i) for i in range(nsec)]
     header = _header(mv[table_end : table_end + hlen])
@@ -122,7 +104,7 @@ def unpack(buf) -> Container:
     sections = {}
     for name, (length, digest) in zip(header["sections"], entries):
         body = mv[pos : pos + length]
-        if _xxh(body) != digest:
+        if xxh64(body) != digest:
             raise CorruptStreamError(f"container section {name!r} checksum mismatch")
         sections[name] = body
         pos += length

@@ -18,9 +18,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-import xxhash
-
-from ..errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
+from ..errors import CorruptStreamError, LimitExceededError
+from ..framing import read_prefix, xxh64
 from . import entropy as E
 from . import layout as L
 
@@ -44,10 +43,7 @@ class Frames:
 
 
 def checksum(prefix: bytes | memoryview, body: bytes | memoryview) -> int:
-    h = xxhash.xxh64()
-    h.update(prefix)
-    h.update(body)
-    return h.intdigest()
+    return xxh64(prefix, body)
 
 
 def pack(raw_size: int, entropy: int, chunk: int, frames: list) -> bytes:
@@ -64,17 +60,7 @@ def pack(raw_size: int, entropy: int, chunk: int, frames: list) -> bytes:
 
 def parse(buf) -> Frames:
     """Validate sizes, limits and the checksum before anything is allocated or decoded."""
-    try:
-        mv = memoryview(buf).cast("B")
-    except TypeError:
-        raise UnsupportedFormatError(f"expected a bytes-like stream, got {type(buf).__name__}") from None
-    if len(mv) < HEAD:
-        raise CorruptStreamError(f"ints stream of {len(mv)} bytes is shorter than its {HEAD}-byte header")
-    magic, version, entropy, reserved, raw_size, chunk, nframes = PREFIX.unpack_from(mv, 0)
-    if magic != MAGIC:
-        raise CorruptStreamError(f"ints stream magic {bytes(magic)!r} is not {MAGIC!r}")
-    if version != VERSION:
-        raise UnsupportedFormatError(f"ints stream version {version} (this build reads version {VERSION})")
+    mv, (entropy, reserved, raw_size, chunk, nframes) = read_prefix(buf, "ints stream", PREFIX, HEAD, MAGIC, VERSION)
     (stored,) = struct.unpack_from("<Q", mv, PREFIX.size)
     if checksum(mv[: PREFIX.size], mv[HEAD:]) != stored:
         raise CorruptStreamError("ints stream checksum mismatch: the stream is corrupt or truncated")
