@@ -1,0 +1,223 @@
+"""Float codecs for collectives, on the shared block encoder.
+
+``ErrorBounded(eb)``: q = round(x / (2 eb)) as int32, coded with the per-block-width policy
+(blocks of 32 decode independently, which homomorphic addition needs).  The decoded value
+2 eb q lies within eb of x (computed in float64: at exact ties up to ~1e-16 relative more);
+stored back into a tensor it also carries
+that dtype's rounding (half a unit in the last place), which for bf16 and fp16 can exceed
+a small eb.  An N-way sum of decoded values is within N eb of the exact sum.
+
+``Lossless()``: ZipCCL-style exponent coding.  The exponent field of each value becomes a
+3-bit code when it is one of the 7 most frequent exponents, else code 7 plus an entry in
+an escape list; sign and mantissa bits are kept raw at a fixed stride.
+
+Both follow numcodecs' Codec shape: ``codec_id``, ``encode``/``decode``, ``get_config``/``from_config``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..encoders import decode_ints, encode_ints
+from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
+from ..framing import read_prefix
+
+# dtype -> (bits, exponent bits, mantissa bits, unsigned view)
+FLOATS = {"float32": (32, 8, 23, np.uint32), "float16": (16, 5, 10, np.uint16), "bfloat16": (16, 8, 7, np.uint16)}
+_CODES = {name: i for i, name in enumerate(FLOATS)}
+
+
+def _as_array(x) -> tuple[np.ndarray, str]:
+    """NumPy view of a float tensor (torch CPU tensors and bf16 included) and its dtype name."""
+    if hasattr(x, "detach"):  # torch
+        import torch
+
+        name = str(x.dtype).replace("torch.", "")
+        if name == "bfloat16":
+            return x.detach().contiguous().view(torch.int16).cpu().numpy().view(np.uint16), name
+        return x.detach().contiguous().cpu().numpy(), name
+    a = np.asarray(x)
+    return a, a.dtype.name
+
+
+def _check_float(name: str) -> None:
+    if name not in FLOATS:
+        raise UnsupportedFormatError(f"dtype {name} is not a float the collectives codecs take: {list(FLOATS)}")
+
+
+def _to_float64(a: np.ndarray, name: str) -> np.ndarray:
+    if name == "bfloat16":
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
+def _from_float64(v: np.ndarray, name: str) -> np.ndarray:
+    if name != "bfloat16":
+        return v.astype(name)
+    bits = v.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+
+
+# ------------------------------------------------------------------------- error-bounded
+EB_MAGIC, EB_VERSION = b"VZEB", 1
+EB_HEAD = struct.Struct("<4sBBHd")  # magic, version, dtype code, reserved, eb
+
+
+@dataclass(frozen=True)
+class ErrorBounded:
+    """Absolute error bound ``eb`` > 0 per decoded value (see the module notes on dtypes)."""
+
+    eb: float
+    codec_id: str = "visemz-error-bounded"
+
+    def __post_init__(self):
+        if not (isinstance(self.eb, (int, float)) and np.isfinite(self.eb) and self.eb > 0):
+            raise InvalidArgumentError(f"eb={self.eb!r}: the error bound must be a finite number > 0")
+
+    def quantize(self, x) -> tuple[np.ndarray, str]:
+        a, name = _as_array(x)
+        _check_float(name)
+        return self.quantize_values(_to_float64(a.reshape(-1), name)), name
+
+    def quantize_values(self, v: np.ndarray) -> np.ndarray:
+        """float64 values -> int32 steps of 2 eb."""
+        if not np.isfinite(v).all():
+            raise InvalidArgumentError("tensor holds NaN or Inf: error-bounded compression needs finite values")
+        q = np.rint(v / (2 * self.eb))
+        if q.size and np.abs(q).max() >= 2**31 - 1:
+            raise LimitExceededError(f"values up to {np.abs(v).max():.3g} need more than int32 steps of 2*eb={2 * self.eb:g}")
+        return q.astype(np.int32)
+
+    def encode(self, x) -> bytes:
+        q, name = self.quantize(x)
+        return self.encode_symbols(q, name)
+
+    def encode_values(self, v: np.ndarray, dtype: str) -> bytes:
+        """Encode float64 values (e.g. a sum of decoded tensors) as a stream of ``dtype``."""
+        _check_float(dtype)
+        return self.encode_symbols(self.quantize_values(np.asarray(v, np.float64).reshape(-1)), dtype)
+
+    def encode_symbols(self, q: np.ndarray, dtype: str) -> bytes:
+        return EB_HEAD.pack(EB_MAGIC, EB_VERSION, _CODES[dtype], 0, float(self.eb)) + encode_ints(
+            q, policy="block", bitshuffle=True, entropy="none"
+        )
+
+    def decode(self, buf, exact: bool = False) -> np.ndarray:
+        """Bytes -> flat NumPy array in the original dtype (bf16 as its uint16 bit patterns).
+
+        ``exact=True`` returns the float64 reconstruction 2 eb q, which is within eb of the
+        input; the original dtype adds its own rounding on top.
+        """
+        q, name = self.symbols(buf)
+        v = q.astype(np.float64) * (2 * self.eb)
+        return v if exact else _from_float64(v, name)
+
+    def symbols(self, buf) -> tuple[np.ndarray, str]:
+        mv, (code, _reserved, eb) = read_prefix(buf, "error-bounded stream", EB_HEAD, EB_HEAD.size, EB_MAGIC, EB_VERSION)
+        if code >= len(FLOATS):
+            raise CorruptStreamError(f"error-bounded stream dtype code {code} is unknown")
+        if eb != self.eb:
+            raise InvalidArgumentError(f"stream was written with eb={eb}, this codec has eb={self.eb}")
+        return decode_ints(mv[EB_HEAD.size :]), list(FLOATS)[code]
+
+    def get_config(self) -> dict:
+        return {"id": self.codec_id, "eb": self.eb}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ErrorBounded":
+        return cls(config["eb"])
+
+
+# -------------------------------------------------------------------------------- lossless
+LL_MAGIC, LL_VERSION = b"VZLL", 1
+LL_HEAD = struct.Struct("<4sBB7sQ")  # magic, version, dtype code, top-7 exponents, n
+ESCAPE = 7
+
+
+@dataclass(frozen=True)
+class Lossless:
+    """Exact coding of float tensors: 3-bit exponent codes + escapes, raw sign and mantissa."""
+
+    codec_id: str = "visemz-lossless"
+
+    def encode(self, x) -> bytes:
+        a, name = _as_array(x)
+        _check_float(name)
+        bits, ebits, mbits, utype = FLOATS[name]
+        u = a.reshape(-1).view(utype) if a.dtype != utype else a.reshape(-1)
+        exp = ((u >> mbits) & ((1 << ebits) - 1)).astype(np.uint32)  # up to 8 bits
+        rest = ((u >> (mbits + ebits)) << mbits) | (u & ((1 << mbits) - 1))  # sign then mantissa, 1 + mbits bits
+        counts = np.bincount(exp, minlength=256)
+        top = np.argsort(-counts, kind="stable")[:7]
+        lut = np.full(256, ESCAPE, np.uint8)
+        lut[top] = np.arange(7, dtype=np.uint8)
+        codes = lut[exp]
+        esc = np.flatnonzero(codes == ESCAPE)
+        packed = _pack3(codes)
+        rest_bytes = _pack_fixed(rest.astype(np.uint32), 1 + mbits)
+        gaps = np.diff(esc, prepend=0).astype(np.int32) if esc.size else np.zeros(0, np.int32)
+        parts = [packed, rest_bytes, encode_ints(gaps, policy="global", entropy="none"), exp[esc].astype(np.uint8).tobytes()]
+        table = struct.pack(f"<{len(parts)}Q", *(len(p) for p in parts))
+        return LL_HEAD.pack(LL_MAGIC, LL_VERSION, _CODES[name], bytes(top.astype(np.uint8)), u.size) + table + b"".join(parts)
+
+    def decode(self, buf) -> np.ndarray:
+        mv, (code, top, n) = read_prefix(buf, "lossless stream", LL_HEAD, LL_HEAD.size + 32, LL_MAGIC, LL_VERSION)
+        if code >= len(FLOATS):
+            raise CorruptStreamError(f"lossless stream dtype code {code} is unknown")
+        name = list(FLOATS)[code]
+        bits, ebits, mbits, utype = FLOATS[name]
+        sizes = struct.unpack_from("<4Q", mv, LL_HEAD.size)
+        rest_len = (n * (1 + mbits) + 7) // 8
+        if sizes[0] != (3 * n + 7) // 8 or sizes[1] != rest_len or LL_HEAD.size + 32 + sum(sizes) != len(mv):
+            raise CorruptStreamError(f"lossless stream sizes {sizes} do not fit {n} values of {name}")
+        pos = LL_HEAD.size + 32
+        codes = _unpack3(np.frombuffer(mv, np.uint8, sizes[0], pos), n)
+        rest = _unpack_fixed(np.frombuffer(mv, np.uint8, sizes[1], pos + sizes[0]), 1 + mbits, n)
+        esc = np.cumsum(decode_ints(mv[pos + sizes[0] + sizes[1] : pos + sizes[0] + sizes[1] + sizes[2]]).astype(np.int64))
+        raw_exp = np.frombuffer(mv, np.uint8, sizes[3], pos + sizes[0] + sizes[1] + sizes[2])
+        want = np.flatnonzero(codes == ESCAPE)
+        if raw_exp.size != esc.size or not np.array_equal(esc, want):
+            raise CorruptStreamError("lossless stream escape list disagrees with its codes")
+        table = np.frombuffer(bytes(top), np.uint8).astype(np.uint32)
+        exp = table[np.minimum(codes, 6)]
+        exp[want] = raw_exp
+        if ebits < 8 and np.any(exp >> ebits):
+            raise CorruptStreamError(f"lossless stream exponent exceeds {ebits} bits")
+        sign = rest >> mbits
+        u = (sign << (ebits + mbits)) | (exp << mbits) | (rest & ((1 << mbits) - 1))
+        return u.astype(utype) if name == "bfloat16" else u.astype(utype).view(name)
+
+    def get_config(self) -> dict:
+        return {"id": self.codec_id}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Lossless":
+        return cls()
+
+
+def _pack_fixed(v: np.ndarray, nbits: int) -> bytes:
+    """Values of ``nbits`` bits each, packed LSB first at a fixed stride of nbits."""
+    if nbits % 8 == 0:  # byte-aligned widths (bf16: 8, fp32: 24) skip the bit matrix
+        return v.astype("<u4").view(np.uint8).reshape(-1, 4)[:, : nbits // 8].tobytes()
+    bits = ((v[:, None] >> np.arange(nbits, dtype=np.uint32)) & 1).astype(np.uint8)
+    return np.packbits(bits.reshape(-1), bitorder="little").tobytes()
+
+
+def _unpack_fixed(b: np.ndarray, nbits: int, n: int) -> np.ndarray:
+    if nbits % 8 == 0:
+        out = np.zeros((n, 4), np.uint8)
+        out[:, : nbits // 8] = b.reshape(n, nbits // 8)
+        return out.view("<u4").reshape(-1).astype(np.uint32)
+    bits = np.unpackbits(b, bitorder="little")[: n * nbits].reshape(n, nbits).astype(np.uint32)
+    return (bits << np.arange(nbits, dtype=np.uint32)).sum(1, dtype=np.uint64).astype(np.uint32)
+
+
+def _pack3(codes: np.ndarray) -> bytes:
+    return _pack_fixed(codes.astype(np.uint32), 3)
+
+
+def _unpack3(b: np.ndarray, n: int) -> np.ndarray:
+    return _unpack_fixed(b, 3, n).astype(np.uint8)
