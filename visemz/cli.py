@@ -134,6 +134,39 @@ def verify(src: Path, dst: Path, device: Optional[str] = typer.Option(None)) -> 
     raise typer.Exit(1 if any("error" in r for r in rows) else 0)
 
 
+@app.command("stack")
+def stack_cmd(
+    folder: Path = typer.Argument(..., help="folder of frames (same shape)"),
+    out: Path = typer.Option(..., "--out", help="stacked image (float32 TIFF); a .json report goes beside it"),
+    error_bound: float = typer.Option(1e-4, "--error-bound", help="relative to the partial sums' value range"),
+    algorithm: str = typer.Option("auto", help="auto, ring, recursive_doubling or plain"),
+    device: Optional[str] = typer.Option(None, help="cpu or cuda"),
+) -> None:
+    """Sum frames across ranks (run under torchrun) with a compressed all_reduce."""
+    import os
+
+    import torch.distributed as dist
+
+    from .collectives.stacking import StackConfig, stack
+    from .device import resolve
+
+    dev = resolve(device)
+    started = not dist.is_initialized()
+    if started:
+        if "RANK" in os.environ:
+            dist.init_process_group("nccl" if dev == "cuda" else "gloo")
+        else:  # a single process without torchrun
+            rendezvous = Path(tempfile.mkdtemp()) / "rendezvous"
+            dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
+    try:
+        report = stack(folder, out, StackConfig(error_bound, algorithm, dev))
+        if report is not None:
+            typer.echo(json.dumps(report, indent=1))
+    finally:
+        if started:
+            dist.destroy_process_group()
+
+
 SAMPLES = ("camera.png", "astronaut.png", "coins.png", "moon.png", "cell.png", "hubble_deep_field.jpg", "page.png", "coffee.png")
 
 

@@ -1,0 +1,71 @@
+"""The image-stacking job on Gloo (1-3 ranks) and through the CLI (one process)."""
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import tifffile
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+FRAMES = 12
+
+
+def _frames(folder):
+    folder.mkdir()
+    yy, xx = np.mgrid[:64, :80]
+    for i in range(FRAMES):
+        rng = np.random.default_rng(i)
+        frame = 1500 + 800 * np.sin(xx / 9 + i) * np.cos(yy / 7) + rng.normal(0, 40, (64, 80))
+        tifffile.imwrite(folder / f"frame{i:02d}.tif", np.clip(frame, 0, 65535).astype(np.uint16))
+    return sum(tifffile.imread(folder / f"frame{i:02d}.tif").astype(np.float64) for i in range(FRAMES))
+
+
+def _worker(rank, world, init, folder, out, queue):
+    from visemz.collectives.stacking import StackConfig, stack
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    try:
+        queue.put((rank, stack(folder, out, StackConfig(error_bound=1e-4, algorithm="ring"))))
+    except BaseException as e:
+        queue.put((rank, repr(e)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_stack_is_within_bound_and_reported(world, tmp_path):
+    exact = _frames(tmp_path / "frames")
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    out = tmp_path / "stacked.tiff"
+    procs = [ctx.Process(target=_worker, args=(r, world, tmp_path / "init", tmp_path / "frames", out, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get() for _ in procs)
+    for p in procs:
+        p.join(60)
+    report = results[0]
+    assert isinstance(report, dict), results
+    assert all(results[r] is None for r in range(1, world))
+    stacked = tifffile.imread(out)
+    err = np.abs(stacked.astype(np.float64) - exact)
+    assert err.max() <= report["bound_total"] + np.spacing(np.float32(exact.max())) and report["psnr_db"] >= 70
+    assert report["frames"] == FRAMES and report["ranks"] == world
+    assert set(report["seconds"]) == {"load", "sum", "compress_communicate_reduce", "plain_allreduce"}
+    assert json.loads((tmp_path / "stacked.tiff.json").read_text())["psnr_db"] == report["psnr_db"]
+
+
+def test_stack_command_single_process(tmp_path, model_weights):
+    _frames(tmp_path / "frames")
+    env = dict(os.environ, VISEMZ_DEVICE="cpu")
+    r = subprocess.run([sys.executable, "-m", "visemz", "stack", str(tmp_path / "frames"), "--out", str(tmp_path / "s.tiff")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["frames"] == FRAMES and (tmp_path / "s.tiff").is_file()
