@@ -5,8 +5,9 @@ and the collectives over torch.distributed.
 """
 
 from .codecs import ErrorBounded, Lossless
+from .ddp import ddp_hook
 from .homomorphic import add
 from .ops import CostModel, Handle, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter, scatter
 
 __all__ = ["ErrorBounded", "Lossless", "add", "all_reduce", "reduce_scatter", "all_gather", "broadcast",
-           "scatter", "all_to_all", "Handle", "CostModel"]
+           "scatter", "all_to_all", "Handle", "CostModel", "ddp_hook"]
