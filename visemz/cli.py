@@ -81,9 +81,36 @@ def compress(
     """Compress images into .vsz files, mirroring the source tree."""
     from .pipeline.jobs import CompressConfig, compress_folder
 
+    rank, world = _torchrun_group(device)
     cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume)
-    summary = _run_with_progress("compress", as_json, lambda p: compress_folder(src, dst, cfg, progress=p))
+    summary = _run_with_progress("compress", as_json or rank > 0,
+                                 lambda p: compress_folder(src, dst, cfg, progress=p, rank=rank, world=world))
+    if rank > 0:  # rank 0 prints the whole run; the others only signal their own failures
+        raise typer.Exit(1 if summary.failed else 0)
     _report(summary, as_json)
+
+
+def _torchrun_group(device: Optional[str]) -> tuple[int, int]:
+    """Under torchrun: join the job's group (Gloo carries the manifest) and pick this rank's GPU."""
+    import os
+
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return 0, 1
+    import torch
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device != "cpu" and torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        try:
+            import cupy
+
+            cupy.cuda.Device(local).use()
+        except ImportError:
+            pass
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
 
 
 @app.command()

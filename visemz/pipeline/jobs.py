@@ -123,14 +123,29 @@ def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig()
             return ItemResult(item.rel, "failed", error=str(e))
 
     summary = _run(items, one, _workers(cfg.workers, codec.device), progress)
+    per_rank = _gather_summaries(summary, world)
     if rank == 0:
-        manifest = {"source": str(src), "config": asdict(cfg), "summary": summary.to_dict(),
-                    "files": [asdict(r) for r in summary.results]}
+        everything = Summary([r for s in per_rank for r in s.results], max(s.seconds for s in per_rank))
+        manifest = {"source": str(src), "config": asdict(cfg), "ranks": world, "summary": everything.to_dict(),
+                    "per_rank": [s.to_dict() for s in per_rank],
+                    "files": [dict(asdict(r), rank=i) for i, s in enumerate(per_rank) for r in s.results]}
         try:
             writers.write_atomic(dst / MANIFEST, json.dumps(manifest, indent=1).encode())
         except VisemzError:
             pass  # the per-item errors already say why the folder is not writable
+        return everything  # rank 0 reports the whole run
     return summary
+
+
+def _gather_summaries(summary: Summary, world: int) -> list[Summary]:
+    """Every rank's summary (rank order); needs torch.distributed initialised when world > 1."""
+    if world == 1:
+        return [summary]
+    import torch.distributed as dist
+
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, summary)
+    return gathered
 
 
 def decompress_folder(src: Path, dst: Path, fmt: str = "png", device: str | None = None, progress=None,
