@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from visemz.models import architectures, parse
-from visemz.models import weights as W
 
 
 def load_images(folder: Path, channels: int, device) -> list[torch.Tensor]:

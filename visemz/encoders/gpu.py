@@ -118,7 +118,7 @@ def encode_raw(arr, policy: int, bitshuffle: bool):
     return out[:nbytes]
 
 
-def decode_block_stream(raw) -> "cupy.ndarray":
+def decode_block_stream(raw):
     """Block stream on the GPU (cupy uint8) -> int32 cupy array; reads the 24-byte header and an error word."""
     cp = dev.require_cupy()
     if raw.size < L.HEADER_SIZE:
