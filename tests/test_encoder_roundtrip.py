@@ -69,15 +69,16 @@ def test_global_width_follows_the_data():
         raw = reference.encode(v, L.POLICIES["global"], True)
         chosen = raw[7]
         assert chosen in L.GLOBAL_WIDTHS
-        u = reference.zigzag(v)
+        blocks = reference._padded(reference.zigzag(v), 64)
         sizes = {}
-        for t in L.GLOBAL_WIDTHS:
-            blocks = reference._padded(u, 64)
+        for t in L.GLOBAL_WIDTHS:  # the bitshuffled layout: non-empty 8-byte planes, t + 1 flag bits a block
             fits = blocks < (1 << t)
-            chunks = int(((blocks > 0) & fits).any(1).sum()) * 8 * t
+            planes = np.bitwise_or.reduce(np.where(fits, blocks, 0), axis=1)
+            chunks = 8 * sum(bin(int(p)).count("1") for p in planes)
             out = ~fits
             nbytes = np.ceil(reference.bit_length(blocks[out]).astype(int) / 8).astype(int)
-            sizes[t] = chunks + int(out.any(1).sum()) + int(out.sum()) + int(nbytes.sum())
+            meta = -(-len(blocks) * (t + 1) // 8)
+            sizes[t] = chunks + int(out.any(1).sum()) + int(out.sum()) + int(nbytes.sum()) + meta
         assert sizes[chosen] == min(sizes.values())
 
 

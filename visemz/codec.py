@@ -66,7 +66,7 @@ class ImageCodec:
         net, model_id = W.load(spec, self.device)
         with _exact_math():
             symbols = architectures.analyse(net, to_batch(t, meta))
-            sections = {name: encode_ints(self._ints(s), policy="global", **self.enc) for name, s in symbols.items()}
+            sections = {name: encode_ints(dev.torch_to_ints(s), policy="global", **self.enc) for name, s in symbols.items()}
             mode = None
             if e is not None:
                 x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, torch.float64), meta)
@@ -79,11 +79,6 @@ class ImageCodec:
             "max_error": e, "residual": mode, "entropy": self.enc["entropy"],
         }
         return container.pack(KIND, header, sections)
-
-    @staticmethod
-    def _ints(t: torch.Tensor):
-        t = t.contiguous()
-        return t if t.is_cuda else t.numpy()
 
     # ---------------------------------------------------------------- decompress
     def decompress_tensor(self, buf) -> torch.Tensor:

@@ -67,6 +67,14 @@ def as_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def torch_to_ints(t):
+    """A torch integer tensor as encode_ints takes it: flat int32, a CUDA tensor stays on the GPU."""
+    import torch
+
+    t = t.to(torch.int32).contiguous().reshape(-1)
+    return t if t.is_cuda else t.numpy()
+
+
 def ints_to_torch(buf, device: str):
     """Decode an ints stream straight into a torch int32 tensor on ``device`` (GPU decode on cuda)."""
     import torch

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .device import ints_to_torch
+from .device import ints_to_torch, torch_to_ints
 from .encoders import encode_ints
 from .errors import CorruptStreamError
 from .pixels import ImageMeta
@@ -49,15 +49,9 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
 
 
-def _ints(t: torch.Tensor) -> object:
-    """int32 tensor -> what encode_ints takes (a CUDA tensor stays on the GPU)."""
-    t = t.to(torch.int32).contiguous().reshape(-1)
-    return t if t.is_cuda else t.numpy()
-
-
 def _indices_to_ints(idx: torch.Tensor) -> object:
     """Sorted flat indices -> first index then gaps (small numbers compress well)."""
-    return _ints(torch.diff(idx, prepend=idx.new_zeros(1)) if idx.numel() else idx)
+    return torch_to_ints(torch.diff(idx, prepend=idx.new_zeros(1)) if idx.numel() else idx)
 
 
 def _ints_to_indices(buf, n_pixels: int, device: str) -> torch.Tensor:
@@ -92,8 +86,8 @@ def encode(x: torch.Tensor, x01_hat: torch.Tensor, meta: ImageMeta, e: float, **
         approx = (base + q * (2 * e)).to(torch.float32).to(torch.float64)
         bad = torch.nonzero((approx - xf.to(torch.float64)).abs() > e).reshape(-1)
         sections["exceptions"] = encode_ints(_indices_to_ints(bad), **enc)
-        sections["exception_bits"] = encode_ints(_ints(_bits(xf[bad])), **enc)
-    sections["residual"] = encode_ints(_ints(q), policy="block", **{k: v for k, v in enc.items() if k != "policy"})
+        sections["exception_bits"] = encode_ints(torch_to_ints(_bits(xf[bad])), **enc)
+    sections["residual"] = encode_ints(torch_to_ints(q), policy="block", **{k: v for k, v in enc.items() if k != "policy"})
     return sections, mode
 
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ..errors import InvalidArgumentError, UnsupportedFormatError
 from . import transport as T
-from .codecs import FLOATS, ErrorBounded, Lossless
+from .codecs import FLOATS, ErrorBounded, Lossless, _to_float64
 from .homomorphic import add
 
 OPS = ("sum", "avg")
@@ -82,10 +82,7 @@ def _decode_exact(codec: ErrorBounded, buf: bytes) -> np.ndarray:
 
 
 def _lossless_values(codec: Lossless, buf: bytes, name: str) -> np.ndarray:
-    raw = codec.decode(buf)
-    if name == "bfloat16":
-        return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return raw.astype(np.float64)
+    return _to_float64(codec.decode(buf), name)
 
 
 def _bounds(n: int, parts: int) -> list[tuple[int, int]]:

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..errors import InvalidArgumentError
+
 
 def rank(group) -> int:
     return dist.get_rank(group)
@@ -80,6 +82,4 @@ def agree(values: list[float], group, what: str) -> None:
     dist.all_gather(everyone, mine, group)
     table = np.stack([t.numpy() for t in everyone])
     if not (table == table[0]).all():
-        from ..errors import InvalidArgumentError
-
         raise InvalidArgumentError(f"ranks disagree on {what}: " + "; ".join(f"rank {i}: {list(r)}" for i, r in enumerate(table)))

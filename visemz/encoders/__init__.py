@@ -13,7 +13,6 @@ import numpy as np
 
 from .. import device as dev
 from ..config import DEFAULTS
-from ..errors import UnsupportedFormatError
 from . import entropy as E
 from . import layout as L
 from . import reference, stream
@@ -22,7 +21,6 @@ __all__ = ["encode_ints", "decode_ints", "EncoderConfig", "POLICIES", "ENTROPIES
 
 POLICIES = tuple(L.POLICIES)
 ENTROPIES = tuple(E.KINDS)
-_SAFE = {np.dtype(t) for t in ("int8", "int16", "int32", "uint8", "uint16")}
 
 
 @dataclass(frozen=True)
@@ -38,13 +36,6 @@ class EncoderConfig:
         E.check_kind(self.entropy)
 
 
-def _check_dtype(dtype) -> None:
-    if np.dtype(dtype) not in _SAFE:
-        raise UnsupportedFormatError(
-            f"dtype {np.dtype(dtype)} cannot be encoded losslessly as int32; use int8/16/32 or uint8/16"
-        )
-
-
 def encode_ints(arr, *, policy: str = "global", bitshuffle: bool = True, entropy: str = "zstd") -> bytes:
     """Encode an integer array (any shape, flattened in C order) into an ints stream.
 
@@ -58,7 +49,7 @@ def encode_ints(arr, *, policy: str = "global", bitshuffle: bool = True, entropy
 
         return gpu.encode_ints(arr, cfg)
     a = np.asarray(arr)
-    _check_dtype(a.dtype)
+    L.check_dtype(a.dtype.name)
     L.check_count(a.size)
     raw = reference.encode(a.reshape(-1), L.POLICIES[cfg.policy], cfg.bitshuffle)
     kind = E.KINDS[cfg.entropy]

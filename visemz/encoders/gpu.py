@@ -14,13 +14,12 @@ import numpy as np
 
 from .. import device as dev
 from ..config import DEFAULTS
-from ..errors import CorruptStreamError, DeviceUnavailableError, UnsupportedFormatError, VisemzError
+from ..errors import CorruptStreamError, DeviceUnavailableError, VisemzError
 from . import entropy as E
 from . import layout as L
 from . import stream
 
 THREADS = 256
-_SAFE = ("int8", "int16", "int32", "uint8", "uint16")
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,8 +67,7 @@ def _workspace(device_id: int) -> _Workspace:
 def _as_int32(arr):
     cp = dev.require_cupy()
     a = dev.as_cupy(arr)
-    if a.dtype.name not in _SAFE:
-        raise UnsupportedFormatError(f"dtype {a.dtype} cannot be encoded losslessly as int32; use int8/16/32 or uint8/16")
+    L.check_dtype(a.dtype.name)
     return cp.ascontiguousarray(a.reshape(-1), dtype=cp.int32)
 
 

@@ -113,6 +113,14 @@ def check_policy(policy: str) -> int:
     return POLICIES[policy]
 
 
+SAFE_DTYPES = ("int8", "int16", "int32", "uint8", "uint16")  # every value fits int32 exactly
+
+
+def check_dtype(name: str) -> None:
+    if name not in SAFE_DTYPES:
+        raise UnsupportedFormatError(f"dtype {name} cannot be encoded losslessly as int32; use int8/16/32 or uint8/16")
+
+
 def check_count(n: int) -> None:
     if n > MAX_VALUES:
         raise LimitExceededError(f"{n} values exceed the block stream's limit of {MAX_VALUES} (2**29) values")

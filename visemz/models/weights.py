@@ -20,7 +20,7 @@ import xxhash
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..errors import InvalidArgumentError, UnsupportedFormatError
+from ..errors import UnsupportedFormatError
 from . import architectures
 from .registry import ModelSpec
 
@@ -110,7 +110,3 @@ def available() -> list[str]:
     d = weights_dir()
     return sorted(p.stem for p in d.glob("*.safetensors")) if d.is_dir() else []
 
-
-def check_device(device: str) -> None:
-    if device not in ("cpu", "cuda"):
-        raise InvalidArgumentError(f"device={device!r}: expected 'cpu' or 'cuda'")

@@ -8,6 +8,7 @@ so no partial file ever carries a final name.  Inputs are only ever read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -105,17 +106,15 @@ def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig()
 
     codec = ImageCodec(cfg.device, entropy=cfg.entropy)
     items = files.shard(files.plan(src, dst, files.discover(src, files.IMAGE_EXTENSIONS), files.compressed_name), rank, world)
-    gpu_lock = threading.Lock() if codec.device == "cuda" else None  # one GPU workspace per device for now
+    # one GPU workspace per device for now, so GPU work is serialised; CPU work runs in parallel
+    guard = threading.Lock() if codec.device == "cuda" else contextlib.nullcontext()
 
     def one(item: files.Item) -> ItemResult:
         if cfg.resume and item.dst.exists() and is_complete(item.dst):
             return ItemResult(item.rel, "skipped")
         try:
             img = loaders.load_image(item.src)
-            if gpu_lock:
-                with gpu_lock:
-                    buf = codec.compress(img, model=cfg.model, quality=cfg.quality, max_error=cfg.max_error)
-            else:
+            with guard:
                 buf = codec.compress(img, model=cfg.model, quality=cfg.quality, max_error=cfg.max_error)
             writers.write_atomic(item.dst, buf)
             return ItemResult(item.rel, "done", img.nbytes, len(buf), img.shape[0] * img.shape[1])
