@@ -40,7 +40,10 @@ N_STATS = 3 * L.N_CATEGORIES + len(L.GLOBAL_WIDTHS)
 
 
 class _Workspace:
-    """Per-device scratch: look-back status words, tile counter, stats and size cells."""
+    """Per-(device, stream) scratch: look-back status words, tile counter, stats and size cells.
+
+    One per stream so that encodes on several streams (the multi-stream pipeline)
+    never share status words or counters."""
 
     def __init__(self, cp):
         self.cp = cp
@@ -59,8 +62,8 @@ class _Workspace:
         return self.status, s[:N_STATS], s[N_STATS : N_STATS + 1], s[N_STATS + 1 : N_STATS + 2].view(cp.uint32)
 
 
-@functools.lru_cache(maxsize=None)
-def _workspace(device_id: int) -> _Workspace:
+@functools.lru_cache(maxsize=256)
+def _workspace(device_id: int, stream_ptr: int) -> _Workspace:
     return _Workspace(dev.require_cupy())
 
 
@@ -97,7 +100,7 @@ def encode_block_stream(arr, policy: int, bitshuffle: bool):
         out[: len(hdr)] = cp.asarray(np.frombuffer(hdr, np.uint8))
         return out, cp.asarray([len(hdr)], cp.uint64)
     ntiles = L.n_tiles(n)
-    status, stats, out_size, counter = _workspace(cp.cuda.Device().id).reset(ntiles)
+    status, stats, out_size, counter = _workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
     args_tail = (np.int32(bitshuffle), out, status, counter, out_size)
     if policy == L.POLICIES["global"]:
         global_stats(v, stats)
