@@ -80,23 +80,28 @@ def forward_train(model: torch.nn.Module, x: torch.Tensor, amp: bool) -> tuple[t
     """Training forward pass: (x_hat, likelihoods).
 
     The transforms run under bf16 autocast when ``amp``; the entropy models (likelihoods,
-    whose small probabilities bf16 would flatten) always run in float32.
+    whose small probabilities bf16 would flatten) always run in float32.  Autocast's
+    weight cache is off so that the step can be captured in a CUDA graph.
     """
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+
+    def cast():
+        return torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp, cache_enabled=False)
+
+    with cast():
         y = model.g_a(x)
     y = y.float()
     if not has_hyperprior(model):
         y_hat, y_lik = model.entropy_bottleneck(y)
         liks = [y_lik]
     else:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with cast():
             z = model.h_a(y)
         z_hat, z_lik = model.entropy_bottleneck(z.float())
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with cast():
             params = model.h_s(z_hat)
         scales, means = params.float().chunk(2, 1)
         y_hat, y_lik = model.gaussian_conditional(y, scales, means=means)
         liks = [y_lik, z_lik]
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+    with cast():
         x_hat = model.g_s(y_hat)
     return x_hat.float(), liks
