@@ -288,7 +288,12 @@ def main() -> None:
     if device.type == "cuda" and not args.no_graphs:
         t = time.perf_counter()
         for tr in trainers:
-            tr.capture()
+            try:
+                tr.capture()
+            except RuntimeError as e:  # the run still trains, eagerly, and says so
+                tr.graph = None
+                torch.cuda.synchronize()
+                print(f"{tr.spec.name}: CUDA graph capture failed ({e}); this model runs eagerly", flush=True)
         print(f"captured {len(trainers)} CUDA graphs in {time.perf_counter() - t:.1f} s", flush=True)
     log = Log(args.out / "train_log.csv", trainers)
     t0 = time.perf_counter()

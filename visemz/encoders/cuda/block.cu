@@ -459,26 +459,18 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
 }
 
 // ---------------------------------------------------------------- per-block policy
-extern "C" __global__ void __launch_bounds__(256, 2) block_encode(
-    const int* __restrict__ v, long long n, int bitshuffle, u8* __restrict__ out, u64* status, u32* tile_counter,
-    u64* out_size) {
-    __shared__ u32 s_tile;
+// Encode one tile whose values are in registers: lane `lane` of warp w holds, in u[j], the
+// sign-shifted value lane of block (tile * 256 + w * 32 + j).  Widths, tile scan, look-back,
+// then the width bytes and the bit-planes.  Shared by block_encode and block_add.
+__device__ __forceinline__ void pb_encode_tile(const u32 (&u)[PB_PER_WARP], long long n, int bitshuffle, u8* __restrict__ out,
+                                               u64* status, u64* out_size, u32 tile) {
     __shared__ u64 s_prefix;
     __shared__ u32 s_warp[WARPS][1], s_pre[WARPS][1], s_tot[1];
     __shared__ u32 s_buf[WARPS][33];
     const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
-    __syncthreads();
-    const u32 tile = s_tile;
     const long long ntiles = n_tiles(n), nb = (n + 31) / 32;
     const long long meta_off = HEADER_SIZE + 4 * ntiles, pay_off = meta_off + nb;
     const long long first_block = (long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP;
-    u32 u[PB_PER_WARP];
-#pragma unroll
-    for (int j = 0; j < PB_PER_WARP; ++j) {
-        long long i = (first_block + j) * 32 + lane;
-        u[j] = i < n ? zigzag(__ldcs(v + i)) : 0;
-    }
     u32 my_w = 0;
 #pragma unroll
     for (int j = 0; j < PB_PER_WARP; ++j) {
@@ -534,17 +526,20 @@ extern "C" __global__ void __launch_bounds__(256, 2) block_encode(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) block_decode(
-    const u8* __restrict__ in, long long n, int bitshuffle, u32 payload, int* __restrict__ out, int* err) {
+// Decode one tile into registers (same layout as pb_encode_tile's u: sign-shifted values,
+// 0 past n).  Returns false, uniformly over the thread block, when the tile's table entry or
+// its widths disagree with the payload; `err` gets the same bits block_decode reports.
+__device__ __forceinline__ bool pb_decode_tile(const u8* __restrict__ in, long long n, int bitshuffle, u32 payload, u32 tile,
+                                               u32 (&u)[PB_PER_WARP], int* err) {
     __shared__ u32 s_warp[WARPS][1], s_pre[WARPS][1], s_tot[1];
     __shared__ u32 s_buf[WARPS][33];
-    const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, tile = blockIdx.x;
+    const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const long long ntiles = n_tiles(n), nb = (n + 31) / 32;
     const long long meta_off = HEADER_SIZE + 4 * ntiles;
     const u8* pay = in + meta_off + nb;
     const u32* table = (const u32*)(in + HEADER_SIZE);
     const u32 start = tile ? table[tile - 1] : 0, end = table[tile];
-    if (start > end || end > payload || (tile == ntiles - 1 && end != payload)) { if (threadIdx.x == 0) atomicOr(err, 1); return; }
+    if (start > end || end > payload || (tile == ntiles - 1 && end != payload)) { if (threadIdx.x == 0) atomicOr(err, 1); return false; }
     const long long first_block = (long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP;
     u32 my_w = first_block + lane < nb ? in[meta_off + first_block + lane] : 0;
     if (my_w > 32) { atomicOr(err, 2); my_w = 32; }
@@ -554,13 +549,12 @@ extern "C" __global__ void __launch_bounds__(256) block_decode(
     __syncthreads();
     tile_scan<1>(s_warp, s_pre, s_tot, 0, 1);
     __syncthreads();
-    if (4ull * s_tot[0] != end - start) { if (threadIdx.x == 0) atomicOr(err, 4); return; }
+    if (4ull * s_tot[0] != end - start) { if (threadIdx.x == 0) atomicOr(err, 4); return false; }
     ex += s_pre[w][0];
     const u8* base = pay + start;
+#pragma unroll
     for (int j = 0; j < PB_PER_WARP; ++j) {
-        long long b = first_block + j;
-        if (b >= nb) break;
-        u32 width = __shfl_sync(FULL, my_w, j);
+        u32 width = __shfl_sync(FULL, my_w, j);  // 0 for blocks past the end
         u32 val = 0;
         if (width) {
             u32 off = 4 * __shfl_sync(FULL, ex, j);
@@ -582,7 +576,91 @@ extern "C" __global__ void __launch_bounds__(256) block_decode(
                 __syncwarp();
             }
         }
-        long long i = b * 32 + lane;
-        if (i < n) out[i] = unzigzag(val);
+        u[j] = (first_block + j) * 32 + lane < n ? val : 0u;
     }
+    return true;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) block_encode(
+    const int* __restrict__ v, long long n, int bitshuffle, u8* __restrict__ out, u64* status, u32* tile_counter,
+    u64* out_size) {
+    __shared__ u32 s_tile;
+    const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+    __syncthreads();
+    const u32 tile = s_tile;
+    const long long first_block = (long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP;
+    u32 u[PB_PER_WARP];
+#pragma unroll
+    for (int j = 0; j < PB_PER_WARP; ++j) {
+        long long i = (first_block + j) * 32 + lane;
+        u[j] = i < n ? zigzag(__ldcs(v + i)) : 0;
+    }
+    pb_encode_tile(u, n, bitshuffle, out, status, out_size, tile);
+}
+
+extern "C" __global__ void __launch_bounds__(256) block_decode(
+    const u8* __restrict__ in, long long n, int bitshuffle, u32 payload, int* __restrict__ out, int* err) {
+    const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, tile = blockIdx.x;
+    u32 u[PB_PER_WARP];
+    if (!pb_decode_tile(in, n, bitshuffle, payload, tile, u, err)) return;
+    const long long first_block = (long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP;
+#pragma unroll
+    for (int j = 0; j < PB_PER_WARP; ++j) {
+        long long i = (first_block + j) * 32 + lane;
+        if (i < n) out[i] = unzigzag(u[j]);
+    }
+}
+
+// ------------------------------------------------------------ homomorphic addition
+// Whether an input of block_add is the stream its caller expects (per-block policy, n values,
+// this bitshuffle flag, exactly `cap` bytes); sets *payload.  Every thread reads the same 24
+// bytes, so the answer is uniform over the thread block.
+__device__ __forceinline__ bool pb_header_ok(const u8* in, long long cap, long long n, int bitshuffle, u32* payload) {
+    const long long ntiles = n_tiles(n), nb = (n + 31) / 32;
+    if (cap < HEADER_SIZE) return false;
+    u64 hn = 0;
+    for (int i = 0; i < 8; ++i) hn |= (u64)in[8 + i] << (8 * i);
+    *payload = *(const u32*)(in + 20);
+    return in[0] == 'V' && in[1] == 'Z' && in[2] == 'B' && in[3] == 'K' && in[4] == 1 && in[5] == 1 &&
+           in[6] == (bitshuffle ? 1 : 0) && in[7] == 0 && hn == (u64)n && *(const u32*)(in + 16) == (u32)ntiles &&
+           HEADER_SIZE + 4 * ntiles + nb + (long long)*payload == cap;
+}
+
+// out = a + b on the integer symbols, block by block: decode tile i of both streams into
+// registers, add (a sum that leaves int32 by the CPU's rule |s| >= 2^31 - 1 sets error bit
+// 64), re-encode and place the tile by decoupled look-back.  One kernel; `out` must not
+// overlap a or b (a tile's new offset can pass input bytes other CTAs still read), so the
+// in-place form writes a scratch stream and copies it back (copy_sized).  On any error the
+// CTA still publishes its tile (as zeros) so no successor waits forever; the host raises.
+extern "C" __global__ void __launch_bounds__(256, 2) block_add(
+    const u8* __restrict__ a, long long cap_a, const u8* __restrict__ b, long long cap_b, long long n, int bitshuffle,
+    u8* __restrict__ out, u64* status, u32* tile_counter, u64* out_size, int* err) {
+    __shared__ u32 s_tile;
+    if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+    __syncthreads();
+    const u32 tile = s_tile;
+    u32 pa = 0, pb = 0;
+    bool ok = pb_header_ok(a, cap_a, n, bitshuffle, &pa) && pb_header_ok(b, cap_b, n, bitshuffle, &pb);
+    if (!ok && threadIdx.x == 0) atomicOr(err, 128);
+    u32 ua[PB_PER_WARP], ub[PB_PER_WARP];
+    if (ok) ok = pb_decode_tile(a, n, bitshuffle, pa, tile, ua, err);
+    __syncthreads();  // the decoder's shared scan cells are reused for b
+    if (ok) ok = pb_decode_tile(b, n, bitshuffle, pb, tile, ub, err);
+    bool over = false;
+#pragma unroll
+    for (int j = 0; j < PB_PER_WARP; ++j) {
+        long long s = ok ? (long long)unzigzag(ua[j]) + (long long)unzigzag(ub[j]) : 0;
+        if (s >= 2147483647ll || s <= -2147483647ll) { over = true; s = 0; }
+        ua[j] = zigzag((int)s);
+    }
+    if (over) atomicOr(err, 64);
+    pb_encode_tile(ua, n, bitshuffle, out, status, out_size, tile);
+}
+
+// dst[0, *size) = src[0, *size): the in-place add's copy back, sized on the device (no host read).
+extern "C" __global__ void copy_sized(const u8* __restrict__ src, u8* __restrict__ dst, const u64* size, long long cap) {
+    const long long total = (long long)min((u64)cap, *size);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
 }
