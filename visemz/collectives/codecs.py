@@ -11,6 +11,9 @@ a small eb.  An N-way sum of decoded values is within N eb of the exact sum.
 3-bit code when it is one of the 7 most frequent exponents, else code 7 plus an entry in
 an escape list; sign and mantissa bits are kept raw at a fixed stride.
 
+CUDA tensors and cupy arrays are encoded on the GPU (``gpu.py``) into the same bytes;
+``encode_device`` / ``decode_device`` keep the compressed form in device memory for NCCL.
+
 Both follow numcodecs' Codec shape: ``codec_id``, ``encode``/``decode``, ``get_config``/``from_config``.
 """
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import device as dev
 from ..encoders import decode_ints, encode_ints
 from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 from ..framing import read_prefix
@@ -92,8 +96,28 @@ class ErrorBounded:
         return q.astype(np.int32)
 
     def encode(self, x) -> bytes:
+        if dev.is_gpu_array(x):  # quantised and encoded on the GPU; the host sees only the stream
+            from . import gpu
+
+            s, name = gpu.eb_encode(x, self.eb)
+            return self._head(name) + gpu.stream_bytes(s)
         q, name = self.quantize(x)
         return self.encode_symbols(q, name)
+
+    def encode_device(self, x):
+        """CUDA tensor / cupy array -> ``gpu.DeviceStream`` (the block stream, in device memory) and dtype name."""
+        from . import gpu
+
+        return gpu.eb_encode(x, self.eb)
+
+    def decode_device(self, s):
+        """``gpu.DeviceStream`` -> float64 cupy array 2 eb q (the exact reconstruction)."""
+        from . import gpu
+
+        return gpu.eb_values(s, self.eb)
+
+    def _head(self, dtype: str) -> bytes:
+        return EB_HEAD.pack(EB_MAGIC, EB_VERSION, _CODES[dtype], 0, float(self.eb))
 
     def encode_values(self, v: np.ndarray, dtype: str) -> bytes:
         """Encode float64 values (e.g. a sum of decoded tensors) as a stream of ``dtype``."""
@@ -101,9 +125,7 @@ class ErrorBounded:
         return self.encode_symbols(self.quantize_values(np.asarray(v, np.float64).reshape(-1)), dtype)
 
     def encode_symbols(self, q: np.ndarray, dtype: str) -> bytes:
-        return EB_HEAD.pack(EB_MAGIC, EB_VERSION, _CODES[dtype], 0, float(self.eb)) + encode_ints(
-            q, policy="block", bitshuffle=True, entropy="none"
-        )
+        return self._head(dtype) + encode_ints(q, policy="block", bitshuffle=True, entropy="none")
 
     def decode(self, buf, exact: bool = False) -> np.ndarray:
         """Bytes -> flat NumPy array in the original dtype (bf16 as its uint16 bit patterns).
@@ -144,6 +166,10 @@ class Lossless:
     codec_id: str = "visemz-lossless"
 
     def encode(self, x) -> bytes:
+        if dev.is_gpu_array(x):
+            from . import gpu
+
+            return gpu.ll_join(gpu.ll_encode(x, FLOATS), self._head, wire=False).get().tobytes()
         a, name = _as_array(x)
         _check_float(name)
         bits, ebits, mbits, utype = FLOATS[name]
@@ -162,6 +188,24 @@ class Lossless:
         parts = [packed, rest_bytes, encode_ints(gaps, policy="global", entropy="none"), exp[esc].astype(np.uint8).tobytes()]
         table = struct.pack(f"<{len(parts)}Q", *(len(p) for p in parts))
         return LL_HEAD.pack(LL_MAGIC, LL_VERSION, _CODES[name], bytes(top.astype(np.uint8)), u.size) + table + b"".join(parts)
+
+    @staticmethod
+    def _head(parts) -> bytes:
+        return LL_HEAD.pack(LL_MAGIC, LL_VERSION, _CODES[parts.name], parts.top, parts.n)
+
+    def encode_device(self, x):
+        """CUDA tensor / cupy array -> (device buffer, dtype name).  The buffer is this format with the
+        escape gaps as a raw block stream instead of a checksummed ints stream (for NCCL only)."""
+        from . import gpu
+
+        parts = gpu.ll_encode(x, FLOATS)
+        return gpu.ll_join(parts, self._head, wire=True), parts.name
+
+    def decode_device(self, buf, n: int, dtype: str):
+        """Device buffer from ``encode_device`` -> float64 cupy array of the ``n`` exact values."""
+        from . import gpu
+
+        return gpu.bits_to_float64(gpu.ll_decode_wire(buf, n, dtype, FLOATS, LL_HEAD), dtype)
 
     def decode(self, buf) -> np.ndarray:
         mv, (code, top, n) = read_prefix(buf, "lossless stream", LL_HEAD, LL_HEAD.size + 32, LL_MAGIC, LL_VERSION)

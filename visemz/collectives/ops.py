@@ -11,6 +11,10 @@ compressed tensors are gathered and summed in float64 in rank order, the same on
 Each call first checks that all ranks agree on its settings; a mismatch raises on every rank.
 Data-movement collectives (all_gather, broadcast, scatter, all_to_all) leave every copy of a
 tensor, the sender's included, equal to the decoded data, so ranks agree exactly.
+
+CUDA tensors are compressed, added and decoded on their GPU (``engines.DeviceEngine``) and on
+an NCCL group the compressed bytes move GPU to GPU; CPU tensors use the NumPy codecs.  Both
+give the same bytes, so the results are the same wherever the work runs.
 """
 
 from __future__ import annotations
@@ -20,14 +24,13 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgumentError, UnsupportedFormatError
 from . import transport as T
-from .codecs import FLOATS, ErrorBounded, Lossless, _to_float64
-from .homomorphic import add
+from .codecs import FLOATS, ErrorBounded, Lossless
+from .engines import engine_for
 
 OPS = ("sum", "avg")
 ALGORITHMS = ("auto", "ring", "recursive_doubling", "plain")
@@ -72,17 +75,9 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.view(-1)
 
 
-def _write(out: torch.Tensor, values: np.ndarray) -> None:
-    """float64 values -> ``out`` (its dtype's rounding)."""
-    out.copy_(torch.from_numpy(np.ascontiguousarray(values)).to(out.dtype))
-
-
-def _decode_exact(codec: ErrorBounded, buf: bytes) -> np.ndarray:
-    return codec.decode(buf, exact=True)
-
-
-def _lossless_values(codec: Lossless, buf: bytes, name: str) -> np.ndarray:
-    return _to_float64(codec.decode(buf), name)
+def _write(out: torch.Tensor, values: torch.Tensor) -> None:
+    """float64 values -> ``out`` (its dtype's rounding), on out's device."""
+    out.copy_(values.to(out.device).to(out.dtype))
 
 
 def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
@@ -120,7 +115,9 @@ def _run(fn, async_op: bool):
 
 # --------------------------------------------------------------- cost model
 class CostModel:
-    """alpha-beta model of a group, calibrated once (slowest rank's timings, so all ranks agree)."""
+    """alpha-beta model of a group, calibrated once on its own backend and device (slowest rank's
+    timings and smallest observed ratio, so all ranks agree).  The ratio is measured on a smooth
+    field at eb 1e-3; data that compresses worse makes the model optimistic about compression."""
 
     def __init__(self, alpha: float, beta: float, codec_s_per_byte: float, ratio: float = 2.0):
         self.alpha, self.beta, self.codec = alpha, beta, codec_s_per_byte
@@ -136,17 +133,30 @@ class CostModel:
                 ts.append(time.perf_counter() - t0)
             return sorted(ts)[reps // 2]
 
-        small, big = torch.zeros(256), torch.zeros(1 << 20)
-        t_small = median_time(lambda: dist.all_reduce(small, group=group))
-        t_big = median_time(lambda: dist.all_reduce(big, group=group))
-        probe = torch.randn(1 << 18)
-        eb = ErrorBounded(1e-3)
-        t_codec = median_time(lambda: eb.decode(add(eb.encode(probe), eb.encode(probe), eb)))
+        dev = T.device(group)
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+        def timed(fn):
+            def run():
+                fn()
+                sync()
+            run()  # warm-up (NCCL communicators, kernel compilation)
+            return median_time(run)
+
+        small, big = torch.zeros(256, device=dev), torch.zeros(1 << 22, device=dev)
+        t_small = timed(lambda: dist.all_reduce(small, group=group))
+        t_big = timed(lambda: dist.all_reduce(big, group=group))
+        probe = torch.sin(torch.linspace(0, 50, 1 << 20, device=dev)) * 10  # smooth, like the data these serve
+        eng, n = engine_for(probe, ErrorBounded(1e-3)), probe.numel()
+        payload = eng.encode_many([probe])[0]
+        t_codec = timed(lambda: eng.values(eng.add(eng.encode_many([probe])[0], payload, n), n, "float32"))
+        ratio = probe.nbytes / payload.numel()
         w = max(T.world(group), 2)
         vals = torch.tensor([t_small / (2 * (w - 1)), max(t_big - t_small, 1e-9) / (2 * (w - 1) / w * big.nbytes),
-                             t_codec / (3 * probe.nbytes)], dtype=torch.float64)
-        dist.all_reduce(vals, op=dist.ReduceOp.MAX, group=group)
-        return cls(*vals.tolist())
+                             t_codec / (3 * probe.nbytes), -ratio], dtype=torch.float64, device=dev)
+        dist.all_reduce(vals, op=dist.ReduceOp.MAX, group=group)  # slowest rank's timings, smallest ratio
+        a, b, c, r = vals.tolist()
+        return cls(a, b, c, -r)
 
     def estimates(self, nbytes: int, world: int) -> dict[str, float]:
         w, c = world, nbytes / self.ratio
@@ -189,53 +199,53 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, codec=ErrorBou
             dist.all_reduce(tensor, group=group)
             if op == "avg":
                 tensor.div_(w)
-        elif isinstance(codec, Lossless):
-            total = sum(_lossless_values(codec, b, name) for b in T.all_gather_bytes(codec.encode(flat), group))
-            _write(flat, total / w if op == "avg" else total)
+            return tensor
+        eng, n = engine_for(flat, codec), flat.numel()
+        if isinstance(codec, Lossless):  # gathered and summed in float64 in rank order, the same on every rank
+            total = sum(eng.values(p, n, name) for p in T.all_gather(eng.encode_many([flat])[0], group))
         elif algorithm == "recursive_doubling":
-            total = _decode_exact(codec, _recursive_doubling(codec.encode(flat), codec, group))
-            _write(flat, total / w if op == "avg" else total)
+            total = eng.values(_recursive_doubling(eng, eng.encode_many([flat])[0], n, group), n, name)
         else:
-            _ring_all_reduce(flat, codec, group, op)
+            total = _ring_all_reduce(eng, flat, group, name)
+        _write(flat, total / w if op == "avg" else total)
         return tensor
 
     return _run(work, async_op)
 
 
-def _ring_reduce_scatter(chunks: list[bytes], codec: ErrorBounded, group) -> bytes:
+def _ring_reduce_scatter(eng, chunks: list[torch.Tensor], sizes: list[int], group) -> torch.Tensor:
     """Homomorphic ring: rank r ends with the compressed sum of chunk r."""
     r, w = T.rank(group), T.world(group)
     for s in range(w - 1):
         send_i, recv_i = (r - s - 1) % w, (r - s - 2) % w
         got = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group)
-        chunks[recv_i] = add(got, chunks[recv_i], codec)
+        chunks[recv_i] = eng.add(got, chunks[recv_i], sizes[recv_i])
     return chunks[r]
 
 
-def _ring_all_reduce(flat: torch.Tensor, codec: ErrorBounded, group, op: str) -> None:
+def _ring_all_reduce(eng, flat: torch.Tensor, group, name: str) -> torch.Tensor:
     r, w = T.rank(group), T.world(group)
     bounds = _bounds(flat.numel(), w)
-    chunks = [codec.encode(flat[a:b]) for a, b in bounds]
-    chunks[r] = _ring_reduce_scatter(chunks, codec, group)
+    sizes = [b - a for a, b in bounds]
+    chunks = eng.encode_many([flat[a:b] for a, b in bounds])
+    chunks[r] = _ring_reduce_scatter(eng, chunks, sizes, group)
     for s in range(w - 1):  # compressed all-gather of the reduced chunks
         send_i, recv_i = (r - s) % w, (r - s - 1) % w
         chunks[recv_i] = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group)
-    for (a, b), c in zip(bounds, chunks):
-        v = _decode_exact(codec, c)
-        _write(flat[a:b], v / w if op == "avg" else v)
+    return torch.cat([eng.values(c, k, name) for c, k in zip(chunks, sizes)])
 
 
-def _recursive_doubling(buf: bytes, codec: ErrorBounded, group) -> bytes:
+def _recursive_doubling(eng, buf: torch.Tensor, n: int, group) -> torch.Tensor:
     r, w = T.rank(group), T.world(group)
     p = 1 << (w.bit_length() - 1)  # largest power of two <= w
     if r >= p:  # extra ranks hand their data to a partner and wait for the result
         T.send(buf, r - p, group)
         return T.recv(r - p, group)
     if r < w - p:
-        buf = add(buf, T.recv(r + p, group), codec)
+        buf = eng.add(buf, T.recv(r + p, group), n)
     k = 1
     while k < p:
-        buf = add(buf, T.sendrecv(buf, r ^ k, r ^ k, group), codec)
+        buf = eng.add(buf, T.sendrecv(buf, r ^ k, r ^ k, group), n)
         k <<= 1
     if r < w - p:
         T.send(buf, r + p, group)
@@ -259,25 +269,23 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: str
             dist.all_reduce(stacked, group=group)
             a = r * out.numel()
             out.copy_(stacked[a : a + out.numel()] / (w if op == "avg" else 1))
-        elif isinstance(codec, Lossless):
-            mine = [codec.encode(t.reshape(-1)) for t in input_list]
+            return output
+        eng, n = engine_for(out, codec), out.numel()
+        mine = eng.encode_many([t.reshape(-1) for t in input_list])
+        if isinstance(codec, Lossless):
             got = [mine[r]] + [T.sendrecv(mine[(r + k) % w], (r + k) % w, (r - k) % w, group) for k in range(1, w)]
-            total = sum(_lossless_values(codec, b, name) for b in got)
-            _write(out, total / w if op == "avg" else total)
+            total = sum(eng.values(b, n, name) for b in got)
         else:
-            v = _decode_exact(codec, _ring_reduce_scatter([codec.encode(t.reshape(-1)) for t in input_list], codec, group))
-            _write(out, v / w if op == "avg" else v)
+            total = eng.values(_ring_reduce_scatter(eng, mine, [n] * w, group), n, name)
+        _write(out, total / w if op == "avg" else total)
         return output
 
     return _run(work, async_op)
 
 
 # --------------------------------------------------- data-movement collectives
-def _decode_into(codec, buf: bytes, out: torch.Tensor, name: str) -> None:
-    if isinstance(codec, ErrorBounded):
-        _write(out, _decode_exact(codec, buf))
-    else:
-        _write(out, _lossless_values(codec, buf, name))
+def _decode_into(eng, payload: torch.Tensor, out: torch.Tensor, name: str) -> None:
+    _write(out, eng.values(payload, out.numel(), name))
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None, codec=ErrorBounded(1e-4),
@@ -288,8 +296,9 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
         if codec is None:
             dist.all_gather(tensor_list, tensor, group)
         else:
-            for out, buf in zip(tensor_list, T.all_gather_bytes(codec.encode(_flat(tensor)), group)):
-                _decode_into(codec, buf, _flat(out), name)
+            eng = engine_for(tensor, codec)
+            for out, p in zip(tensor_list, T.all_gather(eng.encode_many([_flat(tensor)])[0], group)):
+                _decode_into(eng, p, _flat(out), name)
         return tensor_list
 
     return _run(work, async_op)
@@ -302,8 +311,9 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec=ErrorBounded(1e-
         if codec is None:
             dist.broadcast(tensor, src, group)
         else:
-            mine = codec.encode(_flat(tensor)) if T.rank(group) == src else None
-            _decode_into(codec, T.broadcast_bytes(mine, src, group), _flat(tensor), name)
+            eng = engine_for(tensor, codec)
+            mine = eng.encode_many([_flat(tensor)])[0] if T.rank(group) == src else None
+            _decode_into(eng, T.broadcast(mine, src, group), _flat(tensor), name)
         return tensor
 
     return _run(work, async_op)
@@ -311,7 +321,7 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec=ErrorBounded(1e-
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int, group=None,
             codec=ErrorBounded(1e-4), async_op: bool = False):
-    """The root compresses each part once and sends part i to rank i."""
+    """The root compresses each part once (GPU: each on its own stream) and sends part i to rank i."""
     r, w = T.rank(group), T.world(group)
     if r == src and (scatter_list is None or len(scatter_list) != w):
         raise InvalidArgumentError(f"scatter's root needs a list of {w} tensors")
@@ -321,15 +331,16 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: 
         if codec is None:
             dist.scatter(tensor, scatter_list if r == src else None, src, group)
             return tensor
+        eng = engine_for(tensor, codec)
         if r == src:
-            for i, t in enumerate(scatter_list):
-                buf = codec.encode(_flat(t.contiguous()))
+            parts = eng.encode_many([_flat(t.contiguous()) for t in scatter_list])
+            for i, p in enumerate(parts):
                 if i == src:
-                    _decode_into(codec, buf, _flat(tensor), name)
+                    _decode_into(eng, p, _flat(tensor), name)
                 else:
-                    T.send(buf, i, group)
+                    T.send(p, i, group)
         else:
-            _decode_into(codec, T.recv(src, group), _flat(tensor), name)
+            _decode_into(eng, T.recv(src, group), _flat(tensor), name)
         return tensor
 
     return _run(work, async_op)
@@ -337,7 +348,8 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: 
 
 def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], group=None,
                codec=ErrorBounded(1e-4), async_op: bool = False):
-    """Rank r sends input_list[j] to rank j; each part is compressed once, sizes travel first."""
+    """Rank r sends input_list[j] to rank j; each part is compressed once (GPU: on its own stream),
+    sizes travel first."""
     w = T.world(group)
     if len(output_list) != w or len(input_list) != w:
         raise InvalidArgumentError(f"all_to_all needs {w} inputs and {w} outputs")
@@ -345,12 +357,16 @@ def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], 
 
     def work():
         r = T.rank(group)
-        c = codec if codec is not None else Lossless()  # uncompressed path: exact coding, same exchange
-        parts = [c.encode(_flat(t.contiguous())) for t in input_list]
-        _decode_into(c, parts[r], _flat(output_list[r]), name)
+        if codec is None and T.device(group).type == "cuda":
+            dist.all_to_all(output_list, [t.contiguous() for t in input_list], group)
+            return output_list
+        # Gloo has no all_to_all: the uncompressed path there is the exact (lossless) exchange
+        eng = engine_for(input_list[0], codec if codec is not None else Lossless())
+        parts = eng.encode_many([_flat(t.contiguous()) for t in input_list])
+        _decode_into(eng, parts[r], _flat(output_list[r]), name)
         for k in range(1, w):
             to, frm = (r + k) % w, (r - k) % w
-            _decode_into(c, T.sendrecv(parts[to], to, frm, group), _flat(output_list[frm]), name)
+            _decode_into(eng, T.sendrecv(parts[to], to, frm, group), _flat(output_list[frm]), name)
         return output_list
 
     return _run(work, async_op)

@@ -1,7 +1,10 @@
-"""Moving compressed bytes between ranks with torch.distributed (NCCL or Gloo carry every byte).
+"""Moving compressed payloads between ranks with torch.distributed (NCCL or Gloo carry every byte).
 
-Sizes travel before payloads, so receivers allocate exactly what arrives.  Ranks here
-are ranks within ``group``; they are mapped to global ranks for point-to-point calls.
+Payloads are 1-D uint8 tensors.  Each exchange sends sizes before payloads, so receivers
+allocate exactly what arrives.  Tensors travel on the group's own device: CUDA for NCCL
+(compressed bytes never visit the host; only the int64 size words are read back), the CPU for
+Gloo.  Received payloads come back on that device; callers move them where their codec runs.
+Ranks here are ranks within ``group``; they are mapped to global ranks for point-to-point calls.
 """
 
 from __future__ import annotations
@@ -21,65 +24,79 @@ def world(group) -> int:
     return dist.get_world_size(group)
 
 
+def device(group) -> torch.device:
+    """Where this group's tensors must live: the current CUDA device for NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _global(group, r: int) -> int:
     return r if group is None else dist.get_global_rank(group, r)
 
 
-def _u8(payload: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+def _size_word(n: int, group) -> torch.Tensor:
+    return torch.tensor([n], dtype=torch.int64, device=device(group))
 
 
-def sendrecv(payload: bytes, to: int, frm: int, group) -> bytes:
+def _exchange(ops: list, group) -> None:
+    """Post sends and receives together (NCCL groups them, so neither side waits for the other)."""
+    p2p = [dist.P2POp(op, t, _global(group, peer), group) for op, t, peer in ops]
+    for req in dist.batch_isend_irecv(p2p):
+        req.wait()
+
+
+def sendrecv(payload: torch.Tensor, to: int, frm: int, group) -> torch.Tensor:
     """Send ``payload`` to rank ``to`` while receiving one from rank ``frm`` (no ordering deadlock)."""
-    out_n = torch.tensor([len(payload)], dtype=torch.int64)
-    in_n = torch.empty(1, dtype=torch.int64)
-    for w in (dist.isend(out_n, _global(group, to), group), dist.irecv(in_n, _global(group, frm), group)):
-        w.wait()
-    incoming = torch.empty(int(in_n.item()), dtype=torch.uint8)
-    for w in (dist.isend(_u8(payload), _global(group, to), group), dist.irecv(incoming, _global(group, frm), group)):
-        w.wait()
-    return incoming.numpy().tobytes()
+    payload = payload.to(device(group))
+    in_n = torch.empty(1, dtype=torch.int64, device=payload.device)
+    _exchange([(dist.isend, _size_word(payload.numel(), group), to), (dist.irecv, in_n, frm)], group)
+    incoming = torch.empty(int(in_n.item()), dtype=torch.uint8, device=payload.device)
+    _exchange([(dist.isend, payload, to), (dist.irecv, incoming, frm)], group)
+    return incoming
 
 
-def send(payload: bytes, to: int, group) -> None:
-    dist.send(torch.tensor([len(payload)], dtype=torch.int64), _global(group, to), group)
-    dist.send(_u8(payload), _global(group, to), group)
+def send(payload: torch.Tensor, to: int, group) -> None:
+    payload = payload.to(device(group))
+    dist.send(_size_word(payload.numel(), group), _global(group, to), group)
+    dist.send(payload, _global(group, to), group)
 
 
-def recv(frm: int, group) -> bytes:
-    n = torch.empty(1, dtype=torch.int64)
+def recv(frm: int, group) -> torch.Tensor:
+    n = torch.empty(1, dtype=torch.int64, device=device(group))
     dist.recv(n, _global(group, frm), group)
-    out = torch.empty(int(n.item()), dtype=torch.uint8)
+    out = torch.empty(int(n.item()), dtype=torch.uint8, device=n.device)
     dist.recv(out, _global(group, frm), group)
-    return out.numpy().tobytes()
+    return out
 
 
-def all_gather_bytes(payload: bytes, group) -> list[bytes]:
+def all_gather(payload: torch.Tensor, group) -> list[torch.Tensor]:
     """Every rank's payload, on every rank: sizes first, then payloads padded to the largest."""
-    w = world(group)
-    sizes = [torch.empty(1, dtype=torch.int64) for _ in range(w)]
-    dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64), group)
-    n = [int(s.item()) for s in sizes]
-    padded = torch.zeros(max(n), dtype=torch.uint8)
-    padded[: len(payload)] = _u8(payload)
-    bufs = [torch.empty(max(n), dtype=torch.uint8) for _ in range(w)]
-    dist.all_gather(bufs, padded, group)
-    return [b[:k].numpy().tobytes() for b, k in zip(bufs, n)]
+    w, dev = world(group), device(group)
+    sizes = torch.empty(w, dtype=torch.int64, device=dev)
+    dist.all_gather_into_tensor(sizes, _size_word(payload.numel(), group), group)
+    n = sizes.tolist()
+    padded = torch.zeros(max(n), dtype=torch.uint8, device=dev)
+    padded[: payload.numel()] = payload.to(dev)
+    out = torch.empty(w * max(n), dtype=torch.uint8, device=dev)
+    dist.all_gather_into_tensor(out, padded, group)
+    return [out[i * max(n) : i * max(n) + k] for i, k in enumerate(n)]
 
 
-def broadcast_bytes(payload: bytes | None, src: int, group) -> bytes:
-    n = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64)
+def broadcast(payload: torch.Tensor | None, src: int, group) -> torch.Tensor:
+    dev = device(group)
+    n = _size_word(payload.numel() if payload is not None else 0, group)
     dist.broadcast(n, _global(group, src), group)
-    buf = _u8(payload) if rank(group) == src else torch.empty(int(n.item()), dtype=torch.uint8)
+    buf = payload.to(dev) if rank(group) == src else torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
     dist.broadcast(buf, _global(group, src), group)
-    return buf.numpy().tobytes()
+    return buf
 
 
 def agree(values: list[float], group, what: str) -> None:
     """Raise on every rank when ranks disagree on ``values`` (so a mismatch never hangs)."""
-    mine = torch.tensor(values, dtype=torch.float64)
-    everyone = [torch.empty_like(mine) for _ in range(world(group))]
-    dist.all_gather(everyone, mine, group)
-    table = np.stack([t.numpy() for t in everyone])
+    mine = torch.tensor(values, dtype=torch.float64, device=device(group))
+    everyone = torch.empty(world(group) * len(values), dtype=torch.float64, device=mine.device)
+    dist.all_gather_into_tensor(everyone, mine, group)
+    table = everyone.cpu().numpy().reshape(world(group), len(values))
     if not (table == table[0]).all():
         raise InvalidArgumentError(f"ranks disagree on {what}: " + "; ".join(f"rank {i}: {list(r)}" for i, r in enumerate(table)))
