@@ -19,6 +19,7 @@ give the same bytes, so the results are the same wherever the work runs.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -83,6 +84,40 @@ def _write(out: torch.Tensor, values: torch.Tensor) -> None:
 def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
     edges = [round(i * n / parts) for i in range(parts + 1)]
     return list(zip(edges[:-1], edges[1:]))
+
+
+_PHASES: dict | None = None  # seconds per phase while phase_times() is active
+
+
+@contextlib.contextmanager
+def phase_times():
+    """Collect seconds per phase (compress, communicate, reduce, decompress) of the calls inside.
+
+    Each phase is bracketed by a device synchronisation, which costs overlap: use it for a
+    breakdown, and time the same call outside it for the total."""
+    global _PHASES
+    _PHASES = {"compress": 0.0, "communicate": 0.0, "reduce": 0.0, "decompress": 0.0}
+    try:
+        yield _PHASES
+    finally:
+        _PHASES = None
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def _phase(name: str):
+    if _PHASES is None:
+        yield
+        return
+    _sync()
+    t0 = time.perf_counter()
+    yield
+    _sync()
+    _PHASES[name] += time.perf_counter() - t0
 
 
 class Handle:
@@ -202,9 +237,18 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, codec=ErrorBou
             return tensor
         eng, n = engine_for(flat, codec), flat.numel()
         if isinstance(codec, Lossless):  # gathered and summed in float64 in rank order, the same on every rank
-            total = sum(eng.values(p, n, name) for p in T.all_gather(eng.encode_many([flat])[0], group))
+            with _phase("compress"):
+                mine = eng.encode_many([flat])[0]
+            with _phase("communicate"):
+                got = T.all_gather(mine, group)
+            with _phase("decompress"):
+                total = sum(eng.values(p, n, name) for p in got)
         elif algorithm == "recursive_doubling":
-            total = eng.values(_recursive_doubling(eng, eng.encode_many([flat])[0], n, group), n, name)
+            with _phase("compress"):
+                mine = eng.encode_many([flat])[0]
+            reduced = _recursive_doubling(eng, mine, n, group)
+            with _phase("decompress"):
+                total = eng.values(reduced, n, name)
         else:
             total = _ring_all_reduce(eng, flat, group, name)
         _write(flat, total / w if op == "avg" else total)
@@ -218,8 +262,10 @@ def _ring_reduce_scatter(eng, chunks: list[torch.Tensor], sizes: list[int], grou
     r, w = T.rank(group), T.world(group)
     for s in range(w - 1):
         send_i, recv_i = (r - s - 1) % w, (r - s - 2) % w
-        got = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group)
-        chunks[recv_i] = eng.add(got, chunks[recv_i], sizes[recv_i])
+        with _phase("communicate"):
+            got = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group)
+        with _phase("reduce"):
+            chunks[recv_i] = eng.add(got, chunks[recv_i], sizes[recv_i])
     return chunks[r]
 
 
@@ -227,28 +273,39 @@ def _ring_all_reduce(eng, flat: torch.Tensor, group, name: str) -> torch.Tensor:
     r, w = T.rank(group), T.world(group)
     bounds = _bounds(flat.numel(), w)
     sizes = [b - a for a, b in bounds]
-    chunks = eng.encode_many([flat[a:b] for a, b in bounds])
+    with _phase("compress"):
+        chunks = eng.encode_many([flat[a:b] for a, b in bounds])
     chunks[r] = _ring_reduce_scatter(eng, chunks, sizes, group)
     for s in range(w - 1):  # compressed all-gather of the reduced chunks
         send_i, recv_i = (r - s) % w, (r - s - 1) % w
-        chunks[recv_i] = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group)
-    return torch.cat([eng.values(c, k, name) for c, k in zip(chunks, sizes)])
+        with _phase("communicate"):
+            chunks[recv_i] = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group)
+    with _phase("decompress"):
+        return torch.cat([eng.values(c, k, name) for c, k in zip(chunks, sizes)])
 
 
 def _recursive_doubling(eng, buf: torch.Tensor, n: int, group) -> torch.Tensor:
     r, w = T.rank(group), T.world(group)
     p = 1 << (w.bit_length() - 1)  # largest power of two <= w
     if r >= p:  # extra ranks hand their data to a partner and wait for the result
-        T.send(buf, r - p, group)
-        return T.recv(r - p, group)
+        with _phase("communicate"):
+            T.send(buf, r - p, group)
+            return T.recv(r - p, group)
     if r < w - p:
-        buf = eng.add(buf, T.recv(r + p, group), n)
+        with _phase("communicate"):
+            got = T.recv(r + p, group)
+        with _phase("reduce"):
+            buf = eng.add(buf, got, n)
     k = 1
     while k < p:
-        buf = eng.add(buf, T.sendrecv(buf, r ^ k, r ^ k, group), n)
+        with _phase("communicate"):
+            got = T.sendrecv(buf, r ^ k, r ^ k, group)
+        with _phase("reduce"):
+            buf = eng.add(buf, got, n)
         k <<= 1
     if r < w - p:
-        T.send(buf, r + p, group)
+        with _phase("communicate"):
+            T.send(buf, r + p, group)
     return buf
 
 
