@@ -256,3 +256,27 @@ def main() -> None:
             e.show()
             sys.exit(2)
         raise
+
+
+@app.command("eval")
+def eval_cmd(
+    folder: Path = typer.Argument(..., help="a folder of images, or of sub-folders of images (one dataset each)"),
+    codecs: Optional[str] = typer.Option(None, help="comma-separated codec names (default: every codec usable on the device)"),
+    out: Path = typer.Option(Path("report"), "--out", help="report folder: points.csv, summary.md, rd_*.png, crops_*.png"),
+    device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
+    limit: Optional[int] = typer.Option(None, help="first N images of each dataset"),
+    datasets: Optional[str] = typer.Option(None, help="comma-separated sub-folder names (default: all)"),
+    no_crops: bool = typer.Option(False, "--no-crops", help="skip the matched-bpp crop figures"),
+) -> None:
+    """Rate-distortion evaluation against JPEG, JPEG 2000, WebP, nvJPEG, SZ3, ZFP and CompressAI (resumable)."""
+    from .device import resolve
+    from .evaluation.runner import EvalConfig, evaluate
+
+    def names(s: Optional[str]):
+        return tuple(n.strip() for n in s.split(",") if n.strip()) if s else None
+
+    cfg = EvalConfig(codecs=names(codecs), device=resolve(device), limit=limit, datasets=names(datasets), crops=not no_crops)
+    result = evaluate(folder, out, cfg, log=lambda m: typer.echo(m, err=True))
+    typer.echo(f"{result.computed} points computed, {result.skipped} already in {result.csv}, {len(result.failures)} failed; "
+               f"report in {out}")
+    raise typer.Exit(1 if result.failures else 0)

@@ -1,0 +1,249 @@
+"""Rate-distortion evaluation: metrics, Bjontegaard deltas, every codec's ladder, resumable runs, the CLI."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from visemz.errors import DeviceUnavailableError, InvalidArgumentError
+from visemz.evaluation import bjontegaard as bd
+from visemz.evaluation import metrics
+from visemz.evaluation.codecs import NAMES, Layout, build, default_names
+
+
+def tiny(channels: int, seed: int = 0, side: int = 64) -> np.ndarray:
+    """A smooth gradient with texture on top: compressible, but not trivially."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:side, 0:side]
+    base = 96 + 60 * np.sin(x / 7.0) * np.cos(y / 11.0) + rng.normal(0, 12, (side, side))
+    planes = [np.clip(base + 20 * c, 0, 255) for c in range(channels)]
+    img = np.stack(planes, -1) if channels == 3 else planes[0]
+    return np.round(img).astype(np.uint8)
+
+
+# ------------------------------------------------------------------ metrics
+def test_psnr_of_a_known_error():
+    ref = np.full((32, 32), 100, np.uint8)
+    rec = ref.copy()
+    rec[::2] += 5  # half the pixels off by 5: MSE 12.5
+    assert metrics.psnr(ref, rec) == pytest.approx(10 * math.log10(255**2 / 12.5), abs=1e-9)
+    assert metrics.psnr(ref, ref) == math.inf
+    assert metrics.max_abs_error(ref, rec) == 5
+    ref16 = ref.astype(np.uint16) * 257
+    rec16 = ref16.copy()
+    rec16[::2] += 257  # same error relative to the bit depth's range
+    assert metrics.psnr(ref16, rec16) == pytest.approx(10 * math.log10(65535**2 / 257**2 / 0.5), abs=1e-9)
+
+
+def test_bpp_counts_real_bytes():
+    assert metrics.bpp(100, (40, 20)) == pytest.approx(1.0)
+    assert metrics.bpp(100, (40, 20, 3)) == pytest.approx(1.0)  # per pixel, not per channel value
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_structural_metrics_rank_damage(channels):
+    ref = tiny(channels)
+    rng = np.random.default_rng(1)
+    mild = np.clip(ref.astype(int) + rng.integers(-3, 4, ref.shape), 0, 255).astype(np.uint8)
+    bad = np.clip(ref.astype(int) + rng.integers(-40, 41, ref.shape), 0, 255).astype(np.uint8)
+    same, m1, m2 = (metrics.measure(ref, r, 10) for r in (ref, mild, bad))
+    assert same["ssim"] == pytest.approx(1.0, abs=1e-6) and same["ms_ssim"] == pytest.approx(1.0, abs=1e-6)
+    assert same["gmsd"] == pytest.approx(0.0, abs=1e-6)
+    assert same["ssim"] > m1["ssim"] > m2["ssim"]
+    assert same["ms_ssim"] > m1["ms_ssim"] > m2["ms_ssim"]
+    assert m2["gmsd"] > m1["gmsd"] > same["gmsd"]
+
+
+def test_metrics_reject_mismatched_and_unsupported_images():
+    with pytest.raises(InvalidArgumentError, match=r"\(64, 64\)"):
+        metrics.psnr(tiny(1), tiny(3))
+    with pytest.raises(Exception, match="float32"):
+        metrics.peak(np.float32)
+
+
+# ------------------------------------------------------------------ Bjontegaard
+RATES = [0.1, 0.25, 0.5, 1.0, 2.0]
+PSNRS = [26.0, 29.0, 31.5, 34.0, 37.0]
+
+
+def test_bd_of_identical_curves_is_zero():
+    assert bd.bd_rate(RATES, PSNRS, RATES, PSNRS) == pytest.approx(0.0, abs=1e-9)
+    assert bd.bd_psnr(RATES, PSNRS, RATES, PSNRS) == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("factor, expected", [(0.8, -20.0), (1.5, 50.0), (0.5, -50.0)])
+def test_bd_rate_of_a_scaled_rate_is_the_scale(factor, expected):
+    assert bd.bd_rate(RATES, PSNRS, [r * factor for r in RATES], PSNRS) == pytest.approx(expected, abs=1e-9)
+
+
+def test_bd_psnr_of_a_shifted_curve_is_the_shift():
+    assert bd.bd_psnr(RATES, PSNRS, RATES, [p + 1 for p in PSNRS]) == pytest.approx(1.0, abs=1e-9)
+    # point order does not matter, and a different sampling of the same line agrees
+    assert bd.bd_psnr(RATES[::-1], PSNRS[::-1], RATES, [p - 0.5 for p in PSNRS]) == pytest.approx(-0.5, abs=1e-9)
+
+
+def test_bd_uses_pchip_not_a_polynomial():
+    # a kinked curve: PCHIP follows it exactly between points, so a sub-sampled copy of a
+    # piecewise-linear-in-log curve still gives the interpolated value, not a cubic fit's
+    lr = np.log10(RATES)
+    test_q = np.interp(lr, lr, PSNRS) + 2
+    assert bd.bd_psnr(RATES, PSNRS, RATES, test_q) == pytest.approx(2.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("rate, quality, match", [
+    ([0.1], [30.0], "at least 2"),
+    ([0.1, 0.2, 0.4], [30.0, 29.0, 31.0], "increase"),
+    ([0.1, -0.2], [30.0, 31.0], "rate <= 0"),
+])
+def test_bd_rejects_unusable_curves(rate, quality, match):
+    with pytest.raises(bd.BDError, match=match):
+        bd.bd_rate(RATES, PSNRS, rate, quality)
+
+
+def test_bd_rejects_curves_without_overlap():
+    with pytest.raises(bd.BDError, match="share no interval"):
+        bd.bd_rate(RATES, PSNRS, RATES, [p + 20 for p in PSNRS])
+
+
+# ------------------------------------------------------------------ codecs
+CPU_CODECS = [n for n in NAMES if n != "nvjpeg"]
+
+
+def _check_ladder(codec, image):
+    layout = Layout.of(image)
+    assert codec.supports(layout) is None
+    for s in codec.ladder:
+        data = codec.encode(image, s)
+        assert isinstance(data, bytes) and 0 < len(data)
+        rec = codec.decode(data, s, layout)
+        assert rec.shape == image.shape and rec.dtype == image.dtype
+        m = metrics.measure(image, rec, len(data))
+        assert m["psnr"] > 10, (codec.name, s, m)
+        if codec.kind == "bound":
+            assert m["max_abs_error"] <= s, (codec.name, s, m)
+
+
+@pytest.mark.parametrize("name", CPU_CODECS)
+def test_every_codec_decodes_every_ladder_point(name, model_weights):
+    codec = build(name, "cpu")
+    for channels in (1, 3):
+        _check_ladder(codec, tiny(channels, seed=channels))
+
+
+@pytest.mark.gpu
+@pytest.mark.nvjpeg
+def test_nvjpeg_decodes_every_ladder_point():
+    codec = build("nvjpeg", "cuda")
+    for channels in (1, 3):
+        _check_ladder(codec, tiny(channels, seed=channels))
+
+
+def test_codec_registry_rejects_bad_names_and_devices():
+    with pytest.raises(InvalidArgumentError, match="'jpg'"):
+        build("jpg", "cpu")
+    with pytest.raises(DeviceUnavailableError, match="nvjpeg"):
+        build("nvjpeg", "cpu")
+    assert "nvjpeg" not in default_names("cpu") and "nvjpeg" in default_names("cuda")
+
+
+def test_rate_codecs_spend_more_bits_for_higher_settings():
+    img = tiny(3)
+    for name in ("jpeg", "webp", "jpeg2000"):
+        c = build(name, "cpu")
+        sizes = [len(c.encode(img, s)) for s in (c.ladder[1], c.ladder[-1])]
+        assert sizes[0] < sizes[1], name
+
+
+# ------------------------------------------------------------------ runs
+@pytest.fixture
+def folder(tmp_path):
+    import cv2
+
+    root = tmp_path / "sets"
+    (root / "rgb").mkdir(parents=True)
+    (root / "gray").mkdir()
+    cv2.imwrite(str(root / "rgb/a.png"), cv2.cvtColor(tiny(3, 1), cv2.COLOR_RGB2BGR))
+    cv2.imwrite(str(root / "rgb/b.png"), cv2.cvtColor(tiny(3, 2), cv2.COLOR_RGB2BGR))
+    cv2.imwrite(str(root / "gray/c.png"), tiny(1, 3))
+    (root / "gray/z_broken.png").write_bytes(b"not a png")
+    return root
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_run_is_resumable(folder, tmp_path):
+    from visemz.evaluation.runner import EvalConfig, run_points
+
+    cfg = EvalConfig(codecs=("jpeg", "sz3"), ladders=(("jpeg", (10, 50, 90)), ("sz3", (2, 8))))
+    first = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
+    assert first.computed == 3 * (3 + 2) and first.skipped == 0
+    assert len(first.failures) == 1 and "broken.png" in first.failures[0]
+    before = (tmp_path / "out/points.csv").read_bytes()
+    second = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
+    assert second.computed == 0 and second.skipped == 15
+    assert (tmp_path / "out/points.csv").read_bytes() == before
+    # a lost row is recomputed, and only it
+    rows = _rows(tmp_path / "out/points.csv")
+    from visemz.evaluation.runner import write_points
+
+    write_points(tmp_path / "out/points.csv", rows[1:])
+    third = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
+    assert third.computed == 1 and third.skipped == 14
+
+
+def test_report_tables(folder, tmp_path):
+    from visemz.evaluation.report import mean_curves, summary_markdown
+    from visemz.evaluation.runner import EvalConfig, read_points, run_points
+
+    cfg = EvalConfig(codecs=("jpeg", "webp", "sz3"), datasets=("rgb",))
+    res = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
+    curves = mean_curves(read_points(res.csv))
+    assert set(curves) == {"rgb"} and set(curves["rgb"]) == {"jpeg", "webp", "sz3"}
+    assert all(p["images"] == 2 for p in curves["rgb"]["jpeg"])
+    md = summary_markdown(curves, [], "test")
+    assert "| jpeg | 0 (anchor) |" in md and "| sz3 |" in md and "max error" in md
+
+
+def test_cli_eval_writes_csv_plots_and_summary(folder, tmp_path, model_weights):
+    out = tmp_path / "report"
+    env = dict(os.environ, VISEMZ_WEIGHTS_DIR=str(model_weights), VISEMZ_DEVICE="cpu")
+    cmd = [sys.executable, "-m", "visemz", "eval", str(folder), "--codecs", "jpeg,webp,visemz-balle2016",
+           "--out", str(out), "--device", "cpu", "--limit", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 1, r.stderr  # broken.png is reported, the rest goes on
+    assert "broken.png" in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["crops_gray.png", "crops_rgb.png", "points.csv", "rd_gray.png",
+                                                     "rd_rgb.png", "summary.md"]
+    rows = _rows(out / "points.csv")
+    assert len(rows) == 3 * (8 + 8 + 4)
+    assert {r["codec"] for r in rows} == {"jpeg", "webp", "visemz-balle2016"}
+    for png in out.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = (out / "summary.md").read_text()
+    assert "## rgb" in summary and "## gray" in summary and "visemz-balle2016" in summary
+    again = subprocess.run(cmd + ["--no-crops"], capture_output=True, text=True, env=env, timeout=300)
+    assert "0 points computed, 60 already" in again.stdout
+
+
+def test_cli_eval_rejects_bad_arguments(folder, tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "visemz", "eval", *map(str, args), "--device", "cpu",
+                               "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+
+    r = run(tmp_path / "missing")
+    assert r.returncode == 2 and "missing" in r.stderr
+    r = run(folder, "--codecs", "jpg")
+    assert r.returncode == 2 and "'jpg'" in r.stderr
+    r = run(folder, "--datasets", "kodak")
+    assert r.returncode == 2 and "kodak" in r.stderr
+    assert not (tmp_path / "o" / "points.csv").exists()

@@ -1,0 +1,67 @@
+"""The one interface every evaluated codec implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What every decoder is told besides the bytes: the image's shape and dtype.
+
+    Every codec gets the same side information, so bpp counts only the codec's own output;
+    a few bytes of shape would change no bpp in the reports' third decimal.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @classmethod
+    def of(cls, image: np.ndarray) -> "Layout":
+        return cls(tuple(int(s) for s in image.shape), image.dtype.name)
+
+    @property
+    def channels(self) -> int:
+        return self.shape[2] if len(self.shape) == 3 else 1
+
+
+class Codec(ABC):
+    """A codec over a ladder of settings (qualities, target rates or error bounds).
+
+    ``encode`` returns the codec's real output bytes; ``decode`` returns an array of the
+    original's shape and dtype.  ``device`` is where the codec's work runs.
+    """
+
+    name: str
+    unit: str  # how a setting is labelled: "q", "bpp", "eb", "e"
+    ladder: tuple
+    device: str = "cpu"
+    #: "rate" codecs trade bits for quality; "bound" codecs guarantee a max error per setting
+    kind: str = "rate"
+
+    def supports(self, layout: Layout) -> str | None:
+        """None when this codec can code images of ``layout``, else why not."""
+        if layout.dtype != "uint8":
+            return f"{self.name} codes 8-bit images only"
+        if layout.channels not in (1, 3):
+            return f"{self.name} codes gray or RGB images only"
+        return None
+
+    def label(self, setting) -> str:
+        return f"{self.unit}={setting:g}"
+
+    @abstractmethod
+    def encode(self, image: np.ndarray, setting) -> bytes: ...
+
+    @abstractmethod
+    def decode(self, data: bytes, setting, layout: Layout) -> np.ndarray: ...
+
+    def sync(self) -> None:
+        """Wait for queued device work, so timings include it (no-op on the CPU)."""
+
+    def with_ladder(self, ladder) -> "Codec":
+        self.ladder = tuple(ladder)
+        return self

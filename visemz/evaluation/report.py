@@ -1,0 +1,139 @@
+"""From the points CSV to the report: mean curves, BD tables, plots and summary.md."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .bjontegaard import BDError, bd_quality, bd_rate
+
+ANCHORS = ("jpeg", "jpeg2000", "webp")
+MEAN_FIELDS = ("bpp", "psnr", "ssim", "ms_ssim", "gmsd", "encode_s", "decode_s")
+
+
+def mean_curves(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
+    """{dataset: {codec: [one point per setting, sorted by bpp]}}: metrics averaged over the images.
+
+    A setting enters a curve only when every image of its dataset that the codec coded has
+    it, so a half-finished run never mixes image sets along one curve.
+    """
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    images: dict[tuple, set] = defaultdict(set)
+    for r in rows:
+        groups[(r["dataset"], r["codec"], r["setting"])].append(r)
+        images[(r["dataset"], r["codec"])].add(r["image"])
+    curves: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for (ds, codec, setting), rs in groups.items():
+        if len(rs) != len(images[(ds, codec)]):
+            continue
+        point = {"setting": setting, "value": float(rs[0]["value"]), "kind": rs[0]["kind"], "images": len(rs),
+                 "device": rs[0]["device"], "max_abs_error": max(float(r["max_abs_error"]) for r in rs)}
+        point.update({f: float(np.mean([float(r[f]) for r in rs])) for f in MEAN_FIELDS})
+        curves[ds][codec].append(point)
+    for by_codec in curves.values():
+        for pts in by_codec.values():
+            pts.sort(key=lambda p: p["bpp"])
+    return {ds: dict(c) for ds, c in curves.items()}
+
+
+def frontier(pts: list[dict], metric: str) -> list[dict]:
+    """The points (sorted by bpp) that beat every cheaper point on ``metric``: a point that
+    costs more bits for no better quality is dominated and cannot be interpolated through."""
+    out: list[dict] = []
+    for p in pts:
+        if not out or (p[metric] > out[-1][metric] and p["bpp"] > out[-1]["bpp"]):
+            out.append(p)
+    return out
+
+
+def bd_cell(anchor: list[dict], test: list[dict], metric: str, what: str) -> str:
+    """One table cell: BD-rate (%) or BD-quality of test against anchor, or why it has none."""
+    fn = bd_rate if what == "rate" else bd_quality
+    anchor, test = frontier(anchor, metric), frontier(test, metric)
+    try:
+        v = fn([p["bpp"] for p in anchor], [p[metric] for p in anchor], [p["bpp"] for p in test], [p[metric] for p in test])
+    except BDError as e:
+        reason = "no overlap" if "share no interval" in str(e) else "not monotone" if "increase" in str(e) else "too few points"
+        return f"n/a ({reason})"
+    return f"{v:+.1f}%" if what == "rate" else f"{v:+.2f}"
+
+
+def bd_table(curves: dict[str, list[dict]]) -> list[str]:
+    anchors = [a for a in ANCHORS if a in curves]
+    if not anchors:
+        return ["(no JPEG, JPEG 2000 or WebP curve to compare against)"]
+    head = ["codec"] + [f"BD-rate vs {a} (PSNR)" for a in anchors] + [f"BD-rate vs {anchors[0]} (MS-SSIM)", f"BD-PSNR vs {anchors[0]} (dB)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for codec, pts in curves.items():
+        cells = [bd_cell(curves[a], pts, "psnr", "rate") if a != codec else "0 (anchor)" for a in anchors]
+        first = curves[anchors[0]]
+        cells += [bd_cell(first, pts, "ms_ssim", "rate"), bd_cell(first, pts, "psnr", "quality")]
+        lines.append(f"| {codec} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def points_table(curves: dict[str, list[dict]]) -> list[str]:
+    lines = ["| codec | setting | bpp | PSNR dB | SSIM | MS-SSIM | GMSD | max err | enc ms | dec ms | device |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for codec, pts in curves.items():
+        for p in pts:
+            lines.append(f"| {codec} | {p['setting']} | {p['bpp']:.4f} | {p['psnr']:.2f} | {p['ssim']:.4f} | {p['ms_ssim']:.4f} | "
+                         f"{p['gmsd']:.4f} | {p['max_abs_error']:g} | {1e3 * p['encode_s']:.1f} | {1e3 * p['decode_s']:.1f} | {p['device']} |")
+    return lines
+
+
+def bound_table(curves: dict[str, list[dict]]) -> list[str]:
+    """bpp at each error bound for the error-bounded codecs side by side (same bound, fewer bits wins)."""
+    bounded = {c: {p["value"]: p for p in pts} for c, pts in curves.items() if pts and pts[0]["kind"] == "bound"}
+    if not bounded:
+        return []
+    bounds = sorted({b for pts in bounded.values() for b in pts})
+    lines = ["| max error | " + " | ".join(f"{c} bpp (max err seen)" for c in bounded) + " |", "|---|" + "---|" * len(bounded)]
+    for b in bounds:
+        cells = [f"{pts[b]['bpp']:.4f} ({pts[b]['max_abs_error']:g})" if b in pts else "" for pts in bounded.values()]
+        lines.append(f"| {b:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary_markdown(curves: dict, failures: list[str], device_name: str) -> str:
+    out = ["# Rate-distortion evaluation", "",
+           f"Device: {device_name}. bpp = output bytes x 8 / pixels; PSNR against the bit depth's range; "
+           "metrics are means over each dataset's images. BD: Bjontegaard deltas with PCHIP interpolation "
+           "over the shared quality interval (negative BD-rate = fewer bits than the anchor), on each curve's "
+           "non-dominated points (a point with more bits and no better quality is left out).", ""]
+    for ds, by_codec in curves.items():
+        out += [f"## {ds}", "", *bd_table(by_codec), ""]
+        bt = bound_table(by_codec)
+        if bt:
+            out += ["Error-bounded codecs: bits at the same guaranteed maximum error (8-bit levels).", "", *bt, ""]
+        out += [f"Plots: rd_{ds}.png, crops_{ds}.png.", "", "<details><summary>every mean point</summary>", "",
+                *points_table(by_codec), "", "</details>", ""]
+    if failures:
+        out += ["## Failures", "", *[f"- {f}" for f in failures], ""]
+    return "\n".join(out)
+
+
+def device_name(device: str) -> str:
+    import platform
+
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name()
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def write_report(folder: Path, out: Path, cfg, rows: list[dict], failures: list[str], log: Callable[[str], None] = print) -> None:
+    from ..pipeline.writers import write_atomic
+    from . import plots
+
+    curves = mean_curves(rows)
+    for ds, by_codec in curves.items():
+        plots.rd_plot(ds, by_codec, out / f"rd_{ds}.png")
+        if cfg.crops:
+            plots.crop_figure(folder, ds, rows, cfg, out / f"crops_{ds}.png")
+    write_atomic(out / "summary.md", summary_markdown(curves, failures, device_name(cfg.device)).encode())
+    log(f"report: {out / 'summary.md'}")

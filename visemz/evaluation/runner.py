@@ -1,0 +1,187 @@
+"""The resumable evaluation run: every (dataset, image, codec, setting) point into one CSV.
+
+A dataset is FOLDER itself when it holds images, and each sub-folder that holds images
+(``eval/kodak``, ``eval/xray``).  Points already in ``OUT/points.csv`` are skipped, so a
+killed run picks up where it stopped; the CSV is rewritten atomically after each
+(image, codec), so it never holds a partial row.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, VisemzError
+from . import codecs as codec_registry
+from . import metrics
+from .codecs import Codec, Layout
+
+CSV_NAME = "points.csv"
+KEY = ("dataset", "image", "codec", "setting")
+COLUMNS = KEY + ("value", "kind", "device", "height", "width", "channels", "bytes", "bpp", "psnr", "ssim", "ms_ssim",
+                 "gmsd", "max_abs_error", "encode_s", "decode_s")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    codecs: tuple[str, ...] | None = None  # None: every codec that runs on ``device``
+    device: str = "cpu"
+    limit: int | None = None  # first N images of each dataset
+    datasets: tuple[str, ...] | None = None  # None: every dataset found
+    ladders: tuple[tuple[str, tuple], ...] = ()  # per-codec ladder overrides, e.g. (("jpeg", (10, 50)),)
+    crops: bool = True  # draw the matched-bpp crop figure per dataset
+
+    def codec_names(self) -> tuple[str, ...]:
+        return self.codecs if self.codecs is not None else codec_registry.default_names(self.device)
+
+
+@dataclass
+class RunResult:
+    csv: Path
+    computed: int = 0
+    skipped: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def find_datasets(folder: Path, only: tuple[str, ...] | None, limit: int | None) -> dict[str, list[Path]]:
+    """{dataset name: sorted image paths}: FOLDER's own images, then each sub-folder's."""
+    from ..pipeline.files import IMAGE_EXTENSIONS
+
+    if not folder.is_dir():
+        raise InvalidArgumentError(f"evaluation folder {str(folder)!r} is not a folder")
+    if limit is not None and limit < 1:
+        raise InvalidArgumentError(f"limit={limit}: expected a positive number of images")
+
+    def images(d: Path) -> list[Path]:
+        return sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS)
+
+    found = {folder.name: images(folder)} if images(folder) else {}
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if images(sub):
+            found[sub.name] = images(sub)
+    if only is not None:
+        missing = [d for d in only if d not in found]
+        if missing:
+            raise InvalidArgumentError(f"dataset(s) {missing} not found in {str(folder)!r}; found {sorted(found)}")
+        found = {d: found[d] for d in only}
+    if not found:
+        raise InvalidArgumentError(f"no images in {str(folder)!r} or its sub-folders")
+    return {d: paths[:limit] for d, paths in found.items()}
+
+
+def build_codecs(cfg: EvalConfig) -> list[Codec]:
+    ladders = dict(cfg.ladders)
+    unknown = set(ladders) - set(cfg.codec_names())
+    if unknown:
+        raise InvalidArgumentError(f"ladder override for codec(s) {sorted(unknown)} that are not evaluated")
+    out = []
+    for name in cfg.codec_names():
+        c = codec_registry.build(name, cfg.device)
+        out.append(c.with_ladder(ladders[name]) if name in ladders else c)
+    return out
+
+
+def read_points(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and set(rows[0]) != set(COLUMNS):
+        raise InvalidArgumentError(f"{str(path)!r} has columns {list(rows[0])}, not those of an evaluation CSV")
+    return rows
+
+
+def write_points(path: Path, rows: list[dict]) -> None:
+    from ..pipeline.writers import write_atomic
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    write_atomic(path, buf.getvalue().encode())
+
+
+def _timed(fn, sync):
+    t0 = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t0
+
+
+def measure_point(codec: Codec, image: np.ndarray, setting, device: str) -> dict:
+    """Encode, decode and score one image at one setting."""
+    layout = Layout.of(image)
+    data, t_enc = _timed(lambda: codec.encode(image, setting), codec.sync)
+    rec, t_dec = _timed(lambda: codec.decode(data, setting, layout), codec.sync)
+    row = metrics.measure(image, rec, len(data), device)
+    return {"bytes": len(data), **row, "encode_s": t_enc, "decode_s": t_dec}
+
+
+def _format(v) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], None] = print) -> RunResult:
+    """Compute every missing point; return what was computed, skipped and failed."""
+    from ..pipeline.loaders import load_image
+
+    datasets = find_datasets(folder, cfg.datasets, cfg.limit)
+    codecs = build_codecs(cfg)
+    path = out / CSV_NAME
+    rows = read_points(path)
+    done = {tuple(r[k] for k in KEY) for r in rows}
+    result, warmed = RunResult(path), set()
+    for ds, paths in datasets.items():
+        for p in paths:
+            try:
+                image = load_image(p)
+                metrics.peak(image.dtype)
+            except VisemzError as e:
+                result.failures.append(f"{ds}/{p.name}: {e}")
+                log(f"skipped {ds}/{p.name}: {e}")
+                continue
+            layout = Layout.of(image)
+            for codec in codecs:
+                why_not = codec.supports(layout)
+                if why_not:
+                    continue
+                todo = [s for s in codec.ladder if (ds, p.name, codec.name, codec.label(s)) not in done]
+                result.skipped += len(codec.ladder) - len(todo)
+                if not todo:
+                    continue
+                if codec.name not in warmed:  # first use loads models and libraries: keep it out of the timings
+                    codec.decode(codec.encode(image, todo[0]), todo[0], layout)
+                    warmed.add(codec.name)
+                t0 = time.perf_counter()
+                for s in todo:
+                    try:
+                        m = measure_point(codec, image, s, cfg.device)
+                    except Exception as e:  # a codec library failing on one point must not stop the run
+                        result.failures.append(f"{ds}/{p.name} {codec.name} {codec.label(s)}: {type(e).__name__}: {e}")
+                        log(f"failed {ds}/{p.name} {codec.name} {codec.label(s)}: {type(e).__name__}: {e}")
+                        continue
+                    rows.append({k: _format(v) for k, v in {
+                        "dataset": ds, "image": p.name, "codec": codec.name, "setting": codec.label(s), "value": float(s),
+                        "kind": codec.kind, "device": codec.device, "height": layout.shape[0], "width": layout.shape[1],
+                        "channels": layout.channels, **m}.items()})
+                    result.computed += 1
+                write_points(path, rows)
+                log(f"{ds}/{p.name} {codec.name}: {len(todo)} points in {time.perf_counter() - t0:.2f} s")
+    if not path.exists():
+        write_points(path, rows)
+    return result
+
+
+def evaluate(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], None] = print) -> RunResult:
+    """Run (or resume) the points, then write the BD tables, plots and summary into ``out``."""
+    from . import report
+
+    result = run_points(folder, out, cfg, log)
+    report.write_report(folder, out, cfg, read_points(result.csv), result.failures, log)
+    return result
