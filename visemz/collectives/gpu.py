@@ -319,7 +319,8 @@ def ll_decode_wire(buf, n: int, name: str, floats: dict, head_struct: struct.Str
         ends = np.cumsum([hs + 32, *sizes]).tolist()
         codes = _unpack3(buf[ends[0] : ends[1]], n)
         rest = _unpack_fixed(buf[ends[1] : ends[2]], 1 + mbits, n)
-        esc = cp.cumsum(G.decode_block_stream(buf[ends[2] : ends[3]]).astype(cp.int64))
+        # copied: the kernels read the block stream's u32 tile table, which needs 4-byte alignment
+        esc = cp.cumsum(G.decode_block_stream(buf[ends[2] : ends[3]].copy()).astype(cp.int64))
         raw_exp = buf[ends[3] : ends[4]]
         want = cp.flatnonzero(codes == 7)
         if raw_exp.size != esc.size or want.size != esc.size or not bool(cp.all(esc == want)):

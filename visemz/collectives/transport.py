@@ -76,11 +76,12 @@ def all_gather(payload: torch.Tensor, group) -> list[torch.Tensor]:
     sizes = torch.empty(w, dtype=torch.int64, device=dev)
     dist.all_gather_into_tensor(sizes, _size_word(payload.numel(), group), group)
     n = sizes.tolist()
-    padded = torch.zeros(max(n), dtype=torch.uint8, device=dev)
+    slot = -(-max(n) // 16) * 16  # 16-byte slots keep every payload aligned for the GPU decoders
+    padded = torch.zeros(slot, dtype=torch.uint8, device=dev)
     padded[: payload.numel()] = payload.to(dev)
-    out = torch.empty(w * max(n), dtype=torch.uint8, device=dev)
+    out = torch.empty(w * slot, dtype=torch.uint8, device=dev)
     dist.all_gather_into_tensor(out, padded, group)
-    return [out[i * max(n) : i * max(n) + k] for i, k in enumerate(n)]
+    return [out[i * slot : i * slot + k] for i, k in enumerate(n)]
 
 
 def broadcast(payload: torch.Tensor | None, src: int, group) -> torch.Tensor:
