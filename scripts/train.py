@@ -167,11 +167,12 @@ class Trainer:
     def check_finite(self, metrics: list[float]) -> bool:
         """Called at log time: keep a finite snapshot, or roll back to the last one in place."""
         if all(math.isfinite(v) for v in metrics):
-            self.good = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self.good = (self.step, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
             return True
         with torch.no_grad():
             if self.good is not None:
-                self.model.load_state_dict(self.good)  # copies in place: the graph keeps its pointers
+                self.step, state = self.good  # progress since the snapshot is lost: count it so
+                self.model.load_state_dict(state)  # copies in place: the graph keeps its pointers
             for opt in (self.opt, self.aux_opt):  # Adam's moments are poisoned too
                 for state in opt.state.values():
                     for v in state.values():
@@ -191,8 +192,12 @@ def save_checkpoints(trainers: list[Trainer], out: Path, wall: float) -> None:
     out.mkdir(parents=True, exist_ok=True)
     groups: dict[str, dict] = {}
     for t in trainers:
+        params = {k for k, _ in t.model.named_parameters()}
         for k, v in t.model.state_dict().items():
-            groups.setdefault(group_of(t.spec), {})[f"{t.spec.name}/{k}"] = v.detach().half().cpu().contiguous()
+            # Parameters as fp16 (the checkpoint must fit 16 MB); buffers are constants such as
+            # the likelihood bound 1e-9, which fp16 would flush to zero (and so train into NaN).
+            v = v.detach().cpu()
+            groups.setdefault(group_of(t.spec), {})[f"{t.spec.name}/{k}"] = (v.half() if k in params else v).contiguous()
     for g, tensors in groups.items():
         tmp = out / f"{g}.tmp"
         save_file(tensors, str(tmp))
@@ -214,7 +219,13 @@ def resume(trainers: list[Trainer], src: Path) -> float:
             continue
         prefix = t.spec.name + "/"
         tensors = {k[len(prefix):]: v.float() for k, v in load_file(str(f)).items() if k.startswith(prefix)}
-        t.model.load_state_dict(tensors)
+        params = dict(t.model.named_parameters())
+        missing = sorted(set(params) - set(tensors))
+        if missing:
+            raise SystemExit(f"{t.spec.name}: checkpoint {f} lacks {missing[:3]}")
+        with torch.no_grad():  # parameters only: buffers are constants the model builds itself
+            for k, p in params.items():
+                p.copy_(tensors[k])
         t.step = t.started = state["steps"][t.spec.name]
         print(f"{t.spec.name}: resumed at step {t.step}")
     return float(state.get("train_seconds", 0.0))

@@ -42,3 +42,21 @@ def test_crops_are_flipped_windows_of_the_images():
         assert found is not None
         flips.add(found)
     assert len(flips) == 4  # all four flip combinations occur in 64 draws
+
+
+def test_graph_safe_bottleneck_equals_compressai():
+    from compressai.entropy_models import EntropyBottleneck
+
+    from visemz.models.architectures import bottleneck_train
+
+    eb = EntropyBottleneck(5).train()
+    x = torch.randn(2, 5, 6, 7) * 3
+    torch.manual_seed(3)
+    want = eb(x)
+    torch.manual_seed(3)
+    got = bottleneck_train(eb, x)
+    for w, g in zip(want, got):
+        assert w.shape == g.shape
+        assert torch.equal(w, g)
+    got[1].sum().backward()  # gradients reach the bottleneck's own parameters
+    assert eb.matrices[0].grad is not None

@@ -76,6 +76,24 @@ def latent_shapes(model: torch.nn.Module, batch: int, height: int, width: int) -
     return shapes
 
 
+def bottleneck_train(bottleneck, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """CompressAI's EntropyBottleneck.forward in training mode (noise, likelihoods), same result.
+
+    CompressAI builds its channel permutation as a device tensor, a host-to-device copy that
+    a CUDA graph cannot capture; here the permutation is Python ints.  Swapping the first two
+    axes is its own inverse.
+    """
+    perm = (1, 0, *range(2, x.ndim))
+    v = x.permute(*perm).contiguous()
+    shape = v.shape
+    values = bottleneck.quantize(v.reshape(v.shape[0], 1, -1), "noise", bottleneck._get_medians())
+    likelihood, _, _ = bottleneck._likelihood(values)
+    if bottleneck.use_likelihood_bound:
+        likelihood = bottleneck.likelihood_lower_bound(likelihood)
+    return (values.reshape(shape).permute(*perm).contiguous(),
+            likelihood.reshape(shape).permute(*perm).contiguous())
+
+
 def forward_train(model: torch.nn.Module, x: torch.Tensor, amp: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Training forward pass: (x_hat, likelihoods).
 
@@ -91,12 +109,12 @@ def forward_train(model: torch.nn.Module, x: torch.Tensor, amp: bool) -> tuple[t
         y = model.g_a(x)
     y = y.float()
     if not has_hyperprior(model):
-        y_hat, y_lik = model.entropy_bottleneck(y)
+        y_hat, y_lik = bottleneck_train(model.entropy_bottleneck, y)
         liks = [y_lik]
     else:
         with cast():
             z = model.h_a(y)
-        z_hat, z_lik = model.entropy_bottleneck(z.float())
+        z_hat, z_lik = bottleneck_train(model.entropy_bottleneck, z.float())
         with cast():
             params = model.h_s(z_hat)
         scales, means = params.float().chunk(2, 1)

@@ -38,7 +38,10 @@ def weights_path(spec: ModelSpec) -> Path:
 
 
 def quantize_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """State dict -> storable tensors: int8 + per-channel scale for 4-D kernels, fp16 otherwise."""
+    """State dict -> storable tensors: int8 + per-channel scale for 4-D kernels, float32 otherwise.
+
+    The small tensors stay float32: fp16 would flush constants such as the likelihood
+    lower bound (1e-9) and GDN's pedestal (2^-36) to zero."""
     out = {}
     for name, t in state.items():
         t = t.detach().float().cpu()
@@ -48,7 +51,7 @@ def quantize_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             out[name + INT8_SUFFIX] = torch.round(t / scale).clamp(-127, 127).to(torch.int8).contiguous()
             out[name + SCALE_SUFFIX] = scale.contiguous()
         else:
-            out[name] = t.half().contiguous()
+            out[name] = t.contiguous()
     return out
 
 
