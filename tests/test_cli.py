@@ -23,8 +23,10 @@ GOOD = {
     "c/rgb16.tif": ("uint16", (30, 41, 3)),
     "c/gray8.tif": ("uint8", (25, 70)),
     "top.npy": ("float32", (20, 30)),
+    "c/stack16.tif": ("uint16", (3, 20, 30)),  # multi-page TIFFs: one file of kind "pages" each
+    "c/rgbstack.tif": ("uint8", (2, 18, 25, 3)),
 }
-BAD = ("bad/corrupt.png", "bad/empty.png", "bad/notes.tif")
+BAD = ("bad/corrupt.png", "bad/empty.png", "bad/notes.tif", "bad/mixed_pages.tif")
 
 
 def _array(dtype, shape, seed):
@@ -39,7 +41,7 @@ def _write(path: Path, img: np.ndarray) -> None:
     if path.suffix == ".npy":
         np.save(path, img)
     elif path.suffix == ".tif":
-        tifffile.imwrite(path, img)
+        tifffile.imwrite(path, img, photometric="rgb" if img.shape[-1] == 3 else "minisblack")
     else:
         cv2.imwrite(str(path), cv2.cvtColor(img, cv2.COLOR_RGB2BGR) if img.ndim == 3 else img)
 
@@ -55,6 +57,9 @@ def tree(tmp_path):
     (src / "bad/corrupt.png").write_bytes(np.random.default_rng(0).integers(0, 256, 500, dtype=np.uint8).tobytes())
     (src / "bad/empty.png").write_bytes(b"")
     (src / "bad/notes.tif").write_text("not an image\n")
+    with tifffile.TiffWriter(src / "bad/mixed_pages.tif") as w:  # pages of two shapes: not one stack
+        w.write(np.zeros((8, 9), np.uint8))
+        w.write(np.zeros((9, 8), np.uint8))
     (src / "README.txt").write_text("ignored: not an image extension\n")
     return src, images
 
@@ -110,6 +115,8 @@ def test_compress_resume_decompress_verify(tree, cli, tmp_path):
 
     info = json.loads(cli("info", dst / "a/b/rgb8.png.vsz").stdout)
     assert info["kind"] == "image" and info["meta"]["shape"] == [33, 47, 3] and info["bpp"] > 0
+    info = json.loads(cli("info", dst / "c/stack16.tif.vsz").stdout)
+    assert info["kind"] == "pages" and info["meta"]["shape"] == [3, 20, 30] and info["bpp"] > 0
 
 
 def test_unwritable_output_is_reported(tree, cli, tmp_path):
@@ -135,6 +142,13 @@ def test_usage_errors_exit_2(cli, tmp_path):
     assert r.returncode == 2 and "gif" in (r.stderr + r.stdout)
     r = cli("compress", tmp_path, tmp_path / "out", "--quality", "9")
     assert r.returncode == 2
+    r = cli("compress", tmp_path, tmp_path / "out", "--loader", "nvjpeg")
+    assert r.returncode == 2 and "nvjpeg" in r.stderr
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:  # an explicit GPU loader that is not installed is named, never silently replaced
+        r = cli("compress", tmp_path, tmp_path / "out", "--loader", "dali")
+        assert r.returncode == 2 and "DALI is not installed" in r.stderr
 
 
 def test_killed_run_resumes_without_loss(cli, tmp_path):

@@ -18,7 +18,7 @@ def _worker(rank, world, init, src, dst, weights, queue):
 
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
-        s = compress_folder(src, dst, CompressConfig(device="cpu", max_error=0, workers=1), rank=rank, world=world)
+        s = compress_folder(src, dst, CompressConfig(device="cpu", max_error=0, streams=1), rank=rank, world=world)
         queue.put((rank, [r.rel for r in s.results]))
     except BaseException as e:
         queue.put((rank, repr(e)))

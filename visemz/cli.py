@@ -73,7 +73,8 @@ def compress(
     quality: int = typer.Option(3, min=1, max=4),
     max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in pixel units (0: lossless)"),
     entropy: str = typer.Option("zstd", help="zstd, ans (GPU only) or none"),
-    streams: int = typer.Option(0, help="parallel workers (0: automatic)"),
+    streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),
+    loader: Optional[str] = typer.Option(None, help="auto, dali, kvikio or cpu (default: VISEMZ_LOADER, else auto)"),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
     no_resume: bool = typer.Option(False, "--no-resume", help="recompress outputs that are already complete"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
@@ -82,7 +83,7 @@ def compress(
     from .pipeline.jobs import CompressConfig, compress_folder
 
     rank, world = _torchrun_group(device)
-    cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume)
+    cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "")
     summary = _run_with_progress("compress", as_json or rank > 0,
                                  lambda p: compress_folder(src, dst, cfg, progress=p, rank=rank, world=world))
     if rank > 0:  # rank 0 prints the whole run; the others only signal their own failures
@@ -117,16 +118,19 @@ def _torchrun_group(device: Optional[str]) -> tuple[int, int]:
 def decompress(
     src: Path = typer.Argument(..., help="a .vsz file or a folder of them"),
     dst: Path = typer.Argument(..., help="output folder"),
-    format: str = typer.Option("png", "--format", help="png, tiff or npy"),
+    format: str = typer.Option("png", "--format", help="png, tiff or npy (multi-page files: tiff or npy)"),
     device: Optional[str] = typer.Option(None),
+    streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),
+    writer: str = typer.Option("auto", help="auto, kvikio (.npy straight from GPU memory) or posix"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Decompress .vsz files, restoring each image's dtype and shape."""
-    from .pipeline.jobs import decompress_folder
+    from .pipeline.jobs import DecompressConfig, decompress_folder
 
     if format not in ("png", "tiff", "npy"):
         raise typer.BadParameter(f"{format!r}: expected png, tiff or npy", param_hint="--format")
-    summary = _run_with_progress("decompress", as_json, lambda p: decompress_folder(src, dst, format, device, p))
+    cfg = DecompressConfig(format, device, streams, writer)
+    summary = _run_with_progress("decompress", as_json, lambda p: decompress_folder(src, dst, cfg, p))
     _report(summary, as_json)
 
 
@@ -143,11 +147,15 @@ def info(file: Path) -> None:
     out = {"file": str(file), "bytes": len(data), "kind": c.kind, "meta": c.meta,
            "sections": {k: len(v) for k, v in c.sections.items()}}
     meta = c.meta
-    if c.kind == "image" and isinstance(meta.get("shape"), list):
-        h, w = meta["shape"][:2]
-        raw = h * w * (meta["shape"][2] if len(meta["shape"]) == 3 else 1)
+    shape = meta.get("shape")
+    paged = c.kind == "pages"
+    if c.kind in ("image", "pages") and isinstance(shape, list) and len(shape) - paged in (2, 3) \
+            and all(isinstance(s, int) and s > 0 for s in shape):
+        pages = shape[0] if paged else 1
+        h, w, *channels = shape[1:] if paged else shape
+        raw = pages * h * w * (channels[0] if channels else 1)
         raw *= {"uint8": 1, "uint16": 2, "float32": 4}.get(meta.get("dtype"), 1)
-        out.update(bpp=round(8 * len(data) / (h * w), 4), ratio=round(raw / len(data), 3))
+        out.update(bpp=round(8 * len(data) / (pages * h * w), 4), ratio=round(raw / len(data), 3))
     typer.echo(json.dumps(out, indent=1))
 
 

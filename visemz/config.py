@@ -23,7 +23,18 @@ class Defaults:
     zstd_level: int = 3  # VISEMZ_ZSTD_LEVEL
     #: CPU threads for zstd and loaders; 0 means os.cpu_count().
     threads: int = 0  # VISEMZ_THREADS
+    #: Folder jobs: parallel compute workers, each with its own CUDA stream on a GPU.
+    #: 0 means automatic: one per 16 streaming multiprocessors (2..8) on a GPU, one per core on a CPU.
+    streams: int = 0  # VISEMZ_STREAMS
+    #: Folder jobs: how images are read, "auto", "dali", "kvikio" or "cpu" (docs: README, folders).
+    loader: str = "auto"  # VISEMZ_LOADER
+    #: Folder jobs: items waiting between two stages; 0 means twice the number of streams.
+    queue_depth: int = 0  # VISEMZ_QUEUE_DEPTH
+    #: Folder jobs: images per DALI decoding batch (the DALI loader).
+    dali_batch: int = 16  # VISEMZ_DALI_BATCH
 
+
+LOADERS = ("auto", "dali", "kvikio", "cpu")
 
 _ENV = {f.name: "VISEMZ_" + f.name.upper() for f in fields(Defaults)}
 
@@ -41,6 +52,11 @@ def _from_env() -> Defaults:
     d = Defaults(**values)
     if d.device not in ("auto", "cpu", "cuda"):
         raise InvalidArgumentError(f"VISEMZ_DEVICE={d.device!r}: expected auto, cpu or cuda")
+    if d.loader not in LOADERS:
+        raise InvalidArgumentError(f"VISEMZ_LOADER={d.loader!r}: expected one of {', '.join(LOADERS)}")
+    if d.streams < 0 or d.queue_depth < 0 or d.dali_batch < 1:
+        raise InvalidArgumentError(f"VISEMZ_STREAMS={d.streams}, VISEMZ_QUEUE_DEPTH={d.queue_depth} must be >= 0 "
+                                   f"and VISEMZ_DALI_BATCH={d.dali_batch} >= 1")
     if not (4096 <= d.entropy_chunk <= (16 << 20)):
         raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
     return d

@@ -4,6 +4,9 @@ Each item is independent: a bad file is reported and skipped, the rest go on.  A
 skips outputs that are complete (their container parses and every checksum matches),
 so an interrupted job resumes without redoing work; outputs are written atomically,
 so no partial file ever carries a final name.  Inputs are only ever read.
+
+Compression and decompression run on the multi-stream executor (``executor.py``): loaders
+(``sources.py``) feed N lanes, each with its own CUDA stream on a GPU, and writer threads.
 """
 
 from __future__ import annotations
@@ -12,18 +15,23 @@ import contextlib
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .. import container
-from ..config import cpu_threads
-from ..errors import VisemzError
-from . import files, loaders, writers
+from ..config import DEFAULTS, cpu_threads
+from ..errors import InvalidArgumentError, LimitExceededError, VisemzError
+from . import executor, files, kvikio_io, loaders, pages, sources, writers
+from .results import ItemResult, Summary
+
+__all__ = ["CompressConfig", "DecompressConfig", "ItemResult", "Summary", "compress_folder", "decompress_folder",
+           "verify", "is_complete"]
 
 MANIFEST = "visemz-manifest.json"
+FORMATS = {"png": ".png", "tiff": ".tif", "npy": ".npy"}
+WRITERS = ("auto", "kvikio", "posix")
 
 
 @dataclass(frozen=True)
@@ -33,99 +41,149 @@ class CompressConfig:
     max_error: float | None = None
     entropy: str = "zstd"
     device: str | None = None
-    workers: int = 0  # 0: one per CPU core (CPU) or 4 (GPU)
+    streams: int = 0  # compute lanes (CUDA streams on a GPU); 0: VISEMZ_STREAMS or automatic
     resume: bool = True
+    loader: str = ""  # "auto", "dali", "kvikio" or "cpu"; "": VISEMZ_LOADER
 
 
-@dataclass
-class ItemResult:
-    rel: str
-    status: str  # "done", "skipped" or "failed"
-    bytes_in: int = 0
-    bytes_out: int = 0
-    pixels: int = 0
-    error: str = ""
+@dataclass(frozen=True)
+class DecompressConfig:
+    fmt: str = "png"  # "png", "tiff" or "npy"
+    device: str | None = None
+    streams: int = 0
+    writer: str = "auto"  # "kvikio" writes .npy from GPU memory; "auto": when on a GPU with kvikio
 
-
-@dataclass
-class Summary:
-    results: list[ItemResult] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def count(self, status: str) -> int:
-        return sum(r.status == status for r in self.results)
-
-    @property
-    def failed(self) -> list[ItemResult]:
-        return [r for r in self.results if r.status == "failed"]
-
-    def to_dict(self) -> dict:
-        done = [r for r in self.results if r.status == "done"]
-        bytes_in = sum(r.bytes_in for r in done)
-        bytes_out = sum(r.bytes_out for r in done)
-        pixels = sum(r.pixels for r in done)
-        return {
-            "items": len(self.results), "done": len(done), "skipped": self.count("skipped"),
-            "failed": len(self.failed), "seconds": round(self.seconds, 3),
-            "images_per_s": round(len(done) / self.seconds, 3) if self.seconds else None,
-            "MB_per_s": round(bytes_in / 1e6 / self.seconds, 3) if self.seconds else None,
-            "bytes_in": bytes_in, "bytes_out": bytes_out,
-            "ratio": round(bytes_in / bytes_out, 3) if bytes_out else None,
-            "bpp": round(8 * bytes_out / pixels, 4) if pixels else None,
-            "errors": [{"file": r.rel, "error": r.error} for r in self.failed],
-        }
+    def __post_init__(self):
+        if self.fmt not in FORMATS:
+            raise InvalidArgumentError(f"format {self.fmt!r}: expected png, tiff or npy")
+        if self.writer not in WRITERS:
+            raise InvalidArgumentError(f"writer {self.writer!r}: expected one of {', '.join(WRITERS)}")
 
 
 def is_complete(path: Path) -> bool:
-    """True when ``path`` holds a whole, checksum-valid image container."""
+    """True when ``path`` holds a whole, checksum-valid image (or page stack) container."""
     try:
-        return container.unpack(path.read_bytes()).kind == "image"
+        return container.unpack(path.read_bytes()).kind in ("image", pages.KIND)
     except (OSError, VisemzError):
         return False
 
 
-def _workers(cfg_workers: int, device: str) -> int:
-    return cfg_workers or (4 if device == "cuda" else cpu_threads())
+# ------------------------------------------------------------------ shared machinery
+class _FirstUse:
+    """Runs the first use of each model (key) alone on a GPU, then synchronises the device.
+
+    The codec loads weights, builds float64 copies and compiles kernels lazily, on the stream
+    of whichever lane comes first; another lane's stream would not wait for those copies.
+    One lane at a time per new key, and a device-wide sync after it, make them complete
+    before any other stream reads them."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.seen: set = set()
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def first(self, key):
+        if self.cuda and key not in self.seen:
+            with self.lock:
+                if key not in self.seen:
+                    yield
+                    import torch
+
+                    torch.cuda.synchronize()
+                    self.seen.add(key)
+                    return
+        yield
 
 
-def _run(items, fn, workers: int, progress) -> Summary:
-    t0 = time.perf_counter()
-    summary = Summary()
-    with ThreadPoolExecutor(max(1, workers)) as pool:  # pool.map keeps memory bounded to in-flight items
-        for result in pool.map(fn, items):
-            summary.results.append(result)
-            if progress:
-                progress(result)
-    summary.seconds = time.perf_counter() - t0
-    return summary
+@contextlib.contextmanager
+def _steady_codec_flags():
+    """Hold the codec's math settings for the whole run.
+
+    The codec sets cuDNN/matmul flags on entry to each call and restores them on exit; they are
+    process-wide, so with several lanes one lane's exit could restore TF32 under another lane's
+    convolutions.  With the same settings held around the run, every restore is a no-op."""
+    from ..codec import _exact_math
+
+    with _exact_math():
+        yield
+
+
+def _out_of_memory(e: BaseException, rel: str, shape) -> LimitExceededError:
+    return LimitExceededError(f"{rel}: out of GPU memory for an image of shape {tuple(shape)}: {str(e).splitlines()[0]}")
+
+
+def _run(names: list[str], feeds: list, compute, write, device: str, streams: int, progress) -> tuple[list, int]:
+    lanes, depth = executor.resolve(executor.ExecutorConfig(streams), device)
+    with _steady_codec_flags():
+        results = executor.run(names, feeds, compute, write, executor.make_lanes(device, lanes), depth,
+                               progress=progress)
+    return results, lanes
+
+
+def _pixel_count(shape, paged: bool) -> int:
+    """Pixels for bpp: H x W, times P for a page stack (channels do not count)."""
+    return int(np.prod(shape[:3] if paged else shape[:2]))
+
+
+def _device_index(device: str) -> int | None:
+    if device != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.current_device()
+
+
+# ------------------------------------------------------------------ compress
+@dataclass(frozen=True)
+class _Encoded:
+    """A compressed item on its way to a writer (the pixels are not kept alive)."""
+
+    data: bytes
+    bytes_in: int
+    pixels: int  # H x W, times the pages of a stack
+    loader: str
+    note: str
 
 
 def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig(), progress=None,
                     rank: int = 0, world: int = 1) -> Summary:
+    import torch
+
     from ..codec import ImageCodec
 
     codec = ImageCodec(cfg.device, entropy=cfg.entropy)
+    plan = sources.installed_plan(cfg.loader or DEFAULTS.loader, codec.device)
     items = files.shard(files.plan(src, dst, files.discover(src, files.IMAGE_EXTENSIONS), files.compressed_name), rank, world)
-    # one GPU workspace per device for now, so GPU work is serialised; CPU work runs in parallel
-    guard = threading.Lock() if codec.device == "cuda" else contextlib.nullcontext()
+    gate = _FirstUse(codec.device)
 
-    def one(item: files.Item) -> ItemResult:
-        if cfg.resume and item.dst.exists() and is_complete(item.dst):
-            return ItemResult(item.rel, "skipped")
+    def one(pixels) -> bytes:
+        return codec.compress(pixels, model=cfg.model, quality=cfg.quality, max_error=cfg.max_error)
+
+    def compute(lane, i: int, pic: loaders.Picture) -> _Encoded:
         try:
-            img = loaders.load_image(item.src)
-            with guard:
-                buf = codec.compress(img, model=cfg.model, quality=cfg.quality, max_error=cfg.max_error)
-            writers.write_atomic(item.dst, buf)
-            return ItemResult(item.rel, "done", img.nbytes, len(buf), img.shape[0] * img.shape[1])
-        except VisemzError as e:
-            return ItemResult(item.rel, "failed", error=str(e))
+            pixels = lane.to_device(pic.pixels)
+            with gate.first((pic.page_shape[2:], str(pic.pixels.dtype))):
+                data = pages.encode(pixels, one) if pic.paged else one(pixels)
+        except torch.cuda.OutOfMemoryError as e:
+            raise _out_of_memory(e, items[i].rel, pic.pixels.shape) from None
+        lane.finish()
+        return _Encoded(data, pic.nbytes, _pixel_count(pic.pixels.shape, pic.paged), pic.loader, pic.note)
 
-    summary = _run(items, one, _workers(cfg.workers, codec.device), progress)
+    def write(i: int, enc: _Encoded) -> ItemResult:
+        writers.write_atomic(items[i].dst, enc.data)
+        return ItemResult(items[i].rel, "done", enc.bytes_in, len(enc.data), enc.pixels, loader=enc.loader, note=enc.note)
+
+    t0 = time.perf_counter()
+    feeds = sources.feeds(items, plan, _device_index(codec.device),
+                          skip=(lambda it: it.dst.exists() and is_complete(it.dst)) if cfg.resume else None)
+    results, lanes = _run([it.rel for it in items], feeds, compute, write, codec.device, cfg.streams, progress)
+    summary = Summary(results, time.perf_counter() - t0)
     per_rank = _gather_summaries(summary, world)
     if rank == 0:
         everything = Summary([r for s in per_rank for r in s.results], max(s.seconds for s in per_rank))
-        manifest = {"source": str(src), "config": asdict(cfg), "ranks": world, "summary": everything.to_dict(),
+        manifest = {"source": str(src), "config": asdict(cfg), "device": codec.device, "streams": lanes,
+                    "loaders": plan.names, "ranks": world, "summary": everything.to_dict(),
                     "per_rank": [s.to_dict() for s in per_rank],
                     "files": [dict(asdict(r), rank=i) for i, s in enumerate(per_rank) for r in s.results]}
         try:
@@ -147,30 +205,76 @@ def _gather_summaries(summary: Summary, world: int) -> list[Summary]:
     return gathered
 
 
-def decompress_folder(src: Path, dst: Path, fmt: str = "png", device: str | None = None, progress=None,
-                      workers: int = 0) -> Summary:
+# ------------------------------------------------------------------ decompress
+@dataclass(frozen=True)
+class _Decoded:
+    pixels: object  # NumPy array, or a CUDA tensor for the kvikio writer
+    paged: bool
+    bytes_in: int
+
+
+def _restored_name(ext: str):
+    def to_name(rel: str) -> str:
+        stem = rel[: -len(files.SUFFIX)]
+        return stem if stem.lower().endswith(ext) else stem + ext
+
+    return to_name
+
+
+def _model_key(data) -> frozenset:
+    """The models (and error-bound modes) a file's images use: the first-use gate's key."""
+    c = container.unpack(data)
+    metas = [c.meta] if c.kind != pages.KIND else [container.unpack(p).meta for p in pages.page_buffers(c)]
+    return frozenset((str(m.get("model")), m.get("residual") is not None) for m in metas)
+
+
+def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressConfig(), progress=None) -> Summary:
+    import torch
+
     from ..codec import ImageCodec
 
-    codec = ImageCodec(device)
-    ext = {"png": ".png", "tiff": ".tif", "npy": ".npy"}[fmt]
-    to_name = lambda rel: rel[: -len(files.SUFFIX)] + (ext if not rel[: -len(files.SUFFIX)].lower().endswith(ext) else "")
-    items = files.plan(src, dst, files.discover(src, suffix=files.SUFFIX), to_name)
+    codec = ImageCodec(cfg.device)
+    gpu_writer = cfg.fmt == "npy" and codec.device == "cuda" and (
+        cfg.writer == "kvikio" or (cfg.writer == "auto" and kvikio_io.available()))
+    if cfg.writer == "kvikio" and not gpu_writer:
+        kvikio_io.require()  # names what is missing
+        raise InvalidArgumentError("writer 'kvikio' writes .npy from GPU memory: it needs --format npy and device 'cuda'")
+    items = files.plan(src, dst, files.discover(src, suffix=files.SUFFIX), _restored_name(FORMATS[cfg.fmt]))
+    gate = _FirstUse(codec.device)
+    decode_one = codec.decompress_tensor if gpu_writer else codec.decompress
 
-    def one(item: files.Item) -> ItemResult:
+    def read(i: int) -> bytes:
         try:
-            data = item.src.read_bytes()
-            img = codec.decompress(data)
-            out = loaders.save_image(item.dst, img, fmt)
-            writers.write_atomic(item.dst, out)
-            return ItemResult(item.rel, "done", len(data), len(out), img.shape[0] * img.shape[1])
+            return items[i].src.read_bytes()
         except OSError as e:
-            return ItemResult(item.rel, "failed", error=f"cannot read {item.rel}: {e.strerror}")
-        except VisemzError as e:
-            return ItemResult(item.rel, "failed", error=str(e))
+            raise loaders.InputError(f"cannot read {items[i].rel}: {e.strerror}") from None
 
-    return _run(items, one, _workers(workers, codec.device), progress)
+    def compute(lane, i: int, data: bytes) -> _Decoded:
+        try:
+            with gate.first(_model_key(data)):
+                pixels, paged = pages.decode(data, decode_one)
+        except torch.cuda.OutOfMemoryError as e:
+            raise _out_of_memory(e, items[i].rel, ()) from None
+        lane.finish()
+        return _Decoded(pixels, paged, len(data))
+
+    def write(i: int, dec: _Decoded) -> ItemResult:
+        item, px = items[i], dec.pixels
+        if gpu_writer:
+            size = kvikio_io.write_npy(item.dst, px)
+        else:
+            out = loaders.save_image(item.dst, px, cfg.fmt, dec.paged)
+            writers.write_atomic(item.dst, out)
+            size = len(out)
+        return ItemResult(item.rel, "done", dec.bytes_in, size, _pixel_count(px.shape, dec.paged))
+
+    t0 = time.perf_counter()
+    feeds = [executor.parallel_feed(range(len(items)), read, cpu_threads())]
+    results, _ = _run([it.rel for it in items], feeds, compute, write, codec.device, cfg.streams, progress)
+    return Summary(results, time.perf_counter() - t0)
 
 
+# ------------------------------------------------------------------ verify
 def verify(src: Path, dst: Path, device: str | None = None) -> list[dict]:
     """Decode every output of ``src`` under ``dst`` and compare: PSNR and max error per image."""
     from ..codec import ImageCodec
@@ -180,8 +284,10 @@ def verify(src: Path, dst: Path, device: str | None = None) -> list[dict]:
     for item in files.plan(src, dst, files.discover(src, files.IMAGE_EXTENSIONS), files.compressed_name):
         row = {"file": item.rel}
         try:
-            img = loaders.load_image(item.src)
-            rec = codec.decompress(item.dst.read_bytes())
+            img = loaders.load(item.src).pixels
+            rec, _ = pages.decode(item.dst.read_bytes(), codec.decompress)
+            if rec.shape != img.shape:
+                raise InvalidArgumentError(f"{item.rel}: decoded shape {rec.shape} differs from the input's {img.shape}")
             diff = img.astype(np.float64) - rec.astype(np.float64)
             peak = {"uint8": 255.0, "uint16": 65535.0}.get(str(img.dtype), float(np.ptp(img)) or 1.0)
             mse = float(np.mean(diff**2))

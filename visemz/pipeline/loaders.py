@@ -2,11 +2,17 @@
 
 Every failure (unreadable, empty, not an image, unsupported layout) is an ``InputError``
 naming the file, so a folder job can report it and go on.  Inputs are opened read-only.
+
+A multi-page TIFF is read as one stack of pages, (P, H, W) or (P, H, W, C); its pages must
+share one shape and dtype.  Folder jobs compress such a stack into one "pages" file
+(``pages.py``) and restore it whole.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,8 +23,28 @@ class InputError(VisemzError, ValueError):
     """An input file cannot be read as an image."""
 
 
-def load_image(path: Path) -> np.ndarray:
-    """HxW or HxWxC array (RGB channel order) of the file's own dtype."""
+@dataclass(frozen=True)
+class Picture:
+    """What a loader read: one image (HxW[xC]) or, when ``paged``, a stack of pages (PxHxW[xC]).
+
+    ``pixels`` is a NumPy array (CPU loader) or a CUDA tensor (DALI, kvikio)."""
+
+    pixels: Any
+    paged: bool = False
+    loader: str = "cpu"
+    note: str = ""  # why a GPU loader left this file to the CPU loader
+
+    @property
+    def page_shape(self) -> tuple[int, ...]:
+        return tuple(self.pixels.shape[1:] if self.paged else self.pixels.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.pixels.nbytes)  # NumPy arrays and torch tensors alike
+
+
+def load(path: Path) -> Picture:
+    """Read an image, or the page stack of a multi-page TIFF, in the file's own dtype (RGB order)."""
     try:
         if path.stat().st_size == 0:
             raise InputError(f"{str(path)!r} is empty")
@@ -29,7 +55,7 @@ def load_image(path: Path) -> np.ndarray:
         if ext == ".npy":
             img = np.load(path, allow_pickle=False)
         elif ext in (".tif", ".tiff"):
-            img = _tiff(path)
+            return _checked(path, *_tiff(path))
         elif ext == ".dcm":
             img = _dicom(path)
         else:
@@ -38,9 +64,24 @@ def load_image(path: Path) -> np.ndarray:
         raise
     except Exception as e:  # decoders raise many types on damaged files; all mean "not readable"
         raise InputError(f"cannot decode {str(path)!r}: {type(e).__name__}: {e}") from None
-    if img.ndim not in (2, 3):
-        raise InputError(f"{str(path)!r} holds an array of shape {img.shape}, not HxW or HxWxC")
-    return img
+    return _checked(path, img, False)
+
+
+def _checked(path: Path, img: np.ndarray, paged: bool) -> Picture:
+    if img.ndim - paged not in (2, 3):
+        raise InputError(f"{str(path)!r} holds an array of shape {img.shape}, not HxW or HxWxC"
+                         + (" pages" if paged else ""))
+    if img.dtype.byteorder not in ("=", "|"):  # big-endian .npy or TIFF: native order for torch and the GPU
+        img = img.astype(img.dtype.newbyteorder("="))
+    return Picture(img, paged)
+
+
+def load_image(path: Path) -> np.ndarray:
+    """HxW or HxWxC array (RGB channel order) of the file's own dtype; a single image only."""
+    pic = load(path)
+    if pic.paged:
+        raise InputError(f"{str(path)!r} is a multi-page TIFF ({pic.pixels.shape[0]} pages); a single image is needed here")
+    return pic.pixels
 
 
 def _opencv(path: Path) -> np.ndarray:
@@ -56,13 +97,20 @@ def _opencv(path: Path) -> np.ndarray:
     return img
 
 
-def _tiff(path: Path) -> np.ndarray:
+def _tiff(path: Path) -> tuple[np.ndarray, bool]:
+    """(image, False) for a single page, (stack of pages, True) for several."""
     import tifffile
 
     with tifffile.TiffFile(path) as tif:
-        if len(tif.pages) > 1:
-            raise InputError(f"{str(path)!r} is a multi-page TIFF ({len(tif.pages)} pages); only single images are supported")
-        return tif.asarray()
+        pages = list(tif.pages)
+        if len(pages) == 1:
+            return pages[0].asarray(), False
+        first = (pages[0].shape, pages[0].dtype)
+        for k, p in enumerate(pages):
+            if (p.shape, p.dtype) != first:
+                raise InputError(f"{str(path)!r}: page {k} is {p.shape} {p.dtype}, page 0 is {first[0]} {first[1]}; "
+                                 "the pages of a multi-page TIFF must share one shape and dtype")
+        return np.stack([p.asarray() for p in pages]), True
 
 
 def _dicom(path: Path) -> np.ndarray:
@@ -73,8 +121,10 @@ def _dicom(path: Path) -> np.ndarray:
     return pydicom.dcmread(path).pixel_array
 
 
-def save_image(path: Path, img: np.ndarray, fmt: str) -> bytes:
-    """Encode an image as PNG, TIFF or .npy bytes (the caller writes them atomically)."""
+def save_image(path: Path, img: np.ndarray, fmt: str, paged: bool = False) -> bytes:
+    """Encode an image (or a page stack, as a multi-page TIFF) as PNG, TIFF or .npy bytes.
+
+    The caller writes them atomically."""
     import io
 
     if fmt == "npy":
@@ -85,8 +135,15 @@ def save_image(path: Path, img: np.ndarray, fmt: str) -> bytes:
         import tifffile
 
         buf = io.BytesIO()
-        tifffile.imwrite(buf, img)
+        if paged:  # one page per image; the last axis of (P, H, W, C) is the samples of a pixel
+            rgb = img.ndim == 4 and img.shape[3] == 3
+            extra = {"planarconfig": "contig"} if img.ndim == 4 else {}
+            tifffile.imwrite(buf, img, photometric="rgb" if rgb else "minisblack", **extra)
+        else:
+            tifffile.imwrite(buf, img)
         return buf.getvalue()
+    if paged:
+        raise InputError(f"{path.name}: a multi-page image cannot be PNG; use --format tiff or npy")
     import cv2
 
     if img.dtype == np.float32:

@@ -1,0 +1,102 @@
+"""Multi-page images (multi-page TIFF): a stack of pages in one .vsz container of kind "pages".
+
+Each page is compressed by the codec into its own image container (kind "image"); the outer
+container holds them back to back, with an index of their lengths (docs/FORMAT.md, section 5):
+
+    kind "pages", meta {"format": 1, "shape": [P, H, W] or [P, H, W, C], "dtype": "uint8"}
+    sections "index" (P little-endian u64 lengths), then "pages" (the page containers, in order)
+
+Decoding checks the outer container's checksums, then every page as the codec does, and that
+every page decodes to ``shape[1:]`` and ``dtype``; so the stack comes back exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .. import container
+from ..errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
+from ..pixels import DTYPES
+
+KIND = "pages"
+FORMAT = 1
+META_KEYS = {"format", "shape", "dtype"}
+SECTIONS = ["index", "pages"]
+MAX_PAGES = 1 << 16
+
+
+def dtype_name(x) -> str:
+    """'uint8', 'uint16', 'float32', ... of a NumPy array or a torch tensor."""
+    return str(x.dtype).replace("torch.", "")
+
+
+def encode(stack, compress_page: Callable[[object], bytes]) -> bytes:
+    """(P, H, W[, C]) stack -> a "pages" container; ``compress_page`` turns one page into image bytes."""
+    pages = int(stack.shape[0])
+    if pages > MAX_PAGES:
+        raise LimitExceededError(f"{pages} pages exceed the limit of {MAX_PAGES}")
+    bufs = [compress_page(stack[k]) for k in range(pages)]
+    index = np.array([len(b) for b in bufs], dtype="<u8").tobytes()
+    meta = {"format": FORMAT, "shape": [int(s) for s in stack.shape], "dtype": dtype_name(stack)}
+    return container.pack(KIND, meta, {"index": index, "pages": b"".join(bufs)})
+
+
+def decode(buf, decode_image: Callable) -> tuple[object, bool]:
+    """An image file or a pages file -> (pixels, paged), with ``decode_image`` (bytes -> array).
+
+    ``decode_image`` may return NumPy arrays or torch tensors; the stack is of the same kind."""
+    c = container.unpack(buf)
+    if c.kind != KIND:
+        return decode_image(buf), False  # the codec validates image files (and refuses other kinds)
+    shape, dtype, page_bufs = _parse(c)
+    out = []
+    for k, page in enumerate(page_bufs):
+        img = decode_image(page)
+        if tuple(img.shape) != shape[1:] or dtype_name(img) != dtype:
+            raise CorruptStreamError(f"page {k} decodes to {tuple(img.shape)} {dtype_name(img)}, "
+                                     f"the file says {shape[1:]} {dtype}")
+        out.append(img)
+    if isinstance(out[0], np.ndarray):
+        return np.stack(out), True
+    import torch
+
+    return torch.stack(out), True
+
+
+def page_buffers(c: container.Container) -> list[memoryview]:
+    """The page containers of a (validated) pages container."""
+    return _parse(c)[2]
+
+
+def _parse(c: container.Container) -> tuple[tuple[int, ...], str, list[memoryview]]:
+    """Validate a pages container strictly; (shape, dtype, page buffers)."""
+    meta = c.meta
+    unknown, missing = set(meta) - META_KEYS, META_KEYS - set(meta)
+    if unknown:
+        raise UnsupportedFormatError(f"pages header has unknown fields {sorted(unknown)}")
+    if missing:
+        raise CorruptStreamError(f"pages header lacks fields {sorted(missing)}")
+    if meta["format"] != FORMAT:
+        raise UnsupportedFormatError(f"pages format {meta['format']!r} (this build reads {FORMAT})")
+    if meta["dtype"] not in DTYPES:
+        raise UnsupportedFormatError(f"pages dtype {meta['dtype']!r} is not one of {list(DTYPES)}")
+    shape = meta["shape"]
+    if not (isinstance(shape, list) and len(shape) in (3, 4)
+            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape)):
+        raise CorruptStreamError(f"pages shape {shape!r} is not [P, H, W] or [P, H, W, C]")
+    if shape[0] > MAX_PAGES:
+        raise LimitExceededError(f"pages file claims {shape[0]} pages; the limit is {MAX_PAGES}")
+    if list(c.sections) != SECTIONS:
+        raise CorruptStreamError(f"pages file has sections {list(c.sections)}, expected {SECTIONS}")
+    index, body = c.sections["index"], c.sections["pages"]
+    if len(index) != 8 * shape[0]:
+        raise CorruptStreamError(f"pages index holds {len(index)} bytes for {shape[0]} pages")
+    lengths = np.frombuffer(index, dtype="<u8")
+    # each length at most the body, so the sum of at most MAX_PAGES of them cannot wrap around
+    if (lengths == 0).any() or (lengths > len(body)).any() or int(lengths.sum()) != len(body):
+        raise CorruptStreamError(f"page lengths {lengths[:4].tolist()}... do not split the {len(body)}-byte pages section")
+    ends = np.cumsum(lengths).tolist()
+    starts = [0] + ends[:-1]
+    return tuple(shape), meta["dtype"], [body[a:b] for a, b in zip(starts, ends)]

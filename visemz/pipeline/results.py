@@ -1,0 +1,49 @@
+"""What a folder job reports: one result per item, and the summary of a run."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ItemResult:
+    rel: str
+    status: str  # "done", "skipped" or "failed"
+    bytes_in: int = 0
+    bytes_out: int = 0
+    pixels: int = 0
+    error: str = ""
+    loader: str = ""  # which loader read the input: "dali", "kvikio" or "cpu"
+    note: str = ""  # why a GPU loader handed the item to the CPU loader, when it did
+
+
+@dataclass
+class Summary:
+    results: list[ItemResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.results)
+
+    @property
+    def failed(self) -> list[ItemResult]:
+        return [r for r in self.results if r.status == "failed"]
+
+    def to_dict(self) -> dict:
+        done = [r for r in self.results if r.status == "done"]
+        bytes_in = sum(r.bytes_in for r in done)
+        bytes_out = sum(r.bytes_out for r in done)
+        pixels = sum(r.pixels for r in done)
+        return {
+            "items": len(self.results), "done": len(done), "skipped": self.count("skipped"),
+            "failed": len(self.failed), "seconds": round(self.seconds, 3),
+            "images_per_s": round(len(done) / self.seconds, 3) if self.seconds else None,
+            "MB_per_s": round(bytes_in / 1e6 / self.seconds, 3) if self.seconds else None,
+            "bytes_in": bytes_in, "bytes_out": bytes_out,
+            "ratio": round(bytes_in / bytes_out, 3) if bytes_out else None,
+            "bpp": round(8 * bytes_out / pixels, 4) if pixels else None,
+            "loaders": dict(sorted(Counter(r.loader for r in done if r.loader).items())),
+            "fallbacks": [{"file": r.rel, "reason": r.note} for r in self.results if r.note],
+            "errors": [{"file": r.rel, "error": r.error} for r in self.failed],
+        }

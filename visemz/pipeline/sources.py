@@ -1,0 +1,113 @@
+"""Which loader reads which file: chosen by the request, the device, what is installed, the file.
+
+``--loader`` (``CompressConfig.loader``, ``VISEMZ_LOADER``):
+
+* ``cpu``: the CPU loader's thread pool (OpenCV, tifffile, NumPy, pydicom) for every file.
+* ``dali``: DALI for the files it decodes exactly like the CPU loader (``probe.decode_target``:
+  PNG, JPEG, JPEG 2000, TIFF), the CPU loader for the rest.  Needs DALI and a GPU.
+* ``kvikio``: kvikio for files whose pixels lie raw at one offset (``probe.raw_layout``: .npy,
+  uncompressed TIFF), read straight into GPU memory; the CPU loader for the rest.
+* ``auto`` (default): on a GPU, kvikio then DALI, each when installed; on a CPU, the CPU loader.
+
+An explicit GPU loader that cannot run is an error naming what is missing (exit code 2 on the
+command line), never a silent fallback; files a GPU loader turns down per item go to the CPU
+loader and are listed as fallbacks with the reason.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from ..config import LOADERS, cpu_threads
+from ..errors import DeviceUnavailableError, InvalidArgumentError, VisemzError
+from . import dali_source, kvikio_io, loaders, probe
+from .executor import parallel_feed
+from .files import Item
+from .results import ItemResult
+
+KVIKIO_THREADS = 4  # kvikio splits large reads over its own thread pool; a few files in flight suffice
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    dali: bool = False
+    kvikio: bool = False
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, on in (("kvikio", self.kvikio), ("dali", self.dali)) if on] + ["cpu"]
+
+
+def plan_loaders(requested: str, device: str, have_dali: bool, have_kvikio: bool) -> LoaderPlan:
+    """The loaders a job uses; raises when an explicitly requested one cannot run."""
+    if requested not in LOADERS:
+        raise InvalidArgumentError(f"loader {requested!r}: expected one of {', '.join(LOADERS)}")
+    if requested == "cpu" or (requested == "auto" and device != "cuda"):
+        return LoaderPlan()
+    if requested == "dali" and not have_dali:
+        raise DeviceUnavailableError("loader 'dali' was requested but DALI is not installed (pip install nvidia-dali-cuda130)")
+    if requested == "kvikio" and not have_kvikio:
+        raise DeviceUnavailableError("loader 'kvikio' was requested but kvikio is not installed (pip install 'visemz[gpu]')")
+    if device != "cuda":
+        raise InvalidArgumentError(f"loader {requested!r} reads into GPU memory: it needs device 'cuda', not {device!r}")
+    return LoaderPlan(dali=have_dali and requested in ("auto", "dali"), kvikio=have_kvikio and requested in ("auto", "kvikio"))
+
+
+def installed_plan(requested: str, device: str) -> LoaderPlan:
+    return plan_loaders(requested, device, dali_source.available(), kvikio_io.available())
+
+
+@dataclass(frozen=True)
+class _Route:
+    loader: str  # "skip", "kvikio", "dali" or "cpu"
+    detail: object = None  # the RawLayout or DecodeTarget from the probe
+
+
+def _route(item: Item, plan: LoaderPlan, skip: Callable[[Item], bool] | None) -> _Route:
+    if skip is not None and skip(item):
+        return _Route("skip")
+    if plan.kvikio and (layout := probe.raw_layout(item.src)) is not None:
+        return _Route("kvikio", layout)
+    if plan.dali and (target := probe.decode_target(item.src)) is not None:
+        return _Route("dali", target)
+    return _Route("cpu")
+
+
+def load_cpu(item: Item, note: str = "") -> loaders.Picture:
+    pic = loaders.load(item.src)
+    return loaders.Picture(pic.pixels, pic.paged, "cpu", note)
+
+
+def feeds(items: list[Item], plan: LoaderPlan, device_index: int | None,
+          skip: Callable[[Item], bool] | None = None) -> list[Iterable]:
+    """The executor's feeds for ``items``: finished (skipped) items, then one feed per loader in use.
+
+    Files are triaged in a thread pool: the resume check (``skip``) and the header probes read
+    from disk."""
+    with ThreadPoolExecutor(cpu_threads(), thread_name_prefix="visemz-probe") as pool:
+        routes = list(pool.map(lambda it: _route(it, plan, skip), items))
+    by = {name: [i for i, r in enumerate(routes) if r.loader == name] for name in ("skip", "kvikio", "dali", "cpu")}
+
+    def cpu(i: int, note: str = ""):
+        try:
+            return load_cpu(items[i], note)
+        except VisemzError as e:
+            return e
+
+    def kvikio(i: int):
+        try:
+            return loaders.Picture(kvikio_io.read(items[i].src, routes[i].detail, device_index), loader="kvikio")
+        except VisemzError as e:  # e.g. an I/O error kvikio reports: the CPU loader says what is wrong
+            return cpu(i, f"kvikio: {e}")
+
+    out: list[Iterable] = [[(i, ItemResult(items[i].rel, "skipped")) for i in by["skip"]]]
+    if by["kvikio"]:
+        out.append(parallel_feed(by["kvikio"], kvikio, KVIKIO_THREADS))
+    if by["dali"]:
+        entries = [(i, items[i].src, routes[i].detail) for i in by["dali"]]
+        out.append(dali_source.DaliFeed(entries, device_index, cpu))
+    if by["cpu"]:
+        out.append(parallel_feed(by["cpu"], cpu, cpu_threads()))
+    return out
