@@ -31,6 +31,11 @@ from .probe import DecodeTarget
 Entry = tuple[int, Path, DecodeTarget]  # (item index, file, what the probe says it decodes to)
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
     try:
@@ -83,19 +88,27 @@ class DaliFeed:
             yield from self._group(group, dtype, stream)
 
     def _group(self, group: list[Entry], dtype: str, stream) -> Iterator[tuple[int, object]]:
+        import torch
+
         pos = 0
         while pos < len(group):
-            pipe = _pipeline([str(p) for _, p, _ in group[pos:]], dtype, self.device_index, self.batch)
+            try:
+                pipe = _pipeline([str(p) for _, p, _ in group[pos:]], dtype, self.device_index, self.batch)
+            except Exception as e:  # e.g. DALI without its image codec library: the CPU loader takes over
+                for i, _, _ in group[pos:]:
+                    yield i, self.fallback(i, f"DALI pipeline: {_first_line(e)}")
+                return
             for start in range(pos, len(group), self.batch):
                 batch = group[start : start + self.batch]
                 pos = start + len(batch)
                 try:
                     (out,) = pipe.run()
                 except Exception as e:  # DALI raises on a file it cannot decode; the batch goes to the CPU
-                    reason = f"DALI failed on a batch: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                     for i, _, _ in batch:
-                        yield i, self.fallback(i, reason)
+                        yield i, self.fallback(i, f"DALI failed on a batch: {_first_line(e)}")
                     break  # rebuild the pipeline for the files after this batch
+                # DALI decodes on its own streams: make sure the batch is complete before copying it out
+                torch.cuda.synchronize(self.device_index)
                 for (i, _, target), pixels in zip(batch, self._copy_out(out, batch, dtype, stream)):
                     if pixels is None:
                         yield i, self.fallback(i, f"DALI decoded another shape than the header's {target.shape}")

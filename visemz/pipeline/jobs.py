@@ -253,6 +253,8 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
         try:
             with gate.first(_model_key(data)):
                 pixels, paged = pages.decode(data, decode_one)
+            if gpu_writer:
+                pixels = pixels.contiguous()  # RGB comes out of the network as a permuted view
         except torch.cuda.OutOfMemoryError as e:
             raise _out_of_memory(e, items[i].rel, ()) from None
         lane.finish()

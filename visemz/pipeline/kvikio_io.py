@@ -81,6 +81,7 @@ def write_npy(path: Path, tensor) -> int:
     dtype = str(tensor.dtype).replace("torch.", "")
     header = npy_header(tuple(tensor.shape), dtype)
     payload = tensor.contiguous().reshape(-1).view(torch.uint8)
+    torch.cuda.current_stream(tensor.device).synchronize()  # kvikio reads the memory outside torch's streams
     with atomic_file(path) as (f, tmp):
         f.write(header)
         f.flush()

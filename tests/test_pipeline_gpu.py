@@ -1,0 +1,223 @@
+"""The folder pipeline on a GPU: several streams, kvikio, DALI.
+
+Run on the device machine: python -m pytest -m gpu tests/test_pipeline_gpu.py
+(skipped without CUDA; the kvikio and DALI tests also say when those are not installed).
+"""
+
+import hashlib
+
+import cv2
+import numpy as np
+import pytest
+import tifffile
+
+from visemz.pipeline import loaders, probe
+
+pytestmark = pytest.mark.gpu
+
+
+def _import_problem(module: str) -> str | None:
+    try:
+        __import__(module)
+    except Exception as e:  # absent, or built for another CUDA
+        return f"{module} cannot be imported: {type(e).__name__}: {e}"
+    return None
+
+
+needs_kvikio = pytest.mark.skipif(_import_problem("kvikio") is not None, reason=_import_problem("kvikio") or "")
+needs_dali = pytest.mark.skipif(_import_problem("nvidia.dali") is not None, reason=_import_problem("nvidia.dali") or "")
+
+
+def _host(t) -> np.ndarray:
+    import torch
+
+    if t.dtype == torch.uint16:  # torch hands uint16 to NumPy through a wider type
+        return t.to(torch.int32).cpu().numpy().astype(np.uint16)
+    return t.cpu().numpy()
+
+
+def _png(path, img):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert cv2.imwrite(str(path), img[..., ::-1] if img.ndim == 3 and img.shape[2] == 3 else
+                       (cv2.cvtColor(img, cv2.COLOR_RGBA2BGRA) if img.ndim == 3 else img))
+
+
+@pytest.fixture
+def tree(tmp_path):
+    rng = np.random.default_rng(7)
+    src = tmp_path / "src"
+    smooth = cv2.GaussianBlur(rng.integers(0, 256, (300, 420, 3), dtype=np.uint8), (0, 0), 3)
+    _png(src / "rgb8.png", smooth)
+    _png(src / "a/gray8.png", smooth[..., 1])
+    _png(src / "a/gray16.png", smooth[:200, :260, 0].astype(np.uint16) * 200)
+    _png(src / "a/b/rgb16.png", smooth[:130, :170].astype(np.uint16) * 250)
+    _png(src / "a/b/rgba8.png", np.dstack([smooth[:90, :100], smooth[:90, :100, :1]]))
+    assert cv2.imwrite(str(src / "photo.jpg"), smooth[..., ::-1])
+    (src / "t").mkdir()
+    (src / "n").mkdir()
+    tifffile.imwrite(src / "t/rgb8.tif", smooth[:150], photometric="rgb")
+    tifffile.imwrite(src / "t/gray16.tif", smooth[:, :, 2].astype(np.uint16) * 3, photometric="minisblack")
+    tifffile.imwrite(src / "t/stack.tif", np.stack([smooth[:64, :80, k] for k in range(3)]), photometric="minisblack")
+    np.save(src / "n/gray16.npy", smooth[:100, :120, 0].astype(np.uint16) * 7)
+    np.save(src / "n/float.npy", rng.standard_normal((70, 90)).astype(np.float32))
+    for k in range(6):  # same-size images, so lanes really run side by side
+        _png(src / f"many/{k}.png", np.roll(smooth, 17 * k, axis=1))
+    return src
+
+
+def _digests(folder) -> dict:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "visemz-manifest.json"}
+
+
+@pytest.mark.parametrize("max_error", [None, 1])
+def test_several_streams_write_the_same_bytes_as_one(tree, tmp_path, model_weights, max_error):
+    from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
+
+    outs = {}
+    for streams in (1, 4):
+        dst = tmp_path / f"s{streams}"
+        summary = compress_folder(tree, dst, CompressConfig(device="cuda", streams=streams, loader="cpu", max_error=max_error))
+        assert summary.count("done") == sum(p.is_file() for p in tree.rglob("*")), summary.to_dict()
+        outs[streams] = _digests(dst)
+        back = tmp_path / f"r{streams}"
+        assert not decompress_folder(dst, back, DecompressConfig("npy", "cuda", streams, "posix")).failed
+        outs[f"restored{streams}"] = _digests(back)
+    assert outs[1] == outs[4]
+    assert outs["restored1"] == outs["restored4"]
+
+
+def test_gpu_loaders_feed_the_codec_the_same_pixels(tree, tmp_path, model_weights):
+    """loader auto (kvikio and DALI where installed) against the CPU loader: identical files, but for
+    the JPEG, which nvJPEG and libjpeg-turbo may decode differently by a level."""
+    from visemz.pipeline.jobs import CompressConfig, compress_folder
+
+    runs = {}
+    for loader in ("cpu", "auto"):
+        summary = compress_folder(tree, tmp_path / loader, CompressConfig(device="cuda", streams=4, loader=loader))
+        assert not summary.failed, summary.to_dict()
+        runs[loader] = _digests(tmp_path / loader)
+        print(loader, summary.to_dict()["loaders"], summary.to_dict()["fallbacks"])
+    drop_jpeg = lambda d: {k: v for k, v in d.items() if not k.endswith(".jpg.vsz")}
+    assert drop_jpeg(runs["cpu"]) == drop_jpeg(runs["auto"])
+    assert "photo.jpg.vsz" in runs["auto"]
+
+
+@needs_kvikio
+def test_kvikio_loader_reads_what_numpy_reads(tmp_path):
+    import torch
+
+    from visemz.pipeline import kvikio_io
+
+    rng = np.random.default_rng(3)
+    arrays = {"a.npy": rng.integers(0, 256, (37, 53), dtype=np.uint8),
+              "b.npy": rng.integers(0, 65536, (41, 29, 3), dtype=np.uint16),
+              "c.npy": rng.standard_normal((3000, 700)).astype(np.float32),  # past kvikio's task size
+              "d.tif": rng.integers(0, 65536, (45, 31), dtype=np.uint16),
+              "e.tif": rng.integers(0, 256, (20, 22, 3), dtype=np.uint8)}
+    for name, a in arrays.items():
+        (np.save if name.endswith(".npy") else tifffile.imwrite)(tmp_path / name, a)
+        layout = probe.raw_layout(tmp_path / name)
+        t = kvikio_io.read(tmp_path / name, layout, torch.cuda.current_device())
+        assert t.is_cuda and tuple(t.shape) == a.shape
+        np.testing.assert_array_equal(_host(t), loaders.load(tmp_path / name).pixels)
+    print("kvikio mode:", kvikio_io.mode())
+
+
+@needs_kvikio
+def test_kvikio_npy_writer_matches_numpy_save(tmp_path):
+    import io
+
+    import torch
+
+    from visemz.pipeline import kvikio_io
+
+    rng = np.random.default_rng(4)
+    for k, a in enumerate([rng.integers(0, 256, (64, 48, 3), dtype=np.uint8),
+                           rng.integers(0, 65536, (2, 33, 35), dtype=np.uint16),
+                           rng.standard_normal((1024, 1100)).astype(np.float32)]):
+        t = torch.from_numpy(a.astype(np.int32) if a.dtype == np.uint16 else a).cuda()
+        t = t.to(torch.uint16) if a.dtype == np.uint16 else t
+        if a.ndim == 3:  # a permuted (non-contiguous) view, as the codec returns RGB images
+            t = t.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+        size = kvikio_io.write_npy(tmp_path / f"{k}.npy", t)
+        buf = io.BytesIO()
+        np.save(buf, a)
+        assert (tmp_path / f"{k}.npy").read_bytes() == buf.getvalue() and size == len(buf.getvalue())
+
+
+@needs_dali
+def test_dali_loader_equals_cpu_loader_for_png(tmp_path):
+    import torch
+
+    from visemz.pipeline import sources
+    from visemz.pipeline.dali_source import DaliFeed
+    from visemz.pipeline.files import Item
+
+    rng = np.random.default_rng(5)
+    images = {"g8.png": rng.integers(0, 256, (61, 83), dtype=np.uint8),
+              "c8.png": rng.integers(0, 256, (40, 50, 3), dtype=np.uint8),
+              "g16.png": rng.integers(0, 65536, (33, 47), dtype=np.uint16),
+              "c16.png": rng.integers(0, 65536, (29, 31, 3), dtype=np.uint16),
+              "rgba.png": rng.integers(0, 256, (17, 23, 4), dtype=np.uint8),
+              "big.png": rng.integers(0, 256, (1024, 768, 3), dtype=np.uint8)}
+    for name, img in images.items():
+        _png(tmp_path / name, img)
+    items = [Item(tmp_path / n, tmp_path / "out" / n, n) for n in images]
+    entries = [(i, it.src, probe.decode_target(it.src)) for i, it in enumerate(items)]
+    assert all(e[2] is not None for e in entries)
+    got = dict(DaliFeed(entries, torch.cuda.current_device(), lambda i, why: sources.load_cpu(items[i], why), batch=4))
+    for i, it in enumerate(items):
+        pic = got[i]
+        assert pic.loader == "dali", (it.rel, pic.note)
+        assert pic.pixels.is_cuda
+        np.testing.assert_array_equal(_host(pic.pixels), loaders.load(it.src).pixels, err_msg=it.rel)
+
+
+@needs_dali
+def test_dali_hands_a_file_it_cannot_decode_to_the_cpu_loader(tmp_path):
+    import struct
+    import zlib
+
+    import torch
+
+    from visemz.errors import VisemzError
+    from visemz.pipeline import sources
+    from visemz.pipeline.dali_source import DaliFeed
+    from visemz.pipeline.files import Item
+
+    good = np.arange(40 * 30, dtype=np.uint16).reshape(40, 30).astype(np.uint8)
+    for k in range(4):
+        _png(tmp_path / f"good{k}.png", good + k)
+    ihdr = struct.pack(">IIBBBBB", 30, 40, 8, 0, 0, 0, 0)
+    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"not zlib data")
+                                       + chunk(b"IEND", b""))
+    names = ["good0.png", "bad.png", "good1.png", "good2.png", "good3.png"]
+    items = [Item(tmp_path / n, tmp_path / "out" / n, n) for n in names]
+    entries = [(i, it.src, probe.decode_target(it.src)) for i, it in enumerate(items)]
+    assert all(e[2] is not None for e in entries)  # the header looks fine: only decoding finds the damage
+    got = dict(DaliFeed(entries, torch.cuda.current_device(), lambda i, why: sources.load_cpu(items[i], why), batch=2))
+    assert isinstance(got[1], VisemzError) and "bad.png" in str(got[1])
+    assert got[0].loader == "cpu" and "DALI failed" in got[0].note  # the failed batch's other file
+    assert [got[i].loader for i in (2, 3, 4)] == ["dali"] * 3  # the pipeline was rebuilt for the rest
+    for i in (0, 2, 3, 4):
+        np.testing.assert_array_equal(_host(got[i].pixels) if got[i].loader == "dali" else got[i].pixels,
+                                      loaders.load(items[i].src).pixels)
+
+
+def test_lane_uploads_host_images_through_its_pinned_buffer():
+    import torch
+
+    from visemz.pipeline.executor import CudaLane
+
+    rng = np.random.default_rng(6)
+    lane = CudaLane(0, torch.cuda.current_device())
+    with lane:
+        assert torch.cuda.current_stream() == lane.stream
+        for shape, dtype in [((50, 60), np.uint8), ((300, 200, 3), np.uint16), ((20, 10), np.float32), ((50, 60), np.uint8)]:
+            a = (rng.standard_normal(shape) * 1000).astype(dtype)
+            t = lane.to_device(a)
+            assert t.is_cuda and tuple(t.shape) == shape
+            np.testing.assert_array_equal(_host(t), a)
+        lane.finish()
