@@ -51,18 +51,24 @@ def decode(buf, decode_image: Callable) -> tuple[object, bool]:
     if c.kind != KIND:
         return decode_image(buf), False  # the codec validates image files (and refuses other kinds)
     shape, dtype, page_bufs = _parse(c)
-    out = []
+    stack = None
     for k, page in enumerate(page_bufs):
         img = decode_image(page)
         if tuple(img.shape) != shape[1:] or dtype_name(img) != dtype:
             raise CorruptStreamError(f"page {k} decodes to {tuple(img.shape)} {dtype_name(img)}, "
                                      f"the file says {shape[1:]} {dtype}")
-        out.append(img)
-    if isinstance(out[0], np.ndarray):
-        return np.stack(out), True
+        if stack is None:
+            stack = _empty_like_stack(img, shape)
+        stack[k] = img  # a copy (uint16 CUDA tensors copy, where torch.stack may not be implemented)
+    return stack, True
+
+
+def _empty_like_stack(page, shape: tuple[int, ...]):
+    if isinstance(page, np.ndarray):
+        return np.empty(shape, dtype=page.dtype)
     import torch
 
-    return torch.stack(out), True
+    return torch.empty(shape, dtype=page.dtype, device=page.device)
 
 
 def page_buffers(c: container.Container) -> list[memoryview]:
