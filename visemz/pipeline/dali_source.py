@@ -88,15 +88,12 @@ class DaliFeed:
             yield from self._group(group, dtype, stream)
 
     def _group(self, group: list[Entry], dtype: str, stream) -> Iterator[tuple[int, object]]:
-        import torch
-
         pos = 0
         while pos < len(group):
             try:
                 pipe = _pipeline([str(p) for _, p, _ in group[pos:]], dtype, self.device_index, self.batch)
             except Exception as e:  # e.g. DALI without its image codec library: the CPU loader takes over
-                for i, _, _ in group[pos:]:
-                    yield i, self.fallback(i, f"DALI pipeline: {_first_line(e)}")
+                yield from self._to_cpu(group[pos:], f"DALI pipeline: {_first_line(e)}")
                 return
             for start in range(pos, len(group), self.batch):
                 batch = group[start : start + self.batch]
@@ -104,17 +101,29 @@ class DaliFeed:
                 try:
                     (out,) = pipe.run()
                 except Exception as e:  # DALI raises on a file it cannot decode; the batch goes to the CPU
-                    for i, _, _ in batch:
-                        yield i, self.fallback(i, f"DALI failed on a batch: {_first_line(e)}")
+                    yield from self._to_cpu(batch, f"DALI failed on a batch: {_first_line(e)}")
                     break  # rebuild the pipeline for the files after this batch
-                # DALI decodes on its own streams: make sure the batch is complete before copying it out
-                torch.cuda.synchronize(self.device_index)
-                for (i, _, target), pixels in zip(batch, self._copy_out(out, batch, dtype, stream)):
-                    if pixels is None:
-                        yield i, self.fallback(i, f"DALI decoded another shape than the header's {target.shape}")
-                    else:
-                        yield i, Picture(pixels, loader="dali")
+                yield from self._deliver(out, batch, dtype, stream)
             del pipe
+
+    def _to_cpu(self, entries: list[Entry], reason: str) -> Iterator[tuple[int, object]]:
+        for i, _, _ in entries:
+            yield i, self.fallback(i, reason)
+
+    def _deliver(self, out, batch: list[Entry], dtype: str, stream) -> Iterator[tuple[int, object]]:
+        import torch
+
+        try:
+            torch.cuda.synchronize(self.device_index)  # DALI decodes on its own streams: let the batch finish
+            copies = self._copy_out(out, batch, dtype, stream)
+        except Exception as e:  # an interface DALI changed: the CPU loader takes the batch, the reason is listed
+            yield from self._to_cpu(batch, f"DALI copy-out: {_first_line(e)}")
+            return
+        for (i, _, target), pixels in zip(batch, copies):
+            if pixels is None:
+                yield i, self.fallback(i, f"DALI decoded another shape than the header's {target.shape}")
+            else:
+                yield i, Picture(pixels, loader="dali")
 
     def _copy_out(self, out, batch: list[Entry], dtype: str, stream) -> list:
         """CUDA tensors owned by torch (DALI reuses its buffers at the next run); None where the

@@ -54,8 +54,8 @@ def read(path: Path, layout: RawLayout, device_index: int):
     try:
         with kvikio.CuFile(str(path), "r") as f:
             got = f.read(buf, layout.nbytes, layout.offset)  # blocking: the bytes are in place on return
-    except (RuntimeError, OSError, ValueError) as e:
-        raise InputError(f"kvikio cannot read {str(path)!r}: {e}") from None
+    except Exception as e:  # kvikio raises RuntimeError, OSError, ...; the caller hands the file to the CPU loader
+        raise InputError(f"kvikio cannot read {str(path)!r}: {type(e).__name__}: {e}") from None
     if got != layout.nbytes:
         raise InputError(f"kvikio read {got} of {layout.nbytes} bytes from {str(path)!r}")
     return buf.view(getattr(torch, layout.dtype)).reshape(layout.shape)
