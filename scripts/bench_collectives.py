@@ -1,7 +1,7 @@
 """Benchmark the compressed collectives on GPUs against NCCL's own all_reduce, in the same run.
 
     # codec throughputs only (one GPU, no torchrun):
-    python scripts/bench_collectives.py --data ../shared/data/eval/xray --label h100 --out codec.json --quick
+    python scripts/bench_collectives.py --data ../shared/data/eval/xray --label h100 --out codec.json --quick --codecs-only --codec-mb 64
     # all_reduce over NVLink, then over TCP sockets on loopback (a stand-in for an inter-node link):
     torchrun --nproc-per-node 2 scripts/bench_collectives.py --data ../shared/data/eval/xray --label nvlink --out nvlink.json --quick
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 \\
@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from visemz.collectives import ErrorBounded, Lossless, all_reduce
 from visemz.collectives import gpu as G
+from visemz.collectives.codecs import FLOATS, LL_HEAD
 from visemz.pipeline import files, loaders
 from visemz.pipeline.writers import write_atomic
 
@@ -115,7 +116,13 @@ def row(algorithm, kind, size, eb, t, world, p, t_nccl=None) -> dict:
 
 
 def bench_codecs(args, pool, dev) -> dict:
-    """Codec throughputs on one GPU (GB/s of uncompressed float32 / bf16 bytes)."""
+    """Codec throughputs on one GPU (GB/s of uncompressed float32 / bf16 bytes).
+
+    Encode includes the stream-size read every collective makes (it also raises bad input);
+    decode writes the tensor's dtype (float32), decode_float64 the exact reconstruction.
+    decompress-add-compress is what a codec without homomorphism does, on the same fused
+    kernels: decode both to float32, add, encode the sum (its bytes can differ from the exact
+    homomorphic sum by float32 rounding; its work is the same)."""
     n = args.codec_mb * MB // 4
     out = {}
     for kind in ("image", "smooth"):
@@ -124,24 +131,26 @@ def bench_codecs(args, pool, dev) -> dict:
             codec = ErrorBounded(eb)
             sa, sb = codec.encode_device(a)[0], codec.encode_device(b)[0]
             ratio = a.nbytes / sa.nbytes()
-            t_enc = median_seconds(lambda: codec.encode_device(a), args.reps)
-            t_dec = median_seconds(lambda: codec.decode_device(sa), args.reps)
+            t_enc = median_seconds(lambda: codec.encode_device(a)[0].nbytes(), args.reps)
+            t_dec = median_seconds(lambda: codec.decode_device(sa, "float32"), args.reps)
+            t_dec64 = median_seconds(lambda: codec.decode_device(sa), args.reps)
             t_add = median_seconds(lambda: G.add(sa, sb), args.reps)
 
-            def doc():  # decompress both, add, compress again: what a codec without homomorphism does
-                v = codec.decode_device(sa) + codec.decode_device(sb)
-                G.encode_symbols(G.quantize(v, eb)).nbytes()
+            def doc():
+                v = codec.decode_device(sa, "float32") + codec.decode_device(sb, "float32")
+                codec.encode_device(v)[0].nbytes()
 
             t_doc = median_seconds(doc, args.reps)
             out[f"{kind}/eb={eb:g}"] = {
                 "ratio": ratio, "encode_GBps": a.nbytes / t_enc / 1e9, "decode_GBps": a.nbytes / t_dec / 1e9,
+                "decode_float64_GBps": a.nbytes / t_dec64 / 1e9,
                 "homomorphic_add_GBps": a.nbytes / t_add / 1e9, "decompress_add_compress_GBps": a.nbytes / t_doc / 1e9,
                 "homomorphic_speedup": t_doc / t_add}
             print(kind, f"eb={eb:g}", json.dumps(out[f"{kind}/eb={eb:g}"]), flush=True)
     x = torch.randn(n * 2, device=dev, generator=torch.Generator(dev).manual_seed(0)).to(torch.bfloat16)
     buf, _ = Lossless().encode_device(x)
     t_enc = median_seconds(lambda: Lossless().encode_device(x), args.reps)
-    t_dec = median_seconds(lambda: Lossless().decode_device(buf, x.numel(), "bfloat16"), args.reps)
+    t_dec = median_seconds(lambda: G.ll_decode_wire(buf, x.numel(), "bfloat16", FLOATS, LL_HEAD), args.reps)
     out["lossless_bf16_normal"] = {"ratio": x.nbytes / buf.size, "encode_GBps": x.nbytes / t_enc / 1e9,
                                    "decode_GBps": x.nbytes / t_dec / 1e9}
     print("lossless bf16 N(0,1)", json.dumps(out["lossless_bf16_normal"]), flush=True)
@@ -155,6 +164,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="JSON report (written by rank 0)")
     ap.add_argument("--quick", action="store_true", help="1, 16 and 256 MB; eb 1e-2 and 1e-4; 3 repetitions")
     ap.add_argument("--codec-mb", type=int, default=256, help="tensor size for the codec throughputs")
+    ap.add_argument("--codecs-only", action="store_true", help="measure the codecs on one GPU and stop")
     args = ap.parse_args()
     args.sizes = [MB, 16 * MB, 256 * MB] if args.quick else [MB << k for k in range(0, 11, 2)]  # 1 MB .. 1 GB
     args.ebs = [1e-2, 1e-4] if args.quick else [1e-2, 1e-3, 1e-4, 1e-5]
@@ -167,14 +177,14 @@ def main() -> None:
     if distributed:
         dist.init_process_group("nccl", device_id=dev)
     rank = dist.get_rank() if distributed else 0
-    pool = image_pool(args.data, max(args.sizes) // 4)
+    pool = image_pool(args.data, (args.codec_mb * MB if args.codecs_only else max(args.sizes)) // 4)
     report = {"label": args.label, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
               "world": dist.get_world_size() if distributed else 1,
               "nccl_env": {k: os.environ[k] for k in NCCL_VARS if k in os.environ}}
     if rank == 0:
         print(f"[{args.label}] {report['device']} x{report['world']} {report['nccl_env']}", flush=True)
         report["codecs"] = bench_codecs(args, pool, dev)
-    if distributed:
+    if distributed and not args.codecs_only:
         dist.barrier()
         report["all_reduce"] = bench_all_reduce(args, pool, dev)
         dist.destroy_process_group()

@@ -127,3 +127,118 @@ def test_fused_add_refuses_overflow_and_mismatch(gpu):
     damaged.data[0] = 0  # magic
     with pytest.raises(CorruptStreamError, match="header"):
         gpu.add(damaged, sa)
+
+
+# ------------------------------------------------ fused quantise-encode / decode-dequantise kernels
+FUSED_SIZES = (0, 1, 2, 31, 32, 33, 1023, 8191, 8192, 8193, 3 * 8192 + 5, 262_147)
+_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _bits(x: torch.Tensor) -> np.ndarray:
+    """A tensor's bit patterns as unsigned NumPy integers (bf16, fp16 -> uint16, fp32 -> uint32)."""
+    wide = x.element_size() == 4
+    return x.contiguous().view(torch.int32 if wide else torch.int16).cpu().numpy().view(np.uint32 if wide else np.uint16)
+
+
+def _tie_inputs(n: int, dtype):
+    """Exact quantiser ties for eb = 0.5 (2 eb = 1): k + 1/2, both signs, round-half-even decides."""
+    k = torch.arange(n, dtype=torch.float64) % 1000 - 500
+    return (k + 0.5).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_encode_and_decode_equal_cpu(gpu, dtype):
+    name = _NAME[dtype]
+    for n in FUSED_SIZES:
+        cases = [(eb, kind, x) for eb in (1e-3, 0.5) for kind, x in _inputs(n, n + 1, dtype)]
+        cases.append((0.5, "exact ties", _tie_inputs(n, dtype)))
+        for eb, kind, x in cases:
+            codec = ErrorBounded(eb)
+            want = codec.encode(x)
+            s, got_name = codec.encode_device(x.cuda())
+            assert got_name == name and codec._head(name) + gpu.stream_bytes(s) == want, (n, eb, kind)
+            cpu_values = codec.decode(want)  # the tensor's dtype (bf16 as uint16 bits)
+            dec = codec.decode_device(s, name).get()
+            assert dec.dtype.itemsize == cpu_values.dtype.itemsize and dec.size == n, (n, eb, kind)
+            wide = np.uint32 if dtype == torch.float32 else np.uint16
+            np.testing.assert_array_equal(dec.view(wide), cpu_values.view(wide), err_msg=f"{n} {eb} {kind}")
+            np.testing.assert_array_equal(codec.decode_device(s).get(), codec.decode(want, exact=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_encode_reports_bad_values_at_the_size_read(dtype):
+    codec = ErrorBounded(1e-3)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.zeros(20_000, dtype=dtype)
+        x[12_345] = bad
+        s, _ = codec.encode_device(x.cuda())  # launches without stopping the GPU
+        with pytest.raises(InvalidArgumentError, match="NaN or Inf"):
+            s.nbytes()
+        with pytest.raises(InvalidArgumentError, match="NaN or Inf"):
+            codec.encode(x.cuda())
+    big = torch.zeros(9000, dtype=dtype)
+    big[8999], big[3] = 2048.0, -2000.0  # 2048 / 2e-6 = 1.0e9 steps: fits; the 1e-7 bound does not
+    ErrorBounded(1e-6).encode_device(big.cuda())[0].nbytes()
+    with pytest.raises(LimitExceededError, match="values up to 2.05e\\+03"):
+        ErrorBounded(1e-7).encode_device(big.cuda())[0].nbytes()
+    big[5] = float("nan")  # NaN wins, as on the CPU
+    with pytest.raises(InvalidArgumentError):
+        ErrorBounded(1e-7).encode(big.cuda())
+
+
+def test_fused_decode_refuses_a_damaged_stream(gpu):
+    codec = ErrorBounded(1e-3)
+    s, _ = codec.encode_device(next(_inputs(20_000, 5, torch.float32))[1].cuda())
+    bad = gpu.DeviceStream(s.data.copy(), s.size, s.n)
+    bad.data[5] = 0  # policy byte
+    with pytest.raises(CorruptStreamError, match="header"):
+        codec.decode_device(bad, "float32")
+    short = gpu.DeviceStream(s.data, s.size, s.n + 1)  # n disagrees with the header
+    with pytest.raises(CorruptStreamError):
+        codec.decode_device(short)
+
+
+# ------------------------------------------------------------------ lossless kernels
+LL_SIZES = (0, 1, 7, 8, 9, 2047, 2048, 2049, 3 * 2048 + 3, 100_003)
+
+
+def _ll_inputs(n: int, dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    yield "normal", torch.randn(n, generator=g).to(dtype)
+    wide = dtype == torch.float32
+    raw = torch.randint(-(2**31) if wide else -(2**15), 2**31 - 1 if wide else 2**15 - 1, (n,), generator=g,
+                        dtype=torch.int32 if wide else torch.int16)
+    yield "random bits (many escapes, NaN payloads)", raw.view(dtype)
+    yield "one exponent", torch.ones(n, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lossless_kernels_equal_cpu_and_decode_bit_exact(gpu, dtype):
+    from visemz.collectives.codecs import FLOATS, LL_HEAD
+
+    name = _NAME[dtype]
+    for n in LL_SIZES:
+        for kind, x in _ll_inputs(n, dtype, n):
+            want = Lossless().encode(x)
+            assert Lossless().encode(x.cuda()) == want, (n, kind)
+            buf, got_name = Lossless().encode_device(x.cuda())
+            assert got_name == name
+            bits = gpu.ll_decode_wire(buf, n, name, FLOATS, LL_HEAD).get()
+            np.testing.assert_array_equal(bits, _bits(x), err_msg=f"{n} {kind}")
+
+
+def test_lossless_decode_refuses_damaged_escapes(gpu):
+    from visemz.collectives.codecs import FLOATS, LL_HEAD
+
+    x = torch.cat([torch.ones(5000), 2.0 ** torch.arange(-14.0, 15.0)]).to(torch.float16)  # 29 exponents: escapes
+    buf, name = Lossless().encode_device(x.cuda())
+    sizes = np.frombuffer(buf[LL_HEAD.size : LL_HEAD.size + 32].get().tobytes(), "<u8")
+    assert sizes[3] > 0
+    bad = buf.copy()
+    bad[-1] = 200  # an escaped exponent wider than fp16's 5 bits
+    with pytest.raises(CorruptStreamError, match="exceeds 5 bits"):
+        gpu.ll_decode_wire(bad, x.numel(), name, FLOATS, LL_HEAD)
+    bad = buf.copy()
+    bad[LL_HEAD.size + 32] ^= 7  # value 0's code becomes 7 (or stops being 7): the list disagrees
+    with pytest.raises(CorruptStreamError, match="escape list"):
+        gpu.ll_decode_wire(bad, x.numel(), name, FLOATS, LL_HEAD)

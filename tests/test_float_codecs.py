@@ -113,3 +113,24 @@ def test_homomorphic_add_refuses_mismatches():
 def test_codec_configs_roundtrip():
     for codec in (ErrorBounded(1e-4), Lossless()):
         assert type(codec).from_config(codec.get_config()) == codec
+
+
+def test_lossless_wire_form_converts_to_the_bytes_form():
+    """The GPU encoder's wire form (gaps as a raw block stream) -> ``encode``'s bytes, on the host."""
+    import struct
+
+    from visemz.collectives import gpu
+    from visemz.collectives.codecs import LL_HEAD
+    from visemz.encoders import stream
+
+    g = torch.Generator().manual_seed(3)
+    for x in (torch.randn(5000, generator=g) * 2.0 ** torch.randint(-40, 40, (5000,), generator=g), torch.ones(3)):
+        want = Lossless().encode(x)
+        front = LL_HEAD.size + 32
+        sizes = struct.unpack_from("<4Q", want, LL_HEAD.size)
+        at = front + sizes[0] + sizes[1]
+        raw = stream.parse(want[at : at + sizes[2]]).frames[0]
+        wire = (want[: LL_HEAD.size] + struct.pack("<4Q", sizes[0], sizes[1], len(raw), sizes[3]) + want[front:at]
+                + bytes(raw) + want[at + sizes[2] :])
+        assert gpu.ll_bytes(wire, front) == want
+    assert int(gpu._table_word(bytes([1, 2, 3, 4, 5, 6, 255]))) == 0xFF060504030201

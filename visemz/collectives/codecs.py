@@ -110,11 +110,12 @@ class ErrorBounded:
 
         return gpu.eb_encode(x, self.eb)
 
-    def decode_device(self, s):
-        """``gpu.DeviceStream`` -> float64 cupy array 2 eb q (the exact reconstruction)."""
+    def decode_device(self, s, dtype: str = "float64"):
+        """``gpu.DeviceStream`` -> cupy array of 2 eb q: float64 (the exact reconstruction), or
+        ``dtype`` rounded as ``decode`` rounds (bf16 as uint16 bit patterns), in one kernel."""
         from . import gpu
 
-        return gpu.eb_values(s, self.eb)
+        return gpu.eb_decode(s, self.eb, dtype)
 
     def _head(self, dtype: str) -> bytes:
         return EB_HEAD.pack(EB_MAGIC, EB_VERSION, _CODES[dtype], 0, float(self.eb))
@@ -169,7 +170,8 @@ class Lossless:
         if dev.is_gpu_array(x):
             from . import gpu
 
-            return gpu.ll_join(gpu.ll_encode(x, FLOATS), self._head, wire=False).get().tobytes()
+            wire, _name = gpu.ll_encode(x, FLOATS, self._head)
+            return gpu.ll_bytes(wire.get().tobytes(), LL_HEAD.size + 32)
         a, name = _as_array(x)
         _check_float(name)
         bits, ebits, mbits, utype = FLOATS[name]
@@ -190,16 +192,15 @@ class Lossless:
         return LL_HEAD.pack(LL_MAGIC, LL_VERSION, _CODES[name], bytes(top.astype(np.uint8)), u.size) + table + b"".join(parts)
 
     @staticmethod
-    def _head(parts) -> bytes:
-        return LL_HEAD.pack(LL_MAGIC, LL_VERSION, _CODES[parts.name], parts.top, parts.n)
+    def _head(name: str, top: bytes, n: int) -> bytes:
+        return LL_HEAD.pack(LL_MAGIC, LL_VERSION, _CODES[name], top, n)
 
     def encode_device(self, x):
         """CUDA tensor / cupy array -> (device buffer, dtype name).  The buffer is this format with the
         escape gaps as a raw block stream instead of a checksummed ints stream (for NCCL only)."""
         from . import gpu
 
-        parts = gpu.ll_encode(x, FLOATS)
-        return gpu.ll_join(parts, self._head, wire=True), parts.name
+        return gpu.ll_encode(x, FLOATS, self._head)
 
     def decode_device(self, buf, n: int, dtype: str):
         """Device buffer from ``encode_device`` -> float64 cupy array of the ``n`` exact values."""

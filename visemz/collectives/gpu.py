@@ -2,12 +2,14 @@
 
 Byte for byte the same as the NumPy path in ``codecs.py`` (tests/test_collectives_gpu.py):
 
-- error-bounded: q = rint(float64(x) / (2 eb)) with cupy (IEEE division and round-half-even,
-  exactly NumPy's; torch is avoided here because it divides by a host scalar as a multiply by
-  its reciprocal), then the shared block encoder's per-block kernel;
-- homomorphic add: ``block_add`` in ``encoders/cuda/block.cu``, one fused kernel;
-- lossless: the exponent histogram, top-7 table and 3-bit codes vectorised in cupy; the escape
-  gaps go through the shared encoder's global-width kernel.
+- error-bounded: one kernel quantises and encodes (``eb_encode_*`` in ``encoders/cuda/block.cu``:
+  q = rint(float64(x) / (2 eb)) with IEEE division and round-half-even, exactly NumPy's, fused
+  with the shared block encoder's per-block body); one kernel decodes and dequantises
+  (``eb_decode_*``, into float64 or the tensor's own dtype);
+- homomorphic add: ``block_add``, one fused kernel;
+- lossless: an exponent histogram kernel, the top-7 table on the host (256 counts), one kernel
+  for the codes, sign+mantissa and escape compaction, the escape gaps through the shared
+  encoder's global-width kernel; decoding is two kernels.
 
 Device-resident forms (what the NCCL collectives move) carry no checksum: NCCL delivers bytes
 intact, the ranks agree on every setting first, and the kernels still check each stream's
@@ -74,34 +76,43 @@ def to_float64(a, name: str):
 
 
 # --------------------------------------------------------------- error-bounded
+# kernel-name suffix of each float format (block.cu's FLOAT_KERNELS)
+SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64"}
+# result cells of the fused encoder: [stream size, error bits, largest |x| with too many steps (float32 bits)]
+EB_NONFINITE, EB_TOO_MANY_STEPS = 1, 2
+
+
 @dataclass(frozen=True)
 class DeviceStream:
-    """A block stream in device memory: ``data`` (uint8, capacity >= size), its byte count on the device."""
+    """A block stream in device memory: ``data`` (uint8, capacity >= size), its byte count on the device.
+
+    A stream from the fused encoder also carries its ``cells`` (size, error bits, worst |x|) and
+    ``eb``: the encoder reports bad input there instead of stopping the GPU for a read, and the
+    first size read (which every consumer of a stream makes) raises it.
+    """
 
     data: object  # cupy uint8
     size: object  # cupy uint64, shape (1,)
     n: int
+    cells: object = None  # cupy uint64, shape (3,): size, error bits, worst |x| (fused encoder only)
+    eb: float | None = None
 
     def nbytes(self) -> int:
-        """The stream's length (one small device-to-host read)."""
-        return int(self.size.get()[0])
+        """The stream's length (one small device-to-host read); raises what the encoder found."""
+        if self.cells is None:
+            return int(self.size.get()[0])
+        size, err, worst = (int(v) for v in self.cells.get())
+        if err & EB_NONFINITE:
+            raise InvalidArgumentError("tensor holds NaN or Inf: error-bounded compression needs finite values")
+        if err & EB_TOO_MANY_STEPS:
+            big = float(np.uint32(worst).view(np.float32))
+            raise LimitExceededError(f"values up to {big:.3g} need more than int32 steps of 2*eb={2 * self.eb:g}")
+        if size > self.data.size:  # the kernel's look-back gave up (see look_back in block.cu)
+            raise VisemzError(f"GPU block encoder failed (reported size {size:#x})")
+        return size
 
     def bytes_view(self):
         return self.data[: self.nbytes()]
-
-
-def quantize(v64, eb: float):
-    """float64 values on the device -> int32 steps of 2 eb, exactly NumPy's ``rint(v / (2 eb))``."""
-    cp = dev.require_cupy()
-    q = cp.rint(v64 / cp.float64(2 * eb))
-    if q.size:
-        m = float(cp.abs(q).max())  # NaN and Inf propagate into the maximum: one host read checks all
-        if not np.isfinite(m):
-            raise InvalidArgumentError("tensor holds NaN or Inf: error-bounded compression needs finite values")
-        if m >= 2**31 - 1:
-            raise LimitExceededError(
-                f"values up to {float(cp.abs(v64).max()):.3g} need more than int32 steps of 2*eb={2 * eb:g}")
-    return q.astype(cp.int32)
 
 
 def encode_symbols(q) -> DeviceStream:
@@ -111,26 +122,63 @@ def encode_symbols(q) -> DeviceStream:
     return DeviceStream(data, size, int(q.size))
 
 
+def _empty_stream(cp, cells):
+    """The stream of no values: the bare header (what the NumPy encoder writes for n = 0)."""
+    data = cp.empty(L.HEADER_SIZE, cp.uint8)
+    data[:] = cp.asarray(np.frombuffer(L.Header(BLOCK, True, 0, 0, 0, 0).pack(), np.uint8))
+    cells[0] = L.HEADER_SIZE
+    return data
+
+
 def eb_encode(x, eb: float) -> tuple[DeviceStream, str]:
-    with torch_stream():
+    """Quantise and encode in one kernel (``eb_encode_*``): q = rint(float64(x) / (2 eb)) as NumPy
+    computes it, per-block bitshuffled block stream.  No host sync: NaN/Inf and values needing
+    more than int32 steps are raised by the stream's first size read (``DeviceStream.nbytes``)."""
+    with torch_stream() as cp:
         a, name = float_bits(x)
-        return encode_symbols(quantize(to_float64(a, name), eb)), name
+        n = int(a.size)
+        L.check_count(n)
+        cells = cp.zeros(3, cp.uint64)
+        if n == 0:
+            return DeviceStream(_empty_stream(cp, cells), cells[0:1], 0, cells, eb), name
+        out = cp.empty(L.max_stream_size(BLOCK, n), cp.uint8)
+        ntiles = L.n_tiles(n)
+        status, _stats, _size, counter = G._workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
+        G.kernel(f"eb_encode_{SUFFIX[name]}")((ntiles,), (G.THREADS,), (
+            a, np.int64(n), np.float64(2 * eb), out, status, counter, cells))
+        return DeviceStream(out, cells[0:1], n, cells, eb), name
 
 
-def eb_symbols(s: DeviceStream):
-    """Device stream -> int32 symbols on the device (reads the 24-byte header and an error word)."""
-    with torch_stream():
-        out = G.decode_block_stream(s.bytes_view())
-    if out.size != s.n:
-        raise CorruptStreamError(f"device stream holds {out.size} values, expected {s.n}")
+ADD_ERRORS = {1: "tile table", 2: "block width over 32", 4: "tile size", 64: "sum leaves int32", 128: "header"}
+
+
+def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64"):
+    """Decode and dequantise in one kernel (``eb_decode_*``): 2 eb q as ``dtype`` on the device.
+
+    float64 is the exact reconstruction (NumPy's ``q * (2 eb)``); float32/float16/bfloat16 round it
+    as ``codecs._from_float64`` does (bf16 as uint16 bit patterns), i.e. ``ErrorBounded.decode``'s
+    bytes.  The header is checked on the device; one host read of the error word.
+    """
+    if dtype not in SUFFIX:
+        raise UnsupportedFormatError(f"dtype {dtype} is not one the error-bounded decoder writes: {list(SUFFIX)}")
+    with torch_stream() as cp:
+        raw = s.bytes_view()
+        out = cp.empty(s.n, cp.uint16 if dtype == "bfloat16" else dtype)
+        if s.n == 0:
+            return out
+        err = cp.zeros(1, cp.int32)
+        G.kernel(f"eb_decode_{SUFFIX[dtype]}")((L.n_tiles(s.n),), (G.THREADS,), (
+            raw, np.int64(raw.size), np.int64(s.n), np.float64(2 * eb), out, err))
+        code = int(err.get()[0])
+    if code:
+        raise CorruptStreamError("error-bounded device stream is inconsistent: " + ", ".join(
+            w for bit, w in ADD_ERRORS.items() if code & bit) + f" (GPU decoder error bits 0x{code:x})")
     return out
 
 
 def eb_values(s: DeviceStream, eb: float):
     """Exact reconstruction 2 eb q as float64 on the device (NumPy's ``q * (2 eb)``)."""
-    cp = dev.require_cupy()
-    with torch_stream():
-        return eb_symbols(s).astype(cp.float64) * (2 * eb)
+    return eb_decode(s, eb, "float64")
 
 
 def stream_bytes(s: DeviceStream) -> bytes:
@@ -155,9 +203,6 @@ def _cells(cp):
     if key not in _CELLS:
         _CELLS[key] = _AddCells(cp)
     return _CELLS[key].cells
-
-
-ADD_ERRORS = {1: "tile table", 2: "block width over 32", 4: "tile size", 64: "sum leaves int32", 128: "header"}
 
 
 def add(a: DeviceStream, b: DeviceStream, inplace: bool = False) -> DeviceStream:
@@ -204,136 +249,114 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False) -> DeviceStream
 
 
 # ------------------------------------------------------------------- lossless
-def _pack3(codes):
-    """3-bit codes, LSB first: every 8 codes fill 3 bytes (NumPy's packbits order)."""
-    cp = dev.require_cupy()
-    n = codes.size
-    c = cp.zeros(-(-n // 8) * 8, cp.uint32)
-    c[:n] = codes
-    c = c.reshape(-1, 8)
-    word = c[:, 0]
-    for k in range(1, 8):
-        word = word | (c[:, k] << (3 * k))
-    out = cp.stack([word & 255, (word >> 8) & 255, word >> 16], axis=1).astype(cp.uint8).reshape(-1)
-    return out[: (3 * n + 7) // 8]
+LL_TILE = 2048  # values per thread block of the ll_* kernels (256 threads x 8: block.cu's LL_TILE)
+TABLE_BYTES = 32  # the four u64 section sizes after the fixed header
 
 
-def _unpack3(b, n: int):
-    cp = dev.require_cupy()
-    pad = cp.zeros(-(-b.size // 3) * 3, cp.uint32)
-    pad[: b.size] = b
-    t = pad.reshape(-1, 3)
-    word = t[:, 0] | (t[:, 1] << 8) | (t[:, 2] << 16)
-    return ((word[:, None] >> (3 * cp.arange(8, dtype=cp.uint32))) & 7).reshape(-1)[:n].astype(cp.uint8)
+def _table_word(top: bytes) -> np.uint64:
+    """The 7 table exponents as the bytes of one u64 (the kernels' ``top`` argument)."""
+    return np.uint64(int.from_bytes(bytes(top) + b"\0", "little"))
 
 
-def _pack_fixed(v, nbits: int):
-    """Same bytes as codecs._pack_fixed (nbits-bit values LSB first at a fixed stride)."""
-    cp = dev.require_cupy()
-    if nbits % 8 == 0:
-        return v.astype(cp.uint32).view(cp.uint8).reshape(-1, 4)[:, : nbits // 8].reshape(-1)
-    bits = ((v[:, None] >> cp.arange(nbits, dtype=cp.uint32)) & 1).astype(cp.uint8).reshape(-1)
-    pad = cp.zeros(-(-bits.size // 8) * 8, cp.uint8)
-    pad[: bits.size] = bits
-    return (pad.reshape(-1, 8) << cp.arange(8, dtype=cp.uint8)).sum(1, dtype=cp.uint8)
+def ll_encode(x, floats: dict, head) -> tuple[object, str]:
+    """ZipCCL exponent coding on the device -> (wire buffer, dtype name).
 
-
-def _unpack_fixed(b, nbits: int, n: int):
-    cp = dev.require_cupy()
-    if nbits % 8 == 0:
-        out = cp.zeros((n, 4), cp.uint8)
-        out[:, : nbits // 8] = b.reshape(n, nbits // 8)
-        return out.view(cp.uint32).reshape(-1)
-    bits = ((b[:, None] >> cp.arange(8, dtype=cp.uint8)) & 1).reshape(-1)[: n * nbits].reshape(n, nbits)
-    return (bits.astype(cp.uint32) << cp.arange(nbits, dtype=cp.uint32)).sum(1, dtype=cp.uint32)
-
-
-@dataclass(frozen=True)
-class LosslessParts:
-    """A lossless encoding in device memory: the 7-exponent table and the four sections."""
-
-    name: str
-    n: int
-    top: bytes
-    codes: object  # packed 3-bit codes
-    rest: object  # sign + mantissa at a fixed stride
-    gaps: object  # escape positions as gaps: a global-width block stream
-    exps: object  # the escaped exponents, one byte each
-
-
-def ll_encode(x, floats: dict) -> LosslessParts:
-    """ZipCCL exponent coding on the device; reads 7 table bytes and the escape count."""
+    Kernels: an exponent histogram (``ll_histogram_*``); the top-7 table chosen on the host from
+    the 256 counts by the CPU path's own rule (a 1 KB read); one pass (``ll_encode_*``) writing the
+    3-bit codes and the raw sign+mantissa straight into the output and compacting the escapes in
+    index order (decoupled look-back); the escape gaps through the shared global-width encoder.
+    ``head(name, top, n)`` packs the fixed header.  Two host reads in all.
+    """
     with torch_stream() as cp:
         u, name = float_bits(x)
-        bits, ebits, mbits, _ = floats[name]
-        u = u.view(cp.uint32 if bits == 32 else cp.uint16).astype(cp.uint32)
-        exp = (u >> mbits) & ((1 << ebits) - 1)
-        rest = ((u >> (mbits + ebits)) << mbits) | (u & ((1 << mbits) - 1))
-        counts = cp.bincount(exp.astype(cp.int32), minlength=256).astype(cp.int64)
-        # NumPy's stable argsort of -counts: most frequent first, ties to the smaller exponent
-        top = cp.argsort(-(counts * 256 + (255 - cp.arange(256))))[:7]
-        lut = cp.full(256, 7, cp.uint8)
-        lut[top] = cp.arange(7, dtype=cp.uint8)
-        codes = lut[exp]
-        esc = cp.flatnonzero(codes == 7)
-        gaps = cp.diff(esc, prepend=0).astype(cp.int32) if esc.size else cp.zeros(0, cp.int32)
-        return LosslessParts(name, int(u.size), bytes(top.astype(cp.uint8).get()), _pack3(codes),
-                             _pack_fixed(rest, 1 + mbits), G.encode_raw(gaps, GLOBAL, True), exp[esc].astype(cp.uint8))
+        mbits = floats[name][2]
+        n, sfx = int(u.size), SUFFIX[name]
+        if n > 2**31 - 1:  # escape positions are int32, as on the CPU
+            raise LimitExceededError(f"{n} values: the lossless codec takes at most 2**31 - 1 per tensor")
+        counts = cp.zeros(256, cp.uint64)
+        if n:
+            grid = min(-(-n // G.THREADS), G.sm_count() * 8)
+            G.kernel(f"ll_histogram_{sfx}")((grid,), (G.THREADS,), (u, np.int64(n), counts))
+        hist = counts.get().astype(np.int64)
+        top = bytes(np.argsort(-hist, kind="stable")[:7].astype(np.uint8))  # codecs.Lossless.encode's rule
+        n_esc = n - int(hist[list(top)].sum())
+        sizes = [(3 * n + 7) // 8, ((1 + mbits) * n + 7) // 8]
+        front = len(head(name, top, n)) + TABLE_BYTES
+        at = front + sizes[0] + sizes[1]  # where the escape gaps start
+        buf = cp.empty(at + L.max_stream_size(GLOBAL, n_esc) + n_esc, cp.uint8)
+        pos, exps = cp.empty(n_esc, cp.int32), cp.empty(n_esc, cp.uint8)
+        counted = cp.zeros(1, cp.uint64)
+        if n:
+            ntiles = -(-n // LL_TILE)
+            status, _stats, _size, counter = G._workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
+            G.kernel(f"ll_encode_{sfx}")((ntiles,), (G.THREADS,), (
+                u, np.int64(n), _table_word(top), buf[front:], buf[front + sizes[0]:], pos, exps, status, counter, counted))
+        gaps = cp.diff(pos, prepend=0).astype(cp.int32) if n_esc else cp.zeros(0, cp.int32)
+        gap_stream, gap_size = G.encode_block_stream(gaps, GLOBAL, True)
+        gs, got = (int(v) for v in cp.concatenate([gap_size, counted]).get())  # one read: both sizes
+        if got != n_esc or gs > gap_stream.size:
+            raise VisemzError(f"GPU lossless encoder failed ({got:#x} escapes for {n_esc}, gap stream {gs:#x} bytes)")
+        buf[at : at + gs] = gap_stream[:gs]
+        buf[at + gs : at + gs + n_esc] = exps
+        table = struct.pack("<4Q", sizes[0], sizes[1], gs, n_esc)
+        buf[:front] = cp.asarray(np.frombuffer(head(name, top, n) + table, np.uint8))
+        return buf[: at + gs + n_esc], name
 
 
-def ll_sections(p: LosslessParts, wire: bool) -> list:
-    """The four sections; ``wire`` keeps the gaps a raw block stream, else an ints stream (the bytes form)."""
-    cp = dev.require_cupy()
-    if wire:
-        return [p.codes, p.rest, p.gaps, p.exps]
-    gaps = p.gaps.get().tobytes()
+def ll_bytes(wire: bytes, front: int) -> bytes:
+    """Wire form (host bytes) -> the ``bytes`` form: the escape gaps as a checksummed ints stream
+    (``encode_ints``' framing) instead of a raw block stream.  ``front``: header + size table."""
+    sizes = struct.unpack_from("<4Q", wire, front - TABLE_BYTES)
+    at = front + sizes[0] + sizes[1]
+    gaps = wire[at : at + sizes[2]]
     packed = stream.pack(len(gaps), E.KINDS["none"], DEFAULTS.entropy_chunk, [gaps])
-    return [p.codes, p.rest, cp.asarray(np.frombuffer(packed, np.uint8)), p.exps]
-
-
-def ll_join(p: LosslessParts, head, wire: bool):
-    """Header + size table + sections as one device buffer (``head`` packs the fixed header)."""
-    cp = dev.require_cupy()
-    with torch_stream():
-        parts = ll_sections(p, wire)
-        table = struct.pack(f"<{len(parts)}Q", *(int(s.size) for s in parts))
-        front = cp.asarray(np.frombuffer(head(p) + table, np.uint8))
-        return cp.concatenate([front, *parts])
+    table = struct.pack("<4Q", sizes[0], sizes[1], len(packed), sizes[3])
+    return wire[: front - TABLE_BYTES] + table + wire[front:at] + packed + wire[at + sizes[2] :]
 
 
 def ll_decode_wire(buf, n: int, name: str, floats: dict, head_struct: struct.Struct):
-    """Wire buffer (device) -> the values' bit patterns (uint16 / uint32 cupy array)."""
+    """Wire buffer (device) -> the values' bit patterns (uint16 / uint32 cupy array).
+
+    ``ll_decode_*`` rebuilds every value from its code and sign+mantissa (escapes with a zero
+    exponent), ``ll_escapes_*`` checks the escape list against the codes and fills in the escaped
+    exponents.  Host reads: the fixed header, the gap stream's header and error word, one result word.
+    """
     cp = dev.require_cupy()
     with torch_stream():
         hs = head_struct.size
-        front = buf[: hs + 32].get().tobytes()
-        if len(front) < hs + 32:
+        front = buf[: hs + TABLE_BYTES].get().tobytes()
+        if len(front) < hs + TABLE_BYTES:
             raise CorruptStreamError(f"lossless device stream of {buf.size} bytes is too short")
         _magic, _version, code, top, count = head_struct.unpack_from(front, 0)
         if code >= len(floats) or list(floats)[code] != name:
             raise CorruptStreamError(f"lossless device stream dtype code {code} is not {name}")
         sizes = struct.unpack_from("<4Q", front, hs)
         bits, ebits, mbits, _ = floats[name]
-        if count != n or sizes[0] != (3 * n + 7) // 8 or sizes[1] != (n * (1 + mbits) + 7) // 8 or hs + 32 + sum(sizes) != buf.size:
+        if count != n or sizes[0] != (3 * n + 7) // 8 or sizes[1] != (n * (1 + mbits) + 7) // 8 or hs + TABLE_BYTES + sum(sizes) != buf.size:
             raise CorruptStreamError(f"lossless device stream sizes {sizes} do not fit {n} values of {name}")
-        ends = np.cumsum([hs + 32, *sizes]).tolist()
-        codes = _unpack3(buf[ends[0] : ends[1]], n)
-        rest = _unpack_fixed(buf[ends[1] : ends[2]], 1 + mbits, n)
+        ends = np.cumsum([hs + TABLE_BYTES, *sizes]).tolist()
+        codes, rest, exps = buf[ends[0] : ends[1]], buf[ends[1] : ends[2]], buf[ends[3] : ends[4]]
         # copied: the kernels read the block stream's u32 tile table, which needs 4-byte alignment
-        esc = cp.cumsum(G.decode_block_stream(buf[ends[2] : ends[3]].copy()).astype(cp.int64))
-        raw_exp = buf[ends[3] : ends[4]]
-        want = cp.flatnonzero(codes == 7)
-        if raw_exp.size != esc.size or want.size != esc.size or not bool(cp.all(esc == want)):
+        pos = cp.cumsum(G.decode_block_stream(buf[ends[2] : ends[3]].copy()).astype(cp.int64))
+        if exps.size != pos.size:
             raise CorruptStreamError("lossless stream escape list disagrees with its codes")
-        table = cp.asarray(np.frombuffer(top, np.uint8).astype(np.uint32))
-        exp = table[cp.minimum(codes, 6)]
-        exp[want] = raw_exp
-        if ebits < 8 and bool(cp.any(exp >> ebits)):
-            raise CorruptStreamError(f"lossless stream exponent exceeds {ebits} bits")
-        u = ((rest >> mbits) << (ebits + mbits)) | (exp << mbits) | (rest & ((1 << mbits) - 1))
-        return u.astype(cp.uint32 if bits == 32 else cp.uint16)
+        out = cp.empty(n, cp.uint32 if bits == 32 else cp.uint16)
+        cells = cp.zeros(2, cp.uint64)  # code-7 values counted, error bits
+        sfx = SUFFIX[name]
+        if n:
+            G.kernel(f"ll_decode_{sfx}")((-(-n // LL_TILE),), (G.THREADS,), (
+                codes, rest, np.int64(n), _table_word(top), out, cells))
+        if pos.size:
+            grid = min(-(-pos.size // G.THREADS), G.sm_count() * 8)
+            G.kernel(f"ll_escapes_{sfx}")((grid,), (G.THREADS,), (
+                pos, exps, np.int64(pos.size), codes, np.int64(n), out, cells))
+        counted, err = (int(v) for v in cells.get())
+    if counted != pos.size or err & 1:
+        raise CorruptStreamError("lossless stream escape list disagrees with its codes")
+    if err & 2:
+        raise CorruptStreamError(f"lossless stream exponent exceeds {ebits} bits")
+    return out
 
 
 def bits_to_float64(u, name: str):
-    cp = dev.require_cupy()
     return to_float64(u if name == "bfloat16" else u.view(name), name)
