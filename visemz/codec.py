@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -30,23 +31,50 @@ FORMAT = 1
 META_KEYS = {"format", "model", "model_id", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
 
 
+_MATH_LOCK = threading.Lock()
+_math_users = 0
+_saved_tf32: tuple[bool, bool] | None = None
+
+
 @contextmanager
-def _exact_math():
-    """Full float32 (no TF32) and no autograd: GPU results stay within rounding of the CPU's."""
-    with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        old = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
+def exact_math():
+    """Full float32 (no TF32) and no autograd: GPU results stay within rounding of the CPU's.
+
+    The TF32 switches are process-wide, so concurrent users (the pipeline's streams) share
+    one setting: the first to enter turns TF32 off and the last to leave restores it.
+    """
+    global _math_users, _saved_tf32
+    with _MATH_LOCK:
+        if _math_users == 0:
+            _saved_tf32 = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+        _math_users += 1
+    try:
+        with torch.inference_mode():
             yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = old
+    finally:
+        with _MATH_LOCK:
+            _math_users -= 1
+            if _math_users == 0:
+                torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = _saved_tf32
+
+
+_MODEL_LOCK = threading.Lock()
+
+
+def _model64(spec: registry.ModelSpec, device: str) -> torch.nn.Module:
+    """A float64 copy of the model, for the error-bound path's device-independent synthesis."""
+    with _MODEL_LOCK:  # one copy per (spec, device), even when several streams ask at once
+        return _model64_cached(spec, device)
 
 
 @functools.lru_cache(maxsize=16)
-def _model64(spec: registry.ModelSpec, device: str) -> torch.nn.Module:
-    """A float64 copy of the model, for the error-bound path's device-independent synthesis."""
+def _model64_cached(spec: registry.ModelSpec, device: str) -> torch.nn.Module:
     net, _ = W.load(spec, device)
-    return copy.deepcopy(net).double()
+    net64 = copy.deepcopy(net).double()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)  # the copy ran on this thread's stream; others must see it done
+    return net64
 
 
 class ImageCodec:
@@ -64,7 +92,7 @@ class ImageCodec:
         e = check_max_error(max_error, meta.dtype)
         spec = registry.spec(model, quality, meta.variant)
         net, model_id = W.load(spec, self.device)
-        with _exact_math():
+        with exact_math():
             symbols = architectures.analyse(net, to_batch(t, meta))
             sections = {name: encode_ints(dev.torch_to_ints(s), policy="global", **self.enc) for name, s in symbols.items()}
             mode = None
@@ -103,7 +131,7 @@ class ImageCodec:
             if s.numel() != math.prod(shape):
                 raise CorruptStreamError(f"section {name!r} holds {s.numel()} symbols, expected {math.prod(shape)}")
             symbols[name] = s.reshape(shape)
-        with _exact_math():
+        with exact_math():
             if h["residual"] is None:
                 return denormalise(from_batch(architectures.synthesise(net, symbols), meta), meta)
             x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, torch.float64), meta)

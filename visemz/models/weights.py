@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -91,9 +92,19 @@ def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
 
 
-@functools.lru_cache(maxsize=32)
+_LOAD_LOCK = threading.Lock()
+
+
 def load(spec: ModelSpec, device: str = "cpu") -> tuple[torch.nn.Module, str]:
-    """The model for ``spec`` with its shipped weights, in eval mode, and its model id."""
+    """The model for ``spec`` with its shipped weights, in eval mode, and its model id (cached).
+
+    Thread-safe: several pipeline streams asking at once get one model, fully on the device."""
+    with _LOAD_LOCK:
+        return _load(spec, device)
+
+
+@functools.lru_cache(maxsize=32)
+def _load(spec: ModelSpec, device: str) -> tuple[torch.nn.Module, str]:
     path = weights_path(spec)
     if not path.is_file():
         raise UnsupportedFormatError(f"no weights for model {spec.name!r} at {path}")
@@ -105,8 +116,13 @@ def load(spec: ModelSpec, device: str = "cpu") -> tuple[torch.nn.Module, str]:
     missing, unexpected = model.load_state_dict(dequantize_state(tensors), strict=False)
     if missing or unexpected:
         raise UnsupportedFormatError(f"weights {path.name} do not match {spec.name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    model.eval().requires_grad_(False)
-    return model.to(device), file_id(path)
+    model.eval().requires_grad_(False).to(device)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)  # copied on this thread's stream; other streams use it next
+    return model, file_id(path)
+
+
+load.cache_clear = _load.cache_clear  # type: ignore[attr-defined]
 
 
 def available() -> list[str]:

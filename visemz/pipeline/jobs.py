@@ -96,28 +96,14 @@ class _FirstUse:
         yield
 
 
-@contextlib.contextmanager
-def _steady_codec_flags():
-    """Hold the codec's math settings for the whole run.
-
-    The codec sets cuDNN/matmul flags on entry to each call and restores them on exit; they are
-    process-wide, so with several lanes one lane's exit could restore TF32 under another lane's
-    convolutions.  With the same settings held around the run, every restore is a no-op."""
-    from ..codec import _exact_math
-
-    with _exact_math():
-        yield
-
-
 def _out_of_memory(e: BaseException, rel: str, shape) -> LimitExceededError:
     return LimitExceededError(f"{rel}: out of GPU memory for an image of shape {tuple(shape)}: {str(e).splitlines()[0]}")
 
 
 def _run(names: list[str], feeds: list, compute, write, device: str, streams: int, progress) -> tuple[list, int]:
     lanes, depth = executor.resolve(executor.ExecutorConfig(streams), device)
-    with _steady_codec_flags():
-        results = executor.run(names, feeds, compute, write, executor.make_lanes(device, lanes), depth,
-                               progress=progress)
+    results = executor.run(names, feeds, compute, write, executor.make_lanes(device, lanes), depth,
+                           progress=progress)
     return results, lanes
 
 
