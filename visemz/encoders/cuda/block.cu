@@ -459,6 +459,22 @@ extern "C" __global__ void __launch_bounds__(256) global_decode(
 }
 
 // ---------------------------------------------------------------- per-block policy
+// Bit-planes of a warp's 32 values and back are the same 32x32 bit-matrix transpose (lane r's
+// bit c <-> lane c's bit r).  Narrow blocks take one ballot (encode) or shuffle (decode) per
+// plane; wider ones this five-step butterfly, whose 5 dependent shuffles beat `width` of them.
+// Bits at or above a block's width are 0 in every lane, so both give the same words.
+#define TRANSPOSE_MIN_WIDTH 6
+__device__ __forceinline__ u32 transpose32(u32 x, u32 lane) {
+#pragma unroll
+    for (u32 k = 16; k; k >>= 1) {
+        // m: the bit columns c with (c & k) == 0; the lower lane of a pair keeps them, the upper the rest
+        const u32 m = k == 16 ? 0x0000FFFFu : k == 8 ? 0x00FF00FFu : k == 4 ? 0x0F0F0F0Fu : k == 2 ? 0x33333333u : 0x55555555u;
+        const u32 y = __shfl_xor_sync(FULL, x, k);
+        x = (lane & k) ? (x & ~m) | ((y >> k) & m) : (x & m) | ((y << k) & ~m);
+    }
+    return x;
+}
+
 // Encode one tile whose values are in registers: lane `lane` of warp w holds, in u[j], the
 // sign-shifted value lane of block (tile * 256 + w * 32 + j).  Widths, tile scan, look-back,
 // then the width bytes and the bit-planes.  Shared by block_encode and block_add.
@@ -504,7 +520,9 @@ __device__ __forceinline__ void pb_encode_tile(const u32 (&u)[PB_PER_WARP], long
         if (!width) continue;
         u32 off = 4 * __shfl_sync(FULL, ex, j);
         u32 word = 0;
-        if (bitshuffle) {
+        if (bitshuffle && width > TRANSPOSE_MIN_WIDTH) {
+            word = transpose32(u[j], lane);
+        } else if (bitshuffle) {
             for (u32 p = 0; p < width; ++p) {
                 u32 b = __ballot_sync(FULL, (u[j] >> p) & 1u);
                 if (lane == p) word = b;
@@ -563,7 +581,9 @@ __device__ __forceinline__ bool pb_decode_tile(const u8* __restrict__ in, long l
                 const u8* src = base + off + 4 * lane;
                 word = (u32)src[0] | (u32)src[1] << 8 | (u32)src[2] << 16 | (u32)src[3] << 24;
             }
-            if (bitshuffle) {
+            if (bitshuffle && width > TRANSPOSE_MIN_WIDTH) {
+                val = transpose32(word, lane);
+            } else if (bitshuffle) {
                 for (u32 p = 0; p < width; ++p) val |= ((__shfl_sync(FULL, word, p) >> lane) & 1u) << p;
             } else {
                 s_buf[w][lane] = word;
