@@ -234,7 +234,7 @@ def resume(trainers: list[Trainer], src: Path) -> float:
 class Log:
     """Per-model CSV rows, averaged over --log-every steps (one host sync per model per row)."""
 
-    FIELDS = ["model", "step", "loss", "mse", "psnr", "bpp", "aux", "seconds"]
+    FIELDS = ("model", "step", "loss", "mse", "psnr", "bpp", "aux", "seconds")
 
     def __init__(self, path: Path, trainers: list[Trainer]):
         new = not path.exists()

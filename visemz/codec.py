@@ -24,7 +24,17 @@ from .encoders import encode_ints
 from .errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
 from .models import architectures, registry
 from .models import weights as W
-from .pixels import DTYPES, MAX_PIXELS, ImageMeta, as_tensor, check_max_error, denormalise, describe, from_batch, to_batch
+from .pixels import (
+    DTYPES,
+    MAX_PIXELS,
+    ImageMeta,
+    as_tensor,
+    check_max_error,
+    denormalise,
+    describe,
+    from_batch,
+    to_batch,
+)
 
 KIND = "image"
 FORMAT = 1
