@@ -547,8 +547,23 @@ __device__ __forceinline__ void pb_encode_tile(const u32 (&u)[PB_PER_WARP], long
 // Decode one tile into registers (same layout as pb_encode_tile's u: sign-shifted values,
 // 0 past n).  Returns false, uniformly over the thread block, when the tile's table entry or
 // its widths disagree with the payload; `err` gets the same bits block_decode reports.
+// How pb_decode_tile hands over each decoded value: Assign stores it; AddInto adds it to the
+// symbol already there (block_add decodes b onto a's tile instead of holding two tiles).
+struct Assign {
+    __device__ __forceinline__ void operator()(u32& u, u32 v) { u = v; }
+};
+struct AddInto {  // a sum that leaves int32 by the CPU's rule |s| >= 2^31 - 1 becomes 0 and sets `over`
+    bool over = false;
+    __device__ __forceinline__ void operator()(u32& u, u32 v) {
+        long long s = (long long)unzigzag(u) + (long long)unzigzag(v);
+        if (s >= 2147483647ll || s <= -2147483647ll) { over = true; s = 0; }
+        u = zigzag((int)s);
+    }
+};
+
+template <class Put>
 __device__ __forceinline__ bool pb_decode_tile(const u8* __restrict__ in, long long n, int bitshuffle, u32 payload, u32 tile,
-                                               u32 (&u)[PB_PER_WARP], int* err) {
+                                               u32 (&u)[PB_PER_WARP], int* err, Put& put) {
     __shared__ u32 s_warp[WARPS][1], s_pre[WARPS][1], s_tot[1];
     __shared__ u32 s_buf[WARPS][33];
     const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -596,7 +611,7 @@ __device__ __forceinline__ bool pb_decode_tile(const u8* __restrict__ in, long l
                 __syncwarp();
             }
         }
-        u[j] = (first_block + j) * 32 + lane < n ? val : 0u;
+        put(u[j], (first_block + j) * 32 + lane < n ? val : 0u);
     }
     return true;
 }
@@ -648,7 +663,8 @@ __device__ __forceinline__ void pb_decode_values(const u8* __restrict__ in, long
                                                  Store& store, int* err) {
     const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, tile = blockIdx.x;
     u32 u[PB_PER_WARP];
-    if (!pb_decode_tile(in, n, bitshuffle, payload, tile, u, err)) return;
+    Assign put;
+    if (!pb_decode_tile(in, n, bitshuffle, payload, tile, u, err, put)) return;
     const long long first_block = (long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP;
 #pragma unroll
     for (int j = 0; j < PB_PER_WARP; ++j) {
@@ -678,13 +694,14 @@ __device__ __forceinline__ bool pb_header_ok(const u8* in, long long cap, long l
            HEADER_SIZE + 4 * ntiles + nb + (long long)*payload == cap;
 }
 
-// out = a + b on the integer symbols, block by block: decode tile i of both streams into
-// registers, add (a sum that leaves int32 by the CPU's rule |s| >= 2^31 - 1 sets error bit
-// 64), re-encode and place the tile by decoupled look-back.  One kernel; `out` must not
+// out = a + b on the integer symbols, block by block: decode tile i of a into registers, decode
+// b's tile onto it (AddInto: a sum that leaves int32 by the CPU's rule |s| >= 2^31 - 1 sets error
+// bit 64; one tile in registers, 72 rather than 106 of them on sm_90, so 3 CTAs per SM), re-encode
+// and place the tile by decoupled look-back.  One kernel; `out` must not
 // overlap a or b (a tile's new offset can pass input bytes other CTAs still read), so the
 // in-place form writes a scratch stream and copies it back (copy_sized).  On any error the
 // CTA still publishes its tile (as zeros) so no successor waits forever; the host raises.
-extern "C" __global__ void __launch_bounds__(256, 2) block_add(
+extern "C" __global__ void __launch_bounds__(256, 3) block_add(
     const u8* __restrict__ a, long long cap_a, const u8* __restrict__ b, long long cap_b, long long n, int bitshuffle,
     u8* __restrict__ out, u64* status, u32* tile_counter, u64* out_size, int* err) {
     __shared__ u32 s_tile;
@@ -694,18 +711,17 @@ extern "C" __global__ void __launch_bounds__(256, 2) block_add(
     u32 pa = 0, pb = 0;
     bool ok = pb_header_ok(a, cap_a, n, bitshuffle, &pa) && pb_header_ok(b, cap_b, n, bitshuffle, &pb);
     if (!ok && threadIdx.x == 0) atomicOr(err, 128);
-    u32 ua[PB_PER_WARP], ub[PB_PER_WARP];
-    if (ok) ok = pb_decode_tile(a, n, bitshuffle, pa, tile, ua, err);
+    u32 ua[PB_PER_WARP];
+    Assign assign;
+    AddInto add_b;
+    if (ok) ok = pb_decode_tile(a, n, bitshuffle, pa, tile, ua, err, assign);
     __syncthreads();  // the decoder's shared scan cells are reused for b
-    if (ok) ok = pb_decode_tile(b, n, bitshuffle, pb, tile, ub, err);
-    bool over = false;
+    if (ok) ok = pb_decode_tile(b, n, bitshuffle, pb, tile, ua, err, add_b);
+    if (!ok) {
 #pragma unroll
-    for (int j = 0; j < PB_PER_WARP; ++j) {
-        long long s = ok ? (long long)unzigzag(ua[j]) + (long long)unzigzag(ub[j]) : 0;
-        if (s >= 2147483647ll || s <= -2147483647ll) { over = true; s = 0; }
-        ua[j] = zigzag((int)s);
+        for (int j = 0; j < PB_PER_WARP; ++j) ua[j] = 0;
     }
-    if (over) atomicOr(err, 64);
+    if (add_b.over) atomicOr(err, 64);
     pb_encode_tile(ua, n, bitshuffle, out, status, out_size, tile);
 }
 
