@@ -55,7 +55,7 @@ class DeviceEngine:
     def _stream_of(self, p: torch.Tensor, n: int):
         cp = self.gpu.dev.require_cupy()
         with self.gpu.torch_stream():
-            return self.gpu.DeviceStream(cp.asarray(p), cp.asarray([p.numel()], dtype=cp.uint64), n)
+            return self.gpu.DeviceStream(cp.asarray(p), cp.asarray([p.numel()], dtype=cp.uint64), n, known=p.numel())
 
     def _launch(self, t: torch.Tensor):
         """A DeviceStream (error-bounded) or a device buffer (lossless); no size read yet."""

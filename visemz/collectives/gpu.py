@@ -82,13 +82,14 @@ SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f6
 EB_NONFINITE, EB_TOO_MANY_STEPS = 1, 2
 
 
-@dataclass(frozen=True)
+@dataclass
 class DeviceStream:
     """A block stream in device memory: ``data`` (uint8, capacity >= size), its byte count on the device.
 
     A stream from the fused encoder also carries its ``cells`` (size, error bits, worst |x|) and
     ``eb``: the encoder reports bad input there instead of stopping the GPU for a read, and the
-    first size read (which every consumer of a stream makes) raises it.
+    first size read (which every consumer of a stream makes) raises it.  ``known`` is the size
+    once the host has it (read once, or given by whoever already knows it, e.g. a receive buffer).
     """
 
     data: object  # cupy uint8
@@ -96,9 +97,15 @@ class DeviceStream:
     n: int
     cells: object = None  # cupy uint64, shape (3,): size, error bits, worst |x| (fused encoder only)
     eb: float | None = None
+    known: int | None = None
 
     def nbytes(self) -> int:
-        """The stream's length (one small device-to-host read); raises what the encoder found."""
+        """The stream's length (one small device-to-host read, the first time); raises what the encoder found."""
+        if self.known is None:
+            self.known = self._read_size()
+        return self.known
+
+    def _read_size(self) -> int:
         if self.cells is None:
             return int(self.size.get()[0])
         size, err, worst = (int(v) for v in self.cells.get())
@@ -225,7 +232,7 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False) -> DeviceStream
         out = cp.empty(cap, cp.uint8)
         if n == 0:
             out[: L.HEADER_SIZE] = cp.asarray(np.frombuffer(L.Header(BLOCK, True, 0, 0, 0, 0).pack(), np.uint8))
-            size = cp.asarray([L.HEADER_SIZE], cp.uint64)
+            size, size_word = cp.asarray([L.HEADER_SIZE], cp.uint64), L.HEADER_SIZE
         else:
             status, _stats, _size, counter = G._workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
             cells = _cells(cp)
@@ -243,9 +250,9 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False) -> DeviceStream
                 raise VisemzError(f"GPU homomorphic add failed (reported size {size_word:#x})")
             size = cells[0:1].copy()
         if not inplace:
-            return DeviceStream(out, size, n)
+            return DeviceStream(out, size, n, known=size_word)
         G.kernel("copy_sized")((min(-(-cap // G.THREADS), 4096),), (G.THREADS,), (out, a.data, size, np.int64(cap)))
-        return DeviceStream(a.data, size, n)
+        return DeviceStream(a.data, size, n, known=size_word)
 
 
 # ------------------------------------------------------------------- lossless
