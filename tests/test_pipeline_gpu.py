@@ -82,9 +82,27 @@ def test_several_streams_write_the_same_bytes_as_one(tree, tmp_path, model_weigh
         outs[streams] = _digests(dst)
         back = tmp_path / f"r{streams}"
         assert not decompress_folder(dst, back, DecompressConfig("npy", "cuda", streams, "posix")).failed
-        outs[f"restored{streams}"] = _digests(back)
-    assert outs[1] == outs[4]
-    assert outs["restored1"] == outs["restored4"]
+        outs[f"restored{streams}"] = back
+    assert outs[1] == outs[4]  # the compressed files: byte for byte
+    _same_images(outs["restored1"], outs["restored4"], exact=max_error is not None)
+
+
+def _same_images(a, b, exact: bool) -> None:
+    """Decoded images of two runs: identical with an error bound (its float64 synthesis is
+    device-independent by design), else within float rounding (cuDNN may pick another
+    algorithm while several streams run, and a pixel near .5 then rounds the other way)."""
+    files = sorted(p.relative_to(a) for p in a.rglob("*.npy"))
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*.npy")) and files
+    for rel in files:
+        x, y = np.load(a / rel), np.load(b / rel)
+        assert x.dtype == y.dtype and x.shape == y.shape, rel
+        if exact:
+            assert np.array_equal(x, y), rel
+        elif x.dtype.kind == "f":
+            span = float(x.max() - x.min()) or 1.0
+            assert np.allclose(x, y, rtol=0, atol=1e-5 * span), rel
+        else:
+            assert np.abs(x.astype(np.int64) - y.astype(np.int64)).max() <= 1, rel
 
 
 def test_gpu_loaders_feed_the_codec_the_same_pixels(tree, tmp_path, model_weights):

@@ -41,7 +41,9 @@ def require():
 
 def mode() -> str:
     """'gds' when kvikio talks to cuFile (GPUDirect Storage), 'compat' when it uses POSIX I/O."""
-    kvikio = require()
+    require()
+    import kvikio.defaults  # a submodule that ``import kvikio`` does not load
+
     return "compat" if kvikio.defaults.is_compat_mode_preferred() else "gds"
 
 
