@@ -100,18 +100,30 @@ def _torchrun_group(device: Optional[str]) -> tuple[int, int]:
     import torch
     import torch.distributed as dist
 
-    local = int(os.environ.get("LOCAL_RANK", "0"))
     if device != "cpu" and torch.cuda.is_available():
-        torch.cuda.set_device(local)
-        try:
-            import cupy
-
-            cupy.cuda.Device(local).use()
-        except ImportError:
-            pass
+        _use_local_gpu()
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size()
+
+
+def _use_local_gpu() -> int:
+    """Make torchrun's LOCAL_RANK this process's GPU (torch and cupy); returns its index.
+
+    Without it every rank lands on GPU 0, and NCCL refuses two ranks on one device."""
+    import os
+
+    import torch
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    try:
+        import cupy
+
+        cupy.cuda.Device(local).use()
+    except ImportError:
+        pass
+    return local
 
 
 @app.command()
@@ -188,8 +200,12 @@ def stack_cmd(
     dev = resolve(device)
     started = not dist.is_initialized()
     if started:
-        if "RANK" in os.environ:
-            dist.init_process_group("nccl" if dev == "cuda" else "gloo")
+        if "RANK" in os.environ and dev == "cuda":
+            import torch
+
+            dist.init_process_group("nccl", device_id=torch.device("cuda", _use_local_gpu()))
+        elif "RANK" in os.environ:
+            dist.init_process_group("gloo")
         else:  # a single process without torchrun
             rendezvous = Path(tempfile.mkdtemp()) / "rendezvous"
             dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
