@@ -1,5 +1,7 @@
 """The collectives' checks on two GPUs with NCCL: CUDA tensors, compressed on the GPU (marker gpu)."""
 
+from queue import Empty
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -14,13 +16,19 @@ pytestmark = pytest.mark.gpu
 def test_collectives_over_nccl_match_the_uncompressed_result(tmp_path):
     world = 2
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
+    queue = ctx.Queue()
     procs = [ctx.Process(target=worker, args=(r, world, str(tmp_path / "init"), queue, "nccl")) for r in range(world)]
     for p in procs:
         p.start()
-    results = [queue.get() for _ in procs]
-    for p in procs:
-        p.join(60)
+    try:  # a rank that dies or hangs must fail the test, not stall it
+        results = [queue.get(timeout=240) for _ in procs]
+    except Empty:
+        pytest.fail(f"a rank gave no result within 240 s (exit codes {[p.exitcode for p in procs]})")
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
     errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
     assert not errors, "\n".join(errors)
     assert all(p.exitcode == 0 for p in procs)
