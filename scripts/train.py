@@ -1,7 +1,7 @@
 """Train visemz's models on a GPU: several models in one process, images resident on the GPU.
 
     python scripts/train.py --data ../shared/data --models balle2016-rgb-q1 balle2016-gray-q1 ... \
-        --out runs/r1 [--resume runs/r0] [--time-limit 540] [--steps 100000]
+        --out runs/r1 [--resume runs/r0 | --init-from visemz/models/weights] [--time-limit 540] [--steps 100000]
 
 Loss: lambda * 255^2 * MSE + bpp (CompressAI's rate-distortion loss, lambda from its ladder),
 Adam (lr 1e-4, linear warm-up after every (re)start, x0.1 from --decay-at of the time limit)
@@ -186,7 +186,7 @@ def group_of(spec) -> str:
     return f"{spec.arch}-{spec.variant}"
 
 
-def save_checkpoints(trainers: list[Trainer], out: Path, wall: float) -> None:
+def save_checkpoints(trainers: list[Trainer], out: Path, wall: float, note: str) -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -202,10 +202,37 @@ def save_checkpoints(trainers: list[Trainer], out: Path, wall: float) -> None:
         tmp = out / f"{g}.tmp"
         save_file(tensors, str(tmp))
         tmp.replace(out / f"{g}.safetensors")
-    state = {"steps": {t.spec.name: t.step for t in trainers}, "train_seconds": wall}
+    state = {"steps": {t.spec.name: t.step for t in trainers}, "train_seconds": wall, "note": note}
     tmp = out / "state.json.tmp"
     tmp.write_text(json.dumps(state, indent=1))
     tmp.replace(out / "state.json")
+
+
+def init_from_weights(trainers: list[Trainer], folder: Path) -> float:
+    """Start each model from shipped weights in ``folder`` (int8 kernels dequantised), continuing
+    the step count of its model card; returns the cards' training seconds (largest)."""
+    from visemz.models import weights as W
+
+    seconds = 0.0
+    for t in trainers:
+        path = folder / f"{t.spec.name}.safetensors"
+        if not path.is_file():
+            print(f"{t.spec.name}: no weights in {folder}, starting fresh")
+            continue
+        tensors, _ = W.read_tensors(path)
+        state = W.dequantize_state(tensors)
+        params = dict(t.model.named_parameters())
+        missing = sorted(set(params) - set(state))
+        if missing:
+            raise SystemExit(f"{t.spec.name}: {path} lacks {missing[:3]}")
+        with torch.no_grad():  # parameters only, as in resume(): buffers are constants the model builds
+            for k, p in params.items():
+                p.copy_(state[k])
+        card = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").is_file() else {}
+        t.step = t.started = int(card.get("steps", 0))
+        seconds = max(seconds, float(card.get("train_seconds_all_models", 0.0)))
+        print(f"{t.spec.name}: starts from {path.name} at step {t.step}")
+    return seconds
 
 
 def resume(trainers: list[Trainer], src: Path) -> float:
@@ -265,7 +292,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--models", nargs="+", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--resume", type=Path)
+    ap.add_argument("--resume", type=Path, help="a checkpoint folder this script wrote")
+    ap.add_argument("--init-from", type=Path,
+                    help="start from shipped weights in this folder (e.g. visemz/models/weights)")
     ap.add_argument("--steps", type=int, default=1_000_000, help="stop when every model has this many steps")
     ap.add_argument("--time-limit", type=float, default=float("inf"), help="seconds of training in this run")
     ap.add_argument("--decay-at", type=float, default=0.85,
@@ -278,6 +307,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--note", default="", help="how this run trained, for the model cards (export_weights.py)")
     return ap.parse_args()
 
 
@@ -294,7 +324,11 @@ def main() -> None:
             samplers[v] = CropSampler(load_images(args.data / "train" / v, ch), args.patch, device)
             print(f"{v}: {samplers[v].count} training images on {device}")
     trainers = [Trainer(s, samplers[s.variant], args.batch, device, args.lr, not args.no_amp) for s in specs]
+    if args.resume and args.init_from:
+        raise SystemExit("--resume and --init-from exclude each other")
     prior = resume(trainers, args.resume) if args.resume else 0.0
+    if args.init_from:
+        prior = init_from_weights(trainers, args.init_from)
     args.out.mkdir(parents=True, exist_ok=True)
     if device.type == "cuda" and not args.no_graphs:
         t = time.perf_counter()
@@ -325,7 +359,7 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
     wall = prior + time.perf_counter() - t0
-    save_checkpoints(trainers, args.out, wall)
+    save_checkpoints(trainers, args.out, wall, args.note)
     log.file.close()
     for t in trainers:
         print(f"{t.spec.name}: {t.step} steps")

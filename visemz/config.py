@@ -16,9 +16,10 @@ from .errors import InvalidArgumentError
 class Defaults:
     #: "auto" uses the GPU when cupy sees one, else the CPU; or "cpu" / "cuda".
     device: str = "auto"  # VISEMZ_DEVICE
-    #: Uncompressed bytes per zstd/ANS frame of the entropy stage.
-    #: 64 KiB gives nvCOMP's batched zstd enough chunks to fill a GPU.
-    entropy_chunk: int = 1 << 16  # VISEMZ_ENTROPY_CHUNK
+    #: Uncompressed bytes per zstd/ANS frame of the entropy stage.  nvCOMP's zstd compresses a
+    #: frame serially, so its time grows with the frame: on an H100, 16 KiB frames made a Kodak
+    #: image's compress 2.2x faster than 64 KiB ones for 0.7% more bytes (scripts/profile_codec.py).
+    entropy_chunk: int = 1 << 14  # VISEMZ_ENTROPY_CHUNK
     #: zstd level on the CPU (nvCOMP's GPU zstd has no level).
     zstd_level: int = 3  # VISEMZ_ZSTD_LEVEL
     #: CPU threads for zstd and loaders; 0 means os.cpu_count().

@@ -149,7 +149,27 @@ def _nvcomp():
         from nvidia import nvcomp
     except ImportError:
         raise DeviceUnavailableError("nvCOMP is not installed: pip install 'visemz[gpu]' (nvidia-nvcomp-cu13)") from None
+    _use_cupy_pools(nvcomp, dev.require_cupy())
     return nvcomp
+
+
+def _use_cupy_pools(nvcomp, cp) -> None:
+    """nvCOMP's scratch and result buffers come from cupy's memory pools (process-wide setting).
+
+    Its own allocator frees every call's buffers with cudaFree / cudaFreeHost, which wait for
+    the whole device: each image's entropy stage then stalls every other stream's work.  cupy's
+    device pool keeps freed blocks per stream (reused in stream order); its pinned pool is only
+    given buffers that nvCOMP reads after a synchronisation."""
+    nvcomp.set_device_allocator(lambda nbytes, stream: cp.cuda.alloc(nbytes))
+    nvcomp.set_pinned_allocator(lambda nbytes, stream: cp.cuda.alloc_pinned_memory(nbytes))
+
+
+def _wait(cp) -> None:
+    """Wait for this stream's work with the GIL released.
+
+    nvCOMP's arrays learn their sizes by a synchronisation inside the call that reads them,
+    which holds the GIL: other pipeline lanes could not even launch work meanwhile."""
+    cp.cuda.get_current_stream().synchronize()
 
 
 @functools.lru_cache(maxsize=64)
@@ -183,6 +203,7 @@ def compress_frames(raw, kind: int, chunk: int) -> list:
     if not pieces:
         return []
     frames = _entropy_codec(kind).encode(pieces)
+    _wait(cp)
     return [cp.asarray(f).view(cp.uint8).reshape(-1) for f in frames]
 
 
@@ -200,6 +221,7 @@ def decompress_frames(frames: list, kind: int, sizes: list[int]):
     views = [nv.as_array(joined[a : a + len(f)], cuda_stream=s) for f, a in zip(frames, starts.tolist())]
     try:
         outs = _entropy_codec(kind).decode(views, data_type="|u1")
+        _wait(cp)
     except RuntimeError as e:
         raise CorruptStreamError(f"nvCOMP could not decode a frame: {e}") from None
     outs = [cp.asarray(o).view(cp.uint8).reshape(-1) for o in outs]

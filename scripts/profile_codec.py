@@ -1,0 +1,161 @@
+"""Where the time of one image's compress and decompress goes, on a GPU (or the CPU).
+
+    python scripts/profile_codec.py --image ../shared/data/eval/kodak/kodim01.png --out prof/ [--threads 1,2,4]
+
+Prints, after a warm-up: the median milliseconds of compress and of decompress (each bracketed
+by device synchronisation), and the images/s of the same compress run in 1, 2, 4... threads at
+once, each thread with its own CUDA stream (as the folder pipeline's lanes), which tells whether
+the per-image path is bound by the GPU or by the host.  Writes under --out: cProfile listings
+of compress and decompress (by cumulative and by own time) and a torch.profiler table of CPU
+and CUDA time per operator and kernel, with a Chrome trace (gzip) for a closer look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import contextlib
+import gzip
+import io
+import json
+import pstats
+import shutil
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from visemz import ImageCodec
+from visemz.config import DEFAULTS
+from visemz.pipeline import loaders
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_ms(fn, device: str, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        ts.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(ts)
+
+
+@contextlib.contextmanager
+def own_stream(device: str):
+    """A CUDA stream current for torch and cupy in this thread (what a pipeline lane does)."""
+    if device != "cuda":
+        yield
+        return
+    import cupy
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s), cupy.cuda.ExternalStream(s.cuda_stream):
+        yield
+        s.synchronize()
+
+
+def threaded_rate(codec: ImageCodec, image, kwargs: dict, threads: int, per_thread: int) -> float:
+    """Images/s of ``threads`` threads each compressing ``per_thread`` times on its own stream."""
+    barrier = threading.Barrier(threads + 1)
+
+    def work():
+        with own_stream(codec.device):
+            codec.compress(image, **kwargs)  # warm this stream (workspaces, nvCOMP codec)
+            barrier.wait()
+            for _ in range(per_thread):
+                codec.compress(image, **kwargs)
+        barrier.wait()
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    barrier.wait()
+    seconds = time.perf_counter() - t0
+    for t in pool:
+        t.join()
+    return threads * per_thread / seconds
+
+
+def cprofile(fn, reps: int, out: Path) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        fn()
+    prof.disable()
+    text = io.StringIO()
+    st = pstats.Stats(prof, stream=text)
+    st.sort_stats("cumulative").print_stats(40)
+    st.sort_stats("tottime").print_stats(25)
+    out.write_text(text.getvalue())
+    return text.getvalue()
+
+
+def torch_profile(fn, device: str, reps: int, out: Path) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts, with_stack=True) as prof:
+        for _ in range(reps):
+            fn()
+        sync(device)
+    key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+    (out / "torch_ops.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=60))
+    trace = out / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    with open(trace, "rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    trace.unlink()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--image", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default="balle2016")
+    ap.add_argument("--quality", type=int, default=3)
+    ap.add_argument("--max-error", type=float, default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--threads", default="1,2,4", help="thread counts for the concurrent compress rate")
+    ap.add_argument("--summary-only", action="store_true", help="timings only: no cProfile, no torch.profiler")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    image = loaders.load_image(args.image)
+    codec = ImageCodec(args.device)
+    kwargs = {"model": args.model, "quality": args.quality, "max_error": args.max_error}
+    buf = codec.compress(image, **kwargs)
+    for _ in range(3):  # warm-up: kernels compiled, nvCOMP codecs made, cuDNN chose its algorithms
+        codec.decompress_tensor(codec.compress(image, **kwargs))
+    sync(args.device)
+
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    report = {"device": name, "image": args.image.name, "shape": list(image.shape), **kwargs, "bytes": len(buf),
+              "entropy_chunk": DEFAULTS.entropy_chunk,
+              "compress_ms": median_ms(lambda: codec.compress(image, **kwargs), args.device, args.reps),
+              "decompress_ms": median_ms(lambda: codec.decompress_tensor(buf), args.device, args.reps)}
+    report["threaded_images_per_s"] = {
+        n: threaded_rate(codec, image, kwargs, n, args.reps) for n in map(int, args.threads.split(","))}
+    print(json.dumps(report, indent=1), flush=True)
+    (args.out / "summary.json").write_text(json.dumps(report, indent=1) + "\n")
+    if args.summary_only:
+        return
+
+    text = cprofile(lambda: codec.compress(image, **kwargs), args.reps, args.out / "cprofile_compress.txt")
+    print(text[:6000])
+    cprofile(lambda: codec.decompress_tensor(buf), args.reps, args.out / "cprofile_decompress.txt")
+    torch_profile(lambda: codec.decompress_tensor(codec.compress(image, **kwargs)), args.device, 5, args.out)
+
+
+if __name__ == "__main__":
+    main()
