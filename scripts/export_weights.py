@@ -59,6 +59,7 @@ def main() -> None:
             W.save(model, spec, args.out / f"{name}.safetensors", card)
             W.load.cache_clear()
             card["eval"] = evaluate(codec, spec, args.data, args.limit)
+            card["eval_device"] = torch.cuda.get_device_name() if codec.device == "cuda" else "cpu"
             W.save(model, spec, args.out / f"{name}.safetensors", card)
             print(name, json.dumps(card["eval"]))
 

@@ -247,3 +247,11 @@ def test_cli_eval_rejects_bad_arguments(folder, tmp_path):
     r = run(folder, "--datasets", "kodak")
     assert r.returncode == 2 and "kodak" in r.stderr
     assert not (tmp_path / "o" / "points.csv").exists()
+
+
+def test_summary_names_the_devices_of_a_resumed_csv():
+    from visemz.evaluation import report
+
+    line = report.devices_line([{"device": "cpu"}, {"device": "cuda"}, {"device": "cuda"}], "cpu")
+    assert "cuda: 2 points" in line and "cpu: 1 points" in line
+    assert report.devices_line([{"device": "cpu"}], "cpu") == report.device_name("cpu")

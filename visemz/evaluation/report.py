@@ -116,6 +116,17 @@ def summary_markdown(curves: dict, failures: list[str], device_name: str) -> str
     return "\n".join(out)
 
 
+def devices_line(rows: list[dict], device: str) -> str:
+    """This run's device, and the devices of points a resumed CSV already held (per-point column 'device')."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["device"]] = counts.get(r["device"], 0) + 1
+    if set(counts) <= {"cpu", device}:
+        return device_name(device)
+    held = ", ".join(f"{d}: {n} points" for d, n in sorted(counts.items()))
+    return f"{device_name(device)} for this run; the CSV's points came from several devices ({held})"
+
+
 def device_name(device: str) -> str:
     import platform
 
@@ -135,5 +146,5 @@ def write_report(folder: Path, out: Path, cfg, rows: list[dict], failures: list[
         plots.rd_plot(ds, by_codec, out / f"rd_{ds}.png")
         if cfg.crops:
             plots.crop_figure(folder, ds, rows, cfg, out / f"crops_{ds}.png")
-    write_atomic(out / "summary.md", summary_markdown(curves, failures, device_name(cfg.device)).encode())
+    write_atomic(out / "summary.md", summary_markdown(curves, failures, devices_line(rows, cfg.device)).encode())
     log(f"report: {out / 'summary.md'}")
