@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Multi-GPU scaling on one host, every run against its baseline in the same run:
+#   - folder compression under torchrun on N GPUs against one GPU (scripts/bench_pipeline.py --torchrun);
+#   - compressed all_reduce (ring, recursive doubling, auto), all_to_all and scatter against NCCL's own,
+#     over NVLink and over NCCL's TCP sockets on loopback (a stand-in for an inter-node link);
+#   - the image-stacking job on all GPUs (PSNR against the exact stack, speedup over plain all_reduce).
+#
+#   bash scripts/bench_scaling.sh DATA OUT [N ...]     # DATA: e.g. ../shared/data/eval; N: GPU counts
+#                                                      # (default 2, 4, 8 up to the host's GPU count)
+# Each run has a time limit (SCALING_TIMEOUT seconds, default 300) so a hung rank costs one run, not all;
+# JSON reports and logs go to OUT.  NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+set -uo pipefail
+data=${1:?DATA folder (with kodak/ and xray/)}
+out=${2:?OUT folder}
+shift 2
+limit=${SCALING_TIMEOUT:-300}
+mkdir -p "$out"
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+counts=${*:-$(for n in 2 4 8; do [ "$n" -le "$gpus" ] && echo "$n"; done)}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+SOCKET="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo"
+
+run() {  # run NAME COMMAND...: log to OUT/NAME.log, report a failure and go on
+  local name=$1; shift
+  echo "== $name: $*"
+  timeout "$limit" env "$@" > "$out/$name.log" 2>&1 || echo "!! $name failed or timed out (exit $?), see $out/$name.log"
+  grep -v -i warn "$out/$name.log" | tail -n 4
+}
+
+for n in $counts; do
+  run "pipeline_${n}gpu" torchrun --nproc-per-node "$n" scripts/bench_pipeline.py --torchrun --data "$data" \
+    --repeat-to 1000 --streams 4 --repeat 2 --out "$out/pipeline_${n}gpu.json"
+  for link in nvlink socket; do
+    env_vars=""; [ "$link" = socket ] && env_vars=$SOCKET
+    # shellcheck disable=SC2086  # env_vars is a list of NAME=VALUE words
+    run "collectives_${link}_${n}gpu" $env_vars torchrun --nproc-per-node "$n" scripts/bench_collectives.py \
+      --data "$data/xray" --label "$link-$n" --out "$out/collectives_${link}_${n}gpu.json" \
+      --ops all_reduce,all_to_all,scatter --sizes-mb 1,16,256 --ebs 1e-2,1e-4 --kinds image --skip-codecs
+  done
+done
+# An exposure stack: 32 frames of the first X-ray with Poisson noise (same scene, same shape), float32 TIFF.
+python3 - "$data/xray" "$out/frames" <<'EOF_PY'
+import sys
+from pathlib import Path
+
+import numpy as np
+import tifffile
+
+from visemz.pipeline import files, loaders
+
+first = files.discover(Path(sys.argv[1]), files.IMAGE_EXTENSIONS)[0]
+scene = loaders.load_image(first).astype(np.float64)
+dst = Path(sys.argv[2])
+dst.mkdir(parents=True, exist_ok=True)
+rng = np.random.default_rng(0)
+for i in range(32):
+    tifffile.imwrite(dst / f"frame_{i:03d}.tif", (rng.poisson(scene * 4) / 4).astype(np.float32))
+EOF_PY
+n_max=$(echo "$counts" | tr ' ' '\n' | sort -n | tail -n 1)
+run "stack_${n_max}gpu" torchrun --nproc-per-node "$n_max" -m visemz stack "$out/frames" --out "$out/stacked.tiff" \
+  --error-bound 1e-4 --device cuda
+rm -rf "$out/frames"
