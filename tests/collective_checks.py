@@ -1,16 +1,33 @@
 """Checks run inside each rank of a process group: Gloo with CPU tensors (tests/test_collectives.py)
-or NCCL with CUDA tensors (tests/test_collectives_nccl.py)."""
+or NCCL with CUDA tensors (tests/test_collectives_nccl.py), and ``run_ranks``, which starts the
+ranks and collects their results without ever hanging."""
 
 from __future__ import annotations
 
+import time
 import traceback
 from datetime import timedelta
+from queue import Empty
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from visemz.collectives import ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter, scatter
+from visemz.collectives import (
+    ErrorBounded,
+    Lossless,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    autotune,
+    broadcast,
+    last_algorithm,
+    reduce_scatter,
+    scatter,
+)
+from visemz.collectives.cost import ALGORITHMS, AlgorithmCost, CostModel
 from visemz.errors import InvalidArgumentError
 
 N = 10_007
@@ -97,21 +114,155 @@ def checks(rank: int, world: int) -> list[str]:
         assert all(bounded(o, data(r * world + rank, n=300).cpu().to(torch.float64).numpy(), tol) for r, o in enumerate(outs))
     done.append("reduce_scatter, all_gather, broadcast, scatter, all_to_all (error-bounded and lossless)")
 
+    done += auto_checks(rank, world)
+    done += ordering_checks(rank, world)
     if world == 1:  # nobody to disagree with
         return done
     for kwargs, what in (
-        (dict(codec=ErrorBounded(1e-3 if rank == 0 else 1e-4)), "eb"),
-        (dict(codec=ErrorBounded(1e-3)), "dtype"),
-        (dict(codec=ErrorBounded(1e-3)), "size"),
+        ({"codec": ErrorBounded(1e-3 if rank == 0 else 1e-4)}, "eb"),
+        ({"codec": ErrorBounded(1e-3)}, "dtype"),
+        ({"codec": ErrorBounded(1e-3)}, "size"),
+        ({"codec": ErrorBounded(1e-3), "algorithm": "auto" if rank == 0 else "ring"}, "algorithm"),
+        ({"codec": ErrorBounded(1e-3), "async_op": True}, "async size"),
     ):
-        t = data(rank, torch.float16 if (what == "dtype" and rank == 0) else torch.float32, N + (rank if what == "size" else 0))
+        t = data(rank, torch.float16 if (what == "dtype" and rank == 0) else torch.float32, N + (rank if "size" in what else 0))
         try:
-            all_reduce(t, **kwargs)
+            handle = all_reduce(t, **kwargs)
+            if kwargs.get("async_op"):
+                handle.wait(120)  # an asynchronous call's mismatch is raised by wait()
             raise AssertionError(f"mismatched {what} was not refused")
         except InvalidArgumentError as e:
             assert "ranks disagree" in str(e)
-    done.append("mismatched eb, dtype and size refused on every rank")
+    done.append("mismatched eb, dtype, size, algorithm (also asynchronous) refused on every rank")
+
+    t = data(rank)
+    try:  # different collectives with settings of different lengths still meet in one agreement
+        if rank == 0:
+            broadcast(t, 0, codec=ErrorBounded(1e-3))
+        else:
+            all_to_all([torch.empty(3, device=DEVICE) for _ in range(world)], [t[:3]] * world)
+        raise AssertionError("mismatched collectives were not refused")
+    except InvalidArgumentError as e:
+        assert "ranks disagree on" in str(e)
+    done.append("different collectives refused on every rank")
     return done
+
+
+def gathered(values: list[float]) -> torch.Tensor:
+    """Every rank's ``values`` (float64), one row per rank."""
+    mine = torch.tensor(values, dtype=torch.float64, device=DEVICE)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return torch.stack(everyone).cpu()
+
+
+def identical_on_all_ranks(values: list[float]) -> bool:
+    table = gathered(values)
+    return bool((table == table[0]).all())
+
+
+def _model_numbers(m: CostModel) -> list[float]:
+    return [m.link, m.ratio, *(x for a in ALGORITHMS for x in (m.costs[a].latency, m.costs[a].codec, m.costs[a].wire))]
+
+
+def _synthetic(world: int, link: float, codec: float) -> CostModel:
+    """A model whose compressed algorithms cost ``codec`` s/byte of codec work on a ``link`` s/byte link."""
+    costs = {"plain": AlgorithmCost(1e-4, 0.0, 1.0), "ring": AlgorithmCost(2e-4, codec, 1.0),
+             "recursive_doubling": AlgorithmCost(3e-4, codec, 1.0)}
+    return CostModel(world, link, costs, 4.0)
+
+
+def auto_checks(rank: int, world: int) -> list[str]:
+    """auto: the same valid choice on every rank, a max-reduced calibration table, the observed ratio."""
+    done = []
+    eb = ErrorBounded(2e-3)  # a setting no other check uses: it is calibrated here
+    t = data(rank)
+    all_reduce(t, codec=eb, algorithm="auto")
+    chosen = last_algorithm()
+    if world == 1:
+        assert chosen == "plain" and autotune.model(None, eb, "float32") is None
+        return ["auto on one rank is plain"]
+    assert chosen in ALGORITHMS, chosen
+    assert identical_on_all_ranks([ALGORITHMS.index(chosen)]), chosen
+    assert bounded(t, exact_sum(world), world * 2e-3) or chosen == "plain"
+    m, _ = autotune.model(None, eb, "float32")
+    assert m.world == world and set(m.costs) == set(ALGORITHMS) and m.ratio > 1
+    # each rank timed its own runs: only the max-reduced table makes the models equal
+    assert identical_on_all_ranks(_model_numbers(m)), m
+
+    all_reduce(data(rank), codec=eb, algorithm="ring")  # every compressed run records its final payloads' ratio
+    _, noisy = autotune.model(None, eb, "float32")
+    all_reduce(torch.zeros(N, device=DEVICE), codec=eb, algorithm="recursive_doubling")
+    _, zeros = autotune.model(None, eb, "float32")
+    assert noisy > 1 and zeros > 10 * noisy, (noisy, zeros)
+    assert identical_on_all_ranks([noisy, zeros])
+    done.append("auto: same valid choice on every rank, max-reduced calibration, observed ratio updates")
+
+    for link, codec, want in ((1e-6, 1e-12, {"ring", "recursive_doubling"}), (1e-12, 1e-6, {"plain"})):
+        autotune.use_model(None, eb, "float32", _synthetic(world, link, codec))  # slow link, cheap codec: compress
+        t = data(rank)
+        all_reduce(t, codec=eb, algorithm="auto")
+        assert last_algorithm() in want, (link, last_algorithm())
+        assert identical_on_all_ranks([ALGORITHMS.index(last_algorithm())])
+        assert bounded(t, exact_sum(world), world * 2e-3)
+    autotune.use_model(None, eb, "float32", None)
+    done.append("auto follows the model: slow link -> compressed, fast link -> plain")
+    return done
+
+
+def ordering_checks(rank: int, world: int) -> list[str]:
+    """A call made while an asynchronous one is pending runs after it, on every rank."""
+    first = all_reduce(data(rank), codec=ErrorBounded(1e-2), algorithm="ring", async_op=True)
+    second = data(rank)
+    all_reduce(second, codec=ErrorBounded(1e-3), algorithm="recursive_doubling")
+    third = all_reduce(data(rank), codec=Lossless(), async_op=True)
+    assert bounded(first.wait(120), exact_sum(world), world * 1e-2)
+    assert bounded(second, exact_sum(world), world * 1e-3)
+    assert torch.equal(third.wait(120).cpu(), torch.from_numpy(exact_sum(world)).float())
+    return ["asynchronous and synchronous calls keep their order"]
+
+
+def run_ranks(target, world: int, args_for, timeout: float) -> list:
+    """Run ``target(*args_for(rank, queue))`` in ``world`` spawned processes; what each put on the queue.
+
+    Fails the test (never hangs) when a process dies without a result or the results are not
+    all in within ``timeout`` seconds; leftover processes are killed."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=args_for(r, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results, deadline, dead_since = [], time.monotonic() + timeout, None
+    try:
+        while len(results) < world:
+            try:
+                results.append(queue.get(timeout=1.0))
+                continue
+            except Empty:
+                pass
+            now = time.monotonic()
+            crashed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            dead_since = (dead_since or now) if crashed else None
+            if crashed and now - dead_since > 5:  # its result, if any, had time to arrive
+                pytest.fail(f"ranks {crashed} died without a result (exit codes {[p.exitcode for p in procs]})")
+            if now > deadline:
+                pytest.fail(f"{world - len(results)} rank(s) gave no result within {timeout:.0f} s")
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return results
+
+
+def _compile_gpu_kernels() -> None:
+    """Build the codecs' CUDA kernels before any collective: a rank compiling while its peer waits
+    inside NCCL could outlast the group's timeout."""
+    x = torch.zeros(64, device=DEVICE)
+    ErrorBounded(1e-3).encode_device(x)[0].nbytes()
+    Lossless().encode_device(x)
+    torch.cuda.synchronize()
 
 
 def worker(rank: int, world: int, init_file: str, queue, backend: str = "gloo") -> None:
@@ -119,11 +270,12 @@ def worker(rank: int, world: int, init_file: str, queue, backend: str = "gloo") 
     if backend == "nccl":
         torch.cuda.set_device(rank)
         DEVICE = torch.device("cuda", rank)
+        _compile_gpu_kernels()
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60), **({"device_id": DEVICE} if backend == "nccl" else {}))
+                            timeout=timedelta(seconds=120), **({"device_id": DEVICE} if backend == "nccl" else {}))
     try:
         queue.put((rank, "ok", checks(rank, world)))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (any failure goes back to the parent as a result)
         queue.put((rank, "error", traceback.format_exc()))
     finally:
         dist.destroy_process_group()

@@ -1,25 +1,116 @@
-"""scripts/cost_model.py: the alpha-beta formulas and the table it prints."""
+"""The cost model (visemz.collectives.cost) on synthetic timings, and scripts/cost_model.py's table."""
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+from visemz.collectives import autotune
+from visemz.collectives.cost import ALGORITHMS, CostModel, Line, messages, wire_factor
+from visemz.errors import InvalidArgumentError
 
 spec = importlib.util.spec_from_file_location("cost_model", Path(__file__).parents[1] / "scripts" / "cost_model.py")
 cm = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cm)
 
+MIB = 1 << 20
+SIZES = (1 * MIB, 32 * MIB)
 
-def test_ring_formula_and_limits():
+
+def timings(link_Bps: float, codec_Bps: float, ratio: float, world: int = 2, latency=(50e-6, 1e-3, 0.6e-3)) -> dict:
+    """Synthetic calibration table: what each algorithm would take at SIZES on such a group."""
+    link = 1 / link_Bps
+    out = {}
+    for a, lat in zip(ALGORITHMS, latency):
+        per_byte = wire_factor(a, world) * link / (1 if a == "plain" else ratio) + (0 if a == "plain" else 1 / codec_Bps)
+        out[a] = tuple(lat + n * per_byte for n in SIZES)
+    return out
+
+
+def test_wire_factors_and_messages():
+    assert wire_factor("plain", 2) == wire_factor("ring", 2) == wire_factor("recursive_doubling", 2) == 1
+    assert wire_factor("ring", 8) == pytest.approx(2 * 7 / 8)
+    assert wire_factor("recursive_doubling", 8) == 3
+    assert wire_factor("recursive_doubling", 6) == 2 + 2  # log2 4, plus fold-in and hand-back
+    assert messages("plain", 4) == 6 and messages("ring", 4) == 12 and messages("recursive_doubling", 3) == 2 * 3
+    with pytest.raises(InvalidArgumentError, match="tree"):
+        wire_factor("tree", 4)
+
+
+def test_line_through_two_points_never_goes_negative():
+    line = Line.through(1, 3.0, 3, 7.0)
+    assert (line.intercept, line.slope) == (1.0, 2.0)
+    assert Line.through(1, 5.0, 3, 4.0).slope == 0  # timing noise: a shrinking time is a flat line
+    assert Line.through(1, 1.0, 3, 10.0).intercept == 0
+    with pytest.raises(InvalidArgumentError):
+        Line.through(3, 1.0, 1, 2.0)
+
+
+def test_fit_recovers_the_parameters_it_was_built_from():
+    m = CostModel.from_timings(2, SIZES, timings(3e9, 100e9, 5.0), 5.0)
+    assert m.link == pytest.approx(1 / 3e9)
+    assert m.costs["ring"].codec == pytest.approx(1 / 100e9)
+    assert m.costs["plain"].latency == pytest.approx(50e-6)
+    n = 256 * MIB
+    assert m.seconds("recursive_doubling", n) == pytest.approx(0.6e-3 + n * (1 / 100e9 + 1 / 3e9 / 5))
+    # another ratio rescales the wire part only
+    assert m.seconds("ring", n, 2.5) - m.seconds("ring", n) == pytest.approx(n / 3e9 * (1 / 2.5 - 1 / 5))
+
+
+def test_slow_link_chooses_compression_fast_link_plain():
+    sockets = CostModel.from_timings(2, SIZES, timings(3e9, 100e9, 5.0), 5.0)  # TCP over loopback
+    assert sockets.choose(256 * MIB) == "recursive_doubling"  # lower latency than the ring at W = 2
+    assert sockets.choose(4096) == "plain"  # small tensors: latency decides
+    nvlink = CostModel.from_timings(2, SIZES, timings(250e9, 100e9, 5.0), 5.0)
+    assert all(nvlink.choose(n) == "plain" for n in (4096, MIB, 256 * MIB, 4096 * MIB))
+
+
+def test_observed_ratio_changes_the_choice():
+    m = CostModel.from_timings(2, SIZES, timings(3e9, 20e9, 3.0), 3.0)
+    n = 256 * MIB
+    assert m.choose(n) != "plain" and m.choose(n, ratio=1.05) == "plain"  # data that hardly compresses
+
+
+def test_more_ranks_favour_the_ring_for_large_tensors():
+    m = CostModel.from_timings(8, SIZES, timings(3e9, 100e9, 5.0, world=8, latency=(1e-4, 1e-3, 1e-3)), 5.0)
+    assert m.choose(1024 * MIB) == "ring"  # 2 (W-1)/W of the bytes instead of log2 W whole payloads
+
+
+def test_ties_go_to_plain_and_missing_timings_are_refused():
+    same = {a: (1e-3, 2e-3) for a in ALGORITHMS}
+    assert CostModel.from_timings(4, SIZES, same, 1.0).choose(MIB) == "plain"
+    with pytest.raises(InvalidArgumentError, match="ring"):
+        CostModel.from_timings(2, SIZES, {"plain": (1, 2)}, 2.0)
+
+
+def test_calibration_sizes_setting(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(autotune, "DEFAULTS", replace(autotune.DEFAULTS, collective_calibration_kib="1024,32768"))
+    assert autotune.calibration_bytes(torch.device("cuda", 0)) == (1024 * 1024, 32 * 1024 * 1024)
+    assert autotune.calibration_bytes(torch.device("cpu")) == (16 * 1024, 512 * 1024)
+    for bad in ("32768,1024", "1024", "a,b"):
+        monkeypatch.setattr(autotune, "DEFAULTS", replace(autotune.DEFAULTS, collective_calibration_kib=bad))
+        with pytest.raises(InvalidArgumentError, match="VISEMZ_COLLECTIVE_CALIBRATION_KIB"):
+            autotune.calibration_bytes(torch.device("cpu"))
+
+
+def test_script_formulas_and_limits():
     size, alpha, bw = 1 << 30, 5e-6, 12.5e9
     assert cm.plain_seconds(size, 2, alpha, bw) == pytest.approx(2 * alpha + size / bw)
     free = {"ratio": 1.0, "encode_GBps": float("inf"), "decode_GBps": float("inf"), "homomorphic_add_GBps": float("inf")}
-    assert cm.compressed_seconds(size, 64, alpha, bw, free) == pytest.approx(cm.plain_seconds(size, 64, alpha, bw))
+    # free codecs at ratio 1: the ring moves the same bytes, plus one size word per message
+    extra = 2 * 63 * alpha
+    assert cm.compressed_seconds(size, 64, alpha, bw, free) == pytest.approx(cm.plain_seconds(size, 64, alpha, bw) + extra)
     c = dict(free, ratio=4.0)
     # with free codecs, a 4x ratio divides the bandwidth term by 4
-    want = 2 * 63 * alpha + (cm.plain_seconds(size, 64, alpha, bw) - 2 * 63 * alpha) / 4
+    want = 2 * extra + (cm.plain_seconds(size, 64, alpha, bw) - extra) / 4
     assert cm.compressed_seconds(size, 64, alpha, bw, c) == pytest.approx(want)
+    slow = dict(c, encode_GBps=100.0, decode_GBps=100.0, homomorphic_add_GBps=50.0)
+    codec = size / 100e9 * 2 + size * 63 / 64 / 50e9
+    assert cm.compressed_seconds(size, 64, alpha, bw, slow) == pytest.approx(want + codec)
 
 
 def test_script_prints_a_labelled_model(tmp_path, capsys, monkeypatch):
@@ -30,6 +121,7 @@ def test_script_prints_a_labelled_model(tmp_path, capsys, monkeypatch):
     cm.main()
     out = capsys.readouterr().out
     assert "Model" in out and out.count("\n| ") == 2 + 2 * 7  # header, rule, 7 world sizes per bandwidth
+    assert "| ring |" in out or "| recursive_doubling |" in out
     monkeypatch.setattr("sys.argv", ["cost_model.py", str(bench), "--case", "nope"])
     with pytest.raises(SystemExit, match="no codec row"):
         cm.main()

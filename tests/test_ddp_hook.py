@@ -5,10 +5,11 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from .collective_checks import run_ranks
 
 
-def _train(rank, world, init, codec_name, queue):
+def _train(rank, world, init, codec_name, algorithm, queue):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from visemz.collectives import ErrorBounded, Lossless, ddp_hook
@@ -20,7 +21,7 @@ def _train(rank, world, init, codec_name, queue):
         nets["hooked"].load_state_dict(nets["plain"].state_dict())
         models = {name: DDP(net) for name, net in nets.items()}
         codec = {"lossless": Lossless(), "eb": ErrorBounded(1e-6)}[codec_name]
-        models["hooked"].register_comm_hook(None, ddp_hook(codec, algorithm="ring"))
+        models["hooked"].register_comm_hook(None, ddp_hook(codec, algorithm=algorithm))
         opts = {name: torch.optim.SGD(m.parameters(), lr=0.1) for name, m in models.items()}
         g = torch.Generator().manual_seed(rank)
         for _ in range(5):
@@ -33,23 +34,16 @@ def _train(rank, world, init, codec_name, queue):
         everyone = [torch.empty_like(flat["hooked"]) for _ in range(world)]
         dist.all_gather(everyone, flat["hooked"])
         queue.put((rank, all(torch.equal(e, everyone[0]) for e in everyone), float((flat["hooked"] - flat["plain"]).abs().max())))
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 (any failure goes back to the parent as a result)
         queue.put((rank, repr(e), None))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("codec_name", ["lossless", "eb"])
-def test_ddp_hook_keeps_replicas_identical(codec_name, tmp_path):
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_train, args=(r, 2, tmp_path / "init", codec_name, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = [queue.get() for _ in procs]
-    for p in procs:
-        p.join(60)
+@pytest.mark.parametrize(("codec_name", "algorithm"), [("lossless", "ring"), ("eb", "ring"), ("eb", "auto")])
+def test_ddp_hook_keeps_replicas_identical(codec_name, algorithm, tmp_path):
+    results = run_ranks(_train, 2, lambda r, q: (r, 2, tmp_path / "init", codec_name, algorithm, q), timeout=150)
     for rank, same, diff in results:
         assert same is True, f"rank {rank}: {same}"
         assert diff < 1e-5, f"rank {rank}: parameters drift {diff} from plain DDP"

@@ -33,6 +33,9 @@ class Defaults:
     queue_depth: int = 0  # VISEMZ_QUEUE_DEPTH
     #: Folder jobs: images per DALI decoding batch (the DALI loader).
     dali_batch: int = 16  # VISEMZ_DALI_BATCH
+    #: Collectives: the two sizes (KiB) at which all_reduce(algorithm="auto") times every algorithm, once per
+    #: group and codec setting, for GPU tensors; CPU tensors use 1/64 of them (collectives/autotune.py).
+    collective_calibration_kib: str = "1024,32768"  # VISEMZ_COLLECTIVE_CALIBRATION_KIB
 
 
 LOADERS = ("auto", "dali", "kvikio", "cpu")

@@ -1,13 +1,24 @@
 """Compressed collectives: float codecs on the shared block encoder, homomorphic reduction.
 
-Built so far (CPU path; NCCL GPU kernels are next): the codecs, the NumPy homomorphic add,
-and the collectives over torch.distributed.
+The codecs (NumPy and GPU), the homomorphic add, and the collectives over torch.distributed
+(Gloo with CPU tensors, NCCL with CUDA tensors); ``all_reduce(algorithm="auto")`` chooses with
+a cost model calibrated on the group (``CostModel``, ``autotune.py``).
 """
 
 from .codecs import ErrorBounded, Lossless
+from .cost import CostModel
 from .ddp import ddp_hook
 from .homomorphic import add
-from .ops import CostModel, Handle, all_gather, all_reduce, all_to_all, broadcast, reduce_scatter, scatter
+from .ops import (
+           Handle,
+           all_gather,
+           all_reduce,
+           all_to_all,
+           broadcast,
+           last_algorithm,
+           reduce_scatter,
+           scatter,
+)
 
-__all__ = ["ErrorBounded", "Lossless", "add", "all_reduce", "reduce_scatter", "all_gather", "broadcast",
-           "scatter", "all_to_all", "Handle", "CostModel", "ddp_hook"]
+__all__ = ["CostModel", "ErrorBounded", "Handle", "Lossless", "add", "all_gather", "all_reduce",
+           "all_to_all", "broadcast", "ddp_hook", "last_algorithm", "reduce_scatter", "scatter"]

@@ -5,15 +5,23 @@ allocate exactly what arrives.  Tensors travel on the group's own device: CUDA f
 (compressed bytes never visit the host; only the int64 size words are read back), the CPU for
 Gloo.  Received payloads come back on that device; callers move them where their codec runs.
 Ranks here are ranks within ``group``; they are mapped to global ranks for point-to-point calls.
+
+The settings agreement every collective starts with (``agree``) is a small all_gather read back
+by the host.  On CUDA it runs on a side stream of its own, so the host waits for the agreement
+alone, not for the work the caller queued before (a copy into the tensor, a backward pass).
 """
 
 from __future__ import annotations
 
-import numpy as np
+import threading
+
 import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgumentError
+
+# torch 2.14 renamed all_gather_into_tensor (now a deprecated alias) to all_gather_single; older torch has only the first
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def rank(group) -> int:
@@ -39,48 +47,57 @@ def _size_word(n: int, group) -> torch.Tensor:
     return torch.tensor([n], dtype=torch.int64, device=device(group))
 
 
-def _exchange(ops: list, group) -> None:
-    """Post sends and receives together (NCCL groups them, so neither side waits for the other)."""
+def _post(ops: list, group) -> None:
+    """Post sends and receives together (NCCL groups them, so neither side waits for the other).
+
+    Every point-to-point transfer goes through ``batch_isend_irecv``, even a single one: NCCL then
+    uses the group's own communicator, where a lone ``dist.send``/``dist.recv`` would set up a
+    communicator for the pair of ranks the first time, in the middle of a collective."""
     p2p = [dist.P2POp(op, t, _global(group, peer), group) for op, t, peer in ops]
-    for req in dist.batch_isend_irecv(p2p):
-        req.wait()
+    if p2p:
+        for req in dist.batch_isend_irecv(p2p):
+            req.wait()
+
+
+def exchange(sends: dict[int, torch.Tensor], frm: list[int], group) -> dict[int, torch.Tensor]:
+    """Send ``sends[to]`` to each rank ``to`` while receiving one payload from each rank in ``frm``.
+
+    Two batches whatever the number of peers: every size word, then every payload; the host
+    reads the incoming sizes once, in between."""
+    dev = device(group)
+    sends = {to: p.to(dev) for to, p in sends.items()}
+    in_n = torch.empty(len(frm), dtype=torch.int64, device=dev)
+    _post([(dist.isend, _size_word(p.numel(), group), to) for to, p in sends.items()]
+          + [(dist.irecv, in_n[i : i + 1], f) for i, f in enumerate(frm)], group)
+    incoming = {f: torch.empty(k, dtype=torch.uint8, device=dev) for f, k in zip(frm, in_n.tolist())}
+    _post([(dist.isend, p, to) for to, p in sends.items()] + [(dist.irecv, incoming[f], f) for f in frm], group)
+    return incoming
 
 
 def sendrecv(payload: torch.Tensor, to: int, frm: int, group) -> torch.Tensor:
     """Send ``payload`` to rank ``to`` while receiving one from rank ``frm`` (no ordering deadlock)."""
-    payload = payload.to(device(group))
-    in_n = torch.empty(1, dtype=torch.int64, device=payload.device)
-    _exchange([(dist.isend, _size_word(payload.numel(), group), to), (dist.irecv, in_n, frm)], group)
-    incoming = torch.empty(int(in_n.item()), dtype=torch.uint8, device=payload.device)
-    _exchange([(dist.isend, payload, to), (dist.irecv, incoming, frm)], group)
-    return incoming
+    return exchange({to: payload}, [frm], group)[frm]
 
 
 def send(payload: torch.Tensor, to: int, group) -> None:
-    payload = payload.to(device(group))
-    dist.send(_size_word(payload.numel(), group), _global(group, to), group)
-    dist.send(payload, _global(group, to), group)
+    exchange({to: payload}, [], group)
 
 
 def recv(frm: int, group) -> torch.Tensor:
-    n = torch.empty(1, dtype=torch.int64, device=device(group))
-    dist.recv(n, _global(group, frm), group)
-    out = torch.empty(int(n.item()), dtype=torch.uint8, device=n.device)
-    dist.recv(out, _global(group, frm), group)
-    return out
+    return exchange({}, [frm], group)[frm]
 
 
 def all_gather(payload: torch.Tensor, group) -> list[torch.Tensor]:
     """Every rank's payload, on every rank: sizes first, then payloads padded to the largest."""
     w, dev = world(group), device(group)
     sizes = torch.empty(w, dtype=torch.int64, device=dev)
-    dist.all_gather_into_tensor(sizes, _size_word(payload.numel(), group), group)
+    _all_gather_single(sizes, _size_word(payload.numel(), group), group)
     n = sizes.tolist()
     slot = -(-max(n) // 16) * 16  # 16-byte slots keep every payload aligned for the GPU decoders
     padded = torch.zeros(slot, dtype=torch.uint8, device=dev)
     padded[: payload.numel()] = payload.to(dev)
     out = torch.empty(w * slot, dtype=torch.uint8, device=dev)
-    dist.all_gather_into_tensor(out, padded, group)
+    _all_gather_single(out, padded, group)
     return [out[i * slot : i * slot + k] for i, k in enumerate(n)]
 
 
@@ -95,9 +112,45 @@ def broadcast(payload: torch.Tensor | None, src: int, group) -> torch.Tensor:
 
 def agree(values: list[float], group, what: str) -> None:
     """Raise on every rank when ranks disagree on ``values`` (so a mismatch never hangs)."""
-    mine = torch.tensor(values, dtype=torch.float64, device=device(group))
-    everyone = torch.empty(world(group) * len(values), dtype=torch.float64, device=mine.device)
-    dist.all_gather_into_tensor(everyone, mine, group)
-    table = everyone.cpu().numpy().reshape(world(group), len(values))
-    if not (table == table[0]).all():
-        raise InvalidArgumentError(f"ranks disagree on {what}: " + "; ".join(f"rank {i}: {list(r)}" for i, r in enumerate(table)))
+    dev = device(group)
+    gather = _gather_on_side_stream if dev.type == "cuda" else _gather_on_host
+    table = gather(torch.tensor(values, dtype=torch.float64), group, dev).reshape(world(group), len(values))
+    if not bool((table == table[0]).all()):
+        rows = "; ".join(f"rank {i}: {r}" for i, r in enumerate(table.tolist()))
+        raise InvalidArgumentError(f"ranks disagree on {what}: {rows}")
+
+
+def _gather_on_host(mine: torch.Tensor, group, dev: torch.device) -> torch.Tensor:
+    everyone = torch.empty(world(group) * mine.numel(), dtype=mine.dtype)
+    _all_gather_single(everyone, mine, group)
+    return everyone
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+_SIDE_LOCK = threading.Lock()
+
+
+def _side_stream(dev: torch.device) -> torch.cuda.Stream:
+    with _SIDE_LOCK:
+        if dev.index not in _SIDE_STREAMS:
+            _SIDE_STREAMS[dev.index] = torch.cuda.Stream(dev)
+        return _SIDE_STREAMS[dev.index]
+
+
+def _gather_on_side_stream(mine: torch.Tensor, group, dev: torch.device) -> torch.Tensor:
+    """all_gather of a few numbers on ``dev`` without waiting for the caller's queued work.
+
+    Upload, all_gather and read-back are queued on an otherwise idle side stream: NCCL's
+    stream then depends on that stream only (not on the caller's), and the host waits for
+    this stream alone.  Host buffers are pinned (from torch's caching host allocator) so the
+    copies are true asynchronous copies on that stream."""
+    side = _side_stream(dev)
+    mine = mine.pin_memory()
+    out = torch.empty(world(group) * mine.numel(), dtype=mine.dtype, pin_memory=True)
+    with torch.cuda.stream(side):
+        on_dev = mine.to(dev, non_blocking=True)
+        everyone = torch.empty(out.numel(), dtype=mine.dtype, device=dev)
+        _all_gather_single(everyone, on_dev, group)
+        out.copy_(everyone, non_blocking=True)
+        side.synchronize()
+    return out

@@ -1,0 +1,141 @@
+"""The compressed all_reduce algorithms, over payloads, and their phase timing.
+
+Each algorithm takes an engine (``engines.py``: where codec work runs), the flat tensor and
+the group, and returns the float64 sum plus the bytes of the final compressed payloads.
+Those final payloads are the same bytes on every rank (the compressed all-gather of the ring
+hands every rank every reduced chunk; recursive doubling ends with the same integer sum, and
+so the same stream, everywhere), so the ratio they give is the same on every rank: ``auto``
+uses it to re-estimate without communicating (``autotune.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+
+import torch
+
+from . import transport as T
+
+_PHASES: dict | None = None  # seconds per phase while phase_times() is active
+
+
+@contextlib.contextmanager
+def phase_times():
+    """Collect seconds per phase (compress, communicate, reduce, decompress) of the calls inside.
+
+    Each phase is bracketed by a device synchronisation, which costs overlap: use it for a
+    breakdown, and time the same call outside it for the total."""
+    global _PHASES
+    _PHASES = {"compress": 0.0, "communicate": 0.0, "reduce": 0.0, "decompress": 0.0}
+    try:
+        yield _PHASES
+    finally:
+        _PHASES = None
+
+
+@contextlib.contextmanager
+def phase_times_paused():
+    """Leave work inside (auto's calibration) out of an active ``phase_times``."""
+    global _PHASES
+    saved, _PHASES = _PHASES, None
+    try:
+        yield
+    finally:
+        _PHASES = saved
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    if _PHASES is None:
+        yield
+        return
+    _sync()
+    t0 = time.perf_counter()
+    yield
+    _sync()
+    _PHASES[name] += time.perf_counter() - t0
+
+
+def write_values(out: torch.Tensor, values: torch.Tensor) -> None:
+    """float64 values -> ``out`` (its dtype's rounding), on out's device."""
+    out.copy_(values.to(out.device).to(out.dtype))
+
+
+def bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    edges = [round(i * n / parts) for i in range(parts + 1)]
+    return list(itertools.pairwise(edges))
+
+
+def ring_reduce_scatter(eng, chunks: list[torch.Tensor], sizes: list[int], group) -> torch.Tensor:
+    """Homomorphic ring: rank r ends with the compressed sum of chunk r."""
+    r, w = T.rank(group), T.world(group)
+    for s in range(w - 1):
+        send_i, recv_i = (r - s - 1) % w, (r - s - 2) % w
+        with phase("communicate"):
+            got = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group)
+        with phase("reduce"):
+            chunks[recv_i] = eng.add(got, chunks[recv_i], sizes[recv_i])
+    return chunks[r]
+
+
+def ring(eng, flat: torch.Tensor, group, name: str) -> tuple[torch.Tensor, int]:
+    """Homomorphic reduce-scatter, then a compressed all-gather of the reduced chunks."""
+    r, w = T.rank(group), T.world(group)
+    edges = bounds(flat.numel(), w)
+    sizes = [b - a for a, b in edges]
+    with phase("compress"):
+        chunks = eng.encode_many([flat[a:b] for a, b in edges])
+    chunks[r] = ring_reduce_scatter(eng, chunks, sizes, group)
+    for s in range(w - 1):
+        send_i, recv_i = (r - s) % w, (r - s - 1) % w
+        with phase("communicate"):
+            chunks[recv_i] = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group)
+    with phase("decompress"):
+        total = torch.cat([eng.values(c, k, name) for c, k in zip(chunks, sizes)])
+    return total, sum(c.numel() for c in chunks)
+
+
+def recursive_doubling(eng, flat: torch.Tensor, group, name: str) -> tuple[torch.Tensor, int]:
+    """Pairwise exchange-and-add over log2 p rounds; with W not a power of two the extra ranks
+    fold their data into a partner first and get the result back at the end."""
+    n = flat.numel()
+    with phase("compress"):
+        buf = eng.encode_many([flat])[0]
+    buf = _doubling(eng, buf, n, group)
+    with phase("decompress"):
+        return eng.values(buf, n, name), buf.numel()
+
+
+def _doubling(eng, buf: torch.Tensor, n: int, group) -> torch.Tensor:
+    r, w = T.rank(group), T.world(group)
+    p = 1 << (w.bit_length() - 1)  # largest power of two <= w
+    if r >= p:  # extra ranks hand their data to a partner and wait for the result
+        with phase("communicate"):
+            T.send(buf, r - p, group)
+            return T.recv(r - p, group)
+    if r < w - p:
+        with phase("communicate"):
+            got = T.recv(r + p, group)
+        with phase("reduce"):
+            buf = eng.add(buf, got, n)
+    k = 1
+    while k < p:
+        with phase("communicate"):
+            got = T.sendrecv(buf, r ^ k, r ^ k, group)
+        with phase("reduce"):
+            buf = eng.add(buf, got, n)
+        k <<= 1
+    if r < w - p:
+        with phase("communicate"):
+            T.send(buf, r + p, group)
+    return buf
+
+
+COMPRESSED = {"ring": ring, "recursive_doubling": recursive_doubling}
