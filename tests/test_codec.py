@@ -178,3 +178,18 @@ def test_weights_load_without_unpickling(monkeypatch):
             assert len(model_id) == 16 and not net.training
     finally:
         W.load.cache_clear()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_symbols_are_coded_with_per_block_widths(model):
+    """The codec's symbol sections use the per-block policy (smaller on trained latents than the
+    global width); the block stream header records it."""
+    from visemz.encoders import entropy, layout, stream
+
+    buf = visemz.compress(_image("uint8", (70, 90, 3)), model=model, quality=2, device="cpu")
+    sections = container.unpack(buf).sections
+    for name in ("y", "z") if model == "mbt2018-mean" else ("y",):
+        parsed = stream.parse(sections[name])
+        raw = entropy.decompress_cpu(parsed.frames, parsed.entropy, parsed.sizes)
+        header = layout.parse_header(memoryview(raw))
+        assert header.policy == layout.POLICIES["block"], name
