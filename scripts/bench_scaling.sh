@@ -9,11 +9,18 @@
 #                                                      # (default 2, 4, 8 up to the host's GPU count)
 # Each run has a time limit (SCALING_TIMEOUT seconds, default 300) so a hung rank costs one run, not all;
 # JSON reports and logs go to OUT.  NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+# SCALING_PARTS picks the parts (default "pipeline nvlink socket stack"); SCALING_SIZES (MiB, default
+# 1,16,256), SCALING_EBS (default 1e-2,1e-4) and SCALING_KINDS (image, smooth; default image) set the
+# collectives' ladder.
 set -uo pipefail
 data=${1:?DATA folder (with kodak/ and xray/)}
 out=${2:?OUT folder}
 shift 2
 limit=${SCALING_TIMEOUT:-300}
+parts=" ${SCALING_PARTS:-pipeline nvlink socket stack} "
+sizes=${SCALING_SIZES:-1,16,256}
+ebs=${SCALING_EBS:-1e-2,1e-4}
+kinds=${SCALING_KINDS:-image}
 mkdir -p "$out"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 counts=${*:-$(for n in 2 4 8; do [ "$n" -le "$gpus" ] && echo "$n"; done)}
@@ -27,17 +34,21 @@ run() {  # run NAME COMMAND...: log to OUT/NAME.log, report a failure and go on
   grep -v -i warn "$out/$name.log" | tail -n 4
 }
 
+has() { [[ $parts == *" $1 "* ]]; }
+
 for n in $counts; do
-  run "pipeline_${n}gpu" torchrun --nproc-per-node "$n" scripts/bench_pipeline.py --torchrun --data "$data" \
+  has pipeline && run "pipeline_${n}gpu" torchrun --nproc-per-node "$n" scripts/bench_pipeline.py --torchrun --data "$data" \
     --repeat-to 1000 --streams 4 --repeat 2 --out "$out/pipeline_${n}gpu.json"
   for link in nvlink socket; do
+    has "$link" || continue
     env_vars=""; [ "$link" = socket ] && env_vars=$SOCKET
     # shellcheck disable=SC2086  # env_vars is a list of NAME=VALUE words
     run "collectives_${link}_${n}gpu" $env_vars torchrun --nproc-per-node "$n" scripts/bench_collectives.py \
       --data "$data/xray" --label "$link-$n" --out "$out/collectives_${link}_${n}gpu.json" \
-      --ops all_reduce,all_to_all,scatter --sizes-mb 1,16,256 --ebs 1e-2,1e-4 --kinds image --skip-codecs
+      --ops all_reduce,all_to_all,scatter --sizes-mb "$sizes" --ebs "$ebs" --kinds "$kinds" --skip-codecs
   done
 done
+has stack || exit 0
 # An exposure stack: 32 frames of the first X-ray with Poisson noise (same scene, same shape), float32 TIFF.
 python3 - "$data/xray" "$out/frames" <<'EOF_PY'
 import sys

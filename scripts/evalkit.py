@@ -37,8 +37,10 @@ def ms_ssim(a: np.ndarray, b: np.ndarray) -> float:
     import torch
     from pytorch_msssim import ms_ssim as _ms_ssim
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # a 5-Mpixel X-ray takes seconds on a CPU
+
     def t(x):
-        x = torch.from_numpy(x.astype(np.float32) / 255.0)
+        x = torch.from_numpy(x.astype(np.float32) / 255.0).to(device)
         return (x[None, None] if x.dim() == 2 else x.permute(2, 0, 1)[None])
 
     return float(_ms_ssim(t(a), t(b), data_range=1.0))
