@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 
@@ -117,21 +118,36 @@ def build_folder(data: Path, work: Path, repeat_to: int, with_npy: bool) -> Fold
         raise InvalidArgumentError(f"no images under {str(data)!r}")
     rels = [p.relative_to(data).as_posix() if data.is_dir() else p.name for p in originals]
     copies = math.ceil(repeat_to / len(originals))
-    src, npy = work / "src", work / "npy"
+    src = work / "src"
     shutil.rmtree(src, ignore_errors=True)
-    shutil.rmtree(npy, ignore_errors=True)
     for r in range(copies):
         for p, rel in zip(originals, rels):
             _link_or_copy(p if r == 0 else src / "rep000" / rel, src / f"rep{r:03d}" / rel)
     images = [(rel, loaders.load(src / "rep000" / rel).pixels) for rel in rels]
-    if with_npy:
-        for (rel, img) in images:
-            (npy / "rep000" / rel).parent.mkdir(parents=True, exist_ok=True)
-            np.save(npy / "rep000" / (rel + ".npy"), img)
-        for r in range(1, copies):
-            for rel in rels:
-                _link_or_copy(npy / "rep000" / (rel + ".npy"), npy / f"rep{r:03d}" / (rel + ".npy"))
-    return Folder(src / "rep000", src, npy if with_npy else None, images, copies * len(originals))
+    npy = converted_folder(images, work / "npy", copies, ".npy", np.save) if with_npy else None
+    return Folder(src / "rep000", src, npy, images, copies * len(originals))
+
+
+def converted_folder(images: list, root: Path, copies: int, ext: str, save) -> Path:
+    """The distinct images written once each by ``save(path, pixels)`` (as ``rel + ext``), then
+    linked ``copies`` times: the same folder in another file format."""
+    shutil.rmtree(root, ignore_errors=True)
+    for rel, img in images:
+        (root / "rep000" / rel).parent.mkdir(parents=True, exist_ok=True)
+        save(root / "rep000" / (rel + ext), img)
+    for r in range(1, copies):
+        for rel, _ in images:
+            _link_or_copy(root / "rep000" / (rel + ext), root / f"rep{r:03d}" / (rel + ext))
+    return root
+
+
+def save_jpeg(path: Path, img: np.ndarray) -> None:
+    """8-bit JPEG at quality 95 (what a microscope or camera folder of JPEGs looks like)."""
+    pixels = img if img.dtype == np.uint8 else (img.astype(np.float64) * 255 / max(float(img.max()), 1)).astype(np.uint8)
+    if pixels.ndim == 3:
+        pixels = cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR)
+    if not cv2.imwrite(str(path), pixels, [cv2.IMWRITE_JPEG_QUALITY, 95]):
+        raise RuntimeError(f"OpenCV could not write {path}")
 
 
 # ------------------------------------------------------------------ timing
@@ -378,6 +394,13 @@ def loader_rows(args, folder: Folder, out: Path, cfg, n: int, report: dict) -> N
         c, _ = compress_row(f"loader cpu {n} streams", folder.src, folder.distinct, out, cfg(n, "cpu"), args.repeat)
         runs += [d, c]
         ratios["dali_over_cpu_loader"] = round(d["images_per_s"] / c["images_per_s"], 3)
+        # the formats DALI decodes on the GPU: the same folder as JPEG files
+        copies = folder.files // len(folder.images)
+        jpg = converted_folder(folder.images, folder.src.parent / "jpg", copies, ".jpg", save_jpeg)
+        d, _ = compress_row(f"jpeg dali {n} streams", jpg, jpg / "rep000", out, cfg(n, "dali"), args.repeat)
+        c, _ = compress_row(f"jpeg cpu {n} streams", jpg, jpg / "rep000", out, cfg(n, "cpu"), args.repeat)
+        runs += [d, c]
+        ratios["dali_over_cpu_loader_jpeg"] = round(d["images_per_s"] / c["images_per_s"], 3)
     if folder.npy is not None:
         npy_distinct = folder.npy / "rep000"
         k, _ = compress_row(f"npy kvikio {n} streams", folder.npy, npy_distinct, out, cfg(n, "kvikio"), args.repeat)

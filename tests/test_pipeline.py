@@ -105,6 +105,7 @@ def test_auto_picks_the_cpu_loader_without_gpu_loaders():
     assert plan_loaders("auto", "cuda", True, False) == LoaderPlan(dali=True)
     assert plan_loaders("auto", "cuda", True, True).names == ["kvikio", "dali", "cpu"]
     assert plan_loaders("kvikio", "cuda", True, True) == LoaderPlan(kvikio=True)
+    assert plan_loaders("dali", "cuda", True, True) == LoaderPlan(dali=True, dali_everything=True)
     assert plan_loaders("cpu", "cuda", True, True) == LoaderPlan()
 
 
@@ -128,8 +129,13 @@ def test_files_are_routed_to_the_loader_that_can_read_them(tmp_path):
     np.save(npy, img)
     cv2.imwrite(str(bmp), img)
     items = [Item(p, tmp_path / "out" / p.name, p.name) for p in (png, npy, bmp)]
-    routes = [sources._route(it, LoaderPlan(dali=True, kvikio=True), None).loader for it in items]
+    routes = [sources._route(it, LoaderPlan(dali=True, kvikio=True, dali_everything=True), None).loader for it in items]
     assert routes == ["dali", "kvikio", "cpu"]
+    # auto gives DALI only what it decodes on the GPU: a PNG goes to the CPU loader, a JPEG to DALI
+    jpg = tmp_path / "d.jpg"
+    cv2.imwrite(str(jpg), img)
+    auto = [sources._route(Item(p, tmp_path / "out" / p.name, p.name), LoaderPlan(dali=True), None).loader for p in (png, jpg)]
+    assert auto == ["cpu", "dali"]
     assert [sources._route(it, LoaderPlan(), lambda it: it.rel == "b.npy").loader for it in items] == ["cpu", "skip", "cpu"]
     # without GPU loaders every file is read by the CPU loader, exactly as loaders.load reads it
     (feed_skip, feed_cpu) = sources.feeds(items, LoaderPlan(), None)

@@ -7,7 +7,9 @@ equal the NumPy reference's for every input (tests/test_gpu_encoder.py).
 
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 from importlib import resources
 
 import numpy as np
@@ -162,6 +164,16 @@ def _use_cupy_pools(nvcomp, cp) -> None:
     given buffers that nvCOMP reads after a synchronisation."""
     nvcomp.set_device_allocator(lambda nbytes, stream: cp.cuda.alloc(nbytes))
     nvcomp.set_pinned_allocator(lambda nbytes, stream: cp.cuda.alloc_pinned_memory(nbytes))
+    atexit.register(_restore_allocators, nvcomp)
+
+
+def _restore_allocators(nvcomp) -> None:
+    """Give nvCOMP back its own allocators before the interpreter goes: it keeps the Python
+    callables in C++ statics, and releasing them after Python is finalised is a segfault at exit."""
+    _codec.cache_clear()
+    gc.collect()  # nvCOMP arrays from our allocator are freed while cupy's pools still exist
+    nvcomp.set_device_allocator(None)
+    nvcomp.set_pinned_allocator(None)
 
 
 def _wait(cp) -> None:
