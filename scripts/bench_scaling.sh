@@ -38,7 +38,8 @@ has() { [[ $parts == *" $1 "* ]]; }
 
 for n in $counts; do
   has pipeline && run "pipeline_${n}gpu" torchrun --nproc-per-node "$n" scripts/bench_pipeline.py --torchrun --data "$data" \
-    --repeat-to 1000 --streams 4 --repeat 2 --out "$out/pipeline_${n}gpu.json"
+    --repeat-to 1000 --streams 4 --repeat 2 --work "$out/work_${n}gpu" --out "$out/pipeline_${n}gpu.json"
+  rm -rf "$out/work_${n}gpu"
   for link in nvlink socket; do
     has "$link" || continue
     env_vars=""; [ "$link" = socket ] && env_vars=$SOCKET

@@ -1,12 +1,17 @@
 """CompressAI's own compress()/decompress() (rANS on the CPU) against visemz, same weights.
 
     python scripts/compare_compressai.py --data ../shared/data --out compare.json [--limit N] [--no-cpu]
+    python scripts/compare_compressai.py --summarise compare.json     # the summary of an earlier run
 
 For every shipped model and quality: bpp, PSNR and MS-SSIM on Kodak (RGB models) and on the
 X-ray set (grayscale models), and milliseconds per image for compress + decompress:
 CompressAI with its model on the GPU (its rANS runs on the CPU), visemz on the GPU, and
 visemz on the CPU.  Times are medians over --repeat runs after one warm-up, with
 torch.cuda.synchronize() around each timed call.  The device name is printed.
+
+The summary (printed, and stored in the JSON) gives per model and quality visemz's bpp over
+CompressAI's and its speedup, and per architecture the BD-PSNR of each coder's Kodak curve
+against CompressAI's published zoo curve (``--published``; Bjontegaard, PCHIP).
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ import evalkit
 import visemz
 from visemz import pixels
 from visemz.models import all_specs, architectures
+from visemz.evaluation import bjontegaard
 from visemz.models import weights as W
+
+PUBLISHED = Path(__file__).resolve().parent.parent / "docs" / "results" / "compressai_published_kodak.json"
+ZOO_NAMES = {"balle2016": "bmshj2018-factorized", "mbt2018-mean": "mbt2018-mean"}
 
 
 def compressai_roundtrip(net, img: np.ndarray, device: str):
@@ -46,7 +55,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-cpu", action="store_true", help="skip visemz on the CPU")
     ap.add_argument("--models", nargs="*", default=None, help="e.g. balle2016-rgb-q3 (default: all shipped)")
+    ap.add_argument("--published", type=Path, default=PUBLISHED, help="CompressAI's published Kodak curves (JSON)")
+    ap.add_argument("--summarise", type=Path, default=None, help="print the summary of an earlier run's JSON and stop")
     args = ap.parse_args()
+    published = json.loads(args.published.read_text()) if args.published.is_file() else None
+    if args.summarise:
+        report = json.loads(args.summarise.read_text())
+        print_summary(report["device"], summarise(report["rows"], published))
+        return
 
     cuda = torch.cuda.is_available()
     dev_name = torch.cuda.get_device_name() if cuda else "CPU only"
@@ -92,9 +108,47 @@ def main() -> None:
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    summary = summarise(rows, published)
     with open(args.out, "w") as f:
-        json.dump({"device": dev_name, "rows": rows}, f, indent=1)
+        json.dump({"device": dev_name, "rows": rows, "summary": summary}, f, indent=1)
     print_table(dev_name, rows)
+    print_summary(dev_name, summary)
+
+
+def summarise(rows: list[dict], published: dict | None) -> dict:
+    """visemz-gpu against compressai-rans per (model, set): bpp ratio and speedup; and per
+    architecture and coder, BD-PSNR (dB) on Kodak against the published zoo curve."""
+    by = {(r["model"], r["set"], r["coder"]): r for r in rows}
+    pairs = []
+    for (model, set_name, coder), r in by.items():
+        ca = by.get((model, set_name, "compressai-rans"))
+        if coder == "compressai-rans" or ca is None:
+            continue
+        pairs.append({"model": model, "set": set_name, "coder": coder, "bpp_ratio": round(r["bpp"] / ca["bpp"], 3),
+                      "psnr_delta_db": round(r["psnr"] - ca["psnr"], 3),
+                      "speedup": round(ca["ms_per_image"] / r["ms_per_image"], 2)})
+    bd = []
+    for arch, zoo in ZOO_NAMES.items():
+        if not published or zoo not in published:
+            continue
+        ref = published[zoo]
+        for coder in sorted({c for (_, _, c) in by}):
+            curve = sorted((r["bpp"], r["psnr"]) for (m, s_, c), r in by.items()
+                           if c == coder and s_ == "kodak" and m.startswith(arch + "-rgb-"))
+            if len(curve) >= 2:
+                gap = bjontegaard.bd_quality(ref["bpp"], ref["psnr"], [b for b, _ in curve], [p for _, p in curve])
+                bd.append({"arch": arch, "coder": coder, "bd_psnr_db_vs_published": round(gap, 2)})
+    return {"pairs": pairs, "bd_vs_published_kodak": bd}
+
+
+def print_summary(name: str, summary: dict) -> None:
+    print(f"\n{name}: against CompressAI's rANS with the same weights")
+    print("| model | set | coder | bpp ratio | PSNR delta dB | speedup |")
+    print("|---|---|---|---|---|---|")
+    for p in summary["pairs"]:
+        print(f"| {p['model']} | {p['set']} | {p['coder']} | {p['bpp_ratio']} | {p['psnr_delta_db']} | {p['speedup']} |")
+    for b in summary["bd_vs_published_kodak"]:
+        print(f"BD-PSNR on Kodak against CompressAI's published {b['arch']}: {b['coder']} {b['bd_psnr_db_vs_published']} dB")
 
 
 def print_table(name: str, rows: list[dict]) -> None:
