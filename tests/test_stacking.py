@@ -51,6 +51,7 @@ def test_stack_is_within_bound_and_reported(world, algorithm, tmp_path):
     stacked = tifffile.imread(out)
     err = np.abs(stacked.astype(np.float64) - exact)
     assert err.max() <= report["bound_total"] + np.spacing(np.float32(exact.max())) and report["psnr_db"] >= 70
+    assert report["within_bound"] and report["bound_total"] >= world * report["error_bound_absolute_per_rank"]
     assert report["frames"] == FRAMES and report["ranks"] == world
     assert report["algorithm"] == ("plain" if world == 1 else algorithm) or (
         algorithm == "auto" and report["algorithm"] in ("plain", "ring", "recursive_doubling"))

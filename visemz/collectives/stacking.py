@@ -8,7 +8,8 @@ relative to the value range of the partial sums (as SZ-style compressors define 
 is agreed across ranks, so one setting fits any bit depth).
 Rank 0 writes the stacked image (float32 TIFF) and a JSON report: PSNR and NRMSE against the
 exact stack (a plain all_reduce in float64 of the same partial sums, in the same run), the
-time of each phase, and the speedup over a plain float32 all_reduce.  With ``device="cuda"``
+time of each phase, and the speedup over a plain float32 all_reduce.  The bound it checks is
+W x eb (W ranks) plus the float32 stack's own rounding (half a unit in the last place).  With ``device="cuda"``
 (one GPU per rank, NCCL) frames are summed on the GPU and the compressed all_reduce runs
 there too.  The compressed all_reduce is timed twice: once as is (its total, for the speedup)
 and once with a device sync around each phase (compress, communicate, reduce, decompress).
@@ -30,7 +31,6 @@ import torch.distributed as dist
 
 from ..errors import InvalidArgumentError
 from ..pipeline import files, loaders, writers
-from . import autotune
 from . import transport as T
 from .codecs import ErrorBounded
 from .ops import all_reduce, last_algorithm, phase_times
@@ -90,8 +90,9 @@ def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None)
     t["plain_allreduce"] = time.perf_counter() - t0
 
     stacked = partial.clone().contiguous()  # stays on cfg.device: GPU frames are reduced on the GPU
-    if cfg.algorithm == "auto" and world > 1:  # auto's calibration (once per setting) stays out of the timing
-        autotune.prepare(stacked.view(-1), ErrorBounded(eb), "float32", group)
+    # a warm-up call keeps first-use costs out of the timing: kernel compilation, the point-to-point
+    # connections, and for auto its calibration (once per setting)
+    all_reduce(partial.clone().contiguous(), codec=ErrorBounded(eb), algorithm=cfg.algorithm, group=group)
     _sync(cfg.device)
     t0 = time.perf_counter()
     all_reduce(stacked, codec=ErrorBounded(eb), algorithm=cfg.algorithm, group=group)
@@ -107,10 +108,14 @@ def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None)
     err = stacked.double() - exact
     rng = float(exact.max() - exact.min()) or 1.0
     mse = float((err**2).mean())
+    # the bound holds on the float64 reconstruction; the float32 stack adds up to half a unit in the last place
+    rounding = float(np.spacing(np.float32(float(exact.abs().max()) + world * eb))) / 2
+    max_err = float(err.abs().max())
     report = {
         "frames": len(frames), "ranks": world, "shape": list(stacked.shape),
         "error_bound_relative": cfg.error_bound, "error_bound_absolute_per_rank": eb,
-        "max_abs_error": float(err.abs().max()), "bound_total": world * eb,
+        "max_abs_error": max_err, "float32_rounding": rounding, "bound_total": world * eb + rounding,
+        "within_bound": max_err <= world * eb + rounding,
         "psnr_db": (10 * math.log10(rng**2 / mse)) if mse else float("inf"),
         "nrmse": math.sqrt(mse) / rng,
         "algorithm": algorithm,  # what ran (auto's choice)
