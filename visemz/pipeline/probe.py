@@ -2,7 +2,9 @@
 
 * ``decode_target(path)``: for files that DALI decodes to exactly what the CPU loader returns
   (shape, channel order, dtype): 8/16-bit PNG (gray, RGB, RGBA; no tRNS chunk, to which
-  OpenCV adds an alpha channel), 8-bit baseline/progressive JPEG (gray, RGB), 8/16-bit
+  OpenCV adds an alpha channel), 8-bit baseline/progressive RGB JPEG of even width and height
+  (on an H200, DALI 2.4's gray JPEGs came out 19-27 levels off libjpeg-turbo's on average,
+  and an odd-width RGB JPEG up to 129 levels at its worst pixel), 8/16-bit
   unsigned JPEG 2000 in a .jp2 file (1 or 3 components) and single-page 8/16-bit TIFF
   (gray or RGB, interleaved).  ``None`` for anything else: the CPU loader takes it.
 * ``raw_layout(path)``: for files whose pixels lie uncompressed, in C order, little-endian,
@@ -121,7 +123,9 @@ def _jpeg(path: Path) -> DecodeTarget | None:
             (length,) = struct.unpack(">H", f.read(2))
             if marker in _SOF_ALL:
                 precision, height, width, comps = struct.unpack(">BHHB", f.read(6))
-                if marker not in _SOF_SUPPORTED or precision != 8 or comps not in (1, 3) or not height or not width:
+                if marker not in _SOF_SUPPORTED or precision != 8 or comps != 3 or not height or not width:
+                    return None
+                if width % 2 or height % 2:
                     return None
                 return DecodeTarget(height, width, comps, "uint8")
             f.seek(length - 2, 1)

@@ -7,10 +7,9 @@
   PNG, JPEG, JPEG 2000, TIFF), the CPU loader for the rest.  Needs DALI and a GPU.
 * ``kvikio``: kvikio for files whose pixels lie raw at one offset (``probe.raw_layout``: .npy,
   uncompressed TIFF), read straight into GPU memory; the CPU loader for the rest.
-* ``auto`` (default): on a GPU, kvikio then DALI, each when installed, DALI only for the formats
-  it decodes on the GPU (JPEG, JPEG 2000); on a CPU, the CPU loader.  DALI decodes PNG and TIFF
-  on its own CPU threads, and on an H200 that fed the codec at 0.58x the CPU loader's rate
-  (docs/results/bench_pipeline_h200.json), so ``auto`` leaves those to the CPU loader.
+* ``auto`` (default): on a GPU, kvikio when installed, then the CPU loader; on a CPU, the CPU
+  loader.  ``auto`` does not use DALI: on an H200 with 16 cores DALI fed the codec at 0.56-0.58x
+  the CPU loader's rate on PNG and 0.55x on JPEG (docs/results/bench_pipeline_h200_loaders.json).
 
 An explicit GPU loader that cannot run is an error naming what is missing (exit code 2 on the
 command line), never a silent fallback; files a GPU loader turns down per item go to the CPU
@@ -30,7 +29,6 @@ from .executor import parallel_feed
 from .files import Item
 from .results import ItemResult
 
-GPU_DECODED = frozenset({".jpg", ".jpeg", ".jp2"})  # nvJPEG, nvJPEG2000 inside DALI
 KVIKIO_THREADS = 4  # kvikio splits large reads over its own thread pool; a few files in flight suffice
 
 
@@ -38,7 +36,6 @@ KVIKIO_THREADS = 4  # kvikio splits large reads over its own thread pool; a few 
 class LoaderPlan:
     dali: bool = False
     kvikio: bool = False
-    dali_everything: bool = False  # an explicit "dali": PNG and TIFF too, not only GPU_DECODED
 
     @property
     def names(self) -> list[str]:
@@ -57,8 +54,7 @@ def plan_loaders(requested: str, device: str, have_dali: bool, have_kvikio: bool
         raise DeviceUnavailableError("loader 'kvikio' was requested but kvikio is not installed (pip install 'visemz[gpu]')")
     if device != "cuda":
         raise InvalidArgumentError(f"loader {requested!r} reads into GPU memory: it needs device 'cuda', not {device!r}")
-    return LoaderPlan(dali=have_dali and requested in ("auto", "dali"), kvikio=have_kvikio and requested in ("auto", "kvikio"),
-                      dali_everything=requested == "dali")
+    return LoaderPlan(dali=requested == "dali", kvikio=have_kvikio and requested in ("auto", "kvikio"))
 
 
 def installed_plan(requested: str, device: str) -> LoaderPlan:
@@ -76,8 +72,7 @@ def _route(item: Item, plan: LoaderPlan, skip: Callable[[Item], bool] | None) ->
         return _Route("skip")
     if plan.kvikio and (layout := probe.raw_layout(item.src)) is not None:
         return _Route("kvikio", layout)
-    dali_format = plan.dali_everything or item.src.suffix.lower() in GPU_DECODED
-    if plan.dali and dali_format and (target := probe.decode_target(item.src)) is not None:
+    if plan.dali and (target := probe.decode_target(item.src)) is not None:
         return _Route("dali", target)
     return _Route("cpu")
 
