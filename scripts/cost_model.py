@@ -1,6 +1,7 @@
 """Alpha-beta model of all_reduce time at scale, from a bench_collectives.py JSON (a model, not a measurement).
 
     python scripts/cost_model.py socket.json --bytes 1073741824 --case image/eb=0.0001
+    python scripts/cost_model.py codecs.json --measured collectives_socket_2gpu.json   # fit, check, extrapolate
 
 The lines are ``visemz.collectives.cost.CostModel.analytic``, the same model ``auto`` chooses
 with (there fitted to timings on the group, here built from first principles).  A plain ring
@@ -10,6 +11,14 @@ messages that each carry a size word first (twice the messages), and add codec t
 measured GB/s of one GPU: one encode and one decode of S, plus (W - 1) / W * S of homomorphic
 adds for the ring, log2 W * S for recursive doubling.  Link bandwidths B are given (100 and
 200 Gb/s per GPU); alpha defaults to 5 us per message.
+
+``--measured`` takes a bench_collectives.py JSON of all_reduce rows on a real group (the
+codec rows of the first JSON must cover its error bounds): the link bandwidth is fitted to
+NCCL's time at the largest size, then two corrections the first-principles lines lack
+(seconds per compressed exchange; how much slower the codec runs inside a collective) are
+fitted by least squares on the ring and recursive-doubling rows, each row printed with
+the measured time beside the uncorrected and corrected model, and the extrapolation uses
+the corrected lines.
 """
 
 from __future__ import annotations
@@ -18,15 +27,55 @@ import argparse
 import json
 from pathlib import Path
 
-from visemz.collectives.cost import CostModel
+from visemz.collectives.cost import CostModel, exchanges, fit_corrections
 
 WORLDS = [8, 16, 32, 64, 128, 256, 512]
 
 
-def model(world: int, alpha: float, bw: float, c: dict) -> CostModel:
-    """The model of ``world`` GPUs on links of ``bw`` bytes/s with the codec figures ``c`` (a bench row)."""
+def model(world: int, alpha: float, bw: float, c: dict, corrections: tuple[float, float] = (0.0, 1.0)) -> CostModel:
+    """The model of ``world`` GPUs on links of ``bw`` bytes/s with the codec figures ``c`` (a bench row),
+    with ``corrections`` = (seconds per compressed exchange, codec slow-down) applied."""
     return CostModel.analytic(world, alpha, 1 / bw, c["ratio"], c["encode_GBps"] * 1e9, c["decode_GBps"] * 1e9,
-                              c["homomorphic_add_GBps"] * 1e9)
+                              c["homomorphic_add_GBps"] * 1e9, *corrections)
+
+
+COMPRESSED = ("ring", "recursive_doubling")
+
+
+def measured_rows(measured: dict, codecs: dict, kind: str) -> tuple[float, list[tuple[dict, dict]]]:
+    """(link bytes/s fitted to NCCL at the largest size, [(compressed all_reduce row, its codec row)])."""
+    rows = [r for r in measured["rows"] if r["op"] == "all_reduce" and r["data"] == kind]
+    if not rows:
+        raise SystemExit(f"no all_reduce rows of {kind!r} data in the measured JSON")
+    big = max(rows, key=lambda r: (r["bytes"], r["algorithm"] == "nccl"))
+    nccl = next(r for r in rows if r["bytes"] == big["bytes"] and r["algorithm"] == "nccl")
+    world = int(measured["world"])
+    bw = nccl["bytes"] * 2 * (world - 1) / world / nccl["seconds"]  # ring: 2 (W-1)/W S on the wire
+    pairs = [(r, codecs[f"{kind}/eb={r['eb']:g}"]) for r in rows
+             if r["algorithm"] in COMPRESSED and f"{kind}/eb={r['eb']:g}" in codecs]
+    if len(pairs) < 2:
+        raise SystemExit(f"the codec rows ({sorted(codecs)}) cover fewer than 2 measured compressed rows")
+    return bw, pairs
+
+
+def fit(world: int, alpha: float, bw: float, pairs: list) -> tuple[float, float]:
+    samples = []
+    for r, c in pairs:
+        m = model(world, alpha, bw, c)
+        cost = m.costs[r["algorithm"]]
+        wire = r["bytes"] * cost.wire * m.link / m.ratio
+        samples.append((r["seconds"] - cost.latency - wire, exchanges(r["algorithm"], world), r["bytes"] * cost.codec,
+                        1 / r["seconds"]))
+    return fit_corrections(samples)
+
+
+def check_table(world: int, alpha: float, bw: float, pairs: list, corr: tuple[float, float]) -> str:
+    lines = ["| algorithm | MB | eb | measured ms | model ms | corrected model ms |", "|---|---:|---:|---:|---:|---:|"]
+    for r, c in sorted(pairs, key=lambda p: (p[0]["algorithm"], p[0]["bytes"], -p[0]["eb"])):
+        raw, fixed = (model(world, alpha, bw, c, k).seconds(r["algorithm"], r["bytes"]) for k in ((0.0, 1.0), corr))
+        lines.append(f"| {r['algorithm']} | {r['bytes'] / 2**20:.0f} | {r['eb']:g} | {r['seconds'] * 1e3:.2f} "
+                     f"| {raw * 1e3:.2f} | {fixed * 1e3:.2f} |")
+    return "\n".join(lines)
 
 
 def plain_seconds(size: float, world: int, alpha: float, bw: float) -> float:
@@ -38,14 +87,15 @@ def compressed_seconds(size: float, world: int, alpha: float, bw: float, c: dict
     return model(world, alpha, bw, c).seconds(algorithm, size)
 
 
-def table(c: dict, size: float, alpha: float, gbits: list[float], worlds: list[int]) -> str:
+def table(c: dict, size: float, alpha: float, gbits: list[float], worlds: list[int],
+          corr: tuple[float, float] = (0.0, 1.0)) -> str:
     header = ("| GPUs | link Gb/s | NCCL ring (model) ms | compressed ring (model) ms | speedup (model) "
               "| recursive doubling (model) ms | model's choice |")
     lines = [header, "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for g in gbits:
         bw = g * 1e9 / 8
         for w in worlds:
-            m = model(w, alpha, bw, c)
+            m = model(w, alpha, bw, c, corr)
             p, q, d = (m.seconds(a, size) for a in ("plain", "ring", "recursive_doubling"))
             lines.append(f"| {w} | {g:g} | {p * 1e3:.1f} | {q * 1e3:.1f} | {p / q:.2f}x | {d * 1e3:.1f} | {m.choose(size)} |")
     return "\n".join(lines)
@@ -57,16 +107,30 @@ def main() -> None:
     ap.add_argument("--case", default="image/eb=0.0001", help="which measured codec row to use")
     ap.add_argument("--bytes", type=float, default=float(1 << 30), help="all_reduce size S in bytes")
     ap.add_argument("--alpha-us", type=float, default=5.0, help="latency per message, microseconds")
+    ap.add_argument("--measured", type=Path, help="bench_collectives.py JSON of all_reduce rows to fit corrections to")
+    ap.add_argument("--kind", default="image", help="data kind of the measured rows to fit on")
     args = ap.parse_args()
     report = json.loads(args.bench.read_text())
     codecs = report.get("codecs") or {}
     if args.case not in codecs:
         raise SystemExit(f"{args.bench} has no codec row {args.case!r}; it has {sorted(codecs)}")
     c = codecs[args.case]
-    print(f"**Model** (alpha-beta, not measured): all_reduce of {args.bytes / 2**20:.0f} MiB, alpha {args.alpha_us} us; "
+    alpha = args.alpha_us * 1e-6
+    corr = (0.0, 1.0)
+    if args.measured:
+        measured = json.loads(args.measured.read_text())
+        world = int(measured["world"])
+        bw, pairs = measured_rows(measured, codecs, args.kind)
+        corr = fit(world, alpha, bw, pairs)
+        print(f"Fitted to {len(pairs)} measured compressed all_reduces on {world}x {measured.get('device')} "
+              f"({args.measured.name}, link {bw * 8 / 1e9:.1f} Gb/s from NCCL): {corr[0] * 1e3:.2f} ms per compressed "
+              f"exchange, codec work {corr[1]:.2f}x its kernel benchmark's time\n")
+        print(check_table(world, alpha, bw, pairs, corr) + "\n")
+    label = "alpha-beta with measured corrections" if args.measured else "alpha-beta"
+    print(f"**Model** ({label}, not measured): all_reduce of {args.bytes / 2**20:.0f} MiB, alpha {args.alpha_us} us; "
           f"codec figures measured on {report.get('device')} ({args.case}: ratio {c['ratio']:.2f}, encode "
           f"{c['encode_GBps']:.0f} GB/s, decode {c['decode_GBps']:.0f} GB/s, homomorphic add {c['homomorphic_add_GBps']:.0f} GB/s)\n")
-    print(table(c, args.bytes, args.alpha_us * 1e-6, [100, 200], WORLDS))
+    print(table(c, args.bytes, alpha, [100, 200], WORLDS, corr))
 
 
 if __name__ == "__main__":

@@ -125,3 +125,39 @@ def test_script_prints_a_labelled_model(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["cost_model.py", str(bench), "--case", "nope"])
     with pytest.raises(SystemExit, match="no codec row"):
         cm.main()
+
+
+def test_corrections_are_recovered_from_measurements_built_with_them(tmp_path, capsys, monkeypatch):
+    """Rows made by the corrected model itself give back its corrections, and the script's check
+    table prints them beside the measured times."""
+    codec = {"ratio": 2.5, "encode_GBps": 229.0, "decode_GBps": 346.0, "homomorphic_add_GBps": 109.0}
+    alpha, world, link_Bps = 5e-6, 2, 4e9
+    truth = (1.6e-3, 3.5)
+    rows = [{"op": "all_reduce", "data": "image", "algorithm": "nccl", "bytes": 1 << 30, "eb": None,
+             "seconds": (1 << 30) * 2 * (world - 1) / world / link_Bps}]
+    for a in ("ring", "recursive_doubling"):
+        for mb in (1, 16, 256, 1024):
+            t = cm.model(world, alpha, link_Bps, codec, truth).seconds(a, mb * MIB)
+            rows.append({"op": "all_reduce", "data": "image", "algorithm": a, "bytes": mb * MIB, "eb": 1e-4, "seconds": t})
+    measured = {"world": world, "device": "test", "rows": rows}
+    bw, pairs = cm.measured_rows(measured, {"image/eb=0.0001": codec}, "image")
+    assert bw == pytest.approx(link_Bps) and len(pairs) == 8
+    assert cm.fit(world, alpha, bw, pairs) == pytest.approx(truth, rel=1e-6)
+    # the script: fit, check table, corrected extrapolation
+    bench, meas = tmp_path / "codecs.json", tmp_path / "measured.json"
+    bench.write_text(json.dumps({"device": "test", "codecs": {"image/eb=0.0001": codec}}))
+    meas.write_text(json.dumps(measured))
+    monkeypatch.setattr("sys.argv", ["cost_model.py", str(bench), "--measured", str(meas)])
+    cm.main()
+    out = capsys.readouterr().out
+    assert "1.60 ms per compressed exchange" in out and "3.50x" in out and "with measured corrections" in out
+
+
+def test_fit_corrections_needs_separable_samples():
+    from visemz.collectives.cost import fit_corrections
+
+    with pytest.raises(InvalidArgumentError, match="at least 2"):
+        fit_corrections([(1.0, 1, 1.0, 1.0)])
+    with pytest.raises(InvalidArgumentError, match="do not separate"):
+        fit_corrections([(1.0, 1, 1.0, 1.0), (2.0, 2, 2.0, 1.0)])  # codec time proportional to exchanges
+    assert fit_corrections([(1.0, 1, 0.0, 1.0), (3.0, 1, 1.0, 1.0)]) == pytest.approx((1.0, 2.0))

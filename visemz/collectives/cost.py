@@ -59,6 +59,36 @@ def messages(algorithm: str, world: int) -> int:
     return 2 * (int(math.log2(p)) + (2 if world > p else 0))
 
 
+def exchanges(algorithm: str, world: int) -> int:
+    """Compressed exchanges on the critical path (each a size word, then the payload)."""
+    return messages(algorithm, world) // 2
+
+
+def fit_corrections(samples: list[tuple[float, float, float, float]]) -> tuple[float, float]:
+    """Least-squares ``(step_overhead, codec_scale)`` from measured compressed all_reduces.
+
+    Each sample is ``(measured seconds - the uncorrected model's latency and wire time,
+    exchanges on the critical path, the uncorrected model's codec seconds, weight)``: the model
+    then reads ``exchanges * step_overhead + codec_scale * codec seconds``.  Both are kept >= 0.
+    Weights let each sample count by its relative error (1 / measured seconds)."""
+    if len(samples) < 2:
+        raise InvalidArgumentError(f"{len(samples)} samples: need at least 2 to fit two corrections")
+    sxx = sxy = syy = sxr = syr = 0.0
+    for residual, steps, codec, w in samples:
+        w2 = w * w
+        sxx, sxy, syy = sxx + w2 * steps * steps, sxy + w2 * steps * codec, syy + w2 * codec * codec
+        sxr, syr = sxr + w2 * steps * residual, syr + w2 * codec * residual
+    det = sxx * syy - sxy * sxy
+    if det <= 0:
+        raise InvalidArgumentError("samples do not separate per-exchange cost from codec cost")
+    overhead, scale = (syy * sxr - sxy * syr) / det, (sxx * syr - sxy * sxr) / det
+    if overhead < 0:  # refit with the other term alone
+        overhead, scale = 0.0, syr / syy
+    if scale < 0:
+        overhead, scale = sxr / sxx, 0.0
+    return max(overhead, 0.0), max(scale, 0.0)
+
+
 def adds_per_byte(algorithm: str, world: int) -> float:
     """Homomorphic additions per uncompressed byte of the tensor (ops.py's algorithms)."""
     if algorithm == "ring":
@@ -138,14 +168,20 @@ class CostModel:
 
     @classmethod
     def analytic(cls, world: int, alpha: float, link: float, ratio: float, encode_Bps: float,
-                 decode_Bps: float, add_Bps: float) -> CostModel:
+                 decode_Bps: float, add_Bps: float, step_overhead: float = 0.0, codec_scale: float = 1.0) -> CostModel:
         """Lines from first principles: ``alpha`` seconds per message, ``link`` seconds per byte,
         codec throughputs in uncompressed bytes per second (one encode and one decode of the
-        tensor, plus ``adds_per_byte`` homomorphic additions)."""
+        tensor, plus ``adds_per_byte`` homomorphic additions).
+
+        Measured corrections for the compressed algorithms (``fit_corrections``): ``step_overhead``
+        seconds per exchange on the critical path (kernel launches, the size word read back by
+        the host, allocation) and ``codec_scale``, how much slower the codec work runs inside a
+        collective than in the kernels' own benchmark."""
         costs = {"plain": AlgorithmCost(messages("plain", world) * alpha, 0.0, wire_factor("plain", world))}
         for a in ALGORITHMS[1:]:
-            codec = 1 / encode_Bps + 1 / decode_Bps + adds_per_byte(a, world) / add_Bps
-            costs[a] = AlgorithmCost(messages(a, world) * alpha, codec, wire_factor(a, world))
+            codec = codec_scale * (1 / encode_Bps + 1 / decode_Bps + adds_per_byte(a, world) / add_Bps)
+            latency = messages(a, world) * alpha + exchanges(a, world) * step_overhead
+            costs[a] = AlgorithmCost(latency, codec, wire_factor(a, world))
         return cls(world, link, costs, ratio)
 
     def as_dict(self) -> dict:
