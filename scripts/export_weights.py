@@ -53,7 +53,7 @@ def main() -> None:
                 "data": f"../shared/data/train/{spec.variant} (random 256x256 crops, flips)",
                 "steps": state["steps"][name], "batch": 16, "checkpoint_note": state.get("note", ""),
                 "train_seconds_all_models": round(state["train_seconds"], 1),
-                "trained_on": gpu, "storage": "int8 convolution kernels (per-channel scale), fp16 otherwise",
+                "trained_on": gpu, "storage": "int8 convolution kernels (per-channel float32 scale), float32 otherwise",
                 "exported": datetime.date.today().isoformat(),
             }
             W.save(model, spec, args.out / f"{name}.safetensors", card)

@@ -1,7 +1,7 @@
-"""Model weights as safetensors: int8 convolution kernels, everything else fp16.
+"""Model weights as safetensors: int8 convolution kernels, everything else float32.
 
 Convolution kernels (the bulk of every model) are stored as int8 with one float32
-scale per output channel; other parameters and buffers as fp16.  Loading goes
+scale per output channel; other parameters and buffers (a few KB) as float32.  Loading goes
 through ``safetensors`` only: nothing is ever unpickled.  The model id recorded in
 every compressed file is the xxh64 of the weights file, so a file written with other
 weights is refused instead of decoded into garbage.
