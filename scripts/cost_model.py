@@ -47,8 +47,9 @@ def measured_rows(measured: dict, codecs: dict, kind: str) -> tuple[float, list[
     rows = [r for r in measured["rows"] if r["op"] == "all_reduce" and r["data"] == kind]
     if not rows:
         raise SystemExit(f"no all_reduce rows of {kind!r} data in the measured JSON")
-    big = max(rows, key=lambda r: (r["bytes"], r["algorithm"] == "nccl"))
-    nccl = next(r for r in rows if r["bytes"] == big["bytes"] and r["algorithm"] == "nccl")
+    nccl = max((r for r in rows if r["algorithm"] == "nccl"), key=lambda r: r["bytes"], default=None)
+    if nccl is None:
+        raise SystemExit("the measured JSON has no NCCL all_reduce rows to fit the link to")
     world = int(measured["world"])
     bw = nccl["bytes"] * 2 * (world - 1) / world / nccl["seconds"]  # ring: 2 (W-1)/W S on the wire
     pairs = [(r, codecs[f"{kind}/eb={r['eb']:g}"]) for r in rows

@@ -4,7 +4,7 @@
 
 * ``cpu``: the CPU loader's thread pool (OpenCV, tifffile, NumPy, pydicom) for every file.
 * ``dali``: DALI for the files it decodes exactly like the CPU loader (``probe.decode_target``:
-  PNG, JPEG, JPEG 2000, TIFF), the CPU loader for the rest.  Needs DALI and a GPU.
+  PNG, even-sized RGB JPEG, JPEG 2000, TIFF), the CPU loader for the rest.  Needs DALI and a GPU.
 * ``kvikio``: kvikio for files whose pixels lie raw at one offset (``probe.raw_layout``: .npy,
   uncompressed TIFF), read straight into GPU memory; the CPU loader for the rest.
 * ``auto`` (default): on a GPU, kvikio when installed, then the CPU loader; on a CPU, the CPU
