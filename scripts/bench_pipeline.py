@@ -60,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per setting (default 3, --quick 1)")
     ap.add_argument("--streams", type=_int_list, default=None, help="multi-stream settings, e.g. 2,4,8 (--quick: 4)")
     ap.add_argument("--model", default="balle2016")
-    ap.add_argument("--quality", type=int, default=3)
+    ap.add_argument("--quality", type=float, default=4.0)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--loader", default="auto", help="loader of the visemz and nvJPEG runs (auto, dali, kvikio, cpu)")
     ap.add_argument("--quick", action="store_true", help="one repeat, one multi-stream setting, 8-image subsets")
@@ -268,15 +268,15 @@ def jpeg_quality_for(images: list, target_psnr: float, device: str) -> tuple[int
 
 
 # ------------------------------------------------------------------ CompressAI's own loop
-def compressai_row(images: list, distinct: Path, out: Path, model: str, quality: int, device: str, repeat: int) -> dict:
+def compressai_row(images: list, distinct: Path, out: Path, model: str, quality: float, device: str, repeat: int) -> dict:
     from visemz import pixels as px
     from visemz.models import architectures, registry
     from visemz.models import weights as W
 
     nets = {}
     for variant in ("rgb", "gray"):
-        net, _ = W.load(registry.spec(model, quality, variant), device)
-        ref = architectures.build(registry.spec(model, quality, variant)).to(device).eval()
+        net, _ = W.load(registry.spec(model, variant), device)
+        ref = architectures.build(registry.spec(model, variant)).to(device).eval()
         ref.load_state_dict(net.state_dict())
         ref.update(force=True)  # CompressAI's CDF tables for its rANS coder
         nets[variant] = ref
@@ -287,7 +287,7 @@ def compressai_row(images: list, distinct: Path, out: Path, model: str, quality:
         t = px.as_tensor(img, device)
         meta = px.describe(t)
         with torch.inference_mode():
-            enc = nets[meta.variant].compress(px.to_batch(t, meta))
+            enc = architectures.compressai_compress(nets[meta.variant], px.to_batch(t, meta), quality)
         return enc, meta, img.nbytes
 
     def run():
@@ -305,7 +305,7 @@ def compressai_row(images: list, distinct: Path, out: Path, model: str, quality:
     for rel, img in images:  # reconstruction quality, untimed
         enc, meta, _ = encode(rel)
         with torch.inference_mode():
-            rec = nets[meta.variant].decompress(enc["strings"], enc["shape"])["x_hat"]
+            rec = architectures.compressai_decompress(nets[meta.variant], enc["strings"], enc["shape"], quality)
         scores.append(evalkit.psnr(img, px.denormalise(px.from_batch(rec, meta), meta).cpu().numpy()))
     return row("a: compressai-loop", seconds, summary, psnr=round(float(np.mean(scores)), 3), images=len(images))
 

@@ -3,7 +3,7 @@
     python scripts/compare_compressai.py --data ../shared/data --out compare.json [--limit N] [--no-cpu]
     python scripts/compare_compressai.py --summarise compare.json     # the summary of an earlier run
 
-For every shipped model and quality: bpp, PSNR and MS-SSIM on Kodak (RGB models) and on the
+For every shipped model at each --qualities point (default CompressAI's ladder 1-8): bpp, PSNR and MS-SSIM on Kodak (RGB models) and on the
 X-ray set (grayscale models), and milliseconds per image for compress + decompress:
 CompressAI with its model on the GPU (its rANS runs on the CPU), visemz on the GPU, and
 visemz on the CPU.  Times are medians over --repeat runs after one warm-up, with
@@ -34,16 +34,16 @@ PUBLISHED = Path(__file__).resolve().parent.parent / "docs" / "results" / "compr
 ZOO_NAMES = {"balle2016": "bmshj2018-factorized", "mbt2018-mean": "mbt2018-mean"}
 
 
-def compressai_roundtrip(net, img: np.ndarray, device: str):
+def compressai_roundtrip(net, img: np.ndarray, device: str, quality: float):
     """CompressAI's own codec on an image: (bytes, reconstruction), same padding as visemz."""
     t = pixels.as_tensor(img, device)
     meta = pixels.describe(t)
     x = pixels.to_batch(t, meta)
     with torch.inference_mode():
-        enc = net.compress(x)
-        dec = net.decompress(enc["strings"], enc["shape"])
+        enc = architectures.compressai_compress(net, x, quality)
+        x_hat = architectures.compressai_decompress(net, enc["strings"], enc["shape"], quality)
     nbytes = sum(len(s) for group in enc["strings"] for s in group)
-    rec = pixels.denormalise(pixels.from_batch(dec["x_hat"], meta), meta).cpu().numpy()
+    rec = pixels.denormalise(pixels.from_batch(x_hat, meta), meta).cpu().numpy()
     return nbytes, rec
 
 
@@ -54,7 +54,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N images of each set")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-cpu", action="store_true", help="skip visemz on the CPU")
-    ap.add_argument("--models", nargs="*", default=None, help="e.g. balle2016-rgb-q3 (default: all shipped)")
+    ap.add_argument("--models", nargs="*", default=None, help="e.g. balle2016-rgb (default: all shipped)")
+    ap.add_argument("--qualities", default="1,2,3,4,5,6,7,8", help="comma-separated qualities in [1, 8]")
     ap.add_argument("--published", type=Path, default=PUBLISHED, help="CompressAI's published Kodak curves (JSON)")
     ap.add_argument("--summarise", type=Path, default=None, help="print the summary of an earlier run's JSON and stop")
     args = ap.parse_args()
@@ -72,7 +73,8 @@ def main() -> None:
     vz_gpu, vz_cpu = (visemz.ImageCodec("cuda") if cuda else None), visemz.ImageCodec("cpu")
     specs = [s for s in all_specs() if W.weights_path(s).is_file() and (not args.models or s.name in args.models)]
     rows = []
-    for spec in specs:
+    qualities = [float(q) for q in args.qualities.split(",")]
+    for spec, quality in ((s, q) for s in specs for q in qualities):
         net, _ = W.load(spec, main_dev)
         ref = architectures.build(spec).to(main_dev).eval()
         ref.load_state_dict(net.state_dict())
@@ -84,13 +86,13 @@ def main() -> None:
             for i, (_, img) in enumerate(images):
                 rep = args.repeat if i == 0 or img.size < 2_000_000 else 1
                 if i == 0:
-                    compressai_roundtrip(ref, img, main_dev)  # warm-up
-                t_ca, (n_ca, rec_ca) = evalkit.timed(lambda: compressai_roundtrip(ref, img, main_dev), sync, rep)
+                    compressai_roundtrip(ref, img, main_dev, quality)  # warm-up
+                t_ca, (n_ca, rec_ca) = evalkit.timed(lambda: compressai_roundtrip(ref, img, main_dev, quality), sync, rep)
                 acc["ca"].append((n_ca, rec_ca, t_ca))
                 for key, codec in (("gpu", vz_gpu), ("cpu", vz_cpu)):
                     if codec is None or (key == "cpu" and args.no_cpu):
                         continue
-                    run = lambda: (lambda b: (len(b), codec.decompress(b)))(codec.compress(img, model=spec.arch, quality=spec.quality))
+                    run = lambda: (lambda b: (len(b), codec.decompress(b)))(codec.compress(img, model=spec.arch, quality=quality))
                     if i == 0:
                         run()
                     t, (n, rec) = evalkit.timed(run, sync if key == "gpu" else None, rep if key == "gpu" else 1)
@@ -99,7 +101,7 @@ def main() -> None:
                 if not vals:
                     continue
                 row = {
-                    "model": spec.name, "set": set_name, "coder": {"ca": "compressai-rans", "gpu": "visemz-gpu", "cpu": "visemz-cpu"}[key],
+                    "model": spec.name, "quality": quality, "set": set_name, "coder": {"ca": "compressai-rans", "gpu": "visemz-gpu", "cpu": "visemz-cpu"}[key],
                     "images": len(vals),
                     "bpp": evalkit.mean(evalkit.bpp(n, img) for (n, _, _), (_, img) in zip(vals, images)),
                     "psnr": evalkit.mean(evalkit.psnr(img, rec) for (_, rec, _), (_, img) in zip(vals, images)),
@@ -118,13 +120,14 @@ def main() -> None:
 def summarise(rows: list[dict], published: dict | None) -> dict:
     """visemz-gpu against compressai-rans per (model, set): bpp ratio and speedup; and per
     architecture and coder, BD-PSNR (dB) on Kodak against the published zoo curve."""
-    by = {(r["model"], r["set"], r["coder"]): r for r in rows}
+    by = {(r["model"], r["quality"], r["set"], r["coder"]): r for r in rows}
     pairs = []
-    for (model, set_name, coder), r in by.items():
-        ca = by.get((model, set_name, "compressai-rans"))
+    for (model, quality, set_name, coder), r in by.items():
+        ca = by.get((model, quality, set_name, "compressai-rans"))
         if coder == "compressai-rans" or ca is None:
             continue
-        pairs.append({"model": model, "set": set_name, "coder": coder, "bpp_ratio": round(r["bpp"] / ca["bpp"], 3),
+        pairs.append({"model": model, "quality": quality, "set": set_name, "coder": coder,
+                      "bpp_ratio": round(r["bpp"] / ca["bpp"], 3),
                       "psnr_delta_db": round(r["psnr"] - ca["psnr"], 3),
                       "speedup": round(ca["ms_per_image"] / r["ms_per_image"], 2)})
     bd = []
@@ -132,9 +135,9 @@ def summarise(rows: list[dict], published: dict | None) -> dict:
         if not published or zoo not in published:
             continue
         ref = published[zoo]
-        for coder in sorted({c for (_, _, c) in by}):
-            curve = sorted((r["bpp"], r["psnr"]) for (m, s_, c), r in by.items()
-                           if c == coder and s_ == "kodak" and m.startswith(arch + "-rgb-"))
+        for coder in sorted({c for (_, _, _, c) in by}):
+            curve = sorted((r["bpp"], r["psnr"]) for (m, _, s_, c), r in by.items()
+                           if c == coder and s_ == "kodak" and m == arch + "-rgb")
             if len(curve) >= 2:
                 gap = bjontegaard.bd_quality(ref["bpp"], ref["psnr"], [b for b, _ in curve], [p for _, p in curve])
                 bd.append({"arch": arch, "coder": coder, "bd_psnr_db_vs_published": round(gap, 2)})
@@ -143,20 +146,20 @@ def summarise(rows: list[dict], published: dict | None) -> dict:
 
 def print_summary(name: str, summary: dict) -> None:
     print(f"\n{name}: against CompressAI's rANS with the same weights")
-    print("| model | set | coder | bpp ratio | PSNR delta dB | speedup |")
-    print("|---|---|---|---|---|---|")
+    print("| model | quality | set | coder | bpp ratio | PSNR delta dB | speedup |")
+    print("|---|---|---|---|---|---|---|")
     for p in summary["pairs"]:
-        print(f"| {p['model']} | {p['set']} | {p['coder']} | {p['bpp_ratio']} | {p['psnr_delta_db']} | {p['speedup']} |")
+        print(f"| {p['model']} | {p['quality']:g} | {p['set']} | {p['coder']} | {p['bpp_ratio']} | {p['psnr_delta_db']} | {p['speedup']} |")
     for b in summary["bd_vs_published_kodak"]:
         print(f"BD-PSNR on Kodak against CompressAI's published {b['arch']}: {b['coder']} {b['bd_psnr_db_vs_published']} dB")
 
 
 def print_table(name: str, rows: list[dict]) -> None:
     print(f"\n{name}: compress + decompress, same weights")
-    print("| model | set | coder | bpp | PSNR dB | MS-SSIM | ms/image |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | quality | set | coder | bpp | PSNR dB | MS-SSIM | ms/image |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['set']} | {r['coder']} | {r['bpp']:.4f} | {r['psnr']:.2f} | {r['ms_ssim']:.4f} | {r['ms_per_image']:.1f} |")
+        print(f"| {r['model']} | {r['quality']:g} | {r['set']} | {r['coder']} | {r['bpp']:.4f} | {r['psnr']:.2f} | {r['ms_ssim']:.4f} | {r['ms_per_image']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,19 @@
-"""Export trained checkpoints as the shipped int8 weights, each with a model card.
+"""Export trained checkpoints as the shipped int8 weights with model cards, and measure the cards.
 
-    python scripts/export_weights.py --ckpt runs/r1 --data ../shared/data --out visemz/models/weights
+    python scripts/export_weights.py --ckpt runs/r1 --out visemz/models/weights --qualities '' \
+        [--storage-check 1,4,8 --device cpu --limit 4]          # weights and cards, int8 loss measured
+    python scripts/export_weights.py --out visemz/models/weights --data ../shared/data --device cuda
+                                                                # every card's eval, measured
 
-The card records the training (data, steps, lambda, seconds on which GPU) and bpp/PSNR/MS-SSIM
-measured by compressing the evaluation images with the exported weights through visemz
-itself (real file sizes), on the device given.
+With --ckpt, reads the compact checkpoints of scripts/train.py (NAME.safetensors, step and
+seconds in their metadata) and writes NAME.safetensors + NAME.json to --out.  A NAME@tag
+checkpoint (an ablation) is exported only when named in --models, as NAME.safetensors in
+--out (use a folder of its own).  The card records the training (data, steps, seconds, GPU,
+note).  --storage-check measures what int8 storage costs against the checkpoint's float32
+weights (PSNR dB and bpp ratio on the variant's main eval set at those qualities).
+--qualities (default 1..8) then measures bpp/PSNR/MS-SSIM of every model in --out at each
+quality by compressing the evaluation images through visemz itself (real file sizes) on
+--device, and writes them into the cards.
 """
 
 from __future__ import annotations
@@ -13,71 +22,141 @@ import argparse
 import datetime
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 import evalkit
 from visemz.models import architectures, parse
 from visemz.models import weights as W
 
+DATA = {"rgb": "train/rgb + train2/rgb (random 256x256 crops, flips)",
+        "gray": "train/gray + train2/gray + train2/gray16 + luminance of the RGB photos (random 256x256 crops, "
+                "flips; drawn by group: xray 0.35, science 0.25, photo 0.40)"}
+
+
+def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k).float() for k in f.keys()}, dict(f.metadata() or {})
+
+
+def build(name: str, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    model = architectures.build(parse(name.split("@")[0]))
+    model.load_state_dict(tensors)
+    if not all(torch.isfinite(v).all() for v in model.state_dict().values()):
+        raise SystemExit(f"{name}: checkpoint holds non-finite values; not exported")
+    return model.eval()
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ckpt", type=Path, required=True)
+    ap.add_argument("--ckpt", type=Path, default=None, help="checkpoints to export (default: only measure --out)")
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--out", type=Path, default=Path("visemz/models/weights"))
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--models", nargs="*", default=None, help="checkpoint names to export (default: all but NAME@tag)")
+    ap.add_argument("--qualities", default="1,2,3,4,5,6,7,8", help="qualities the cards' eval measures ('': none)")
+    ap.add_argument("--storage-check", default="", help="qualities at which int8 is compared with float32")
     ap.add_argument("--limit", type=int, default=None, help="evaluate on the first N images of each set")
     ap.add_argument("--gpu-name", default=None, help="GPU the checkpoints were trained on (for the card)")
     args = ap.parse_args()
 
-    state = json.loads((args.ckpt / "state.json").read_text())
-    gpu = args.gpu_name or (torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown")
     os.environ["VISEMZ_WEIGHTS_DIR"] = str(args.out)
     import visemz
 
     codec = visemz.ImageCodec(args.device)
-    for group in sorted(args.ckpt.glob("*.safetensors")):
-        tensors = load_file(str(group))
-        for name in sorted({k.split("/", 1)[0] for k in tensors}):
-            spec = parse(name)
-            model = architectures.build(spec)
-            model.load_state_dict({k.split("/", 1)[1]: v.float() for k, v in tensors.items() if k.startswith(name + "/")})
-            if not all(torch.isfinite(v).all() for v in model.state_dict().values()):
-                raise SystemExit(f"{name}: checkpoint holds non-finite values; not exported")
-            card = {
-                "arch": spec.arch, "variant": spec.variant, "quality": spec.quality, "lambda": spec.lam,
-                "compressai_quality": spec.compressai_quality, "N": spec.N, "M": spec.M,
-                "data": f"../shared/data/train/{spec.variant} (random 256x256 crops, flips)",
-                "steps": state["steps"][name], "batch": 16, "checkpoint_note": state.get("note", ""),
-                "train_seconds_all_models": round(state["train_seconds"], 1),
-                "trained_on": gpu, "storage": "int8 convolution kernels (per-channel float32 scale), float32 otherwise",
-                "exported": datetime.date.today().isoformat(),
-            }
-            W.save(model, spec, args.out / f"{name}.safetensors", card)
-            W.load.cache_clear()
-            card["eval"] = evaluate(codec, spec, args.data, args.limit)
-            card["eval_device"] = torch.cuda.get_device_name() if codec.device == "cuda" else "cpu"
-            W.save(model, spec, args.out / f"{name}.safetensors", card)
-            print(name, json.dumps(card["eval"]))
+    if args.ckpt:
+        checks = [float(q) for q in args.storage_check.split(",") if q]
+        names = args.models or sorted(p.name[: -len(".safetensors")] for p in args.ckpt.glob("*.safetensors")
+                                      if "@" not in p.name and not p.name.endswith(".full.safetensors"))
+        for name in names:
+            export(codec, name, args, checks)
+    qualities = [float(q) for q in args.qualities.split(",") if q]
+    if qualities:
+        for card_path in sorted(args.out.glob("*.json")):
+            measure_card(codec, card_path, args, qualities)
 
 
-def evaluate(codec, spec, data: Path, limit) -> dict:
+def export(codec, name: str, args, checks: list[float]) -> None:
+    tensors, meta = read_checkpoint(args.ckpt / f"{name}.safetensors")
+    model = build(name, tensors)
+    spec = parse(name.split("@")[0])
+    card = {
+        "arch": spec.arch, "variant": spec.variant, "N": spec.N, "M": spec.M,
+        "variable_rate": "gain units (Cui et al. 2021), quality 1-8 on CompressAI's lambda ladder",
+        "data": DATA[spec.variant], "steps": int(meta.get("step", 0)), "batch": 16,
+        "checkpoint": name, "checkpoint_note": meta.get("note", ""),
+        "train_seconds": float(meta.get("train_seconds", 0.0)), "trained_on": args.gpu_name or "unknown",
+        "exported": datetime.date.today().isoformat(),
+    }
+    W.save(model, spec, args.out / f"{spec.name}.safetensors", card)
+    W.load.cache_clear()
+    if checks:
+        int8 = evaluate(codec, spec, args.data, args.limit, checks, main_set(spec))
+        card["int8_storage_loss"] = storage_loss(codec, model, spec, args, checks, int8)
+        W.save(model, spec, args.out / f"{spec.name}.safetensors", card)
+        W.load.cache_clear()
+    print(name, json.dumps({k: card.get(k) for k in ("steps", "int8_storage_loss")}), flush=True)
+
+
+def measure_card(codec, card_path: Path, args, qualities: list[float]) -> None:
+    card = json.loads(card_path.read_text())
+    spec = parse(card["model"])
+    card["eval"] = evaluate(codec, spec, args.data, args.limit, qualities)
+    card["eval_device"] = torch.cuda.get_device_name() if codec.device == "cuda" else "cpu"
+    tmp = card_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(card, indent=1) + "\n")
+    os.replace(tmp, card_path)
+    print(card["model"], json.dumps(card["eval"]), flush=True)
+
+
+def main_set(spec) -> str:
+    return "kodak" if spec.variant == "rgb" else "xray"
+
+
+def evaluate(codec, spec, data: Path, limit, qualities: list[float], only: str | None = None) -> dict:
+    """{set: {quality: {images, bpp, psnr, ms_ssim}}} through visemz's own files (``only``: one set)."""
     import visemz
 
     results = {}
     for set_name, images in evalkit.eval_sets(data, spec.variant, limit).items():
-        rows = []
-        for _, img in images:
-            buf = codec.compress(img, model=spec.arch, quality=spec.quality)
-            rec = visemz.decompress(buf, device="cpu") if codec.device == "cpu" else codec.decompress(buf)
-            rows.append((evalkit.bpp(len(buf), img), evalkit.psnr(img, rec), evalkit.ms_ssim(img, rec)))
-        results[set_name] = {"images": len(rows), "bpp": round(evalkit.mean(r[0] for r in rows), 4),
-                             "psnr": round(evalkit.mean(r[1] for r in rows), 3),
-                             "ms_ssim": round(evalkit.mean(r[2] for r in rows), 5)}
+        if only and set_name != only:
+            continue
+        per_q = {}
+        for q in qualities:
+            rows = []
+            for _, img in images:
+                buf = codec.compress(img, model=spec.arch, quality=q)
+                rec = visemz.decompress(buf, device="cpu") if codec.device == "cpu" else codec.decompress(buf)
+                rows.append((evalkit.bpp(len(buf), img), evalkit.psnr(img, rec), evalkit.ms_ssim(img, rec)))
+            per_q[f"{q:g}"] = {"images": len(rows), "bpp": round(evalkit.mean(r[0] for r in rows), 4),
+                               "psnr": round(evalkit.mean(r[1] for r in rows), 3),
+                               "ms_ssim": round(evalkit.mean(r[2] for r in rows), 5)}
+        results[set_name] = per_q
     return results
+
+
+def storage_loss(codec, model, spec, args, qualities: list[float], int8_eval: dict) -> dict:
+    """PSNR (dB) and bpp that int8 kernels lose against float32 ones, on the variant's main eval set."""
+    folder = Path(tempfile.mkdtemp())
+    saved = os.environ["VISEMZ_WEIGHTS_DIR"]
+    os.environ["VISEMZ_WEIGHTS_DIR"] = str(folder)
+    W.save(model, spec, folder / f"{spec.name}.safetensors", {"note": "float32 reference"}, storage="float32")
+    W.load.cache_clear()
+    try:
+        f32 = evaluate(codec, spec, args.data, args.limit, qualities, main_set(spec))
+    finally:
+        os.environ["VISEMZ_WEIGHTS_DIR"] = saved
+        W.load.cache_clear()
+    name = main_set(spec)
+    out = {"set": name, "images": int8_eval[name][f"{qualities[0]:g}"]["images"],
+           "device": torch.cuda.get_device_name() if codec.device == "cuda" else "cpu"}
+    for q in qualities:
+        a, b = int8_eval[name][f"{q:g}"], f32[name][f"{q:g}"]
+        out[f"{q:g}"] = {"psnr_db": round(a["psnr"] - b["psnr"], 3), "bpp_ratio": round(a["bpp"] / b["bpp"], 4)}
+    return out
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ def main() -> None:
     ap.add_argument("--image", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--model", default="balle2016")
-    ap.add_argument("--quality", type=int, default=3)
+    ap.add_argument("--quality", type=float, default=4.0)
     ap.add_argument("--max-error", type=float, default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--reps", type=int, default=20)

@@ -1,21 +1,33 @@
-"""Train visemz's models on a GPU: several models in one process, images resident on the GPU.
+"""Train visemz's variable-rate models on GPUs: several models per process, images resident on the GPU.
 
-    python scripts/train.py --data ../shared/data --models balle2016-rgb-q1 balle2016-gray-q1 ... \
-        --out runs/r1 [--resume runs/r0 | --init-from visemz/models/weights] [--time-limit 540] [--steps 100000]
+    python scripts/train.py --data ../shared/data --models balle2016-rgb mbt2018-mean-rgb \
+        --out runs/r1 [--resume runs/r0] [--init-from visemz/models/weights] [--time-limit 1500]
 
-Loss: lambda * 255^2 * MSE + bpp (CompressAI's rate-distortion loss, lambda from its ladder),
-Adam (lr 1e-4, linear warm-up after every (re)start, x0.1 from --decay-at of the time limit)
-plus the entropy bottleneck's auxiliary loss (Adam, lr 1e-3); transforms under bf16 autocast,
-entropy models in float32.  Random 256x256 crops and flips are cut on the GPU.
+    torchrun --nproc-per-node 4 scripts/train.py ...      # the models are dealt out over the GPUs
 
-Small models are launch-bound (about 24 ms a step for N=64 when run eagerly), so on CUDA each
-model's whole step (crop sampling, forward, backward, both optimisers) is captured once in a
-CUDA graph and replayed; --no-graphs runs it eagerly (and is what runs on a CPU).
+Data: RGB models train on train/rgb + train2/rgb/*; gray models on train/gray, train2/gray/*,
+train2/gray16 (16-bit, stretched by their own range as the codec does) and the luminance of
+every RGB photo.  Gray crops are drawn by group (--gray-mix): X-rays and the other scientific
+images (EM, fluorescence, astronomy) get fixed shares so that the photos' luminance, most of
+the pixels, does not drown them out; ``MODEL@area`` trains a model that draws every image by
+its area instead (the ablation that measures what the mix does).  Images smaller than the
+patch are mirror-padded.  Nothing under eval/ is read.
 
-Checkpoints: one safetensors file per architecture/variant group in --out (fp16 parameters,
-so a group of four fits the 16 MB a device job can return) plus state.json (steps, wall time).
-Resuming restores the parameters and step counts; Adam's moments start afresh.  Each model
-logs a CSV row every --log-every steps.
+Every sample of a batch gets its own quality, stratified over [1, 8]: its gains scale its
+latent and its lambda (CompressAI's ladder, interpolated) weighs its distortion.  Loss: the
+batch mean of lambda * 255^2 * MSE + bpp; Adam (--lr) with a linear warm-up whenever Adam's
+moments start afresh, constant after it; --final-decay F lowers the LR along a half cosine to
+x0.05 over the last F of --time-limit (give it in the last session only); the entropy
+bottleneck's auxiliary loss has its own Adam (lr 1e-3).  Transforms run under bf16 autocast,
+gains and entropy models in float32.  On CUDA each model's whole step is one CUDA graph.
+
+Checkpoints, every --checkpoint-every seconds and at the end, written atomically:
+  --out/NAME.safetensors         fp16 parameters (small enough to leave a GPU job), step and
+                                 seconds in the metadata;
+  --state-dir/NAME.full.safetensors   float32 parameters and both Adams' moments, for resuming
+                                 on the same machine without a new warm-up.
+--resume DIR takes a folder of either kind (the full state where present).  --init-from takes
+shipped weights (int8 kernels, dequantised).  A log row per model every --log-every steps.
 """
 
 from __future__ import annotations
@@ -24,60 +36,135 @@ import argparse
 import csv
 import json
 import math
+import os
+import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-from visemz.models import architectures, parse
+from visemz.models import architectures, parse, training
+from visemz.models import weights as W
+from visemz.models.registry import LEVELS
+
+GRAY_GROUPS = {"xr": "xray", "xray": "xray", "em": "science", "fl": "science", "astro": "science"}
+DEFAULT_GRAY_MIX = "xray=0.35,science=0.25,photo=0.40"
 
 
-def load_images(folder: Path, channels: int) -> list[np.ndarray]:
-    """Every readable image in ``folder`` as a C x H x W uint8 array."""
-    import cv2
+# ------------------------------------------------------------------------------------------ data
+@dataclass(frozen=True)
+class Image:
+    pixels: np.ndarray  # C x H x W uint16, full scale 65535
+    group: str
 
-    images = []
-    for p in sorted(folder.iterdir()):
-        img = cv2.imread(str(p), cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
-        if img is None:
-            continue
-        img = img[None] if channels == 1 else cv2.cvtColor(img, cv2.COLOR_BGR2RGB).transpose(2, 0, 1)
-        images.append(np.ascontiguousarray(img))
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")) if folder.is_dir() else []
+
+
+def _to16(img: np.ndarray) -> np.ndarray:
+    """8-bit -> x257; 16-bit -> stretched over its own range (what the codec's normalisation does)."""
+    if img.dtype == np.uint8:
+        return img.astype(np.uint16) * 257
+    lo, hi = int(img.min()), int(img.max())
+    return ((img.astype(np.float64) - lo) * (65535.0 / max(hi - lo, 1))).round().astype(np.uint16)
+
+
+def _gray_group(path: Path) -> str:
+    return GRAY_GROUPS.get(path.name.split("_", 1)[0], "photo")
+
+
+def _read_rgb(p: Path, variant: str) -> Image | None:
+    img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+    if img is None:
+        return None
+    if variant == "rgb":
+        return Image(_to16(cv2.cvtColor(img, cv2.COLOR_BGR2RGB)).transpose(2, 0, 1).copy(), "photo")
+    return Image(_to16(cv2.cvtColor(img, cv2.COLOR_BGR2GRAY))[None], "photo")  # luminance (BT.601)
+
+
+def _read_gray(p: Path) -> Image | None:
+    img = cv2.imread(str(p), cv2.IMREAD_UNCHANGED)
+    return Image(_to16(img)[None], _gray_group(p)) if img is not None and img.ndim == 2 else None
+
+
+def load_images(data: Path, variant: str) -> list[Image]:
+    """Every training image of a variant (see the module docstring), as Image records."""
+    rgb_files = _files(data / "train" / "rgb") + _files(data / "train2" / "rgb")
+    gray_files = _files(data / "train" / "gray") + _files(data / "train2" / "gray") + _files(data / "train2" / "gray16")
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # OpenCV decodes without the GIL
+        images = list(pool.map(lambda p: _read_rgb(p, variant), rgb_files))
+        if variant == "gray":
+            images += list(pool.map(_read_gray, gray_files))
+    images = [im for im in images if im is not None]
     if not images:
-        raise SystemExit(f"no images in {folder}")
+        raise SystemExit(f"no {variant} training images under {data}/train*")
     return images
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    mix = {}
+    for part in text.split(","):
+        name, _, share = part.partition("=")
+        mix[name.strip()] = float(share)
+    if not mix or any(v < 0 for v in mix.values()) or sum(mix.values()) <= 0:
+        raise SystemExit(f"--gray-mix {text!r}: expected GROUP=SHARE,... with shares >= 0")
+    return mix
+
+
+def draw_weights(images: list[Image], mix: dict[str, float] | None) -> np.ndarray:
+    """Probability of drawing each image: by area, or by area within each group times the group's share."""
+    area = np.array([im.pixels.shape[1] * im.pixels.shape[2] for im in images], np.float64)
+    if mix is None:
+        return area / area.sum()
+    groups = np.array([im.group for im in images])
+    w = np.zeros_like(area)
+    for g in set(groups):
+        sel = groups == g
+        w[sel] = mix.get(g, 0.0) * area[sel] / area[sel].sum()
+    if w.sum() <= 0:
+        raise SystemExit(f"the gray mix {mix} gives no weight to any group present ({sorted(set(groups))})")
+    return w / w.sum()
 
 
 class CropSampler:
     """Random patch x patch crops with flips, cut on the device with one gather.
 
-    The images are packed into one zero-padded K x C x Hmax x Wmax uint8 tensor; crops never
-    reach into the padding.  Every step is tensor ops on the device with no host sync, so the
-    sampler can live inside a CUDA graph.
+    The images are packed into one zero-padded K x C x Hmax x Wmax uint16 tensor; crops never
+    reach into the padding (images smaller than the patch are mirror-padded to it first).
+    Every step is tensor ops on the device with no host sync, so the sampler can live inside
+    a CUDA graph.
     """
 
-    def __init__(self, images: list[np.ndarray], patch: int, device):
-        images = [im for im in images if min(im.shape[1:]) >= patch]
-        if not images:
-            raise SystemExit(f"no training image is at least {patch}x{patch}")
-        c = images[0].shape[0]
-        hmax = max(im.shape[1] for im in images)
-        wmax = max(im.shape[2] for im in images)
-        packed = np.zeros((len(images), c, hmax, wmax), np.uint8)
-        for k, im in enumerate(images):
-            packed[k, :, : im.shape[1], : im.shape[2]] = im
-        self.images = torch.from_numpy(packed).to(device)
-        self.count = len(images)
-        heights = torch.tensor([im.shape[1] for im in images], dtype=torch.float32)
-        widths = torch.tensor([im.shape[2] for im in images], dtype=torch.float32)
-        area = heights * widths
-        self.cdf = (torch.cumsum(area, 0) / area.sum()).to(device)  # images drawn by area
+    def __init__(self, images: list[Image], weights: np.ndarray, patch: int, device):
+        pix = [self._fit(im.pixels, patch) for im in images]
+        c = pix[0].shape[0]
+        hmax, wmax = max(p.shape[1] for p in pix), max(p.shape[2] for p in pix)
+        packed = np.zeros((len(pix), c, hmax, wmax), np.uint16)
+        for k, p in enumerate(pix):
+            packed[k, :, : p.shape[1], : p.shape[2]] = p
+        # torch has no uint16 arithmetic on every device: keep int32 views' source as int16 bits
+        self.images = torch.from_numpy(packed.view(np.int16)).to(device)
+        self.count = len(pix)
+        heights = torch.tensor([p.shape[1] for p in pix], dtype=torch.float32)
+        widths = torch.tensor([p.shape[2] for p in pix], dtype=torch.float32)
+        self.cdf = torch.from_numpy(np.cumsum(weights)).float().to(device)
         self.y_room = (heights - patch + 1).to(device)
         self.x_room = (widths - patch + 1).to(device)
         self.ramp = torch.arange(patch, device=device)
         self.channels = torch.arange(c, device=device)
         self.patch = patch
+
+    @staticmethod
+    def _fit(p: np.ndarray, patch: int) -> np.ndarray:
+        ph, pw = max(0, patch - p.shape[1]), max(0, patch - p.shape[2])
+        return np.pad(p, ((0, 0), (0, ph), (0, pw)), mode="symmetric") if ph or pw else p
 
     def _axis(self, room: torch.Tensor, k: torch.Tensor, n: int) -> torch.Tensor:
         """Indices along one axis: a random start within room[k], reversed for half the samples."""
@@ -89,35 +176,44 @@ class CropSampler:
     def sample_into(self, out: torch.Tensor) -> None:
         """Fill ``out`` (n x C x patch x patch, float) with crops scaled to [0, 1]."""
         n = out.shape[0]
-        u = torch.rand(n, device=self.cdf.device)
+        u = torch.rand(n, device=self.cdf.device) * self.cdf[-1]
         k = torch.searchsorted(self.cdf, u).clamp_(max=self.count - 1)
         rows = self._axis(self.y_room, k, n)
         cols = self._axis(self.x_room, k, n)
         crops = self.images[k[:, None, None, None], self.channels[None, :, None, None],
                             rows[:, None, :, None], cols[:, None, None, :]]
-        torch.div(crops, 255.0, out=out)
+        torch.div(crops.to(torch.int32) & 0xFFFF, 65535.0, out=out)
+
+
+# -------------------------------------------------------------------------------------- training
+def stratified_qualities(n: int, device) -> torch.Tensor:
+    """n qualities covering [1, 8] evenly, one random point per stratum."""
+    return 1.0 + (LEVELS - 1) * (torch.arange(n, device=device) + torch.rand(n, device=device)) / n
 
 
 class Trainer:
-    WARMUP = 500  # steps of linear LR warm-up after every (re)start: Adam's moments start afresh
+    WARMUP = 500  # steps of linear LR warm-up whenever Adam's moments start afresh
 
-    def __init__(self, spec, sampler: CropSampler, batch: int, device, lr: float, amp: bool):
-        self.spec = spec
+    def __init__(self, name: str, sampler: CropSampler, batch: int, device, lr: float, amp: bool):
+        self.name = name  # e.g. "balle2016-gray" or "balle2016-gray@area"
+        self.spec = parse(name.split("@")[0])
         self.sampler = sampler
-        self.model = architectures.build(spec).to(device).train()
-        aux = {n for n, _ in self.model.named_parameters() if n.endswith("quantiles")}
+        self.model = architectures.build(self.spec).to(device).train()
+        self.aux_names = {n for n, _ in self.model.named_parameters() if n.endswith("quantiles")}
         params = dict(self.model.named_parameters())
         on_gpu = torch.device(device).type == "cuda"
         # A tensor LR lives in the graph: changing it needs no re-capture.
         opt_args = {"fused": True, "capturable": True} if on_gpu else {}
         self.lr_now = torch.tensor(lr, device=device)
-        self.opt = torch.optim.Adam([params[n] for n in params if n not in aux], lr=self.lr_now, **opt_args)
-        self.aux_opt = torch.optim.Adam([params[n] for n in aux], lr=1e-3, **opt_args)
-        self.x = torch.zeros(batch, spec.channels, sampler.patch, sampler.patch, device=device)
+        self.opt = torch.optim.Adam([params[n] for n in params if n not in self.aux_names], lr=self.lr_now, **opt_args)
+        self.aux_opt = torch.optim.Adam([params[n] for n in self.aux_names], lr=1e-3, **opt_args)
+        self.x = torch.zeros(batch, self.spec.channels, sampler.patch, sampler.patch, device=device)
+        self.log_lambdas = training.log_lambda_table(device)
         self.amp = amp
         self.lr = lr
         self.step = 0
-        self.started = 0  # step at which this run began: the LR warms up from there
+        self.warm_from = 0  # step at which Adam's moments last started afresh
+        self.seconds = 0.0  # training wall time of this model before this run
         self.good = None  # last finite state, restored if the loss turns non-finite
         self.graph = None
         self.metrics = None  # the last step's [loss, mse, bpp, aux], on the device
@@ -125,11 +221,9 @@ class Trainer:
     def _step(self) -> torch.Tensor:
         """One whole training step in tensor ops (the body a CUDA graph captures)."""
         self.sampler.sample_into(self.x)
-        x_hat, liks = architectures.forward_train(self.model, self.x, self.amp)
-        pixels = self.x.shape[0] * self.x.shape[2] * self.x.shape[3]
-        bpp = sum(torch.log(l).sum() for l in liks) / (-math.log(2) * pixels)
-        mse = torch.mean((x_hat - self.x) ** 2)
-        loss = self.spec.lam * 255**2 * mse + bpp
+        q = stratified_qualities(self.x.shape[0], self.x.device)
+        x_hat, liks = training.forward_train(self.model, self.x, q, self.amp)
+        loss, mse, bpp = training.rd_loss(self.x, x_hat, liks, q, self.log_lambdas)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0, error_if_nonfinite=False)
@@ -146,8 +240,9 @@ class Trainer:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(warmup_steps):
-                self.train_step(1.0)
+                self.train_step(0.0)  # LR 0: the warm-up steps only build state
         torch.cuda.current_stream().wait_stream(side)
+        self.step -= warmup_steps
         self.opt.zero_grad(set_to_none=True)
         self.aux_opt.zero_grad(set_to_none=True)
         self.graph = torch.cuda.CUDAGraph()
@@ -155,7 +250,7 @@ class Trainer:
             self.metrics = self._step()
 
     def train_step(self, lr_scale: float) -> torch.Tensor:
-        warm = min(1.0, (self.step - self.started + 1) / self.WARMUP)
+        warm = min(1.0, (self.step - self.warm_from + 1) / self.WARMUP)
         self.lr_now.fill_(self.lr * warm * lr_scale)
         if self.graph is not None:
             self.graph.replay()
@@ -176,194 +271,265 @@ class Trainer:
             for opt in (self.opt, self.aux_opt):  # Adam's moments are poisoned too
                 for state in opt.state.values():
                     for v in state.values():
-                        if torch.is_tensor(v):
+                        if torch.is_tensor(v) and v.dim() > 0:
                             v.zero_()
-        self.started = self.step  # warm up again
+        self.warm_from = self.step
         return False
 
+    # --------------------------------------------------------------------- state in and out
+    def _opt_tensors(self) -> dict[str, torch.Tensor]:
+        """Both Adams' moments keyed by parameter name (the step counters are the model's step)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        out = {}
+        for opt in (self.opt, self.aux_opt):
+            for p, st in opt.state.items():
+                for key in ("exp_avg", "exp_avg_sq"):
+                    if key in st:
+                        out[f"adam/{names[id(p)]}/{key}"] = st[key].detach().float().cpu().contiguous()
+        return out
 
-def group_of(spec) -> str:
-    return f"{spec.arch}-{spec.variant}"
+    def save(self, out: Path, state_dir: Path | None, seconds: float, note: str) -> None:
+        meta = {"step": str(self.step), "train_seconds": f"{self.seconds + seconds:.1f}", "note": note,
+                "model": self.name, "spec": json.dumps({"N": self.spec.N, "M": self.spec.M})}
+        params = {n for n, _ in self.model.named_parameters()}
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        # Parameters as fp16 (what leaves the GPU job must be small); buffers are constants such as
+        # the likelihood bound 1e-9, which fp16 would flush to zero: they stay float32.
+        compact = {k: (v.half() if k in params else v.float()).contiguous() for k, v in state.items()}
+        _atomic_save(compact, out / f"{self.name}.safetensors", meta)
+        if state_dir is not None:
+            full = {f"param/{k}": v.float().contiguous() for k, v in state.items()}
+            full.update(self._opt_tensors())
+            _atomic_save(full, state_dir / f"{self.name}.full.safetensors", meta)
 
+    def load(self, path: Path) -> None:
+        """Parameters (and Adam's moments, from a full state file) from a checkpoint this script wrote."""
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        full = path.name.endswith(".full.safetensors")
+        state = {k[len("param/"):]: v for k, v in tensors.items() if k.startswith("param/")} if full else tensors
+        self._copy_params(state, path)
+        self.step = int(meta.get("step", 0))
+        self.seconds = float(meta.get("train_seconds", 0.0))
+        self.warm_from = self.step
+        if full:
+            self._load_adam(tensors)
+        print(f"{self.name}: resumed at step {self.step} from {path}" + (" with Adam's moments" if full else ""))
 
-def save_checkpoints(trainers: list[Trainer], out: Path, wall: float, note: str) -> None:
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    groups: dict[str, dict] = {}
-    for t in trainers:
-        params = {k for k, _ in t.model.named_parameters()}
-        for k, v in t.model.state_dict().items():
-            # Parameters as fp16 (the checkpoint must fit 16 MB); buffers are constants such as
-            # the likelihood bound 1e-9, which fp16 would flush to zero (and so train into NaN).
-            v = v.detach().cpu()
-            groups.setdefault(group_of(t.spec), {})[f"{t.spec.name}/{k}"] = (v.half() if k in params else v).contiguous()
-    for g, tensors in groups.items():
-        tmp = out / f"{g}.tmp"
-        save_file(tensors, str(tmp))
-        tmp.replace(out / f"{g}.safetensors")
-    state = {"steps": {t.spec.name: t.step for t in trainers}, "train_seconds": wall, "note": note}
-    tmp = out / "state.json.tmp"
-    tmp.write_text(json.dumps(state, indent=1))
-    tmp.replace(out / "state.json")
-
-
-def init_from_weights(trainers: list[Trainer], folder: Path) -> float:
-    """Start each model from shipped weights in ``folder`` (int8 kernels dequantised), continuing
-    the step count of its model card; returns the cards' training seconds (largest)."""
-    from visemz.models import weights as W
-
-    seconds = 0.0
-    for t in trainers:
-        path = folder / f"{t.spec.name}.safetensors"
-        if not path.is_file():
-            print(f"{t.spec.name}: no weights in {folder}, starting fresh")
-            continue
-        tensors, _ = W.read_tensors(path)
-        state = W.dequantize_state(tensors)
-        params = dict(t.model.named_parameters())
+    def _copy_params(self, state: dict[str, torch.Tensor], path: Path) -> None:
+        params = dict(self.model.named_parameters())
         missing = sorted(set(params) - set(state))
         if missing:
-            raise SystemExit(f"{t.spec.name}: {path} lacks {missing[:3]}")
-        with torch.no_grad():  # parameters only, as in resume(): buffers are constants the model builds
-            for k, p in params.items():
-                p.copy_(state[k])
-        card = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").is_file() else {}
-        t.step = t.started = int(card.get("steps", 0))
-        seconds = max(seconds, float(card.get("train_seconds_all_models", 0.0)))
-        print(f"{t.spec.name}: starts from {path.name} at step {t.step}")
-    return seconds
-
-
-def resume(trainers: list[Trainer], src: Path) -> float:
-    from safetensors.torch import load_file
-
-    state = json.loads((src / "state.json").read_text())
-    for t in trainers:
-        f = src / f"{group_of(t.spec)}.safetensors"
-        if not f.is_file() or t.spec.name not in state["steps"]:
-            print(f"{t.spec.name}: no checkpoint in {src}, starting fresh")
-            continue
-        prefix = t.spec.name + "/"
-        tensors = {k[len(prefix):]: v.float() for k, v in load_file(str(f)).items() if k.startswith(prefix)}
-        params = dict(t.model.named_parameters())
-        missing = sorted(set(params) - set(tensors))
-        if missing:
-            raise SystemExit(f"{t.spec.name}: checkpoint {f} lacks {missing[:3]}")
+            raise SystemExit(f"{self.name}: {path} lacks {missing[:3]}")
         with torch.no_grad():  # parameters only: buffers are constants the model builds itself
             for k, p in params.items():
-                p.copy_(tensors[k])
-        t.step = t.started = state["steps"][t.spec.name]
-        print(f"{t.spec.name}: resumed at step {t.step}")
-    return float(state.get("train_seconds", 0.0))
+                p.copy_(state[k].float())
+
+    def _load_adam(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Rebuild both Adams' state from the saved moments (before the graph is captured)."""
+        for opt in (self.opt, self.aux_opt):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    name = next(n for n, q in self.model.named_parameters() if q is p)
+                    avg, sq = tensors.get(f"adam/{name}/exp_avg"), tensors.get(f"adam/{name}/exp_avg_sq")
+                    if avg is None or sq is None:
+                        return  # incomplete: Adam starts afresh (and the LR warms up)
+                    on = {"device": p.device, "dtype": torch.float32}
+                    opt.state[p] = {"step": torch.tensor(float(self.step), **on), "exp_avg": avg.to(**on),
+                                    "exp_avg_sq": sq.to(**on)}
+        self.warm_from = self.step - self.WARMUP  # moments restored: no new warm-up
+
+    def init_from_weights(self, folder: Path) -> None:
+        path = folder / f"{self.spec.name}.safetensors"
+        tensors, meta = W.read_tensors(path)
+        self._copy_params(W.dequantize_state(tensors), path)
+        card = path.with_suffix(".json")
+        info = json.loads(card.read_text()) if card.is_file() else {}
+        self.step = self.warm_from = int(info.get("steps", 0))
+        self.seconds = float(info.get("train_seconds", 0.0))
+        print(f"{self.name}: starts from {path} at step {self.step}")
+
+
+def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+
+
+def resume_path(folder: Path, name: str) -> Path | None:
+    for candidate in (folder / f"{name}.full.safetensors", folder / f"{name}.safetensors"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 class Log:
     """Per-model CSV rows, averaged over --log-every steps (one host sync per model per row)."""
 
-    FIELDS = ("model", "step", "loss", "mse", "psnr", "bpp", "aux", "seconds")
+    FIELDS = ("model", "step", "loss", "mse", "psnr", "bpp", "aux", "seconds", "lr", "gpu")
 
-    def __init__(self, path: Path, trainers: list[Trainer]):
+    def __init__(self, path: Path, trainers: list[Trainer], gpu: str):
         new = not path.exists()
         self.file = open(path, "a", newline="")
         self.writer = csv.writer(self.file)
         if new:
             self.writer.writerow(self.FIELDS)
-        self.sums = {t.spec.name: torch.zeros(4, device=t.x.device) for t in trainers}
-        self.counts = {t.spec.name: 0 for t in trainers}
+        self.gpu = gpu
+        self.sums = {t.name: torch.zeros(4, device=t.x.device) for t in trainers}
+        self.counts = {t.name: 0 for t in trainers}
 
     def add(self, t: Trainer, metrics: torch.Tensor) -> None:
-        self.sums[t.spec.name] += metrics
-        self.counts[t.spec.name] += 1
+        self.sums[t.name] += metrics
+        self.counts[t.name] += 1
 
     def row(self, t: Trainer, seconds: float) -> list[float]:
-        vals = (self.sums[t.spec.name] / max(self.counts[t.spec.name], 1)).tolist()
-        self.sums[t.spec.name].zero_()
-        self.counts[t.spec.name] = 0
+        vals = (self.sums[t.name] / max(self.counts[t.name], 1)).tolist()
+        self.sums[t.name].zero_()
+        self.counts[t.name] = 0
         mean = dict(zip(("loss", "mse", "bpp", "aux"), vals))
         psnr = 10 * math.log10(1.0 / max(mean["mse"], 1e-12)) if math.isfinite(mean["mse"]) else float("nan")
-        self.writer.writerow([t.spec.name, t.step, f"{mean['loss']:.5f}", f"{mean['mse']:.7f}", f"{psnr:.3f}",
-                              f"{mean['bpp']:.5f}", f"{mean['aux']:.3f}", f"{seconds:.1f}"])
+        self.writer.writerow([t.name, t.step, f"{mean['loss']:.5f}", f"{mean['mse']:.7f}", f"{psnr:.3f}",
+                              f"{mean['bpp']:.5f}", f"{mean['aux']:.3f}", f"{t.seconds + seconds:.1f}",
+                              f"{float(t.lr_now):.2e}", self.gpu])
         return vals
 
 
-def parse_args() -> argparse.Namespace:
+# ------------------------------------------------------------------------------------------- main
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
-    ap.add_argument("--models", nargs="+", required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--resume", type=Path, help="a checkpoint folder this script wrote")
-    ap.add_argument("--init-from", type=Path,
-                    help="start from shipped weights in this folder (e.g. visemz/models/weights)")
-    ap.add_argument("--steps", type=int, default=1_000_000, help="stop when every model has this many steps")
+    ap.add_argument("--models", nargs="+", required=True, help="e.g. balle2016-rgb mbt2018-mean-gray balle2016-gray@area")
+    ap.add_argument("--out", type=Path, required=True, help="compact checkpoints and the log")
+    ap.add_argument("--state-dir", type=Path, default=None, help="full checkpoints with Adam's moments (default: --out)")
+    ap.add_argument("--resume", type=Path, help="a folder of checkpoints this script wrote")
+    ap.add_argument("--init-from", type=Path, help="start from shipped weights in this folder (e.g. visemz/models/weights)")
+    ap.add_argument("--steps", type=int, default=10_000_000, help="stop when every model has this many steps")
     ap.add_argument("--time-limit", type=float, default=float("inf"), help="seconds of training in this run")
-    ap.add_argument("--decay-at", type=float, default=0.85,
-                    help="fraction of --time-limit after which the LR drops 10x (1 = never)")
+    ap.add_argument("--final-decay", type=float, default=0.0,
+                    help="fraction of --time-limit at the end over which the LR falls to x0.05 (last session only)")
+    ap.add_argument("--checkpoint-every", type=float, default=180.0, help="seconds between checkpoints")
+    ap.add_argument("--gray-mix", default=DEFAULT_GRAY_MIX, help="shares of the gray groups (xray, science, photo)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--patch", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--no-amp", action="store_true")
     ap.add_argument("--no-graphs", action="store_true", help="run steps eagerly instead of as CUDA graphs")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--log-every", type=int, default=100)
+    ap.add_argument("--log-every", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--note", default="", help="how this run trained, for the model cards (export_weights.py)")
-    return ap.parse_args()
+    return ap.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
+def my_models(models: list[str]) -> tuple[list[str], str]:
+    """Under torchrun each rank trains every WORLD_SIZE-th model on its own GPU."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    return models[rank::world], (f"cuda:{local}" if world > 1 else "")
+
+
+def build_samplers(names: list[str], args, device) -> dict[tuple[str, str], CropSampler]:
+    samplers = {}
+    images = {}
+    for name in names:
+        spec = parse(name.split("@")[0])
+        mix_name = name.split("@")[1] if "@" in name else "mix"
+        key = (spec.variant, mix_name)
+        if key in samplers:
+            continue
+        if spec.variant not in images:
+            images[spec.variant] = load_images(args.data, spec.variant)
+        imgs = images[spec.variant]
+        mix = None if (spec.variant == "rgb" or mix_name == "area") else parse_mix(args.gray_mix)
+        samplers[key] = CropSampler(imgs, draw_weights(imgs, mix), args.patch, device)
+        groups = {g: sum(1 for im in imgs if im.group == g) for g in sorted({im.group for im in imgs})}
+        print(f"{spec.variant} ({mix_name}): {len(imgs)} images {groups} on {device}", flush=True)
+    return samplers
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    names, dev_override = my_models(args.models)
+    device = torch.device(dev_override or args.device)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    torch.manual_seed(args.seed + int(os.environ.get("RANK", 0)))
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    specs = [parse(m) for m in args.models]
-    samplers = {}
-    for v, ch in (("rgb", 3), ("gray", 1)):
-        if any(s.variant == v for s in specs):
-            samplers[v] = CropSampler(load_images(args.data / "train" / v, ch), args.patch, device)
-            print(f"{v}: {samplers[v].count} training images on {device}")
-    trainers = [Trainer(s, samplers[s.variant], args.batch, device, args.lr, not args.no_amp) for s in specs]
-    if args.resume and args.init_from:
-        raise SystemExit("--resume and --init-from exclude each other")
-    prior = resume(trainers, args.resume) if args.resume else 0.0
-    if args.init_from:
-        prior = init_from_weights(trainers, args.init_from)
-    args.out.mkdir(parents=True, exist_ok=True)
+    state_dir = args.state_dir or args.out
+    samplers = build_samplers(names, args, device)
+    trainers = []
+    for name in names:
+        spec = parse(name.split("@")[0])
+        key = (spec.variant, name.split("@")[1] if "@" in name else "mix")
+        trainers.append(Trainer(name, samplers[key], args.batch, device, args.lr, not args.no_amp))
+    for t in trainers:
+        src = None
+        for folder in (state_dir, args.resume):  # this machine's full state first
+            src = src or (resume_path(folder, t.name) if folder else None)
+        if src is not None:
+            t.load(src)
+        elif args.init_from and (args.init_from / f"{t.spec.name}.safetensors").is_file():
+            t.init_from_weights(args.init_from)
+        else:
+            print(f"{t.name}: starts fresh")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if device.type == "cuda" and not args.no_graphs:
-        t = time.perf_counter()
+        t0 = time.perf_counter()
         for tr in trainers:
-            try:
-                tr.capture()
-            except RuntimeError as e:  # the run still trains, eagerly, and says so
-                tr.graph = None
-                torch.cuda.synchronize()
-                print(f"{tr.spec.name}: CUDA graph capture failed ({e}); this model runs eagerly", flush=True)
-        print(f"captured {len(trainers)} CUDA graphs in {time.perf_counter() - t:.1f} s", flush=True)
-    log = Log(args.out / "train_log.csv", trainers)
-    t0 = time.perf_counter()
-    decay_at = args.decay_at * args.time_limit
+            tr.capture()
+        print(f"captured {len(trainers)} CUDA graphs in {time.perf_counter() - t0:.1f} s", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ.get("RANK", 0))
+    log = Log(args.out / (f"train_log.rank{rank}.csv" if "RANK" in os.environ else "train_log.csv"), trainers, gpu)
+    run(trainers, log, args, state_dir)
+
+
+def lr_scale(elapsed: float, args) -> float:
+    """1 until the final decay starts, then a half cosine down to 0.05."""
+    if args.final_decay <= 0 or not math.isfinite(args.time_limit):
+        return 1.0
+    start = (1 - args.final_decay) * args.time_limit
+    if elapsed <= start:
+        return 1.0
+    frac = min(1.0, (elapsed - start) / (args.final_decay * args.time_limit))
+    return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def run(trainers: list[Trainer], log: Log, args, state_dir: Path) -> None:
+    """Train until the time limit, the step goal or SIGTERM/SIGINT; checkpoint on the way and at the end."""
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(True))
+    t0 = last_ckpt = time.perf_counter()
     rounds = 0
-    while time.perf_counter() - t0 < args.time_limit and min(t.step for t in trainers) < args.steps:
-        scale = 0.1 if time.perf_counter() - t0 >= decay_at else 1.0
+    while not stop and time.perf_counter() - t0 < args.time_limit and min(t.step for t in trainers) < args.steps:
+        scale = lr_scale(time.perf_counter() - t0, args)
         for t in trainers:
-            if t.step >= args.steps:
-                continue
             log.add(t, t.train_step(scale))
             if t.step % args.log_every == 0 and not t.check_finite(log.row(t, time.perf_counter() - t0)):
-                print(f"{t.spec.name}: non-finite loss at step {t.step}; rolled back to the last finite state")
+                print(f"{t.name}: non-finite loss at step {t.step}; rolled back to the last finite state", flush=True)
         rounds += 1
-        if rounds % (10 * args.log_every) == 0:
-            log.file.flush()
-            print(f"{time.perf_counter() - t0:7.1f}s  step {trainers[0].step}", flush=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    wall = prior + time.perf_counter() - t0
-    save_checkpoints(trainers, args.out, wall, args.note)
-    log.file.close()
+        if time.perf_counter() - last_ckpt >= args.checkpoint_every:
+            checkpoint(trainers, log, args, state_dir, time.perf_counter() - t0)
+            last_ckpt = time.perf_counter()
+    checkpoint(trainers, log, args, state_dir, time.perf_counter() - t0)
     for t in trainers:
-        print(f"{t.spec.name}: {t.step} steps")
-    print(f"trained {time.perf_counter() - t0:.0f} s this run, {wall:.0f} s in all; checkpoints in {args.out}")
+        print(f"{t.name}: {t.step} steps")
+    print(f"trained {time.perf_counter() - t0:.0f} s this run; checkpoints in {args.out}", flush=True)
+
+
+def checkpoint(trainers: list[Trainer], log: Log, args, state_dir: Path, elapsed: float) -> None:
+    if trainers[0].x.device.type == "cuda":
+        torch.cuda.synchronize()
+    for t in trainers:
+        t.save(args.out, state_dir, elapsed, args.note)
+    log.file.flush()
+    print(f"{elapsed:7.1f}s  checkpoint: " + ", ".join(f"{t.name} {t.step}" for t in trainers), flush=True)
 
 
 if __name__ == "__main__":

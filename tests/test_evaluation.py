@@ -225,14 +225,14 @@ def test_cli_eval_writes_csv_plots_and_summary(folder, tmp_path, model_weights):
     assert sorted(p.name for p in out.iterdir()) == ["crops_gray.png", "crops_rgb.png", "points.csv", "rd_gray.png",
                                                      "rd_rgb.png", "summary.md"]
     rows = _rows(out / "points.csv")
-    assert len(rows) == 3 * (8 + 8 + 4)
+    assert len(rows) == 3 * (8 + 8 + 8)
     assert {r["codec"] for r in rows} == {"jpeg", "webp", "visemz-balle2016"}
     for png in out.glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (out / "summary.md").read_text()
     assert "## rgb" in summary and "## gray" in summary and "visemz-balle2016" in summary
     again = subprocess.run(cmd + ["--no-crops"], capture_output=True, text=True, env=env, timeout=300)
-    assert "0 points computed, 60 already" in again.stdout
+    assert "0 points computed, 72 already" in again.stdout
 
 
 def test_cli_eval_rejects_bad_arguments(folder, tmp_path):

@@ -17,6 +17,7 @@ import typer
 
 from . import __version__
 from .errors import VisemzError
+from .models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="GPU-first compression for scientific images.")
 
@@ -69,8 +70,9 @@ def _run_with_progress(label: str, quiet: bool, job):
 def compress(
     src: Path = typer.Argument(..., help="an image file or a folder (walked recursively)"),
     dst: Path = typer.Argument(..., help="output folder; a/b/c.tif becomes DST/a/b/c.tif.vsz"),
-    model: str = typer.Option("balle2016", help="balle2016 or mbt2018-mean"),
-    quality: int = typer.Option(3, min=1, max=4),
+    model: str = typer.Option(DEFAULT_MODEL, help="balle2016 or mbt2018-mean"),
+    quality: float = typer.Option(DEFAULT_QUALITY, min=1.0, max=8.0,
+                                  help="1-8 on CompressAI's lambda ladder; fractions lie between"),
     max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in pixel units (0: lossless)"),
     entropy: str = typer.Option("zstd", help="zstd, ans (GPU only) or none"),
     streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),

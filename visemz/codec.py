@@ -1,7 +1,9 @@
 """ImageCodec: images <-> .vsz bytes, gluing model, block encoder and container.
 
-    buf = visemz.compress(image, model="balle2016", quality=3, max_error=None)
+    buf = visemz.compress(image, model="balle2016", quality=4.5, max_error=None)
     image = visemz.decompress(buf)
+
+``quality`` is a float in [1, 8] on CompressAI's lambda ladder (the models are variable-rate).
 
 The model's latent symbols are the only float -> int step; everything after them is
 integer coding, so a file written on a GPU decodes to the same symbols on a CPU.
@@ -21,7 +23,7 @@ import torch
 from . import container, residual
 from . import device as dev
 from .encoders import encode_ints
-from .errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
+from .errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 from .models import architectures, registry
 from .models import weights as W
 from .pixels import (
@@ -37,12 +39,16 @@ from .pixels import (
 )
 
 KIND = "image"
-FORMAT = 1
+# 1: fixed-rate N=64/M=96 models, one per integer quality 1-4 (sessions 1-4), no longer decoded;
+# 2: variable-rate N=128/M=192 models with gain units, a float quality in the header.
+FORMAT = 2
+FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
 # Latent symbols use per-block widths: on the trained models' latents they came out 1-11% smaller
 # than the global width with outliers (after zstd, full Kodak and X-ray sets), and the GPU's
 # per-block kernel is the faster one.  Either policy decodes: the block stream records it.
 SYMBOL_POLICY = "block"
-META_KEYS = {"format", "model", "model_id", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
+DEFAULT_MODEL = registry.DEFAULT_MODEL
+META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
 
 
 _MATH_LOCK = threading.Lock()
@@ -100,22 +106,24 @@ class ImageCodec:
         encode_ints(np.zeros(0, np.int32), **self.enc)  # validates the options now, naming a bad one
 
     # ------------------------------------------------------------------ compress
-    def compress(self, image, *, model: str = "balle2016", quality: int = 3, max_error=None) -> bytes:
+    def compress(self, image, *, model: str = DEFAULT_MODEL, quality: float = registry.DEFAULT_QUALITY,
+                 max_error=None) -> bytes:
+        q = registry.check_quality(quality)
         t = as_tensor(image, self.device)
         meta = describe(t)
         e = check_max_error(max_error, meta.dtype)
-        spec = registry.spec(model, quality, meta.variant)
+        spec = registry.spec(model, meta.variant)
         net, model_id = W.load(spec, self.device)
         with exact_math():
-            symbols = architectures.analyse(net, to_batch(t, meta))
+            symbols = architectures.analyse(net, to_batch(t, meta), q)
             sections = {name: encode_ints(dev.torch_to_ints(s), policy=SYMBOL_POLICY, **self.enc) for name, s in symbols.items()}
             mode = None
             if e is not None:
-                x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, torch.float64), meta)
+                x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, q, torch.float64), meta)
                 extra, mode = residual.encode(t, x01, meta, e, **self.enc)
                 sections.update(extra)
         header = {
-            "format": FORMAT, "model": spec.name, "model_id": model_id, "dtype": meta.dtype,
+            "format": FORMAT, "model": spec.name, "model_id": model_id, "quality": q, "dtype": meta.dtype,
             "shape": list(meta.shape), "range": [meta.lo, meta.hi],
             "symbols": {k: list(v.shape) for k, v in symbols.items()},
             "max_error": e, "residual": mode, "entropy": self.enc["entropy"],
@@ -130,6 +138,7 @@ class ImageCodec:
             raise UnsupportedFormatError(f"container holds {c.kind!r}, not an image")
         h = _check_header(c.meta, c.sections)
         spec = registry.parse(h["model"])
+        q = h["quality"]
         meta = ImageMeta(h["dtype"], tuple(h["shape"]), float(h["range"][0]), float(h["range"][1]))
         net, model_id = W.load(spec, self.device)
         if model_id != h["model_id"]:
@@ -147,8 +156,8 @@ class ImageCodec:
             symbols[name] = s.reshape(shape)
         with exact_math():
             if h["residual"] is None:
-                return denormalise(from_batch(architectures.synthesise(net, symbols), meta), meta)
-            x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, torch.float64), meta)
+                return denormalise(from_batch(architectures.synthesise(net, symbols, q), meta), meta)
+            x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, q, torch.float64), meta)
             return residual.decode(c.sections, x01, meta, h["max_error"], h["residual"])
 
     def decompress(self, buf) -> np.ndarray:
@@ -166,6 +175,9 @@ def _batch_and_padded(meta: ImageMeta) -> tuple[int, int, int]:
 
 def _check_header(h: dict, sections: dict) -> dict:
     """Validate an image header strictly: known keys, types, sizes, before anything is decoded."""
+    if h.get("format") in FORMATS_NOT_READ:
+        raise UnsupportedFormatError(f"image format {h['format']} ({FORMATS_NOT_READ[h['format']]}) is not read "
+                                     f"by this build, which reads format {FORMAT}")
     unknown = set(h) - META_KEYS
     if unknown:
         raise UnsupportedFormatError(f"image header has unknown fields {sorted(unknown)}")
@@ -174,6 +186,10 @@ def _check_header(h: dict, sections: dict) -> dict:
         raise CorruptStreamError(f"image header lacks fields {sorted(missing)}")
     if h["format"] != FORMAT:
         raise UnsupportedFormatError(f"image format {h['format']!r} (this build reads {FORMAT})")
+    try:
+        registry.check_quality(h["quality"])
+    except InvalidArgumentError:
+        raise CorruptStreamError(f"image header quality {h['quality']!r} is not a number in [1, 8]") from None
     if h["dtype"] not in DTYPES:
         raise UnsupportedFormatError(f"image dtype {h['dtype']!r} is not one of {list(DTYPES)}")
     shape = h["shape"]
@@ -207,7 +223,8 @@ def _default(device: str | None) -> ImageCodec:
     return ImageCodec(device)
 
 
-def compress(image, *, model: str = "balle2016", quality: int = 3, max_error=None, device: str | None = None) -> bytes:
+def compress(image, *, model: str = DEFAULT_MODEL, quality: float = registry.DEFAULT_QUALITY, max_error=None,
+             device: str | None = None) -> bytes:
     """Compress an HxW or HxWxC image (uint8, uint16 or float32; NumPy, cupy or torch) to .vsz bytes."""
     return _default(device).compress(image, model=model, quality=quality, max_error=max_error)
 

@@ -1,21 +1,67 @@
-"""CompressAI architectures with 1 or 3 image channels, and their latent interfaces.
+"""CompressAI architectures with 1 or 3 image channels and gain units, and their latent interfaces.
 
 CompressAI's classes hard-code RGB in the first analysis and last synthesis layers;
-``build`` swaps those two layers for the spec's channel count.  The functions below
-are what the codec needs from a model: analysis to latents, quantisation offsets,
-and synthesis from integer symbols.  The codec never calls CompressAI's rANS.
+``build`` swaps those two layers for the spec's channel count and adds gain units
+(Cui et al., "Asymmetric Gained Deep Image Compression with Continuous Rate Adaptation",
+CVPR 2021): a learned gain vector per ladder level scales the latent before quantisation
+and a separate inverse gain scales it back before synthesis; the hyperprior model has a
+second pair on its hyper-latent.  Between two levels the vectors are interpolated
+geometrically, which gives every quality in [1, 8].
+
+The functions below are what the codec needs from a model: analysis to integer
+symbols and synthesis from them, at a quality.  The codec never calls CompressAI's rANS;
+``compressai_compress``/``compressai_decompress`` run CompressAI's own coder on the same
+latents, for comparisons.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
-from compressai.layers import GDN  # noqa: F401  (GDN layers come with the architectures)
 from compressai.models import FactorizedPrior, MeanScaleHyperprior
 from compressai.models.utils import conv, deconv
 
-from .registry import ModelSpec
+from .registry import COMPRESSAI_LAMBDAS, LEVELS, ModelSpec, level_and_fraction
 
 _CLASSES = {"balle2016": FactorizedPrior, "mbt2018-mean": MeanScaleHyperprior}
+# lambda of the middle of the ladder: gains start at sqrt(lambda / this), so that the latent's
+# quantisation step starts out roughly where each lambda wants it (step ~ lambda^-1/2)
+_LAMBDA_REF = COMPRESSAI_LAMBDAS[3]
+
+
+class GainUnits(torch.nn.Module):
+    """Per-level gain and inverse-gain vectors, stored as logarithms (so they stay positive)."""
+
+    def __init__(self, channels: int, levels: int = LEVELS):
+        super().__init__()
+        init = torch.tensor([0.5 * math.log(lam / _LAMBDA_REF) for lam in COMPRESSAI_LAMBDAS[:levels]])
+        self.log_gain = torch.nn.Parameter(init[:, None].repeat(1, channels))
+        self.log_inv_gain = torch.nn.Parameter(-init[:, None].repeat(1, channels))
+
+    def at(self, quality: float, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gain, inverse gain), each (1, C, 1, 1), for one quality.
+
+        Computed in float64 on the CPU whatever the model's device, so the encoder and a
+        decoder on another device scale by the same numbers."""
+        i, a = level_and_fraction(quality)
+        out = []
+        for logs in (self.log_gain, self.log_inv_gain):
+            v = logs.detach().to("cpu", torch.float64)
+            out.append(torch.exp((1 - a) * v[i] + a * v[i + 1]).view(1, -1, 1, 1).to(device, dtype))
+        return out[0], out[1]
+
+    def per_sample(self, quality: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gain, inverse gain), each (B, C, 1, 1), for a batch of float qualities on the device
+        (training: differentiable, no host sync)."""
+        q = quality.clamp(1.0, float(LEVELS))
+        low = torch.clamp(torch.floor(q), max=LEVELS - 1)
+        a = (q - low)[:, None]
+        i = (low - 1).long()
+        out = []
+        for logs in (self.log_gain, self.log_inv_gain):
+            out.append(torch.exp((1 - a) * logs[i] + a * logs[i + 1])[:, :, None, None])
+        return out[0], out[1]
 
 
 def build(spec: ModelSpec) -> torch.nn.Module:
@@ -23,6 +69,9 @@ def build(spec: ModelSpec) -> torch.nn.Module:
     if spec.channels != 3:
         model.g_a[0] = conv(spec.channels, spec.N)
         model.g_s[-1] = deconv(spec.N, spec.channels)
+    model.gain = GainUnits(spec.M)
+    if has_hyperprior(model):
+        model.hyper_gain = GainUnits(spec.N)
     return model
 
 
@@ -35,36 +84,41 @@ def medians(bottleneck) -> torch.Tensor:
     return bottleneck.quantiles[:, 0, 1].detach().view(1, -1, 1, 1)
 
 
-def analyse(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+def _hyper_params(model, z_sym: torch.Tensor, quality: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer hyper-latent symbols -> (scales, means) of the gained latent."""
+    _, inv = model.hyper_gain.at(quality, z_sym.dtype, z_sym.device)
+    z_hat = (z_sym + medians(model.entropy_bottleneck).to(z_sym.dtype)) * inv
+    scales, means = model.h_s(z_hat).chunk(2, 1)
+    return scales, means
+
+
+def analyse(model: torch.nn.Module, x: torch.Tensor, quality: float) -> dict[str, torch.Tensor]:
     """Image batch in [0, 1] -> integer symbols {"y": ..., ["z": ...]} (int32, same device).
 
-    Factorized: y_sym = round(y - median).  Mean-scale hyperprior: z_sym = round(z - median_z),
-    and y_sym = round(y - mean), the mean predicted from the dequantised z.
+    Factorized: y_sym = round(g * y - median).  Mean-scale hyperprior: z_sym = round(hg * z - median_z)
+    with z = h_a(g * y), and y_sym = round(g * y - mean), the mean predicted from the dequantised z.
     """
-    y = model.g_a(x)
+    g, _ = model.gain.at(quality, x.dtype, x.device)
+    y = model.g_a(x) * g
     if not has_hyperprior(model):
         return {"y": torch.round(y - medians(model.entropy_bottleneck).to(y.dtype)).to(torch.int32)}
-    z = model.h_a(y)
-    mz = medians(model.entropy_bottleneck).to(z.dtype)
-    z_sym = torch.round(z - mz)
-    means = _means(model, z_sym + mz)
+    hg, _ = model.hyper_gain.at(quality, x.dtype, x.device)
+    z_sym = torch.round(model.h_a(y) * hg - medians(model.entropy_bottleneck).to(y.dtype))
+    _, means = _hyper_params(model, z_sym, quality)
     return {"y": torch.round(y - means).to(torch.int32), "z": z_sym.to(torch.int32)}
 
 
-def _means(model: torch.nn.Module, z_hat: torch.Tensor) -> torch.Tensor:
-    _scales, means = model.h_s(z_hat).chunk(2, 1)
-    return means
-
-
-def synthesise(model: torch.nn.Module, symbols: dict[str, torch.Tensor], dtype=torch.float32) -> torch.Tensor:
+def synthesise(model: torch.nn.Module, symbols: dict[str, torch.Tensor], quality: float,
+               dtype=torch.float32) -> torch.Tensor:
     """Integer symbols -> reconstructed image batch (unclipped), computed in ``dtype``."""
     y_sym = symbols["y"].to(dtype)
     if not has_hyperprior(model):
         y_hat = y_sym + medians(model.entropy_bottleneck).to(dtype)
     else:
-        z_hat = symbols["z"].to(dtype) + medians(model.entropy_bottleneck).to(dtype)
-        y_hat = y_sym + _means(model, z_hat)
-    return model.g_s(y_hat)
+        _, means = _hyper_params(model, symbols["z"].to(dtype), quality)
+        y_hat = y_sym + means
+    _, inv = model.gain.at(quality, dtype, y_sym.device)
+    return model.g_s(y_hat * inv)
 
 
 def latent_shapes(model: torch.nn.Module, batch: int, height: int, width: int) -> dict[str, tuple]:
@@ -76,50 +130,34 @@ def latent_shapes(model: torch.nn.Module, batch: int, height: int, width: int) -
     return shapes
 
 
-def bottleneck_train(bottleneck, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """CompressAI's EntropyBottleneck.forward in training mode (noise, likelihoods), same result.
+def compressai_compress(model: torch.nn.Module, x: torch.Tensor, quality: float) -> dict:
+    """CompressAI's own compress() (its rANS coder on the CPU) on this model's gained latents.
 
-    CompressAI builds its channel permutation as a device tensor, a host-to-device copy that
-    a CUDA graph cannot capture; here the permutation is Python ints.  Swapping the first two
-    axes is its own inverse.
-    """
-    perm = (1, 0, *range(2, x.ndim))
-    v = x.permute(*perm).contiguous()
-    shape = v.shape
-    values = bottleneck.quantize(v.reshape(v.shape[0], 1, -1), "noise", bottleneck._get_medians())
-    likelihood, _, _ = bottleneck._likelihood(values)
-    if bottleneck.use_likelihood_bound:
-        likelihood = bottleneck.likelihood_lower_bound(likelihood)
-    return (values.reshape(shape).permute(*perm).contiguous(),
-            likelihood.reshape(shape).permute(*perm).contiguous())
-
-
-def forward_train(model: torch.nn.Module, x: torch.Tensor, amp: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Training forward pass: (x_hat, likelihoods).
-
-    The transforms run under bf16 autocast when ``amp``; the entropy models (likelihoods,
-    whose small probabilities bf16 would flatten) always run in float32.  Autocast's
-    weight cache is off so that the step can be captured in a CUDA graph.
-    """
-
-    def cast():
-        return torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp, cache_enabled=False)
-
-    with cast():
-        y = model.g_a(x)
-    y = y.float()
+    Needs ``model.update(force=True)`` first.  Returns {"strings": [...], "shape": (h, w)} as
+    CompressAI's models do."""
+    g, _ = model.gain.at(quality, x.dtype, x.device)
+    y = model.g_a(x) * g
     if not has_hyperprior(model):
-        y_hat, y_lik = bottleneck_train(model.entropy_bottleneck, y)
-        liks = [y_lik]
+        return {"strings": [model.entropy_bottleneck.compress(y)], "shape": y.size()[-2:]}
+    hg, _ = model.hyper_gain.at(quality, x.dtype, x.device)
+    z = model.h_a(y) * hg
+    z_strings = model.entropy_bottleneck.compress(z)
+    z_sym = model.entropy_bottleneck.decompress(z_strings, z.size()[-2:]) - medians(model.entropy_bottleneck)
+    scales, means = _hyper_params(model, torch.round(z_sym), quality)
+    indexes = model.gaussian_conditional.build_indexes(scales)
+    y_strings = model.gaussian_conditional.compress(y, indexes, means=means)
+    return {"strings": [y_strings, z_strings], "shape": z.size()[-2:]}
+
+
+def compressai_decompress(model: torch.nn.Module, strings: list, shape, quality: float) -> torch.Tensor:
+    """Inverse of ``compressai_compress``: the reconstructed batch (unclipped)."""
+    if not has_hyperprior(model):
+        y_hat = model.entropy_bottleneck.decompress(strings[0], shape)
     else:
-        with cast():
-            z = model.h_a(y)
-        z_hat, z_lik = bottleneck_train(model.entropy_bottleneck, z.float())
-        with cast():
-            params = model.h_s(z_hat)
-        scales, means = params.float().chunk(2, 1)
-        y_hat, y_lik = model.gaussian_conditional(y, scales, means=means)
-        liks = [y_lik, z_lik]
-    with cast():
-        x_hat = model.g_s(y_hat)
-    return x_hat.float(), liks
+        z_hat = model.entropy_bottleneck.decompress(strings[1], shape)
+        z_sym = torch.round(z_hat - medians(model.entropy_bottleneck))
+        scales, means = _hyper_params(model, z_sym, quality)
+        indexes = model.gaussian_conditional.build_indexes(scales)
+        y_hat = model.gaussian_conditional.decompress(strings[0], indexes, means=means)
+    _, inv = model.gain.at(quality, y_hat.dtype, y_hat.device)
+    return model.g_s(y_hat * inv)

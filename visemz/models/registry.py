@@ -1,35 +1,43 @@
-"""Named models and their quality ladders.
+"""Named models and the continuous quality ladder.
 
 A model is an architecture from CompressAI (``balle2016``: bmshj2018-factorized;
 ``mbt2018-mean``: the mean-scale hyperprior) in an RGB (3-channel) or grayscale
-(1-channel) variant, at one of four qualities.  Each quality is trained with one
-lambda of CompressAI's ladder (0.0018 ... 0.18).
+(1-channel) variant.  Every model is variable-rate (gain units, Cui et al., CVPR 2021):
+one network covers the whole ladder, and ``quality`` is a float in [1, 8] on CompressAI's
+lambda ladder.  An integer quality q is trained with the lambda of CompressAI's zoo
+quality q; between two integers the gain vectors and the lambda are interpolated
+geometrically, so a fractional quality lands between its neighbours' rates.
 
-Sizes: CompressAI's zoo uses N=128/M=192 (and 192/320 at high rates).  visemz ships
-16 models inside the package, and the package must stay small enough to travel with
-every GPU job of this project (a 64 MiB limit), so the shipped models use N=64, M=96
-with int8 convolution weights (about 21 MB for all 16).  The registry takes any N/M.
+Sizes: N=128, M=192, CompressAI's zoo size for qualities 1-5 of both architectures.
+Convolution kernels are stored as int8 with per-channel scales (weights.py), so all four
+shipped models together stay under the 32 MB that travels with every GPU job.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
 
-# CompressAI's lambda ladder (qualities 1..8 of its zoo)
+# CompressAI's lambda ladder (qualities 1..8 of its zoo, MSE)
 COMPRESSAI_LAMBDAS = (0.0018, 0.0035, 0.0067, 0.0130, 0.0250, 0.0483, 0.0932, 0.1800)
-LADDER = (1, 3, 5, 7)  # which CompressAI qualities visemz's qualities 1..4 train at
+LEVELS = len(COMPRESSAI_LAMBDAS)
+QUALITY_MIN, QUALITY_MAX = 1.0, float(LEVELS)
+# balle2016 writes the smaller files through the block encoder; the hyperprior model needs the
+# hyperprior-aware entropy coder (issue 14) to pay for its side information.
+DEFAULT_MODEL = "balle2016"
+DEFAULT_QUALITY = 4.0  # CompressAI's quality 4 (lambda 0.013): about 0.5 bpp on Kodak with its zoo models
 ARCHITECTURES = ("balle2016", "mbt2018-mean")
 VARIANTS = {"rgb": 3, "gray": 1}
-SHIPPED_N, SHIPPED_M = 64, 96
+SHIPPED_N, SHIPPED_M = 128, 192
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     arch: str  # "balle2016" or "mbt2018-mean"
     variant: str  # "rgb" or "gray"
-    quality: int  # 1..4
     N: int = SHIPPED_N
     M: int = SHIPPED_M
 
@@ -38,37 +46,54 @@ class ModelSpec:
         return VARIANTS[self.variant]
 
     @property
-    def lam(self) -> float:
-        return COMPRESSAI_LAMBDAS[LADDER[self.quality - 1] - 1]
-
-    @property
     def name(self) -> str:
-        return f"{self.arch}-{self.variant}-q{self.quality}"
+        return f"{self.arch}-{self.variant}"
 
     @property
-    def compressai_quality(self) -> int:
-        return LADDER[self.quality - 1]
+    def zoo_name(self) -> str:
+        return {"balle2016": "bmshj2018-factorized", "mbt2018-mean": "mbt2018-mean"}[self.arch]
 
 
-def spec(arch: str, quality: int, variant: str) -> ModelSpec:
+def check_quality(quality) -> float:
+    """A quality as a float in [1, 8], or InvalidArgumentError naming the bad value."""
+    if isinstance(quality, bool) or not isinstance(quality, numbers.Real):
+        raise InvalidArgumentError(f"quality={quality!r}: expected a number in [{QUALITY_MIN:g}, {QUALITY_MAX:g}]")
+    q = float(quality)
+    if not (QUALITY_MIN <= q <= QUALITY_MAX):  # NaN fails this too
+        raise InvalidArgumentError(f"quality={quality!r}: expected a number in [{QUALITY_MIN:g}, {QUALITY_MAX:g}]")
+    return q
+
+
+def level_and_fraction(quality: float) -> tuple[int, float]:
+    """Quality in [1, 8] -> (lower ladder index 0..6, weight of the upper one in [0, 1])."""
+    q = check_quality(quality)
+    low = min(int(math.floor(q)), LEVELS - 1)
+    return low - 1, q - low
+
+
+def lam(quality) -> float:
+    """The rate-distortion lambda a quality is trained for: CompressAI's ladder, interpolated geometrically."""
+    i, a = level_and_fraction(quality)
+    if a in (0.0, 1.0):  # an integer quality: the zoo's own lambda, exactly
+        return COMPRESSAI_LAMBDAS[i + int(a)]
+    return math.exp((1 - a) * math.log(COMPRESSAI_LAMBDAS[i]) + a * math.log(COMPRESSAI_LAMBDAS[i + 1]))
+
+
+def spec(arch: str, variant: str) -> ModelSpec:
     if arch not in ARCHITECTURES:
         raise InvalidArgumentError(f"model={arch!r}: expected one of {list(ARCHITECTURES)}")
     if variant not in VARIANTS:
         raise InvalidArgumentError(f"variant={variant!r}: expected one of {list(VARIANTS)}")
-    if quality not in range(1, len(LADDER) + 1):
-        raise InvalidArgumentError(f"quality={quality!r}: expected 1..{len(LADDER)}")
-    return ModelSpec(arch, variant, int(quality))
+    return ModelSpec(arch, variant)
 
 
 def parse(name: str) -> ModelSpec:
-    """'balle2016-gray-q3' -> ModelSpec."""
-    try:
-        rest, q = name.rsplit("-q", 1)
-        arch, variant = rest.rsplit("-", 1)
-        return spec(arch, int(q), variant)
-    except ValueError:
-        raise InvalidArgumentError(f"model name {name!r} is not ARCH-VARIANT-qN, e.g. balle2016-rgb-q3") from None
+    """'balle2016-gray' -> ModelSpec."""
+    arch, sep, variant = name.rpartition("-")
+    if not sep:
+        raise InvalidArgumentError(f"model name {name!r} is not ARCH-VARIANT, e.g. balle2016-rgb")
+    return spec(arch, variant)
 
 
 def all_specs() -> list[ModelSpec]:
-    return [spec(a, q, v) for a in ARCHITECTURES for v in VARIANTS for q in range(1, len(LADDER) + 1)]
+    return [spec(a, v) for a in ARCHITECTURES for v in VARIANTS]

@@ -1,4 +1,4 @@
-"""Model weights as safetensors: int8 convolution kernels, everything else float32.
+"""Model weights as safetensors: int8 convolution kernels, everything else float32 (gains included).
 
 Convolution kernels (the bulk of every model) are stored as int8 with one float32
 scale per output channel; other parameters and buffers (a few KB) as float32.  Loading goes
@@ -38,15 +38,19 @@ def weights_path(spec: ModelSpec) -> Path:
     return weights_dir() / f"{spec.name}.safetensors"
 
 
-def quantize_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """State dict -> storable tensors: int8 + per-channel scale for 4-D kernels, float32 otherwise.
+STORAGES = ("int8", "float32")
+
+
+def quantize_state(state: dict[str, torch.Tensor], storage: str = "int8") -> dict[str, torch.Tensor]:
+    """State dict -> storable tensors: int8 + per-channel scale for 4-D kernels, float32 otherwise
+    (``storage="float32"`` keeps the kernels float32 too: the reference the int8 loss is measured against).
 
     The small tensors stay float32: fp16 would flush constants such as the likelihood
     lower bound (1e-9) and GDN's pedestal (2^-36) to zero."""
     out = {}
     for name, t in state.items():
         t = t.detach().float().cpu()
-        if t.dim() == 4:  # one scale per slice along dim 0 (output channels; input ones for deconvs)
+        if t.dim() == 4 and storage == "int8":  # one scale per slice along dim 0 (output channels; input ones for deconvs)
             amax = t.abs().amax(dim=(1, 2, 3), keepdim=True).clamp_min(1e-12)
             scale = amax / 127.0
             out[name + INT8_SUFFIX] = torch.round(t / scale).clamp(-127, 127).to(torch.int8).contiguous()
@@ -69,17 +73,19 @@ def dequantize_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return state
 
 
-def save(model: torch.nn.Module, spec: ModelSpec, path: Path, card: dict) -> str:
-    """Write weights (and the model card beside them); returns the model id."""
-    meta = {"spec": json.dumps({"arch": spec.arch, "variant": spec.variant, "quality": spec.quality,
-                                "N": spec.N, "M": spec.M})}
+def save(model: torch.nn.Module, spec: ModelSpec, path: Path, card: dict, storage: str = "int8") -> str:
+    """Write weights (and the model card beside them), each atomically; returns the model id."""
+    meta = {"spec": json.dumps({"arch": spec.arch, "variant": spec.variant, "N": spec.N, "M": spec.M,
+                                "variable_rate": "gain-units"})}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    save_file(quantize_state(model.state_dict()), str(tmp), metadata=meta)
+    save_file(quantize_state(model.state_dict(), storage), str(tmp), metadata=meta)
     os.replace(tmp, path)
     model_id = file_id(path)
-    card = dict(card, model=spec.name, model_id=model_id, weights=path.name)
-    path.with_suffix(".json").write_text(json.dumps(card, indent=1) + "\n")
+    card = dict(card, model=spec.name, model_id=model_id, weights=path.name, storage=storage)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(card, indent=1) + "\n")
+    os.replace(tmp, path.with_suffix(".json"))
     return model_id
 
 
@@ -110,8 +116,9 @@ def _load(spec: ModelSpec, device: str) -> tuple[torch.nn.Module, str]:
         raise UnsupportedFormatError(f"no weights for model {spec.name!r} at {path}")
     tensors, meta = read_tensors(path)
     stored = json.loads(meta.get("spec", "{}"))
-    if (stored.get("N"), stored.get("M")) != (spec.N, spec.M):
-        raise UnsupportedFormatError(f"weights {path.name} are N={stored.get('N')}, M={stored.get('M')}; expected {spec.N}/{spec.M}")
+    if (stored.get("N"), stored.get("M"), stored.get("variable_rate")) != (spec.N, spec.M, "gain-units"):
+        raise UnsupportedFormatError(f"weights {path.name} are N={stored.get('N')}, M={stored.get('M')}, "
+                                     f"variable rate {stored.get('variable_rate')!r}; expected {spec.N}/{spec.M} with gain units")
     model = architectures.build(spec)
     missing, unexpected = model.load_state_dict(dequantize_state(tensors), strict=False)
     if missing or unexpected:

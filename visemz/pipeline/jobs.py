@@ -23,6 +23,7 @@ import numpy as np
 from .. import container
 from ..config import DEFAULTS, cpu_threads
 from ..errors import InvalidArgumentError, LimitExceededError, VisemzError
+from ..models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
 from . import executor, files, kvikio_io, loaders, pages, sources, writers
 from .results import ItemResult, Summary
 
@@ -36,8 +37,8 @@ WRITERS = ("auto", "kvikio", "posix")
 
 @dataclass(frozen=True)
 class CompressConfig:
-    model: str = "balle2016"
-    quality: int = 3
+    model: str = DEFAULT_MODEL
+    quality: float = DEFAULT_QUALITY
     max_error: float | None = None
     entropy: str = "zstd"
     device: str | None = None

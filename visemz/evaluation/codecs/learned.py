@@ -10,9 +10,9 @@ from ...errors import CorruptStreamError
 from .base import Codec, Layout
 from .scientific import _scale
 
-QUALITIES = (1, 2, 3, 4)
+QUALITIES = (1, 2, 3, 4, 5, 6, 7, 8)  # CompressAI's ladder; the variable-rate models take any float in [1, 8]
 MAX_ERRORS = (1, 2, 4, 8, 16)
-EB_QUALITY = 3  # the model quality under visemz's error-bounded ladder (the library's default)
+EB_QUALITY = 4  # the model quality under visemz's error-bounded ladder (the library's default)
 
 
 def _variant(layout: Layout) -> str:
@@ -61,11 +61,11 @@ class CompressAIRans(LearnedCodec):
         self.name = f"compressai-{arch}"
         self._nets: dict = {}
 
-    def _net(self, quality: int, layout: Layout):
+    def _net(self, layout: Layout):
         from ...models import architectures, registry
         from ...models import weights as W
 
-        spec = registry.spec(self.arch, int(quality), _variant(layout))
+        spec = registry.spec(self.arch, _variant(layout))
         if spec not in self._nets:
             loaded, _ = W.load(spec, self.device)
             net = architectures.build(spec).to(self.device).eval()
@@ -81,8 +81,10 @@ class CompressAIRans(LearnedCodec):
 
         t = pixels.as_tensor(image, self.device)
         meta = pixels.describe(t)
+        from ...models import architectures
+
         with torch.inference_mode():
-            enc = self._net(setting, Layout.of(image)).compress(pixels.to_batch(t, meta))
+            enc = architectures.compressai_compress(self._net(Layout.of(image)), pixels.to_batch(t, meta), float(setting))
         head = struct.pack("<HH", *enc["shape"])
         if meta.dtype != "uint8":
             head += struct.pack("<dd", meta.lo, meta.hi)
@@ -107,13 +109,15 @@ class CompressAIRans(LearnedCodec):
             strings.append([data[pos + 4: pos + 4 + n]])
             pos += 4 + n
         meta = pixels.ImageMeta(layout.dtype, layout.shape, lo, hi)
+        from ...models import architectures
+
         with torch.inference_mode():
-            out = self._net(setting, layout).decompress(strings, list(shape))
-        return _to_numpy(pixels.denormalise(pixels.from_batch(out["x_hat"], meta), meta))
+            x_hat = architectures.compressai_decompress(self._net(layout), strings, list(shape), float(setting))
+        return _to_numpy(pixels.denormalise(pixels.from_batch(x_hat, meta), meta))
 
 
 class Visemz(LearnedCodec):
-    """visemz's learned codec at qualities 1-4 (``max_error=None``)."""
+    """visemz's learned codec at qualities 1-8 (``max_error=None``)."""
 
     def __init__(self, arch: str, device: str):
         super().__init__(arch, device)
@@ -122,14 +126,14 @@ class Visemz(LearnedCodec):
         self.name, self._codec = f"visemz-{arch}", ImageCodec(device)
 
     def encode(self, image, setting) -> bytes:
-        return self._codec.compress(image, model=self.arch, quality=int(setting))
+        return self._codec.compress(image, model=self.arch, quality=float(setting))
 
     def decode(self, data, setting, layout) -> np.ndarray:
         return self._codec.decompress(data)
 
 
 class VisemzBounded(Visemz):
-    """visemz with ``max_error=E`` (E in 8-bit levels, x257 for 16-bit) at model quality 3."""
+    """visemz with ``max_error=E`` (E in 8-bit levels, x257 for 16-bit) at model quality EB_QUALITY."""
 
     unit, kind = "e", "bound"
     ladder = MAX_ERRORS

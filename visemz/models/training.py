@@ -1,0 +1,92 @@
+"""The training forward pass of the gained models (scripts/train.py); inference never imports this.
+
+Every sample of a batch has its own quality: its gain vectors scale its latent, and its
+lambda weighs its distortion, so one step trains the whole ladder.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .architectures import has_hyperprior
+from .registry import COMPRESSAI_LAMBDAS, LEVELS
+
+
+def bottleneck_train(bottleneck, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """CompressAI's EntropyBottleneck.forward in training mode (noise, likelihoods), same result.
+
+    CompressAI builds its channel permutation as a device tensor, a host-to-device copy that
+    a CUDA graph cannot capture; here the permutation is Python ints.  Swapping the first two
+    axes is its own inverse.
+    """
+    perm = (1, 0, *range(2, x.ndim))
+    v = x.permute(*perm).contiguous()
+    shape = v.shape
+    values = bottleneck.quantize(v.reshape(v.shape[0], 1, -1), "noise", bottleneck._get_medians())
+    likelihood, _, _ = bottleneck._likelihood(values)
+    if bottleneck.use_likelihood_bound:
+        likelihood = bottleneck.likelihood_lower_bound(likelihood)
+    return (values.reshape(shape).permute(*perm).contiguous(),
+            likelihood.reshape(shape).permute(*perm).contiguous())
+
+
+def log_lambda_table(device) -> torch.Tensor:
+    """log of CompressAI's lambda ladder on ``device`` (made once, outside any CUDA graph capture)."""
+    return torch.log(torch.tensor(COMPRESSAI_LAMBDAS, dtype=torch.float32, device=device))
+
+
+def lambdas(quality: torch.Tensor, logs: torch.Tensor) -> torch.Tensor:
+    """Per-sample lambda for float qualities in [1, 8]: the ladder ``logs`` (log_lambda_table), interpolated
+    geometrically (registry.lam on a tensor)."""
+    q = quality.clamp(1.0, float(LEVELS))
+    low = torch.clamp(torch.floor(q), max=LEVELS - 1)
+    a = q - low
+    i = (low - 1).long()
+    return torch.exp((1 - a) * logs[i] + a * logs[i + 1])
+
+
+def forward_train(model: torch.nn.Module, x: torch.Tensor, quality: torch.Tensor,
+                  amp: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Training forward pass for a batch with per-sample qualities: (x_hat, likelihoods).
+
+    The transforms run under bf16 autocast when ``amp``; the gains and entropy models
+    (likelihoods, whose small probabilities bf16 would flatten) always run in float32.
+    Autocast's weight cache is off so that the step can be captured in a CUDA graph.
+    """
+
+    def cast():
+        return torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp, cache_enabled=False)
+
+    g, inv = model.gain.per_sample(quality)
+    with cast():
+        y = model.g_a(x)
+    y = y.float() * g
+    if not has_hyperprior(model):
+        y_hat, y_lik = bottleneck_train(model.entropy_bottleneck, y)
+        liks = [y_lik]
+    else:
+        hg, hinv = model.hyper_gain.per_sample(quality)
+        with cast():
+            z = model.h_a(y)
+        z_hat, z_lik = bottleneck_train(model.entropy_bottleneck, z.float() * hg)
+        with cast():
+            params = model.h_s(z_hat * hinv)
+        scales, means = params.float().chunk(2, 1)
+        y_hat, y_lik = model.gaussian_conditional(y, scales, means=means)
+        liks = [y_lik, z_lik]
+    with cast():
+        x_hat = model.g_s(y_hat * inv)
+    return x_hat.float(), liks
+
+
+def rd_loss(x: torch.Tensor, x_hat: torch.Tensor, liks: list[torch.Tensor], quality: torch.Tensor,
+            log_lambdas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, mse, bpp): the batch mean of lambda_i * 255^2 * MSE_i + bpp_i (CompressAI's RD loss, per sample)."""
+    pixels = x.shape[2] * x.shape[3]
+    bits = sum(torch.log(lik).flatten(1).sum(1) for lik in liks) / -math.log(2)
+    bpp = bits / pixels
+    mse = torch.mean((x_hat - x) ** 2, dim=(1, 2, 3))
+    loss = torch.mean(lambdas(quality, log_lambdas) * 255**2 * mse + bpp)
+    return loss, mse.mean(), bpp.mean()
