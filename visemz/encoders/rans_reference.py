@@ -37,6 +37,8 @@ def encode_lanes(start: np.ndarray, freq: np.ndarray, p: RL.Plan) -> tuple[np.nd
 
     A padding position codes the identity symbol (start 0, frequency 2**16): no byte, same state.
     """
+    if p.n == 0:
+        return np.zeros(0, np.int64), b""
     st, fq = _grid(start, p, 0), _grid(freq, p, TOTAL)
     x_max = fq << RL.X_MAX_SHIFT  # ((L >> 16) << 8) * f: the encoder emits a byte while x >= x_max
     x = np.full((p.groups, p.lanes), RL.RANS_L, np.int64)
