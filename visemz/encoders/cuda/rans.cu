@@ -15,6 +15,7 @@
 #define X_MAX_SHIFT 15
 #define LUT_BITS 8
 #define STATE_BYTES 4
+#define AHEAD 8  // steps whose table data a lane loads at once, before their dependent arithmetic
 #define FULL 0xffffffffu
 
 #define ERR_STATE 1u     // an initial state outside [L, 256 L)
@@ -70,7 +71,8 @@ __device__ __forceinline__ void warp_bytes(u32 c, u32 lane, u32* excl, u32* tota
 
 // One block of 32 threads per group.  Group g's scratch region is [g * stride, (g + 1) * stride),
 // stride = 4 lanes + 2 group_symbols; its stream is written backwards and ends at the region's
-// end; sizes[g] gets its length.
+// end; sizes[g] gets its length.  Each lane loads the CDF starts and frequencies of AHEAD steps
+// at once (they do not depend on the state), so their memory latency overlaps.
 extern "C" __global__ void rans_encode(const int* __restrict__ entry, const int* __restrict__ cdf, long long n,
                                        int lanes, long long group_symbols, int steps, u8* __restrict__ scratch,
                                        long long stride, u32* __restrict__ sizes) {
@@ -81,23 +83,33 @@ extern "C" __global__ void rans_encode(const int* __restrict__ entry, const int*
     u8* out = scratch + (long long)blockIdx.x * stride;
     long long pos = stride;
     u32 x = RANS_L;
-    for (int j = steps - 1; j >= 0; --j) {
-        const long long li = (long long)j * lanes + k;
-        u32 start = 0, f = TOTAL;  // padding positions code the identity symbol
-        if (lane_on && li < len) {
-            const int e = entry[base + li];
-            start = (u32)cdf[e];
-            f = (u32)cdf[e + 1] - start;
+    for (int j0 = steps - 1; j0 >= 0; j0 -= AHEAD) {
+        u32 start[AHEAD], freq[AHEAD];
+#pragma unroll
+        for (int q = 0; q < AHEAD; ++q) {
+            const long long li = (long long)(j0 - q) * lanes + k;
+            start[q] = 0;  // padding positions code the identity symbol
+            freq[q] = TOTAL;
+            if (j0 - q >= 0 && lane_on && li < len) {
+                const int e = entry[base + li];
+                start[q] = (u32)cdf[e];
+                freq[q] = (u32)cdf[e + 1] - start[q];
+            }
         }
-        const u32 x_max = f << X_MAX_SHIFT;
-        const u32 c = (u32)(x >= x_max) + (u32)((x >> 8) >= x_max);
-        u32 excl, total;
-        warp_bytes(c, k, &excl, &total);
-        pos -= total;
-        if (c == 2u) { out[pos + excl] = (u8)(x >> 8); out[pos + excl + 1] = (u8)x; }
-        else if (c == 1u) out[pos + excl] = (u8)x;
-        x >>= 8u * c;
-        x = ((x / f) << PRECISION) + (x % f) + start;
+#pragma unroll
+        for (int q = 0; q < AHEAD; ++q) {
+            if (j0 - q < 0) break;  // the same for every lane
+            const u32 f = freq[q];
+            const u32 x_max = f << X_MAX_SHIFT;
+            const u32 c = (u32)(x >= x_max) + (u32)((x >> 8) >= x_max);
+            u32 excl, total;
+            warp_bytes(c, k, &excl, &total);
+            pos -= total;
+            if (c == 2u) { out[pos + excl] = (u8)(x >> 8); out[pos + excl + 1] = (u8)x; }
+            else if (c == 1u) out[pos + excl] = (u8)x;
+            x >>= 8u * c;
+            x = ((x / f) << PRECISION) + (x % f) + start[q];
+        }
     }
     pos -= STATE_BYTES * lanes;
     if (lane_on)
@@ -136,30 +148,43 @@ extern "C" __global__ void rans_decode(const u8* __restrict__ buf, const long lo
         return;
     }
     pos += STATE_BYTES * lanes;
-    for (int j = 0; j < steps; ++j) {
-        const long long li = (long long)j * lanes + k;
-        const u32 slot = x & SLOT_MASK;
-        u32 lo = 0, f = TOTAL;
-        if (lane_on && li < len) {
-            const int t = idx[base + li];
-            const int b = cdf_start[t];
-            int s = lut[(t << LUT_BITS) + (slot >> (PRECISION - LUT_BITS))];
-            while ((u32)cdf[b + s + 1] <= slot) ++s;  // stops: the table's last entry is 2^16
-            lo = (u32)cdf[b + s];
-            f = (u32)cdf[b + s + 1] - lo;
-            entry_out[base + li] = b + s;
+    for (int j0 = 0; j0 < steps; j0 += AHEAD) {
+        int table[AHEAD], first[AHEAD];  // the next AHEAD steps' tables and their CDFs' positions
+#pragma unroll
+        for (int q = 0; q < AHEAD; ++q) {
+            const long long li = (long long)(j0 + q) * lanes + k;
+            table[q] = -1;  // padding: the identity symbol
+            first[q] = 0;
+            if (j0 + q < steps && lane_on && li < len) {
+                table[q] = idx[base + li];
+                first[q] = cdf_start[table[q]];
+            }
         }
-        x = f * (x >> PRECISION) + slot - lo;
-        const u32 c = (u32)(x < RANS_L) + (u32)(x < RANS_LOW);
-        u32 excl, total;
-        warp_bytes(c, k, &excl, &total);
-        if (pos + total > end) {  // the same for every lane of the warp
-            if (k == 0) atomicOr(err, ERR_OVERRUN);
-            return;
+#pragma unroll
+        for (int q = 0; q < AHEAD; ++q) {
+            if (j0 + q >= steps) break;  // the same for every lane
+            const u32 slot = x & SLOT_MASK;
+            u32 lo = 0, f = TOTAL;
+            if (table[q] >= 0) {
+                const int b = first[q];
+                int s = lut[(table[q] << LUT_BITS) + (slot >> (PRECISION - LUT_BITS))];
+                while ((u32)cdf[b + s + 1] <= slot) ++s;  // stops: the table's last entry is 2^16
+                lo = (u32)cdf[b + s];
+                f = (u32)cdf[b + s + 1] - lo;
+                entry_out[base + (long long)(j0 + q) * lanes + k] = b + s;
+            }
+            x = f * (x >> PRECISION) + slot - lo;
+            const u32 c = (u32)(x < RANS_L) + (u32)(x < RANS_LOW);
+            u32 excl, total;
+            warp_bytes(c, k, &excl, &total);
+            if (pos + total > end) {  // the same for every lane of the warp
+                if (k == 0) atomicOr(err, ERR_OVERRUN);
+                return;
+            }
+            if (c >= 1u) x = (x << 8) | buf[pos + excl];
+            if (c == 2u) x = (x << 8) | buf[pos + excl + 1];
+            pos += total;
         }
-        if (c >= 1u) x = (x << 8) | buf[pos + excl];
-        if (c == 2u) x = (x << 8) | buf[pos + excl + 1];
-        pos += total;
     }
     if (k == 0 && pos != end) atomicOr(err, ERR_SHORT);
     if (lane_on && x != RANS_L) atomicOr(err, ERR_FINAL);
