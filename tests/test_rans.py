@@ -47,7 +47,7 @@ def test_all_zero_with_the_narrowest_table_costs_only_the_lane_states(tables):
 def test_plans_cover_one_lane_to_many_groups(tables):
     sym, idx = make_case("gaussian", 20_001, seed=3)
     seen = set()
-    for lane_bytes, lane_symbols in ((10**9, 10**9), (10**9, 1000), (8, 64), (1, 64)):
+    for lane_bytes, lane_symbols in ((10**9, RL.MAX_LANE_SYMBOLS), (10**9, 1000), (8, 64), (1, 64)):
         buf = roundtrip(sym, idx, tables, lane_bytes=lane_bytes, lane_symbols=lane_symbols)
         _, _, lanes, _, n, group_symbols, _, _ = RL.PREFIX.unpack_from(buf)
         seen.add((lanes, -(-n // group_symbols)))
@@ -77,6 +77,8 @@ def test_bad_arguments_name_the_value(tables):
         encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.float32), tables)
     with pytest.raises(InvalidArgumentError, match="lane_bytes=0"):
         encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.int32), tables, lane_bytes=0)
+    with pytest.raises(InvalidArgumentError, match="lane_symbols=2000000"):
+        encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.int32), tables, lane_symbols=2_000_000)
     buf = encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.int32), tables)
     with pytest.raises(InvalidArgumentError, match="0..63"):
         decode_conditional(buf, np.array([0, 99, 0]), tables)
@@ -244,6 +246,9 @@ def test_inconsistent_headers_are_refused(tables, small):
     must_fail(reframe(buf, version=2), idx, tables, UnsupportedFormatError)
     huge = reframe(buf, n=10**9)
     must_fail(huge, np.zeros(4, np.int32), tables, LimitExceededError)
+    long_lane = RL.MAX_STEPS + 1  # one lane of more steps than any encoder makes
+    must_fail(reframe(buf, n=long_lane, lanes=1, group_symbols=long_lane), np.zeros(long_lane, np.int8), tables,
+              LimitExceededError)
 
 
 def test_group_sizes_that_do_not_add_up_are_refused(tables):

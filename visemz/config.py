@@ -66,9 +66,9 @@ def _from_env() -> Defaults:
     if d.streams < 0 or d.queue_depth < 0 or d.dali_batch < 1:
         raise InvalidArgumentError(f"VISEMZ_STREAMS={d.streams}, VISEMZ_QUEUE_DEPTH={d.queue_depth} must be >= 0 "
                                    f"and VISEMZ_DALI_BATCH={d.dali_batch} >= 1")
-    if d.rans_lane_bytes < 1 or d.rans_lane_symbols < 1:
-        raise InvalidArgumentError(f"VISEMZ_RANS_LANE_BYTES={d.rans_lane_bytes} and "
-                                   f"VISEMZ_RANS_LANE_SYMBOLS={d.rans_lane_symbols} must be >= 1")
+    if d.rans_lane_bytes < 1 or not 1 <= d.rans_lane_symbols <= (1 << 20):
+        raise InvalidArgumentError(f"VISEMZ_RANS_LANE_BYTES={d.rans_lane_bytes} must be >= 1 and "
+                                   f"VISEMZ_RANS_LANE_SYMBOLS={d.rans_lane_symbols} in 1..1048576")
     if not (4096 <= d.entropy_chunk <= (16 << 20)):
         raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
     return d

@@ -41,8 +41,7 @@ def encode_conditional(symbols, indexes, tables: CdfTables, *, lane_bytes: int |
     """
     lane_bytes = DEFAULTS.rans_lane_bytes if lane_bytes is None else int(lane_bytes)
     lane_symbols = DEFAULTS.rans_lane_symbols if lane_symbols is None else int(lane_symbols)
-    if lane_bytes < 1 or lane_symbols < 1:
-        raise InvalidArgumentError(f"lane_bytes={lane_bytes} and lane_symbols={lane_symbols} must be >= 1")
+    RL.plan(0, 0, lane_bytes, lane_symbols)  # checks them
     if dev.is_gpu_array(symbols) or dev.is_gpu_array(indexes):
         from . import rans_gpu
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
+from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 from ..framing import read_prefix, xxh64
 from . import layout as L
 from .cdf_tables import PRECISION
@@ -37,6 +37,8 @@ STATE_BYTES = 4
 MAX_LANES = 32  # lanes of one group: one warp
 MAX_SYMBOLS = L.MAX_VALUES  # 2**29, as the block stream
 MIN_LANE_SYMBOLS = 64  # the planner never gives a lane fewer symbols (except when n itself is smaller)
+MAX_LANE_SYMBOLS = 1 << 20  # largest lane_symbols the planner takes
+MAX_STEPS = MAX_LANE_SYMBOLS + 2  # steps of a stream, which bound a decoder's sequential work
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ def plan(n: int, est_bytes: int, lane_bytes: int, lane_symbols: int) -> Plan:
     Up to 32 lanes form one group; beyond, groups of 32.  Both encoders compute the same
     integers, so they choose the same plan.
     """
+    if not (1 <= lane_bytes and 1 <= lane_symbols <= MAX_LANE_SYMBOLS):
+        raise InvalidArgumentError(f"lane_bytes={lane_bytes} must be >= 1 and lane_symbols={lane_symbols} in 1..{MAX_LANE_SYMBOLS}")
     if n == 0:
         return Plan(0, 0, 0)
     want = max(1, -(-est_bytes // lane_bytes), -(-n // lane_symbols))
@@ -135,6 +139,8 @@ def parse(buf, n: int, tables_id: int) -> Parsed:
             f"for {count} symbols"
         )
     p = Plan(count, lanes, group_symbols)
+    if p.steps > MAX_STEPS:
+        raise LimitExceededError(f"conditional rANS stream has {p.steps} steps per lane, over the limit of {MAX_STEPS}")
     table_end = HEAD + 4 * p.groups
     if len(mv) < table_end:
         raise CorruptStreamError(f"conditional rANS stream of {len(mv)} bytes cannot hold its {p.groups}-group table")

@@ -78,7 +78,9 @@ def decode_lanes(parsed: RL.Parsed, table: np.ndarray, tables: CdfTables) -> np.
     p = parsed.plan
     starts = parsed.starts
     ends = starts + parsed.sizes
-    x = np.stack([np.frombuffer(parsed.buf, "<u4", p.lanes, int(s)) for s in starts]).astype(np.int64)
+    raw = np.frombuffer(parsed.buf, np.uint8)
+    at = starts[:, None, None] + RL.STATE_BYTES * np.arange(p.lanes)[:, None] + np.arange(RL.STATE_BYTES)
+    x = (raw[at].astype(np.int64) << (8 * np.arange(RL.STATE_BYTES))).sum(axis=2)  # u32 little-endian
     if np.any(x < RL.RANS_L) or np.any(x >= RL.RANS_L << 8):
         raise CorruptStreamError("conditional rANS stream has a lane state outside [2**23, 2**31)")
     pos = starts + RL.STATE_BYTES * p.lanes
