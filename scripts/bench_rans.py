@@ -31,7 +31,12 @@ import statistics
 import time
 
 import numpy as np
+import torch
+from compressai import ans
+from compressai.entropy_models import GaussianConditional
+from compressai.models.google import get_scale_table
 
+from visemz import device
 from visemz.encoders import decode_ints, encode_ints
 from visemz.encoders.cdf_tables import gaussian_scale_tables
 from visemz.encoders.rans import decode_conditional, encode_conditional, prepare
@@ -81,8 +86,6 @@ def row(name: str, n: int, nbytes: int, ideal: float, t_enc: float, t_dec: float
 
 
 def compressai_rows(gc, sym, idx, ideal, repeat, warmup) -> list[dict]:
-    from compressai import ans
-
     cdf, lengths, offsets = (gc.quantized_cdf.tolist(), gc.cdf_length.reshape(-1).int().tolist(),
                              gc.offset.reshape(-1).int().tolist())
     s_list, i_list = sym.tolist(), idx.tolist()
@@ -122,17 +125,11 @@ def main() -> None:
     ap.add_argument("--out", default="bench_rans.json")
     args = ap.parse_args()
 
-    import torch
-    from compressai.entropy_models import GaussianConditional
-    from compressai.models.google import get_scale_table
-
     gc = GaussianConditional(None)
     gc.update_scale_table(get_scale_table())
     tables = gaussian_scale_tables(gc.scale_table.double().numpy())
     cp = None
     if not args.no_gpu:
-        from visemz import device
-
         cp = device.require_cupy()
         name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     else:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from visemz.encoders.cdf_tables import CdfTables, default_scale_table, gaussian_scale_tables
+from visemz.encoders.rans import prepare
 
 GOLDEN = Path(__file__).parent / "fixtures" / "rans"
 SIZES = (0, 1, 2, 31, 32, 33, 63, 65, 1000, 4097, 20_001)
@@ -44,8 +45,6 @@ def make_case(kind: str, n: int, seed: int, tables: CdfTables | None = None):
 
 def ideal_bits(sym: np.ndarray, idx: np.ndarray, tables: CdfTables) -> float:
     """-sum log2 p of the symbols under the quantised tables (escapes: the escape symbol's cost)."""
-    from visemz.encoders.rans import prepare
-
     entry, _ = prepare(sym, idx, tables)
     freq = np.diff(tables.cdf.astype(np.int64), append=0)[entry]
     return float(-np.log2(freq / 65536).sum())
