@@ -36,6 +36,11 @@ class Defaults:
     #: Collectives: the two sizes (KiB) at which all_reduce(algorithm="auto") times every algorithm, once per
     #: group and codec setting, for GPU tensors; CPU tensors use 1/64 of them (collectives/autotune.py).
     collective_calibration_kib: str = "1024,32768"  # VISEMZ_COLLECTIVE_CALIBRATION_KIB
+    #: Conditional rANS: code bytes per lane.  A lane costs about 3.5 bytes (its final state), so
+    #: 512 keeps that under 1%; fewer bytes per lane means more lanes, hence more GPU parallelism.
+    rans_lane_bytes: int = 512  # VISEMZ_RANS_LANE_BYTES
+    #: Conditional rANS: at most this many symbols per lane (bounds the sequential steps of a lane).
+    rans_lane_symbols: int = 16384  # VISEMZ_RANS_LANE_SYMBOLS
 
 
 LOADERS = ("auto", "dali", "kvikio", "cpu")
@@ -61,6 +66,9 @@ def _from_env() -> Defaults:
     if d.streams < 0 or d.queue_depth < 0 or d.dali_batch < 1:
         raise InvalidArgumentError(f"VISEMZ_STREAMS={d.streams}, VISEMZ_QUEUE_DEPTH={d.queue_depth} must be >= 0 "
                                    f"and VISEMZ_DALI_BATCH={d.dali_batch} >= 1")
+    if d.rans_lane_bytes < 1 or not 1 <= d.rans_lane_symbols <= (1 << 20):
+        raise InvalidArgumentError(f"VISEMZ_RANS_LANE_BYTES={d.rans_lane_bytes} must be >= 1 and "
+                                   f"VISEMZ_RANS_LANE_SYMBOLS={d.rans_lane_symbols} in 1..1048576")
     if not (4096 <= d.entropy_chunk <= (16 << 20)):
         raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
     return d

@@ -1,0 +1,286 @@
+"""Conditional rANS on the CPU: round trips, rate, a golden stream, and damaged streams."""
+
+import struct
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from visemz.encoders import rans_layout as RL
+from visemz.encoders.rans import decode_conditional, encode_conditional
+from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
+
+from .helpers import damaged_copies
+from .rans_cases import GOLDEN, KINDS, PLANS, SIZES, gaussian_tables, ideal_bits, make_case
+
+MAX_PEAK = 64 << 20
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return gaussian_tables()
+
+
+def roundtrip(sym, idx, tables, **plan):
+    buf = encode_conditional(sym, idx, tables, **plan)
+    out = decode_conditional(buf, idx, tables)
+    assert out.dtype == np.int32 and out.shape == idx.shape
+    np.testing.assert_array_equal(out, sym.reshape(idx.shape))
+    return buf
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: f"{p[0]}-{p[1]}")
+def test_roundtrip(tables, kind, plan):
+    for i, n in enumerate(SIZES):
+        sym, idx = make_case(kind, n, seed=i)
+        roundtrip(sym, idx, tables, lane_bytes=plan[0], lane_symbols=plan[1])
+
+
+def test_all_zero_with_the_narrowest_table_costs_only_the_lane_states(tables):
+    for n in (1, 20_001, 300_000):
+        buf = roundtrip(np.zeros(n, np.int32), np.zeros(n, np.int32), tables)
+        lanes = RL.PREFIX.unpack_from(buf)[2]
+        assert len(buf) <= RL.HEAD + 4 + 4 * lanes + 1, (n, len(buf), lanes)
+
+
+def test_plans_cover_one_lane_to_many_groups(tables):
+    sym, idx = make_case("gaussian", 20_001, seed=3)
+    seen = set()
+    for lane_bytes, lane_symbols in ((10**9, RL.MAX_LANE_SYMBOLS), (10**9, 1000), (8, 64), (1, 64)):
+        buf = roundtrip(sym, idx, tables, lane_bytes=lane_bytes, lane_symbols=lane_symbols)
+        _, _, lanes, _, n, group_symbols, _, _ = RL.PREFIX.unpack_from(buf)
+        seen.add((lanes, -(-n // group_symbols)))
+    assert (1, 1) in seen and any(g > 1 for _, g in seen) and any(1 < k < 32 for k, _ in seen)
+
+
+def test_shapes_dtypes_and_tables_of_every_index(tables):
+    rng = np.random.default_rng(1)
+    idx = rng.integers(0, 64, (2, 3, 5, 7)).astype(np.uint8)
+    sym = rng.integers(-3, 4, idx.shape).astype(np.int16)
+    roundtrip(sym, idx, tables)
+    idx = np.arange(64, dtype=np.int32).repeat(40)  # every table, including the widest (scale 256)
+    sym = np.round(np.random.default_rng(2).normal(0, 1, idx.size) * 256).astype(np.int32)
+    roundtrip(sym, idx, tables)
+
+
+def test_bad_arguments_name_the_value(tables):
+    with pytest.raises(InvalidArgumentError, match="0..63"):
+        encode_conditional(np.zeros(3, np.int32), np.array([0, 64, 1]), tables)
+    with pytest.raises(InvalidArgumentError, match="0..63"):
+        encode_conditional(np.zeros(3, np.int32), np.array([0, -1, 1]), tables)
+    with pytest.raises(InvalidArgumentError, match="3 symbols but 2"):
+        encode_conditional(np.zeros(3, np.int32), np.zeros(2, np.int32), tables)
+    with pytest.raises(UnsupportedFormatError, match="int64"):
+        encode_conditional(np.zeros(3, np.int64), np.zeros(3, np.int32), tables)
+    with pytest.raises(InvalidArgumentError, match="float"):
+        encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.float32), tables)
+    with pytest.raises(InvalidArgumentError, match="lane_bytes=0"):
+        encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.int32), tables, lane_bytes=0)
+    with pytest.raises(InvalidArgumentError, match="lane_symbols=2000000"):
+        encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.int32), tables, lane_symbols=2_000_000)
+    buf = encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.int32), tables)
+    with pytest.raises(InvalidArgumentError, match="0..63"):
+        decode_conditional(buf, np.array([0, 99, 0]), tables)
+
+
+# ---------------------------------------------------------------- rate
+def gaussian_code_bits(sym, scales):
+    """-sum log2 of each symbol's probability under its continuous Gaussian (integrated over the bin)."""
+    from scipy import special
+
+    phi = lambda x: 0.5 * special.erfc(-x / np.sqrt(2))
+    v = np.abs(sym.astype(np.float64))
+    return float(-np.log2(phi((0.5 - v) / scales) - phi((-0.5 - v) / scales)).sum())
+
+
+def test_rate_is_within_one_percent_of_the_gaussian_ideal(tables):
+    from visemz.encoders.cdf_tables import default_scale_table
+
+    rng = np.random.default_rng(7)
+    table = default_scale_table()
+    idx = rng.integers(8, 40, 200_000).astype(np.int32)  # scales 0.3 .. 10
+    sym = np.round(rng.normal(0, 1, idx.size) * table[idx]).astype(np.int32)
+    nbytes = len(encode_conditional(sym, idx, tables))
+    ideal = gaussian_code_bits(sym, table[idx]) / 8
+    quantised = ideal_bits(sym, idx, tables) / 8
+    assert ideal <= quantised <= 1.001 * ideal  # the integer tables lose almost nothing
+    assert ideal < nbytes <= 1.01 * ideal, (nbytes, ideal)
+
+
+def test_rate_matches_compressai_rans_on_the_same_symbols_and_indexes():
+    import torch
+    from compressai import ans
+    from compressai.entropy_models import GaussianConditional
+    from compressai.models.google import get_scale_table
+
+    from visemz.encoders.cdf_tables import gaussian_scale_tables
+
+    gc = GaussianConditional(None)
+    gc.update_scale_table(get_scale_table())
+    ours = gaussian_scale_tables(gc.scale_table.double().numpy())
+    rng = np.random.default_rng(8)
+    scales = np.exp(rng.uniform(np.log(0.05), np.log(30), 150_000))
+    idx = gc.build_indexes(torch.from_numpy(scales).float()).int().numpy()
+    sym = np.round(rng.normal(0, 1, scales.size) * scales).astype(np.int32)
+    enc = ans.BufferedRansEncoder()
+    enc.encode_with_indexes(sym.tolist(), idx.tolist(), gc.quantized_cdf.tolist(),
+                            gc.cdf_length.reshape(-1).int().tolist(), gc.offset.reshape(-1).int().tolist())
+    theirs = len(enc.flush())
+    buf = roundtrip(sym, idx, ours)
+    assert len(buf) <= 1.01 * theirs, (len(buf), theirs)
+
+
+# ---------------------------------------------------------------- golden
+def golden_inputs():
+    d = np.load(GOLDEN / "golden_v1.npz", allow_pickle=False)
+    from visemz.encoders.cdf_tables import CdfTables
+
+    return d["symbols"].astype(np.int32), d["indexes"].astype(np.int32), CdfTables.from_dict(d)
+
+
+@pytest.mark.parametrize("name, plan", [("one_group", {}), ("groups", {"lane_bytes": 1, "lane_symbols": 64})])
+def test_golden_stream_still_decodes_and_encodes_the_same(name, plan):
+    sym, idx, tables = golden_inputs()
+    stored = (GOLDEN / f"{name}_v1.vzrc").read_bytes()
+    np.testing.assert_array_equal(decode_conditional(stored, idx, tables), sym)
+    assert encode_conditional(sym, idx, tables, **plan) == stored
+
+
+def write_golden() -> None:  # python -c "from tests.test_rans import write_golden; write_golden()"
+    """Small integer tables, symbols with escapes, and the streams the reference writes for them."""
+    from visemz.encoders.cdf_tables import gaussian_scale_tables
+
+    tables = gaussian_scale_tables([0.11, 0.5, 1.3, 4.0, 9.0])
+    rng = np.random.default_rng(2026)
+    idx = rng.integers(0, 5, 2500).astype(np.int8)
+    sym = np.round(rng.normal(0, 1.5, idx.size) * np.array([0.11, 0.5, 1.3, 4.0, 9.0])[idx]).astype(np.int16)
+    sym[[7, 500, 2499]] = [300, -300, 70]
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(GOLDEN / "golden_v1.npz", symbols=sym, indexes=idx, **tables.to_dict())
+    for name, plan in (("one_group", {}), ("groups", {"lane_bytes": 1, "lane_symbols": 64})):
+        (GOLDEN / f"{name}_v1.vzrc").write_bytes(encode_conditional(sym.astype(np.int32), idx.astype(np.int32),
+                                                                     tables, **plan))
+
+
+# ---------------------------------------------------------------- damaged streams
+@pytest.fixture(scope="module")
+def small(tables):
+    sym, idx = make_case("escapes", 300, seed=9)
+    return sym, idx, encode_conditional(sym, idx, tables, lane_bytes=8, lane_symbols=64)
+
+
+def must_fail(buf, idx, tables, error=VisemzError):
+    tracemalloc.start()
+    try:
+        with pytest.raises(error):
+            decode_conditional(buf, idx, tables)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < MAX_PEAK
+
+
+def reframe(buf: bytes, **fields) -> bytes:
+    """Rewrite header fields and recompute the checksum, as a hostile writer could."""
+    names = ("magic", "version", "lanes", "reserved", "n", "group_symbols", "escapes", "tables")
+    values = dict(zip(names, RL.PREFIX.unpack_from(buf)))
+    values.update(fields)
+    prefix = RL.PREFIX.pack(*values.values())
+    body = buf[RL.HEAD :]
+    return prefix + struct.pack("<Q", RL.checksum(prefix, body)) + body
+
+
+def with_body(buf: bytes, body: bytes) -> bytes:
+    prefix = buf[: RL.PREFIX.size]
+    return prefix + struct.pack("<Q", RL.checksum(prefix, body)) + body
+
+
+def test_every_truncation_and_extension_is_caught(tables, small):
+    _, idx, buf = small
+    for cut in range(len(buf)):
+        must_fail(buf[:cut], idx, tables)
+    must_fail(buf + b"\0", idx, tables, CorruptStreamError)
+
+
+def test_every_damaged_byte_is_caught(tables, small):
+    _, idx, buf = small
+    for _, bad in damaged_copies(buf, seed=1):
+        with pytest.raises(VisemzError):
+            decode_conditional(bad, idx, tables)
+
+
+def test_damaged_lane_data_behind_a_valid_checksum(tables, small):
+    """With the checksum recomputed, the lanes' own checks (final states, byte counts) catch most
+    changes.  Not all: a byte that only moves a lane's slot inside a run of frequency-1 symbols
+    (far tails) is a valid stream of other symbols; no entropy code can tell, the checksum does."""
+    sym, idx, buf = small
+    groups = RL.parse(buf, idx.size, tables.fingerprint)
+    body = bytearray(buf[RL.HEAD :])
+    first, last = int(groups.starts[0]) - RL.HEAD, int((groups.starts + groups.sizes)[-1]) - RL.HEAD
+    rng = np.random.default_rng(4)
+    caught = 0
+    for i in range(first, last):
+        old = body[i]
+        body[i] = (old + int(rng.integers(1, 256))) % 256
+        try:
+            out = decode_conditional(with_body(buf, bytes(body)), idx, tables)
+            assert out.shape == idx.shape and not np.array_equal(out, sym)
+        except CorruptStreamError:
+            caught += 1
+        body[i] = old
+    assert caught >= 0.9 * (last - first), (caught, last - first)
+    np.testing.assert_array_equal(decode_conditional(with_body(buf, bytes(body)), idx, tables), sym)
+
+
+def test_inconsistent_headers_are_refused(tables, small):
+    _, idx, buf = small
+    lanes, group_symbols = RL.PREFIX.unpack_from(buf)[2], RL.PREFIX.unpack_from(buf)[5]
+    for field, value in (("lanes", lanes + 1), ("lanes", lanes - 1), ("lanes", 33), ("lanes", 0),
+                         ("group_symbols", group_symbols + 1), ("group_symbols", 0), ("escapes", 0),
+                         ("escapes", 5000), ("reserved", 1)):
+        must_fail(reframe(buf, **{field: value}), idx, tables, CorruptStreamError)
+    must_fail(reframe(buf, n=301), np.zeros(301, np.int32), tables, CorruptStreamError)
+    must_fail(buf, idx[:-1], tables, CorruptStreamError)  # other symbol count than the stream's
+    must_fail(reframe(buf, tables=0), idx, tables, UnsupportedFormatError)
+    must_fail(reframe(buf, version=2), idx, tables, UnsupportedFormatError)
+    huge = reframe(buf, n=10**9)
+    must_fail(huge, np.zeros(4, np.int32), tables, LimitExceededError)
+    long_lane = RL.MAX_STEPS + 1  # one lane of more steps than any encoder makes
+    must_fail(reframe(buf, n=long_lane, lanes=1, group_symbols=long_lane), np.zeros(long_lane, np.int8), tables,
+              LimitExceededError)
+
+
+def test_group_sizes_that_do_not_add_up_are_refused(tables):
+    sym, idx = make_case("gaussian", 5000, seed=5)
+    buf = encode_conditional(sym, idx, tables, lane_bytes=1, lane_symbols=64)
+    parsed = RL.parse(buf, idx.size, tables.fingerprint)
+    g = parsed.sizes.size
+    assert g > 1
+    body = bytearray(buf[RL.HEAD :])
+    for delta in ((1, -1), (-1, 1), (1, 0)):
+        sizes = parsed.sizes.copy()
+        sizes[0] += delta[0]
+        sizes[1] += delta[1]
+        body[: 4 * g] = sizes.astype("<u4").tobytes()
+        must_fail(with_body(buf, bytes(body)), idx, tables, CorruptStreamError)
+
+
+def test_wrong_indexes_do_not_decode_to_garbage(tables):
+    sym, idx = make_case("gaussian", 3000, seed=6)
+    buf = encode_conditional(sym, idx, tables)
+    for pos in (0, 1500, 2999):
+        wrong = idx.copy()
+        wrong[pos] = (wrong[pos] + 9) % 64
+        with pytest.raises(CorruptStreamError):
+            decode_conditional(buf, wrong, tables)
+
+
+def test_random_bytes_are_refused(tables):
+    rng = np.random.default_rng(12)
+    idx = np.zeros(1000, np.int32)
+    for size in (0, 5, 31, 32, 40, 1000, 100_000):
+        must_fail(rng.integers(0, 256, size, dtype=np.uint8).tobytes(), idx, tables)
+    template = encode_conditional(np.zeros(1000, np.int32), idx, tables)
+    for size in (4, 100, 5000):  # random bodies behind a valid header and checksum
+        must_fail(with_body(template, rng.integers(0, 256, size, dtype=np.uint8).tobytes()), idx, tables)

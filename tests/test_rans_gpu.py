@@ -1,0 +1,106 @@
+"""Conditional rANS on the GPU against the NumPy reference: identical bytes, cross decoding (marker gpu)."""
+
+import numpy as np
+import pytest
+
+from visemz.encoders import rans_layout as RL
+from visemz.encoders.rans import decode_conditional, encode_conditional
+from visemz.errors import CorruptStreamError, InvalidArgumentError, VisemzError
+
+from .rans_cases import KINDS, PLANS, SIZES, gaussian_tables, make_case
+from .test_rans import golden_inputs, with_body
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return gaussian_tables()
+
+
+def check_both_ways(cp, sym, idx, tables, **plan):
+    ref = encode_conditional(sym, idx, tables, **plan)
+    got = encode_conditional(cp.asarray(sym), cp.asarray(idx), tables, **plan)
+    assert got == ref
+    back = decode_conditional(ref, cp.asarray(idx), tables)
+    assert isinstance(back, cp.ndarray) and back.dtype == cp.int32 and back.shape == idx.shape
+    np.testing.assert_array_equal(back.get(), sym.reshape(idx.shape))
+    return ref
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: f"{p[0]}-{p[1]}")
+def test_gpu_bytes_equal_reference(cp, tables, kind, plan):
+    for i, n in enumerate(SIZES + (1_000_003,)):
+        sym, idx = make_case(kind, n, seed=i)
+        check_both_ways(cp, sym, idx, tables, lane_bytes=plan[0], lane_symbols=plan[1])
+
+
+def test_many_groups_and_all_zero(cp, tables):
+    sym, idx = make_case("gaussian", 3_000_001, seed=21)
+    buf = check_both_ways(cp, sym, idx, tables)
+    assert -(-RL.PREFIX.unpack_from(buf)[4] // RL.PREFIX.unpack_from(buf)[5]) > 10
+    z = np.zeros(300_000, np.int32)
+    check_both_ways(cp, z, z, tables)
+
+
+def test_golden_streams_on_the_gpu(cp):
+    sym, idx, tables = golden_inputs()
+    from .rans_cases import GOLDEN
+
+    for name, plan in (("one_group", {}), ("groups", {"lane_bytes": 1, "lane_symbols": 64})):
+        stored = (GOLDEN / f"{name}_v1.vzrc").read_bytes()
+        np.testing.assert_array_equal(decode_conditional(stored, cp.asarray(idx), tables).get(), sym)
+        assert encode_conditional(cp.asarray(sym), cp.asarray(idx), tables, **plan) == stored
+
+
+def test_torch_cuda_tensors(cp, tables):
+    import torch
+
+    sym, idx = make_case("escapes", 50_000, seed=22)
+    ref = encode_conditional(sym, idx, tables)
+    t_sym = torch.from_numpy(sym).cuda().reshape(2, 25_000)
+    t_idx = torch.from_numpy(idx).cuda().reshape(2, 25_000)
+    assert encode_conditional(t_sym, t_idx, tables) == ref
+    np.testing.assert_array_equal(decode_conditional(ref, t_idx, tables).get().reshape(-1), sym)
+
+
+def test_bad_indexes_on_the_gpu(cp, tables):
+    with pytest.raises(InvalidArgumentError, match="0..63"):
+        encode_conditional(cp.zeros(3, cp.int32), cp.asarray([0, 64, 1], cp.int32), tables)
+    buf = encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.int32), tables)
+    with pytest.raises(InvalidArgumentError, match="0..63"):
+        decode_conditional(buf, cp.asarray([0, -1, 0], cp.int32), tables)
+
+
+def test_gpu_decoder_catches_what_the_cpu_decoder_catches(cp, tables):
+    """Damaged lane data behind a recomputed checksum: the GPU raises exactly where the CPU does."""
+    sym, idx = make_case("gaussian", 2000, seed=23)
+    buf = encode_conditional(sym, idx, tables, lane_bytes=8, lane_symbols=64)
+    parsed = RL.parse(buf, idx.size, tables.fingerprint)
+    body = bytearray(buf[RL.HEAD :])
+    rng = np.random.default_rng(5)
+    first, last = int(parsed.starts[0]) - RL.HEAD, int((parsed.starts + parsed.sizes)[-1]) - RL.HEAD
+    gidx = cp.asarray(idx)
+    for i in range(first, last, 3):
+        old = body[i]
+        body[i] = (old + int(rng.integers(1, 256))) % 256
+        bad = with_body(buf, bytes(body))
+        try:
+            cpu = decode_conditional(bad, idx, tables)
+        except CorruptStreamError:
+            with pytest.raises(CorruptStreamError):
+                decode_conditional(bad, gidx, tables)
+        else:
+            np.testing.assert_array_equal(decode_conditional(bad, gidx, tables).get(), cpu)
+        body[i] = old
+    for cut in range(0, len(buf), 7):
+        with pytest.raises(VisemzError):
+            decode_conditional(buf[:cut], gidx, tables)

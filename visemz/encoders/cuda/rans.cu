@@ -1,0 +1,209 @@
+// Conditional rANS on the GPU: interleaved lanes, one warp per group of up to 32 lanes.
+//
+// These kernels write exactly the bytes of visemz/encoders/rans_reference.py; the
+// constants mirror visemz/encoders/rans_layout.py and cdf_tables.py, and
+// docs/FORMAT.md section 6 describes the layout.  32-bit states in [L, 256 L) with
+// L = 2^23, byte-wise renormalisation, 16-bit probabilities.  In a group, symbol i is
+// step i / lanes of lane i % lanes; a group's stream holds every lane's initial state
+// (u32 LE), then step by step, in lane order, the bytes each lane reads (high first).
+
+#define PRECISION 16
+#define TOTAL (1u << PRECISION)
+#define SLOT_MASK (TOTAL - 1u)
+#define RANS_L (1u << 23)
+#define RANS_LOW (RANS_L >> 8)
+#define X_MAX_SHIFT 15
+#define LUT_BITS 8
+#define STATE_BYTES 4
+#define AHEAD 8  // steps whose table data a lane loads at once, before their dependent arithmetic
+#define FULL 0xffffffffu
+
+#define ERR_STATE 1u     // an initial state outside [L, 256 L)
+#define ERR_OVERRUN 2u   // a group reads past its end
+#define ERR_SHORT 4u     // a group ends before its last byte
+#define ERR_FINAL 8u     // a lane does not return to the initial state L
+
+typedef unsigned char u8;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Per symbol: its CDF entry (the escape's when the value is outside the table) and an
+// escape flag; totals[0] += code length in 1/256 bit, totals[1] += escapes, totals[2] +=
+// indexes outside 0..n_tables-1 (such a symbol gets entry 0 and is never coded).
+extern "C" __global__ void rans_prepare(const int* __restrict__ sym, const int* __restrict__ idx, long long n,
+                                        const int* __restrict__ cdf_start, const int* __restrict__ offsets,
+                                        const int* __restrict__ cost, int n_tables, int* __restrict__ entry,
+                                        u8* __restrict__ esc, u64* totals) {
+    u64 bits = 0, escapes = 0, bad = 0;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        int t = idx[i];
+        if (t < 0 || t >= n_tables) { ++bad; entry[i] = 0; esc[i] = 0; continue; }
+        int base = cdf_start[t];
+        long long last = (long long)(cdf_start[t + 1] - base) - 2;  // the escape symbol
+        long long v = (long long)sym[i] - offsets[t];
+        bool e = v < 0 || v >= last;
+        int en = base + (int)(e ? last : v);
+        entry[i] = en;
+        esc[i] = e;
+        bits += (u64)cost[en];
+        escapes += e;
+    }
+    for (int d = 16; d > 0; d >>= 1) {
+        bits += __shfl_down_sync(FULL, bits, d);
+        escapes += __shfl_down_sync(FULL, escapes, d);
+        bad += __shfl_down_sync(FULL, bad, d);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        if (bits) atomicAdd(&totals[0], bits);
+        if (escapes) atomicAdd(&totals[1], escapes);
+        if (bad) atomicAdd(&totals[2], bad);
+    }
+}
+
+// Exclusive prefix and total of c in {0, 1, 2} over the warp, from two ballots.
+__device__ __forceinline__ void warp_bytes(u32 c, u32 lane, u32* excl, u32* total) {
+    u32 b1 = __ballot_sync(FULL, c >= 1u), b2 = __ballot_sync(FULL, c == 2u);
+    u32 lt = (1u << lane) - 1u;
+    *excl = __popc(b1 & lt) + __popc(b2 & lt);
+    *total = __popc(b1) + __popc(b2);
+}
+
+// One block of 32 threads per group.  Group g's scratch region is [g * stride, (g + 1) * stride),
+// stride = 4 lanes + 2 group_symbols; its stream is written backwards and ends at the region's
+// end; sizes[g] gets its length.  Each lane loads the CDF starts and frequencies of AHEAD steps
+// at once (they do not depend on the state), so their memory latency overlaps.
+extern "C" __global__ void rans_encode(const int* __restrict__ entry, const int* __restrict__ cdf, long long n,
+                                       int lanes, long long group_symbols, int steps, u8* __restrict__ scratch,
+                                       long long stride, u32* __restrict__ sizes) {
+    const u32 k = threadIdx.x;
+    const long long base = (long long)blockIdx.x * group_symbols;
+    const long long len = min(group_symbols, n - base);
+    const bool lane_on = (int)k < lanes;
+    u8* out = scratch + (long long)blockIdx.x * stride;
+    long long pos = stride;
+    u32 x = RANS_L;
+    for (int j0 = steps - 1; j0 >= 0; j0 -= AHEAD) {
+        u32 start[AHEAD], freq[AHEAD];
+#pragma unroll
+        for (int q = 0; q < AHEAD; ++q) {
+            const long long li = (long long)(j0 - q) * lanes + k;
+            start[q] = 0;  // padding positions code the identity symbol
+            freq[q] = TOTAL;
+            if (j0 - q >= 0 && lane_on && li < len) {
+                const int e = entry[base + li];
+                start[q] = (u32)cdf[e];
+                freq[q] = (u32)cdf[e + 1] - start[q];
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < AHEAD; ++q) {
+            if (j0 - q < 0) break;  // the same for every lane
+            const u32 f = freq[q];
+            const u32 x_max = f << X_MAX_SHIFT;
+            const u32 c = (u32)(x >= x_max) + (u32)((x >> 8) >= x_max);
+            u32 excl, total;
+            warp_bytes(c, k, &excl, &total);
+            pos -= total;
+            if (c == 2u) { out[pos + excl] = (u8)(x >> 8); out[pos + excl + 1] = (u8)x; }
+            else if (c == 1u) out[pos + excl] = (u8)x;
+            x >>= 8u * c;
+            x = ((x / f) << PRECISION) + (x % f) + start[q];
+        }
+    }
+    pos -= STATE_BYTES * lanes;
+    if (lane_on)
+        for (int b = 0; b < STATE_BYTES; ++b) out[pos + STATE_BYTES * k + b] = (u8)(x >> (8 * b));
+    if (k == 0) sizes[blockIdx.x] = (u32)(stride - pos);
+}
+
+// Copies each group's stream (the tail of its scratch region) to out + dst[g].
+extern "C" __global__ void rans_gather(const u8* __restrict__ scratch, long long stride, const u32* __restrict__ sizes,
+                                       const long long* __restrict__ dst, u8* __restrict__ out) {
+    const long long size = sizes[blockIdx.x];
+    const u8* src = scratch + (long long)blockIdx.x * stride + stride - size;
+    for (long long i = threadIdx.x; i < size; i += blockDim.x) out[dst[blockIdx.x] + i] = src[i];
+}
+
+// One block of 32 threads per group: each symbol's CDF entry into entry_out; error bits
+// (ERR_*) into err.  idx must hold valid table indexes (the host checks them).
+extern "C" __global__ void rans_decode(const u8* __restrict__ buf, const long long* __restrict__ starts,
+                                       const long long* __restrict__ sizes, const int* __restrict__ idx, long long n,
+                                       int lanes, long long group_symbols, int steps, const int* __restrict__ cdf,
+                                       const int* __restrict__ cdf_start, const int* __restrict__ lut,
+                                       int* __restrict__ entry_out, u32* err) {
+    const u32 k = threadIdx.x;
+    const long long base = (long long)blockIdx.x * group_symbols;
+    const long long len = min(group_symbols, n - base);
+    const bool lane_on = (int)k < lanes;
+    long long pos = starts[blockIdx.x];
+    const long long end = pos + sizes[blockIdx.x];
+    u32 x = RANS_L;
+    if (lane_on) {
+        const u8* s = buf + pos + STATE_BYTES * k;
+        x = (u32)s[0] | ((u32)s[1] << 8) | ((u32)s[2] << 16) | ((u32)s[3] << 24);
+    }
+    if (__any_sync(FULL, x < RANS_L || x >= (RANS_L << 8))) {
+        if (k == 0) atomicOr(err, ERR_STATE);
+        return;
+    }
+    pos += STATE_BYTES * lanes;
+    for (int j0 = 0; j0 < steps; j0 += AHEAD) {
+        int table[AHEAD], first[AHEAD];  // the next AHEAD steps' tables and their CDFs' positions
+#pragma unroll
+        for (int q = 0; q < AHEAD; ++q) {
+            const long long li = (long long)(j0 + q) * lanes + k;
+            table[q] = -1;  // padding: the identity symbol
+            first[q] = 0;
+            if (j0 + q < steps && lane_on && li < len) {
+                table[q] = idx[base + li];
+                first[q] = cdf_start[table[q]];
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < AHEAD; ++q) {
+            if (j0 + q >= steps) break;  // the same for every lane
+            const u32 slot = x & SLOT_MASK;
+            u32 lo = 0, f = TOTAL;
+            if (table[q] >= 0) {
+                const int b = first[q];
+                int s = lut[(table[q] << LUT_BITS) + (slot >> (PRECISION - LUT_BITS))];
+                while ((u32)cdf[b + s + 1] <= slot) ++s;  // stops: the table's last entry is 2^16
+                lo = (u32)cdf[b + s];
+                f = (u32)cdf[b + s + 1] - lo;
+                entry_out[base + (long long)(j0 + q) * lanes + k] = b + s;
+            }
+            x = f * (x >> PRECISION) + slot - lo;
+            const u32 c = (u32)(x < RANS_L) + (u32)(x < RANS_LOW);
+            u32 excl, total;
+            warp_bytes(c, k, &excl, &total);
+            if (pos + total > end) {  // the same for every lane of the warp
+                if (k == 0) atomicOr(err, ERR_OVERRUN);
+                return;
+            }
+            if (c >= 1u) x = (x << 8) | buf[pos + excl];
+            if (c == 2u) x = (x << 8) | buf[pos + excl + 1];
+            pos += total;
+        }
+    }
+    if (k == 0 && pos != end) atomicOr(err, ERR_SHORT);
+    if (lane_on && x != RANS_L) atomicOr(err, ERR_FINAL);
+}
+
+// CDF entries -> values; esc[i] flags the escape symbol; count[0] += escapes.
+extern "C" __global__ void rans_values(const int* __restrict__ entry, const int* __restrict__ idx, long long n,
+                                       const int* __restrict__ cdf_start, const int* __restrict__ offsets,
+                                       int* __restrict__ out, u8* __restrict__ esc, u64* count) {
+    u64 escapes = 0;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const int t = idx[i];
+        const int s = entry[i] - cdf_start[t];
+        const bool e = entry[i] == cdf_start[t + 1] - 2;
+        out[i] = offsets[t] + s;
+        esc[i] = e;
+        escapes += e;
+    }
+    for (int d = 16; d > 0; d >>= 1) escapes += __shfl_down_sync(FULL, escapes, d);
+    if ((threadIdx.x & 31) == 0 && escapes) atomicAdd(count, escapes);
+}

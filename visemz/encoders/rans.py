@@ -1,0 +1,138 @@
+"""Conditional entropy coding: int32 symbols, each with its own CDF table, by interleaved rANS.
+
+    buf = encode_conditional(symbols, indexes, tables)
+    symbols = decode_conditional(buf, indexes, tables)
+
+NumPy arrays run on the CPU (``rans_reference``); cupy arrays and torch CUDA tensors on
+the GPU (``rans_gpu``).  Both write the same bytes, and either decodes the other's:
+the tables are integers, the arithmetic is integer, and the lane plan is a function of
+integers both sides compute alike.  docs/FORMAT.md section 6 gives the layout.
+
+A value outside its table's range is coded as the table's escape symbol; its excess
+beyond the range (value - hi > 0 above, value - lo < 0 below) goes, in symbol order, to
+a side stream written by ``encode_ints`` (global policy, no entropy stage, so its bytes
+too are the same on both devices).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import device as dev
+from ..config import DEFAULTS
+from ..errors import CorruptStreamError, InvalidArgumentError
+from . import decode_ints, encode_ints
+from . import layout as L
+from . import rans_layout as RL
+from . import rans_reference as reference
+from .cdf_tables import COST_UNIT, CdfTables
+
+__all__ = ["encode_conditional", "decode_conditional"]
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def encode_conditional(symbols, indexes, tables: CdfTables, *, lane_bytes: int | None = None,
+                       lane_symbols: int | None = None) -> bytes:
+    """Code ``symbols[i]`` with table ``indexes[i]`` (same size; flattened in C order).
+
+    lane_bytes / lane_symbols: the lane plan's targets (defaults: VISEMZ_RANS_LANE_BYTES,
+    VISEMZ_RANS_LANE_SYMBOLS); the stream records the plan, so any plan decodes.
+    """
+    lane_bytes = DEFAULTS.rans_lane_bytes if lane_bytes is None else int(lane_bytes)
+    lane_symbols = DEFAULTS.rans_lane_symbols if lane_symbols is None else int(lane_symbols)
+    RL.plan(0, 0, lane_bytes, lane_symbols)  # checks them
+    if dev.is_gpu_array(symbols) or dev.is_gpu_array(indexes):
+        from . import rans_gpu
+
+        return rans_gpu.encode(symbols, indexes, tables, lane_bytes, lane_symbols)
+    s, t = check_inputs(np.asarray(symbols), np.asarray(indexes), tables)
+    entry, escaped = prepare(s, t, tables)
+    est = int(tables.cost[entry].sum(dtype=np.int64)) // (8 * COST_UNIT)
+    p = RL.plan(s.size, est, lane_bytes, lane_symbols)
+    start = tables.cdf[entry].astype(np.int64)
+    sizes, groups = reference.encode_lanes(start, tables.cdf[entry + 1] - start, p)
+    excess = escape_excess(s[escaped], t[escaped], tables)
+    return RL.pack(p, excess.size, tables.fingerprint, sizes, groups, escape_stream(excess))
+
+
+def decode_conditional(buf, indexes, tables: CdfTables):
+    """Symbols coded with ``indexes`` (int32, shaped like ``indexes``).
+
+    NumPy ``indexes``: decoded on the CPU, a NumPy array.  cupy / torch CUDA ``indexes``:
+    decoded on the GPU, a cupy array.  The indexes must be the encoder's.
+    """
+    if dev.is_gpu_array(indexes):
+        from . import rans_gpu
+
+        return rans_gpu.decode(buf, indexes, tables)
+    idx = np.asarray(indexes)
+    t = check_indexes(idx, tables)
+    parsed = RL.parse(buf, t.size, tables.fingerprint)
+    if t.size == 0:
+        return np.zeros(idx.shape, np.int32)
+    entry = reference.decode_lanes(parsed, t, tables)
+    sym = entry - tables.cdf_start[t]
+    escaped = sym == tables.n_symbols[t] - 1
+    if int(escaped.sum()) != parsed.escapes:
+        raise CorruptStreamError(f"conditional rANS stream decodes {int(escaped.sum())} escapes, its header {parsed.escapes}")
+    values = tables.offsets[t] + sym
+    pos = np.flatnonzero(escaped)
+    values[pos] = escaped_values(parsed.escape_stream, parsed.escapes, t[pos], tables)
+    return values.astype(np.int32).reshape(idx.shape)
+
+
+# ------------------------------------------------------------------ shared steps
+def check_indexes(idx, tables: CdfTables) -> np.ndarray:
+    """Flat int32 table indexes, each checked to name a table (NumPy or cupy)."""
+    if idx.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"table indexes must be integers, got {idx.dtype}")
+    if idx.size > RL.MAX_SYMBOLS:
+        raise InvalidArgumentError(f"{idx.size} symbols exceed the conditional coder's limit of {RL.MAX_SYMBOLS}")
+    flat = idx.reshape(-1)
+    if flat.size and bool(((flat < 0) | (flat >= tables.n_tables)).any()):
+        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1}")
+    return flat.astype(np.int32)
+
+
+def check_inputs(sym, idx, tables: CdfTables):
+    L.check_dtype(sym.dtype.name)
+    if sym.size != idx.size:
+        raise InvalidArgumentError(f"{sym.size} symbols but {idx.size} table indexes")
+    return sym.reshape(-1).astype(np.int32), check_indexes(idx, tables)
+
+
+def prepare(s: np.ndarray, t: np.ndarray, tables: CdfTables) -> tuple[np.ndarray, np.ndarray]:
+    """Each symbol's CDF entry (its escape's when out of range) and the escape mask."""
+    v = s.astype(np.int64) - tables.offsets[t]
+    last = tables.n_symbols[t] - 1
+    escaped = (v < 0) | (v >= last)
+    v = np.where(escaped, last, v)
+    return tables.cdf_start[t] + v, escaped
+
+
+def escape_excess(values: np.ndarray, t: np.ndarray, tables: CdfTables) -> np.ndarray:
+    """Escaped values -> their excess beyond their table's range (never 0; fits int32 as lo <= 0 <= hi)."""
+    lo = tables.offsets[t].astype(np.int64)
+    hi = lo + tables.n_symbols[t] - 2
+    v = values.astype(np.int64)
+    return np.where(v > hi, v - hi, v - lo).astype(np.int32)
+
+
+def escape_stream(excess: np.ndarray) -> bytes:
+    return encode_ints(excess, policy="global", entropy="none") if excess.size else b""
+
+
+def escaped_values(stream, count: int, t: np.ndarray, tables: CdfTables) -> np.ndarray:
+    """The side stream's excesses -> the escaped values (int64), each checked."""
+    if count == 0:
+        return np.zeros(0, np.int64)
+    excess = decode_ints(bytes(stream)).astype(np.int64)
+    if excess.size != count:
+        raise CorruptStreamError(f"conditional rANS escape stream holds {excess.size} values, expected {count}")
+    lo = tables.offsets[t].astype(np.int64)
+    hi = lo + tables.n_symbols[t] - 2
+    v = np.where(excess > 0, hi + excess, lo + excess)
+    if np.any(excess == 0) or np.any(v < INT32_MIN) or np.any(v > INT32_MAX):
+        raise CorruptStreamError("conditional rANS escape stream holds a zero excess or a value beyond int32")
+    return v

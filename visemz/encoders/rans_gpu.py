@@ -1,0 +1,154 @@
+"""The GPU path of the conditional rANS coder: cupy RawModule kernels from ``cuda/rans.cu``.
+
+Symbols, indexes and the lanes' work stay on the device; the host reads back three
+totals (code length, escapes, bad indexes) to plan the lanes, the group sizes, and the
+final bytes.  The bytes equal the NumPy reference's (tests/test_rans_gpu.py).  Escapes
+are rare: their few values go through the host and the CPU ints encoder, which is
+where the reference puts them too.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import numpy as np
+
+from .. import device as dev
+from ..errors import CorruptStreamError, InvalidArgumentError
+from . import layout as L
+from . import rans
+from . import rans_layout as RL
+from .cdf_tables import COST_UNIT, CdfTables
+
+THREADS = 256
+WARP = 32
+
+
+@functools.lru_cache(maxsize=None)
+def _module(device_id: int):
+    cp = dev.require_cupy()
+    src = resources.files("visemz.encoders").joinpath("cuda/rans.cu").read_text()
+    with cp.cuda.Device(device_id):
+        return cp.RawModule(code=src, options=("-std=c++17",))
+
+
+def kernel(name: str):
+    cp = dev.require_cupy()
+    return _module(cp.cuda.Device().id).get_function(name)
+
+
+@functools.lru_cache(maxsize=32)
+def _device_tables(tables: CdfTables, device_id: int) -> dict:
+    """The tables' integer arrays on one GPU (cached per tables object and device)."""
+    cp = dev.require_cupy()
+    with cp.cuda.Device(device_id):
+        return {name: cp.asarray(np.ascontiguousarray(a, np.int32)) for name, a in (
+            ("cdf", tables.cdf), ("cdf_start", tables.cdf_start), ("offsets", tables.offsets),
+            ("cost", tables.cost), ("lut", tables.lut.reshape(-1)))}
+
+
+def _tables(tables: CdfTables) -> dict:
+    cp = dev.require_cupy()
+    return _device_tables(tables, cp.cuda.Device().id)
+
+
+def _grid(n: int) -> int:
+    cp = dev.require_cupy()
+    return max(1, min(-(-n // THREADS), cp.cuda.Device().attributes["MultiProcessorCount"] * 8))
+
+
+def _flat_int32(a, what: str):
+    cp = dev.require_cupy()
+    a = dev.as_cupy(a)
+    if a.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{what} must be integers, got {a.dtype}")
+    return cp.ascontiguousarray(a.reshape(-1), dtype=cp.int32)
+
+
+# ------------------------------------------------------------------ encode
+def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: int) -> bytes:
+    cp = dev.require_cupy()
+    sym_in = dev.as_cupy(symbols)
+    L.check_dtype(sym_in.dtype.name)
+    sym = _flat_int32(sym_in, "symbols")
+    idx = _flat_int32(indexes, "table indexes")
+    n = sym.size
+    if idx.size != n:
+        raise InvalidArgumentError(f"{n} symbols but {idx.size} table indexes")
+    if n > RL.MAX_SYMBOLS:
+        raise InvalidArgumentError(f"{n} symbols exceed the conditional coder's limit of {RL.MAX_SYMBOLS}")
+    tb = _tables(tables)
+    entry = cp.empty(n, cp.int32)
+    esc = cp.empty(n, cp.uint8)
+    totals = cp.zeros(3, cp.uint64)
+    if n:
+        kernel("rans_prepare")((_grid(n),), (THREADS,), (
+            sym, idx, np.int64(n), tb["cdf_start"], tb["offsets"], tb["cost"], np.int32(tables.n_tables),
+            entry, esc, totals))
+    bits, n_esc, bad = (int(v) for v in totals.get())
+    if bad:
+        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1} ({bad} do not)")
+    p = RL.plan(n, bits // (8 * COST_UNIT), lane_bytes, lane_symbols)
+    sizes, body = _encode_lanes(entry, tb, p)
+    excess = np.zeros(0, np.int32)
+    if n_esc:
+        pos = cp.flatnonzero(esc)
+        excess = rans.escape_excess(sym[pos].get(), idx[pos].get(), tables)
+    return RL.pack(p, excess.size, tables.fingerprint, sizes, body, rans.escape_stream(excess))
+
+
+def _encode_lanes(entry, tb: dict, p: RL.Plan) -> tuple[np.ndarray, bytes]:
+    cp = dev.require_cupy()
+    if p.n == 0:
+        return np.zeros(0, np.int64), b""
+    stride = RL.STATE_BYTES * p.lanes + 2 * p.group_symbols
+    scratch = cp.empty(p.groups * stride, cp.uint8)
+    sizes = cp.empty(p.groups, cp.uint32)
+    kernel("rans_encode")((p.groups,), (WARP,), (
+        entry, tb["cdf"], np.int64(p.n), np.int32(p.lanes), np.int64(p.group_symbols), np.int32(p.steps),
+        scratch, np.int64(stride), sizes))
+    ends = cp.cumsum(sizes.astype(cp.int64))
+    host_sizes = sizes.get().astype(np.int64)
+    out = cp.empty(int(host_sizes.sum()), cp.uint8)
+    kernel("rans_gather")((p.groups,), (THREADS,), (scratch, np.int64(stride), sizes, ends - sizes, out))
+    return host_sizes, out.get().tobytes()
+
+
+# ------------------------------------------------------------------ decode
+def decode(buf, indexes, tables: CdfTables):
+    cp = dev.require_cupy()
+    idx_in = dev.as_cupy(indexes)
+    idx = _flat_int32(idx_in, "table indexes")
+    n = idx.size
+    if n > RL.MAX_SYMBOLS:
+        raise InvalidArgumentError(f"{n} symbols exceed the conditional coder's limit of {RL.MAX_SYMBOLS}")
+    if n and bool(((idx < 0) | (idx >= tables.n_tables)).any()):
+        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1}")
+    parsed = RL.parse(buf, n, tables.fingerprint)
+    out = cp.empty(n, cp.int32)
+    if n == 0:
+        return out.reshape(idx_in.shape)
+    p = parsed.plan
+    tb = _tables(tables)
+    data = cp.asarray(np.frombuffer(parsed.buf, np.uint8))
+    entry = cp.empty(n, cp.int32)
+    err = cp.zeros(1, cp.uint32)
+    kernel("rans_decode")((p.groups,), (WARP,), (
+        data, cp.asarray(parsed.starts), cp.asarray(parsed.sizes), idx, np.int64(n), np.int32(p.lanes),
+        np.int64(p.group_symbols), np.int32(p.steps), tb["cdf"], tb["cdf_start"], tb["lut"], entry, err))
+    esc = cp.empty(n, cp.uint8)
+    count = cp.zeros(1, cp.uint64)
+    kernel("rans_values")((_grid(n),), (THREADS,), (entry, idx, np.int64(n), tb["cdf_start"], tb["offsets"], out, esc,
+                                                    count))
+    code = int(err.get()[0])
+    if code:
+        raise CorruptStreamError(f"conditional rANS stream is corrupt (GPU decoder error bits 0x{code:x})")
+    n_esc = int(count.get()[0])
+    if n_esc != parsed.escapes:
+        raise CorruptStreamError(f"conditional rANS stream decodes {n_esc} escapes, its header {parsed.escapes}")
+    if n_esc:
+        pos = cp.flatnonzero(esc)
+        values = rans.escaped_values(parsed.escape_stream, n_esc, idx[pos].get(), tables)
+        out[pos] = cp.asarray(values.astype(np.int32))
+    return out.reshape(idx_in.shape)

@@ -1,0 +1,138 @@
+"""Scale -> CDF table index, the same on every device: CompressAI's rule plus a list of exceptions.
+
+The hyperprior's scales come from a float64 synthesis, and float64 results differ
+between a CPU and a GPU in their last bits (summation order, fused multiply-adds).  A
+scale that lies that close to a table boundary could get a different index on the
+decoding device, and the symbol would be decoded with the wrong distribution.  So the
+encoder lists every position whose scale lies within a relative ``rel_tol`` of a
+boundary, with the index it used; the decoder computes indexes from its own scales and
+overrides the listed positions.  A position the encoder did not list was more than
+``rel_tol`` away from every boundary, so the decoder's scale (off by far less) falls on
+the same side of each: same index.
+
+Why 1e-8.  An output of a float64 convolution is a sum of K products; any two summation
+orders differ by at most 2 (K - 1) u sum |terms| (u = 2**-53; Higham, Accuracy and
+Stability, 4.2).  For the mean-scale hyper-synthesis's last layer (a 3 x 3 convolution
+over 3M/2 channels: K = 2592 for M = 192) that is 5.8e-13 times sum |terms| / |output|:
+a relative gap of 1e-8 allows that ratio to reach 1.7e4, where an output that sits on a
+table scale (0.11 or more) would need terms some ten thousand times larger than itself
+that cancel; the earlier layers' differences reach the output through the same kind of
+sum.  Measured: CompressAI's N=128/M=192 hyper-synthesis with random weights, its last
+layer summed in reversed channel order, moved no output by more than 9e-15 relative
+(tests/test_scale_indexes.py perturbs scales by up to rel_tol / 2).
+The cost is small: with CompressAI's 64 scales (a factor 1.13 apart) a fraction
+2 rel_tol / ln 1.13 = 1.6e-7 of the positions is listed, 0.05 per 768 x 512 image.
+
+Section layout (``encode_scale_exceptions``): empty bytes when nothing is listed, else
+an ints stream (global policy, no entropy stage) of 2k int32 values: the first listed
+position, the k - 1 gaps to the next ones, then the k indexes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import device as dev
+from ..errors import CorruptStreamError, InvalidArgumentError
+from . import decode_ints, encode_ints
+
+__all__ = ["DEFAULT_REL_TOL", "scale_indexes", "encode_scale_exceptions", "decode_and_apply_scale_exceptions"]
+
+DEFAULT_REL_TOL = 1e-8
+
+
+def _xp(a):
+    return dev.require_cupy() if dev.is_gpu_array(a) else np
+
+
+def _check_table(scale_table) -> np.ndarray:
+    t = np.asarray(dev.as_numpy(scale_table), np.float64)
+    if t.ndim != 1 or t.size < 1 or not np.all(np.isfinite(t)) or np.any(t <= 0) or np.any(np.diff(t) <= 0):
+        raise InvalidArgumentError("scale_table must be a non-empty, strictly increasing list of positive scales")
+    return t
+
+
+def _check_tol(rel_tol: float) -> float:
+    if not 0 < rel_tol < 1e-3:
+        raise InvalidArgumentError(f"rel_tol={rel_tol} must lie in (0, 1e-3)")
+    return float(rel_tol)
+
+
+def _scales(scales):
+    xp = _xp(scales)
+    s = dev.as_cupy(scales) if xp is not np else np.asarray(scales)
+    if s.dtype != xp.float64:
+        raise InvalidArgumentError(f"scales must be float64 (a float64 hyper-synthesis), got {s.dtype}")
+    if s.size and not bool(xp.isfinite(s).all()):
+        raise InvalidArgumentError("scales hold NaN or infinite values")
+    return xp, s
+
+
+def _index(xp, thresholds, s):
+    """CompressAI's build_indexes: the number of table scales (all but the last) below s."""
+    return xp.searchsorted(thresholds, s, side="left").astype(xp.int32)
+
+
+def scale_indexes(scales, scale_table, rel_tol: float = DEFAULT_REL_TOL):
+    """(indexes shaped like scales, int32; flat positions whose index could round either way, int64).
+
+    scales: float64 NumPy or cupy array (cupy in, cupy out).  The index of s is the number
+    of entries of scale_table[:-1] smaller than s (so scales below the first entry get 0,
+    above the last but one the last index), which is GaussianConditional.build_indexes.
+    """
+    xp, s = _scales(scales)
+    tol = _check_tol(rel_tol)
+    thr = xp.asarray(_check_table(scale_table)[:-1])
+    flat = s.reshape(-1)
+    idx = _index(xp, thr, flat)
+    ambiguous = xp.flatnonzero(_index(xp, thr, flat * (1 - tol)) != _index(xp, thr, flat * (1 + tol)))
+    return idx.reshape(s.shape), ambiguous.astype(xp.int64)
+
+
+def encode_scale_exceptions(indexes, ambiguous) -> bytes:
+    """The exception section: the listed positions and the indexes the encoder used there."""
+    pos = np.asarray(dev.as_numpy(ambiguous), np.int64).reshape(-1)
+    if pos.size == 0:
+        return b""
+    if np.any(np.diff(pos) <= 0) or pos[0] < 0 or pos[-1] >= indexes.size:
+        raise InvalidArgumentError("ambiguous positions must be increasing flat positions inside the index array")
+    used = np.asarray(dev.as_numpy(indexes.reshape(-1)[_xp(indexes).asarray(pos)]), np.int64)
+    data = np.concatenate([pos[:1], np.diff(pos), used]).astype(np.int32)
+    return encode_ints(data, policy="global", entropy="none")
+
+
+def decode_and_apply_scale_exceptions(buf, scales, scale_table, rel_tol: float = DEFAULT_REL_TOL):
+    """The decoder's indexes (shaped like scales, on the scales' device) with the listed positions overridden.
+
+    Each listed position is checked: increasing and inside the array, its index in range,
+    and the decoder's own scale within 2 rel_tol of a boundary between the listed index
+    and its own (the encoder's scale was within rel_tol; the devices differ by far less).
+    Anything else raises CorruptStreamError.
+    """
+    xp, s = _scales(scales)
+    tol = _check_tol(rel_tol)
+    table = _check_table(scale_table)
+    thr = table[:-1]
+    flat = s.reshape(-1)
+    idx = _index(xp, xp.asarray(thr), flat)
+    if len(memoryview(buf).cast("B")) == 0:
+        return idx.reshape(s.shape)
+    data = decode_ints(buf).astype(np.int64)
+    k = data.size // 2
+    if data.size % 2 or k == 0:
+        raise CorruptStreamError(f"scale exception section holds {data.size} values, not 2 per listed position")
+    gaps, listed = data[:k], data[k:]
+    pos = np.cumsum(gaps)
+    if gaps[0] < 0 or np.any(gaps[1:] < 1) or pos[-1] >= flat.size:
+        raise CorruptStreamError(f"scale exception positions must increase inside the {flat.size} symbols")
+    if np.any(listed < 0) or np.any(listed >= table.size):
+        raise CorruptStreamError(f"scale exception index outside 0..{table.size - 1}")
+    mine = np.asarray(dev.as_numpy(flat[xp.asarray(pos)]), np.float64)
+    lo = _index(np, thr, mine * (1 - 2 * tol))
+    hi = _index(np, thr, mine * (1 + 2 * tol))
+    bad = (lo == hi) | (listed < lo) | (listed > hi)
+    if np.any(bad):
+        p = int(pos[np.flatnonzero(bad)[0]])
+        raise CorruptStreamError(f"scale exception at position {p}: its scale is not near a boundary of the listed index")
+    idx[xp.asarray(pos)] = xp.asarray(listed.astype(np.int32))
+    return idx.reshape(s.shape)
