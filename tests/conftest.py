@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from visemz import device
+from visemz.cli import app
 
 
 def pytest_collection_modifyitems(config, items):
@@ -53,3 +55,20 @@ def model_weights(tmp_path_factory):
     else:
         os.environ["VISEMZ_WEIGHTS_DIR"] = old
     W.load.cache_clear()
+
+
+@pytest.fixture
+def cli(model_weights):
+    """Run the ``visemz`` command in this process (typer's runner): ``cli("compress", src, dst, ...)``.
+
+    Returns the runner's result (``exit_code``, ``stdout``, ``stderr``).  An exception other than
+    the command's own exit is re-raised, so a bug fails the test with its traceback."""
+    runner = CliRunner()
+
+    def run(*args):
+        result = runner.invoke(app, [str(a) for a in args], prog_name="visemz")
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return result
+
+    return run

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -214,13 +211,11 @@ def test_report_tables(folder, tmp_path):
     assert "| jpeg | 0 (anchor) |" in md and "| sz3 |" in md and "max error" in md
 
 
-def test_cli_eval_writes_csv_plots_and_summary(folder, tmp_path, model_weights):
+def test_cli_eval_writes_csv_plots_and_summary(folder, tmp_path, cli):
     out = tmp_path / "report"
-    env = dict(os.environ, VISEMZ_WEIGHTS_DIR=str(model_weights), VISEMZ_DEVICE="cpu")
-    cmd = [sys.executable, "-m", "visemz", "eval", str(folder), "--codecs", "jpeg,webp,visemz-balle2016",
-           "--out", str(out), "--device", "cpu", "--limit", "2"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 1, r.stderr  # broken.png is reported, the rest goes on
+    args = ["eval", folder, "--codecs", "jpeg,webp,visemz-balle2016", "--out", out, "--device", "cpu", "--limit", "2"]
+    r = cli(*args)
+    assert r.exit_code == 1, r.stderr  # broken.png is reported, the rest goes on
     assert "broken.png" in r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["crops_gray.png", "crops_rgb.png", "points.csv", "rd_gray.png",
                                                      "rd_rgb.png", "summary.md"]
@@ -231,21 +226,20 @@ def test_cli_eval_writes_csv_plots_and_summary(folder, tmp_path, model_weights):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (out / "summary.md").read_text()
     assert "## rgb" in summary and "## gray" in summary and "visemz-balle2016" in summary
-    again = subprocess.run(cmd + ["--no-crops"], capture_output=True, text=True, env=env, timeout=300)
+    again = cli(*args, "--no-crops")
     assert "0 points computed, 60 already" in again.stdout
 
 
-def test_cli_eval_rejects_bad_arguments(folder, tmp_path):
+def test_cli_eval_rejects_bad_arguments(folder, tmp_path, cli):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "visemz", "eval", *map(str, args), "--device", "cpu",
-                               "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+        return cli("eval", *args, "--device", "cpu", "--out", tmp_path / "o")
 
     r = run(tmp_path / "missing")
-    assert r.returncode == 2 and "missing" in r.stderr
+    assert r.exit_code == 2 and "missing" in r.stderr
     r = run(folder, "--codecs", "jpg")
-    assert r.returncode == 2 and "'jpg'" in r.stderr
+    assert r.exit_code == 2 and "'jpg'" in r.stderr
     r = run(folder, "--datasets", "kodak")
-    assert r.returncode == 2 and "kodak" in r.stderr
+    assert r.exit_code == 2 and "kodak" in r.stderr
     assert not (tmp_path / "o" / "points.csv").exists()
 
 
