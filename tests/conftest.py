@@ -5,6 +5,8 @@ from typer.testing import CliRunner
 from visemz import device
 from visemz.cli import app
 
+from .helpers import optional
+
 
 def pytest_collection_modifyitems(config, items):
     if device.cuda_available():
@@ -17,12 +19,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
 def xp(request):
-    """Array module under test, in the style of kvikio's tests: numpy always, cupy on a GPU."""
-    if request.param == "numpy":
-        return np
-    import cupy
+    """The array module under test, as in kvikio's tests: NumPy (the CPU path) always, cupy (the GPU
+    path) on a GPU.  A test taking ``xp`` runs once per device and holds both to the same bytes."""
+    return np if request.param == "numpy" else optional("cupy")
 
-    return cupy
+
+@pytest.fixture
+def nvcomp():
+    """nvCOMP, which the GPU's entropy stage (zstd, ANS) needs: the test is skipped without it."""
+    return optional("nvidia.nvcomp")
 
 
 @pytest.fixture(scope="session")
