@@ -56,8 +56,8 @@ from visemz.collectives import (
 )
 from visemz.collectives import gpu as G
 from visemz.collectives.codecs import FLOATS, LL_HEAD
-from visemz.pipeline import files, loaders
-from visemz.pipeline.writers import write_atomic
+from visemz.io import files, loaders
+from visemz.io.writers import write_atomic
 
 MB = 1 << 20
 NCCL_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_SOCKET_IFNAME", "NCCL_NVLS_ENABLE", "NCCL_ALGO")

@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evalkit  # noqa: E402
 
 from visemz.errors import InvalidArgumentError  # noqa: E402
-from visemz.pipeline import executor, files, loaders, sources, writers  # noqa: E402
+from visemz.io import files, loaders, writers  # noqa: E402
+from visemz.pipeline import executor, sources  # noqa: E402
 from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder  # noqa: E402
 from visemz.pipeline.jobs import verify  # noqa: E402
 from visemz.pipeline.results import ItemResult, Summary  # noqa: E402

@@ -36,7 +36,7 @@ from visemz.encoders import decode_ints, encode_ints, reference
 from visemz.encoders import layout as L
 from visemz.encoders import stream
 from visemz.pipeline import pages
-from visemz.pipeline.writers import write_atomic
+from visemz.io.writers import write_atomic
 from visemz.pixels import ImageMeta
 
 MANIFEST = "fixtures.json"

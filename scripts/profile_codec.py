@@ -29,7 +29,7 @@ import torch
 
 from visemz import ImageCodec
 from visemz.config import DEFAULTS
-from visemz.pipeline import loaders
+from visemz.io import loaders
 
 
 def sync(device: str) -> None:

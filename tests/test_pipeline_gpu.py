@@ -16,9 +16,10 @@ import tifffile
 import torch
 
 from visemz.errors import VisemzError
-from visemz.pipeline import dali_source, kvikio_io, loaders, probe, sources
+from visemz.io import loaders
+from visemz.pipeline import dali_source, kvikio_io, probe, sources
 from visemz.pipeline.executor import CudaLane
-from visemz.pipeline.files import Item
+from visemz.io.files import Item
 from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
 
 from .helpers import optional, parity

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgumentError
-from ..pipeline import files, loaders, writers
+from ..io import files, loaders, writers
 from . import transport as T
 from .codecs import ErrorBounded
 from .ops import all_reduce, last_algorithm, phase_times

@@ -21,7 +21,7 @@ def _figure(*args, **kw):
 
 
 def _save(plt, fig, path: Path) -> None:
-    from ..pipeline.writers import write_atomic
+    from ..io.writers import write_atomic
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
@@ -81,7 +81,7 @@ def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -
     The chosen points are re-encoded here (the run keeps no reconstructions), with the
     same codecs and settings as in the CSV.
     """
-    from ..pipeline.loaders import load_image
+    from ..io.loaders import load_image
     from .codecs import Layout
     from .runner import build_codecs, find_datasets
 

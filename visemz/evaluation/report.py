@@ -138,7 +138,7 @@ def device_name(device: str) -> str:
 
 
 def write_report(folder: Path, out: Path, cfg, rows: list[dict], failures: list[str], log: Callable[[str], None] = print) -> None:
-    from ..pipeline.writers import write_atomic
+    from ..io.writers import write_atomic
     from . import plots
 
     curves = mean_curves(rows)

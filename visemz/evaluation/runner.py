@@ -51,7 +51,7 @@ class RunResult:
 
 def find_datasets(folder: Path, only: tuple[str, ...] | None, limit: int | None) -> dict[str, list[Path]]:
     """{dataset name: sorted image paths}: FOLDER's own images, then each sub-folder's."""
-    from ..pipeline.files import IMAGE_EXTENSIONS
+    from ..io.files import IMAGE_EXTENSIONS
 
     if not folder.is_dir():
         raise InvalidArgumentError(f"evaluation folder {str(folder)!r} is not a folder")
@@ -98,7 +98,7 @@ def read_points(path: Path) -> list[dict]:
 
 
 def write_points(path: Path, rows: list[dict]) -> None:
-    from ..pipeline.writers import write_atomic
+    from ..io.writers import write_atomic
 
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
@@ -129,7 +129,7 @@ def _format(v) -> str:
 
 def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], None] = print) -> RunResult:
     """Compute every missing point; return what was computed, skipped and failed."""
-    from ..pipeline.loaders import load_image
+    from ..io.loaders import load_image
 
     datasets = find_datasets(folder, cfg.datasets, cfg.limit)
     codecs = build_codecs(cfg)

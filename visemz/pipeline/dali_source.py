@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 
 from ..config import DEFAULTS, cpu_threads
 from ..errors import DeviceUnavailableError
-from .loaders import Picture
+from ..io.loaders import Picture
 from .probe import DecodeTarget
 
 Entry = tuple[int, Path, DecodeTarget]  # (item index, file, what the probe says it decodes to)

@@ -23,7 +23,8 @@ import numpy as np
 from .. import container
 from ..config import DEFAULTS, cpu_threads
 from ..errors import InvalidArgumentError, LimitExceededError, VisemzError
-from . import executor, files, kvikio_io, loaders, pages, sources, writers
+from ..io import files, loaders, writers
+from . import executor, kvikio_io, pages, sources
 from .results import ItemResult, Summary
 
 __all__ = ["CompressConfig", "DecompressConfig", "ItemResult", "Summary", "compress_folder", "decompress_folder",

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DeviceUnavailableError
-from .loaders import InputError
+from ..io.loaders import InputError
 from .probe import RawLayout
-from .writers import OutputError, atomic_file
+from ..io.writers import OutputError, atomic_file
 
 
 @functools.lru_cache(maxsize=None)
