@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evalkit  # noqa: E402
 
+from visemz import measure  # noqa: E402
 from visemz.errors import InvalidArgumentError  # noqa: E402
 from visemz.io import files, loaders, writers  # noqa: E402
 from visemz.pipeline import executor, sources  # noqa: E402
@@ -154,15 +155,7 @@ def save_jpeg(path: Path, img: np.ndarray) -> None:
 # ------------------------------------------------------------------ timing
 def timed(run, reset, repeat: int, device: str) -> tuple[float, Summary]:
     """Median seconds of run() over ``repeat`` runs, reset() (untimed) before each."""
-    times, out = [], None
-    for _ in range(repeat):
-        reset()
-        sync(device)
-        t0 = time.perf_counter()
-        out = run()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    return measure.median_seconds(run, repeat, sync=lambda: sync(device), reset=reset)
 
 
 def row(label: str, seconds: float, summary: Summary, decoded: str = "bytes_in", **extra) -> dict:

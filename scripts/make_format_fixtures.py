@@ -28,14 +28,13 @@ import torch
 import zstandard
 
 import visemz
-from visemz import container, residual
+from visemz import container, pages, residual
 from visemz import codec as image_codec
 from visemz.collectives import codecs as float_codecs
 from visemz.config import DEFAULTS
 from visemz.encoders import decode_ints, encode_ints, reference
 from visemz.encoders import layout as L
 from visemz.encoders import stream
-from visemz.pipeline import pages
 from visemz.io.writers import write_atomic
 from visemz.pixels import ImageMeta
 

@@ -20,14 +20,13 @@ import io
 import json
 import pstats
 import shutil
-import statistics
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-from visemz import ImageCodec
+from visemz import ImageCodec, measure
 from visemz.config import DEFAULTS
 from visemz.io import loaders
 
@@ -38,14 +37,7 @@ def sync(device: str) -> None:
 
 
 def median_ms(fn, device: str, reps: int) -> float:
-    ts = []
-    for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
+    return 1e3 * measure.median_seconds(fn, reps, sync=lambda: sync(device))[0]
 
 
 @contextlib.contextmanager

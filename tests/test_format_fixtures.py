@@ -25,14 +25,13 @@ import torch
 import zstandard
 
 from visemz import codec as image_codec
-from visemz import container, residual
+from visemz import container, pages, residual
 from visemz.collectives import ErrorBounded, Lossless
 from visemz.collectives.codecs import EB_VERSION, LL_VERSION
 from visemz.config import DEFAULTS
 from visemz.encoders import decode_ints, encode_ints, entropy, gpu, reference
 from visemz.encoders import layout as L
 from visemz.encoders import stream
-from visemz.pipeline import pages
 from visemz.pixels import ImageMeta
 
 from .helpers import optional

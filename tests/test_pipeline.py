@@ -12,7 +12,9 @@ import tifffile
 from visemz.errors import CorruptStreamError, DeviceUnavailableError, InvalidArgumentError, VisemzError
 from visemz.io import loaders, writers
 from visemz.io.files import Item
-from visemz.pipeline import executor, pages, probe, sources
+import visemz
+from visemz import ImageCodec, container, pages
+from visemz.pipeline import executor, probe, sources
 from visemz.pipeline.kvikio_io import npy_header
 from visemz.pipeline.results import ItemResult
 from visemz.pipeline.sources import LoaderPlan, plan_loaders
@@ -238,14 +240,13 @@ def test_big_endian_arrays_come_back_in_native_order(tmp_path):
 
 # ------------------------------------------------------------------ page stacks
 def test_page_stacks_round_trip_and_reject_damage(model_weights):
-    from visemz import ImageCodec, container
-
     codec = ImageCodec("cpu")
     stack = np.random.default_rng(2).integers(0, 256, (3, 24, 20, 3), dtype=np.uint8)
     buf = pages.encode(stack, lambda page: codec.compress(page, max_error=0))
     back, paged = pages.decode(buf, codec.decompress)
     assert paged and back.dtype == np.uint8
     np.testing.assert_array_equal(back, stack)
+    np.testing.assert_array_equal(visemz.decompress(buf, device="cpu"), stack)  # the API reads what folder jobs write
     single, paged = pages.decode(codec.compress(stack[0], max_error=0), codec.decompress)
     assert not paged and single.shape == (24, 20, 3)
 

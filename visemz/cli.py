@@ -7,6 +7,7 @@ could not run at all (bad arguments, unreadable source, unusable device).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -22,7 +23,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from . import __version__, container
+from . import __version__, container, measure
 from .collectives.stacking import StackConfig, stack
 from .device import resolve
 from .encoders import stream
@@ -173,11 +174,8 @@ def info(file: Path) -> None:
     paged = c.kind == "pages"
     if c.kind in ("image", "pages") and isinstance(shape, list) and len(shape) - paged in (2, 3) \
             and all(isinstance(s, int) and s > 0 for s in shape):
-        pages = shape[0] if paged else 1
-        h, w, *channels = shape[1:] if paged else shape
-        raw = pages * h * w * (channels[0] if channels else 1)
-        raw *= {"uint8": 1, "uint16": 2, "float32": 4}.get(meta.get("dtype"), 1)
-        out.update(bpp=round(8 * len(data) / (pages * h * w), 4), ratio=round(raw / len(data), 3))
+        raw = math.prod(shape) * {"uint8": 1, "uint16": 2, "float32": 4}.get(meta.get("dtype"), 1)
+        out.update(bpp=round(measure.bpp(len(data), measure.pixel_count(shape, paged)), 4), ratio=round(raw / len(data), 3))
     typer.echo(json.dumps(out, indent=1))
 
 

@@ -1,7 +1,10 @@
 """ImageCodec: images <-> .vsz bytes, gluing model, block encoder and container.
 
-    buf = visemz.compress(image, model="balle2016", quality=3, max_error=None)
-    image = visemz.decompress(buf)
+    codec = ImageCodec("cuda")
+    buf = codec.compress(image, model="balle2016", quality=3, max_error=None)
+    image = codec.decompress(buf)
+
+(``visemz.compress`` / ``visemz.decompress`` in ``api.py`` use one per device.)
 
 The model's latent symbols are the only float -> int step; everything after them is
 integer coding, so a file written on a GPU decodes to the same symbols on a CPU.
@@ -200,18 +203,3 @@ def _check_header(h: dict, sections: dict) -> dict:
         if name not in sections:
             raise CorruptStreamError(f"image lacks the symbol section {name!r}")
     return h
-
-
-@functools.lru_cache(maxsize=4)
-def _default(device: str | None) -> ImageCodec:
-    return ImageCodec(device)
-
-
-def compress(image, *, model: str = "balle2016", quality: int = 3, max_error=None, device: str | None = None) -> bytes:
-    """Compress an HxW or HxWxC image (uint8, uint16 or float32; NumPy, cupy or torch) to .vsz bytes."""
-    return _default(device).compress(image, model=model, quality=quality, max_error=max_error)
-
-
-def decompress(buf, *, device: str | None = None) -> np.ndarray:
-    """Decompress .vsz bytes to a NumPy array of the original dtype and shape."""
-    return _default(device).decompress(buf)

@@ -141,7 +141,7 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
         for p in paths:
             try:
                 image = load_image(p)
-                metrics.peak(image.dtype)
+                metrics.check_dtype(image.dtype)
             except VisemzError as e:
                 result.failures.append(f"{ds}/{p.name}: {e}")
                 log(f"skipped {ds}/{p.name}: {e}")

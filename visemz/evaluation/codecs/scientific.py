@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..metrics import peak
+from ...measure import integer_peak
 from .base import Codec, Layout
 
 EB_LADDER = (1, 2, 4, 8, 16, 32)
 
 
 def _scale(layout_dtype: str) -> float:
-    return peak(layout_dtype) / 255.0
+    return integer_peak(layout_dtype) / 255.0
 
 
 def _to_image(values: np.ndarray, layout: Layout) -> np.ndarray:
-    top = peak(layout.dtype)
+    top = integer_peak(layout.dtype)
     return np.clip(np.rint(values.reshape(layout.shape)), 0, top).astype(layout.dtype)
 
 

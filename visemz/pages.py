@@ -1,5 +1,7 @@
 """Multi-page images (multi-page TIFF): a stack of pages in one .vsz container of kind "pages".
 
+Beside the codec, so that ``visemz.decompress`` and the folder jobs read the same files.
+
 Each page is compressed by the codec into its own image container (kind "image"); the outer
 container holds them back to back, with an index of their lengths (docs/FORMAT.md, section 5):
 
@@ -15,10 +17,11 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import torch
 
-from .. import container
-from ..errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
-from ..pixels import DTYPES
+from . import container
+from .errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
+from .pixels import DTYPES
 
 KIND = "pages"
 FORMAT = 1
@@ -66,8 +69,6 @@ def decode(buf, decode_image: Callable) -> tuple[object, bool]:
 def _empty_like_stack(page, shape: tuple[int, ...]):
     if isinstance(page, np.ndarray):
         return np.empty(shape, dtype=page.dtype)
-    import torch
-
     return torch.empty(shape, dtype=page.dtype, device=page.device)
 
 
