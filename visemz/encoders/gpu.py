@@ -11,6 +11,7 @@ import atexit
 import functools
 import gc
 from importlib import resources
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,28 +25,44 @@ from . import stream
 THREADS = 256
 
 
+BLOCK_SOURCE = ("visemz.encoders", "cuda/block.cu")
+# block.cuh, the building blocks every kernel source that uses the block stream includes
+INCLUDE_DIR = resources.files("visemz.encoders").joinpath("cuda")
+
+
 @functools.lru_cache(maxsize=None)
-def _module(device_id: int):
+def _module(package: str, path: str, device_id: int):
     cp = dev.require_cupy()
-    src = resources.files("visemz.encoders").joinpath("cuda/block.cu").read_text()
-    with cp.cuda.Device(device_id):
-        return cp.RawModule(code=src, options=("-std=c++17",))  # cupy targets the device's own arch
+    src = resources.files(package).joinpath(path).read_text()
+    with cp.cuda.Device(device_id):  # cupy targets the device's own arch
+        return cp.RawModule(code=src, options=("-std=c++17", f"-I{INCLUDE_DIR}"))
 
 
-def kernel(name: str):
+def kernel(name: str, source: tuple[str, str] = BLOCK_SOURCE):
+    """A kernel of a CUDA source (package, path), compiled with nvrtc once per device: the block
+    encoder's by default; other sources (the collectives' floats.cu) include block.cuh."""
     cp = dev.require_cupy()
-    return _module(cp.cuda.Device().id).get_function(name)
+    return _module(*source, cp.cuda.Device().id).get_function(name)
 
 
 # global_stats output: value, block-min and block-max histograms, then non-zero planes per width
 N_STATS = 3 * L.N_CATEGORIES + len(L.GLOBAL_WIDTHS)
 
 
-class _Workspace:
+class Scratch(NamedTuple):
+    """Zeroed scratch of one launch with decoupled look-back (views of the stream's ``Workspace``)."""
+
+    status: object  # uint64 per tile: the look-back's aggregate / prefix words
+    stats: object  # uint64[N_STATS]: global_stats' histograms
+    out_size: object  # uint64[1]: the stream size the last tile writes
+    tile_counter: object  # uint32[1]: tiles take their index from it in launch order
+
+
+class Workspace:
     """Per-(device, stream) scratch: look-back status words, tile counter, stats and size cells.
 
-    One per stream so that encodes on several streams (the multi-stream pipeline)
-    never share status words or counters."""
+    One per stream so that kernels on several streams (the multi-stream pipeline, the
+    collectives' parts) never share status words or counters."""
 
     def __init__(self, cp):
         self.cp = cp
@@ -53,7 +70,7 @@ class _Workspace:
         # [0, N_STATS) stats | N_STATS: out_size | N_STATS + 1: tile counter (low 32 bits)
         self.small = cp.zeros(N_STATS + 2, cp.uint64)
 
-    def reset(self, ntiles: int):
+    def reset(self, ntiles: int) -> Scratch:
         cp = self.cp
         if self.status.size < ntiles:
             self.status = cp.zeros(max(ntiles, 1024), cp.uint64)
@@ -61,12 +78,20 @@ class _Workspace:
             self.status[:ntiles].fill(0)
         self.small.fill(0)
         s = self.small
-        return self.status, s[:N_STATS], s[N_STATS : N_STATS + 1], s[N_STATS + 1 : N_STATS + 2].view(cp.uint32)
+        return Scratch(self.status, s[:N_STATS], s[N_STATS : N_STATS + 1], s[N_STATS + 1 : N_STATS + 2].view(cp.uint32))
 
 
 @functools.lru_cache(maxsize=256)
-def _workspace(device_id: int, stream_ptr: int) -> _Workspace:
-    return _Workspace(dev.require_cupy())
+def _workspace(device_id: int, stream_ptr: int) -> Workspace:
+    return Workspace(dev.require_cupy())
+
+
+def workspace(ntiles: int) -> Scratch:
+    """The current device and stream's scratch, zeroed for a launch over ``ntiles`` tiles.
+
+    Work queued on the stream before still sees the old values: the zeroing is queued after it."""
+    cp = dev.require_cupy()
+    return _workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
 
 
 def _as_int32(arr):
@@ -102,7 +127,7 @@ def encode_block_stream(arr, policy: int, bitshuffle: bool):
         out[: len(hdr)] = cp.asarray(np.frombuffer(hdr, np.uint8))
         return out, cp.asarray([len(hdr)], cp.uint64)
     ntiles = L.n_tiles(n)
-    status, stats, out_size, counter = _workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
+    status, stats, out_size, counter = workspace(ntiles)
     args_tail = (np.int32(bitshuffle), out, status, counter, out_size)
     if policy == L.POLICIES["global"]:
         global_stats(v, stats)
@@ -116,7 +141,7 @@ def encode_raw(arr, policy: int, bitshuffle: bool):
     """The block stream as a cupy uint8 array (reads its size: one host sync)."""
     out, size = encode_block_stream(arr, policy, bitshuffle)
     nbytes = int(size.get()[0])
-    if nbytes > out.size:  # the kernel's look-back gave up (see look_back in block.cu)
+    if nbytes > out.size:  # the kernel's look-back gave up (see look_back in block.cuh)
         raise VisemzError(f"GPU block encoder failed (reported size {nbytes:#x})")
     return out[:nbytes]
 
