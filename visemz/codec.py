@@ -169,16 +169,7 @@ def _batch_and_padded(meta: ImageMeta) -> tuple[int, int, int]:
 
 def _check_header(h: dict, sections: dict) -> dict:
     """Validate an image header strictly: known keys, types, sizes, before anything is decoded."""
-    unknown = set(h) - META_KEYS
-    if unknown:
-        raise UnsupportedFormatError(f"image header has unknown fields {sorted(unknown)}")
-    missing = META_KEYS - set(h)
-    if missing:
-        raise CorruptStreamError(f"image header lacks fields {sorted(missing)}")
-    if h["format"] != FORMAT:
-        raise UnsupportedFormatError(f"image format {h['format']!r} (this build reads {FORMAT})")
-    if h["dtype"] not in DTYPES:
-        raise UnsupportedFormatError(f"image dtype {h['dtype']!r} is not one of {list(DTYPES)}")
+    container.check_meta(h, META_KEYS, KIND, FORMAT, DTYPES)
     shape = h["shape"]
     if not (isinstance(shape, list) and len(shape) in (2, 3) and all(isinstance(s, int) and s >= 1 for s in shape)):
         raise CorruptStreamError(f"image shape {shape!r} is invalid")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import container
-from .errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
+from .errors import CorruptStreamError, LimitExceededError
 from .pixels import DTYPES
 
 KIND = "pages"
@@ -80,15 +80,7 @@ def page_buffers(c: container.Container) -> list[memoryview]:
 def _parse(c: container.Container) -> tuple[tuple[int, ...], str, list[memoryview]]:
     """Validate a pages container strictly; (shape, dtype, page buffers)."""
     meta = c.meta
-    unknown, missing = set(meta) - META_KEYS, META_KEYS - set(meta)
-    if unknown:
-        raise UnsupportedFormatError(f"pages header has unknown fields {sorted(unknown)}")
-    if missing:
-        raise CorruptStreamError(f"pages header lacks fields {sorted(missing)}")
-    if meta["format"] != FORMAT:
-        raise UnsupportedFormatError(f"pages format {meta['format']!r} (this build reads {FORMAT})")
-    if meta["dtype"] not in DTYPES:
-        raise UnsupportedFormatError(f"pages dtype {meta['dtype']!r} is not one of {list(DTYPES)}")
+    container.check_meta(meta, META_KEYS, KIND, FORMAT, DTYPES)
     shape = meta["shape"]
     if not (isinstance(shape, list) and len(shape) in (3, 4)
             and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape)):

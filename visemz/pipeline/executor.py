@@ -208,8 +208,7 @@ class _Run:
         self.abort = threading.Event()
         self.error: BaseException | None = None
         self._lock = threading.Lock()
-        self._feeds_left = 0
-        self._lanes_left = lanes
+        self._left = {"feeds": 0, "lanes": lanes}  # workers of a stage still running
         self.lanes, self.writers = lanes, writers
 
     # blocking operations that give up when another stage failed
@@ -247,6 +246,15 @@ class _Run:
             return True
         return False
 
+    def _worker_done(self, stage: str, downstream: queue.Queue, consumers: int) -> None:
+        """A worker of ``stage`` stopped; the last one tells each of the next stage's ``consumers`` to end."""
+        with self._lock:
+            self._left[stage] -= 1
+            last = self._left[stage] == 0
+        if last and not self.abort.is_set():
+            for _ in range(consumers):
+                self.put(downstream, _END)
+
     # stage bodies
     def feed(self, source: Iterable) -> None:
         it = iter(source)
@@ -256,12 +264,7 @@ class _Run:
         finally:
             if hasattr(it, "close"):  # a generator: let it release its pool or pipeline now
                 it.close()
-            with self._lock:
-                self._feeds_left -= 1
-                last = self._feeds_left == 0
-            if last and not self.abort.is_set():
-                for _ in range(self.lanes):
-                    self.put(self.loaded, _END)
+            self._worker_done("feeds", self.loaded, self.lanes)
 
     def lane(self, lane, compute) -> None:
         try:
@@ -277,12 +280,7 @@ class _Run:
                     if not self.finished(i, out):
                         self.put(self.computed, (i, out))
         finally:
-            with self._lock:
-                self._lanes_left -= 1
-                last = self._lanes_left == 0
-            if last and not self.abort.is_set():
-                for _ in range(self.writers):
-                    self.put(self.computed, _END)
+            self._worker_done("lanes", self.computed, self.writers)
 
     def writer(self, write) -> None:
         while (x := self.get(self.computed)) is not _END:
@@ -314,7 +312,7 @@ def run(names: Sequence[str], feeds: list[Iterable], compute: Callable, write: C
     Returns one ItemResult per name, in the order of ``names``; ``progress`` sees each as it
     finishes.  ``write`` returns the item's ItemResult."""
     r = _Run(names, max(1, depth), len(lanes), writers)
-    r._feeds_left = len(feeds)
+    r._left["feeds"] = len(feeds)
     threads = [r.start(r.feed, f, name=f"visemz-feed-{k}") for k, f in enumerate(feeds)]
     threads += [r.start(r.lane, lane, compute, name=f"visemz-lane-{lane.index}") for lane in lanes]
     threads += [r.start(r.writer, write, name=f"visemz-write-{k}") for k in range(writers)]
