@@ -16,6 +16,12 @@ import time
 
 import numpy as np
 
+from visemz.config import DEFAULTS
+from visemz.encoders import entropy as E
+from visemz.encoders import gpu
+from visemz.encoders import layout as L
+from visemz.encoders import reference
+
 
 def timed(cp, fn, repeat: int, warmup: int = 3) -> float:
     """Median seconds of fn() on the current stream, CUDA events around each call."""
@@ -80,11 +86,6 @@ def main() -> None:
     args = ap.parse_args()
 
     import cupy as cp
-
-    from visemz.config import DEFAULTS
-    from visemz.encoders import entropy as E
-    from visemz.encoders import gpu, reference
-    from visemz.encoders import layout as L
 
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     print(f"device: {name}")

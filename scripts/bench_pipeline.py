@@ -40,14 +40,19 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
+import torch.distributed as dist
+from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evalkit  # noqa: E402
 
 from visemz import measure  # noqa: E402
+from visemz import pixels as px  # noqa: E402
 from visemz.errors import InvalidArgumentError  # noqa: E402
 from visemz.io import files, loaders, writers  # noqa: E402
-from visemz.pipeline import executor, sources  # noqa: E402
+from visemz.models import architectures, registry  # noqa: E402
+from visemz.models import weights as W  # noqa: E402
+from visemz.pipeline import executor, kvikio_io, sources  # noqa: E402
 from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder  # noqa: E402
 from visemz.pipeline.jobs import verify  # noqa: E402
 from visemz.pipeline.results import ItemResult, Summary  # noqa: E402
@@ -206,8 +211,6 @@ def _rgb_chw(x) -> torch.Tensor:
 
 
 def jpeg_bytes(images: list, quality: int) -> list[bytes]:
-    from torchvision.io import encode_jpeg
-
     return [d.cpu().numpy().tobytes() for d in encode_jpeg(images, quality=quality)]
 
 
@@ -237,8 +240,6 @@ def jpeg_folder(src: Path, dst: Path, quality: int, device: str, streams: int, l
 
 def jpeg_quality_for(images: list, target_psnr: float, device: str) -> tuple[int, float, float]:
     """Smallest JPEG quality whose mean PSNR over ``images`` reaches ``target_psnr``: (q, psnr, bpp)."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
     dev = [_rgb_chw(img).to(device) for _, img in images]
     pixels = sum(img.shape[0] * img.shape[1] for _, img in images)
 
@@ -263,10 +264,6 @@ def jpeg_quality_for(images: list, target_psnr: float, device: str) -> tuple[int
 
 # ------------------------------------------------------------------ CompressAI's own loop
 def compressai_row(images: list, distinct: Path, out: Path, model: str, quality: int, device: str, repeat: int) -> dict:
-    from visemz import pixels as px
-    from visemz.models import architectures, registry
-    from visemz.models import weights as W
-
     nets = {}
     for variant in ("rgb", "gray"):
         net, _ = W.load(registry.spec(model, quality, variant), device)
@@ -331,8 +328,6 @@ def single_gpu(args, work: Path) -> dict:
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "folder": {"distinct": len(folder.images), "files": folder.files}, "runs": []}
     if plan.kvikio:
-        from visemz.pipeline import kvikio_io
-
         report["kvikio_mode"] = kvikio_io.mode()
     runs = report["runs"]
     cfg = lambda streams, loader=args.loader: CompressConfig(args.model, args.quality, None, "zstd", device, streams,
@@ -410,8 +405,6 @@ def device_name(device: str) -> str:
 # ------------------------------------------------------------------ several GPUs
 def multi_gpu(args, work: Path) -> dict | None:
     """Under torchrun: the folder on rank 0's GPU alone, then sharded over every rank's GPU."""
-    import torch.distributed as dist
-
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local)
     import cupy

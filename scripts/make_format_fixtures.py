@@ -32,6 +32,7 @@ from visemz import container, pages, residual
 from visemz import codec as image_codec
 from visemz.collectives import codecs as float_codecs
 from visemz.config import DEFAULTS
+from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints, reference
 from visemz.encoders import layout as L
 from visemz.encoders import stream
@@ -165,7 +166,7 @@ def residuals(w: Writer) -> None:
         x01.reshape(-1)[::11] = (np.arange(x01[..., None].reshape(-1)[::11].size) % 255 + 0.5) / 255  # rounding ties: the mask
         sections, mode = residual.encode(t, torch.from_numpy(x01), meta, e, entropy="none", bitshuffle=True)
         decoded = residual.decode(sections, torch.from_numpy(x01), meta, e, mode)
-        decoded = decoded.to(torch.int32).numpy().astype(np.uint16) if dtype == "uint16" else decoded.numpy()
+        decoded = as_numpy(decoded)
         name = f"residual-v{image_codec.FORMAT}-{mode}-{dtype}-e{e}"
         w.add(name, "residual", image_codec.FORMAT, _npz(**{k: np.frombuffer(v, np.uint8) for k, v in sections.items()}),
               ".sections.npz", {"image": img, "x01_hat": x01, "decoded": decoded}, mode=mode, max_error=e,

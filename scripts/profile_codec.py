@@ -18,13 +18,14 @@ import contextlib
 import gzip
 import io
 import json
+from pathlib import Path
 import pstats
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from visemz import ImageCodec, measure
 from visemz.config import DEFAULTS
@@ -93,8 +94,6 @@ def cprofile(fn, reps: int, out: Path) -> str:
 
 
 def torch_profile(fn, device: str, reps: int, out: Path) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts, with_stack=True) as prof:
         for _ in range(reps):

@@ -1,15 +1,20 @@
+import os
+
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
-from visemz import device
+from visemz import cuda
 from visemz.cli import app
+from visemz.models import all_specs, architectures
+from visemz.models import weights as W
 
 from .helpers import optional
 
 
 def pytest_collection_modifyitems(config, items):
-    if device.cuda_available():
+    if cuda.cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine with -m gpu)")
     for item in items:
@@ -37,13 +42,6 @@ def model_weights(tmp_path_factory):
     The codec's guarantees (shapes, dtypes, error bound, file validation) hold for any weights;
     rate-distortion quality is measured by scripts/, not by tests.
     """
-    import os
-
-    import torch
-
-    from visemz.models import all_specs, architectures
-    from visemz.models import weights as W
-
     if all(W.weights_path(s).is_file() for s in all_specs()):
         yield W.weights_dir()
         return

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints
 
 EDGE_SIZES = (0, 1, 31, 32, 33, 63, 64, 65, 127, 129, 16383, 16384, 16385, 32769)
@@ -63,15 +64,10 @@ def optional(module: str):
 
 
 def _host(x) -> np.ndarray:
-    """A NumPy copy of a NumPy, cupy or torch array (bf16 and uint16 tensors as their bit patterns)."""
-    if isinstance(x, np.ndarray):
-        return x
-    if isinstance(x, torch.Tensor):  # bf16 has no NumPy dtype and uint16 no NumPy conversion
-        t = x.detach().cpu()
-        if t.dtype in (torch.bfloat16, torch.uint16):
-            return t.view(torch.int16).numpy().view(np.uint16)
-        return t.numpy()
-    return x.get() if hasattr(x, "get") else np.asarray(x)
+    """A NumPy copy of a NumPy, cupy or torch array (bf16 tensors, which NumPy lacks, as their bit patterns)."""
+    if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16:
+        return x.detach().cpu().view(torch.int16).numpy().view(np.uint16)
+    return as_numpy(x)
 
 
 class Parity:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
 from visemz.errors import DeviceUnavailableError, InvalidArgumentError, UnsupportedFormatError
 from visemz.evaluation import bjontegaard as bd
-from visemz.evaluation import metrics
+from visemz.evaluation import metrics, report
 from visemz.evaluation.codecs import NAMES, Layout, build, default_names
+from visemz.evaluation.report import mean_curves, summary_markdown
+from visemz.evaluation.runner import EvalConfig, read_points, run_points, write_points
 
 
 def tiny(channels: int, seed: int = 0, side: int = 64) -> np.ndarray:
@@ -142,8 +145,6 @@ def test_rate_codecs_spend_more_bits_for_higher_settings():
 # ------------------------------------------------------------------ runs
 @pytest.fixture
 def folder(tmp_path):
-    import cv2
-
     root = tmp_path / "sets"
     (root / "rgb").mkdir(parents=True)
     (root / "gray").mkdir()
@@ -160,8 +161,6 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_run_is_resumable(folder, tmp_path):
-    from visemz.evaluation.runner import EvalConfig, run_points
-
     cfg = EvalConfig(codecs=("jpeg", "sz3"), ladders=(("jpeg", (10, 50, 90)), ("sz3", (2, 8))))
     first = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
     assert first.computed == 3 * (3 + 2) and first.skipped == 0
@@ -172,17 +171,12 @@ def test_run_is_resumable(folder, tmp_path):
     assert (tmp_path / "out/points.csv").read_bytes() == before
     # a lost row is recomputed, and only it
     rows = _rows(tmp_path / "out/points.csv")
-    from visemz.evaluation.runner import write_points
-
     write_points(tmp_path / "out/points.csv", rows[1:])
     third = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
     assert third.computed == 1 and third.skipped == 14
 
 
 def test_report_tables(folder, tmp_path):
-    from visemz.evaluation.report import mean_curves, summary_markdown
-    from visemz.evaluation.runner import EvalConfig, read_points, run_points
-
     cfg = EvalConfig(codecs=("jpeg", "webp", "sz3"), datasets=("rgb",))
     res = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
     curves = mean_curves(read_points(res.csv))
@@ -225,8 +219,6 @@ def test_cli_eval_rejects_bad_arguments(folder, tmp_path, cli):
 
 
 def test_summary_names_the_devices_of_a_resumed_csv():
-    from visemz.evaluation import report
-
     line = report.devices_line([{"device": "cpu"}, {"device": "cuda"}, {"device": "cuda"}], "cpu")
     assert "cuda: 2 points" in line and "cpu: 1 points" in line
     assert report.devices_line([{"device": "cpu"}], "cpu") == report.device_name("cpu")

@@ -29,6 +29,7 @@ from visemz import container, pages, residual
 from visemz.collectives import ErrorBounded, Lossless
 from visemz.collectives.codecs import EB_VERSION, LL_VERSION
 from visemz.config import DEFAULTS
+from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints, entropy, gpu, reference
 from visemz.encoders import layout as L
 from visemz.encoders import stream
@@ -178,14 +179,6 @@ def test_page_files(f):
 
 
 # ------------------------------------------------------------------ the error-bound residual
-def _torch(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(a.astype(np.int32)).to(torch.uint16) if a.dtype == np.uint16 else torch.from_numpy(a)
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    return t.to(torch.int32).numpy().astype(np.uint16) if t.dtype == torch.uint16 else t.numpy()
-
-
 @pytest.mark.parametrize("f", of("residual"))
 def test_residual_sections(f):
     """The residual against a stored float64 synthesis: decodes to the stored image within E, encodes to the same sections."""
@@ -195,11 +188,11 @@ def test_residual_sections(f):
         sections = {k: npz[k].tobytes() for k in npz.files}
     meta = ImageMeta(s["dtype"], tuple(s["shape"]), *s["range"])
     x01 = torch.from_numpy(arrays["x01_hat"])
-    out = _numpy(residual.decode(sections, x01, meta, s["max_error"], s["mode"]))
+    out = as_numpy(residual.decode(sections, x01, meta, s["max_error"], s["mode"]))
     assert out.dtype == arrays["decoded"].dtype and out.tobytes() == arrays["decoded"].tobytes()
     assert np.abs(out.astype(np.float64) - arrays["image"].astype(np.float64)).max() <= s["max_error"]
     if writes_today(f):
-        again, mode = residual.encode(_torch(arrays["image"]), x01, meta, s["max_error"], entropy=s["entropy"],
+        again, mode = residual.encode(torch.from_numpy(arrays["image"]), x01, meta, s["max_error"], entropy=s["entropy"],
                                       bitshuffle=s["bitshuffle"])
         assert mode == s["mode"] and again == sections
 

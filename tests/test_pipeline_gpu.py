@@ -15,6 +15,7 @@ import pytest
 import tifffile
 import torch
 
+from visemz.device import as_numpy
 from visemz.errors import VisemzError
 from visemz.io import loaders
 from visemz.pipeline import dali_source, kvikio_io, probe, sources
@@ -35,12 +36,6 @@ def kvikio():
 @pytest.fixture
 def dali():
     return optional("nvidia.dali")
-
-
-def _host(t) -> np.ndarray:
-    if t.dtype == torch.uint16:  # torch hands uint16 to NumPy through a wider type
-        return t.to(torch.int32).cpu().numpy().astype(np.uint16)
-    return t.cpu().numpy()
 
 
 def _png(path, img):
@@ -150,7 +145,7 @@ def test_kvikio_loader_reads_what_numpy_reads(tmp_path, kvikio):
         layout = probe.raw_layout(tmp_path / name)
         t = kvikio_io.read(tmp_path / name, layout, torch.cuda.current_device())
         assert t.is_cuda and tuple(t.shape) == a.shape
-        np.testing.assert_array_equal(_host(t), loaders.load(tmp_path / name).pixels)
+        np.testing.assert_array_equal(as_numpy(t), loaders.load(tmp_path / name).pixels)
 
 
 def test_kvikio_npy_writer_matches_numpy_save(tmp_path, kvikio):
@@ -186,7 +181,7 @@ def test_dali_loader_equals_cpu_loader_for_png(tmp_path, dali):
         pic = got[i]
         assert pic.loader == "dali", (it.rel, pic.note)
         assert pic.pixels.is_cuda
-        np.testing.assert_array_equal(_host(pic.pixels), loaders.load(it.src).pixels, err_msg=it.rel)
+        np.testing.assert_array_equal(as_numpy(pic.pixels), loaders.load(it.src).pixels, err_msg=it.rel)
 
 
 def test_dali_hands_a_file_it_cannot_decode_to_the_cpu_loader(tmp_path, dali):
@@ -212,7 +207,7 @@ def test_dali_hands_a_file_it_cannot_decode_to_the_cpu_loader(tmp_path, dali):
     assert got[0].loader == "cpu" and "DALI failed" in got[0].note  # the failed batch's other file
     assert [got[i].loader for i in (2, 3, 4)] == ["dali"] * 3  # the pipeline was rebuilt for the rest
     for i in (0, 2, 3, 4):
-        np.testing.assert_array_equal(_host(got[i].pixels) if got[i].loader == "dali" else got[i].pixels,
+        np.testing.assert_array_equal(as_numpy(got[i].pixels) if got[i].loader == "dali" else got[i].pixels,
                                       loaders.load(items[i].src).pixels)
 
 
@@ -225,5 +220,5 @@ def test_lane_uploads_host_images_through_its_pinned_buffer():
             a = (rng.standard_normal(shape) * 1000).astype(dtype)
             t = lane.to_device(a)
             assert t.is_cuda and tuple(t.shape) == shape
-            np.testing.assert_array_equal(_host(t), a)
+            np.testing.assert_array_equal(as_numpy(t), a)
         lane.finish()

@@ -1,12 +1,14 @@
 """The image-stacking job on Gloo (1-3 ranks) and through the CLI (one process)."""
 
-import json
 from datetime import timedelta
+import json
 
 import numpy as np
 import pytest
 import tifffile
 import torch.distributed as dist
+
+from visemz.collectives.stacking import StackConfig, stack
 
 from .collective_checks import run_ranks
 
@@ -24,8 +26,6 @@ def _frames(folder):
 
 
 def _worker(rank, world, init, folder, out, algorithm, queue):
-    from visemz.collectives.stacking import StackConfig, stack
-
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
         queue.put((rank, stack(folder, out, StackConfig(error_bound=1e-4, algorithm=algorithm))))

@@ -3,8 +3,11 @@
 import importlib.util
 from pathlib import Path
 
+from compressai.entropy_models import EntropyBottleneck
 import numpy as np
 import torch
+
+from visemz.models.architectures import bottleneck_train
 
 _spec = importlib.util.spec_from_file_location("train_script", Path(__file__).parents[1] / "scripts" / "train.py")
 train = importlib.util.module_from_spec(_spec)
@@ -45,10 +48,6 @@ def test_crops_are_flipped_windows_of_the_images():
 
 
 def test_graph_safe_bottleneck_equals_compressai():
-    from compressai.entropy_models import EntropyBottleneck
-
-    from visemz.models.architectures import bottleneck_train
-
     eb = EntropyBottleneck(5).train()
     x = torch.randn(2, 5, 6, 7) * 3
     torch.manual_seed(3)

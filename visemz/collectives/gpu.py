@@ -24,8 +24,9 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from .. import device as dev
+from .. import cuda
 from ..encoders import entropy as E
 from ..encoders import gpu as G
 from ..encoders import layout as L
@@ -47,9 +48,7 @@ def kernel(name: str):
 @contextlib.contextmanager
 def torch_stream():
     """Run cupy work on torch's current CUDA stream (so NCCL and torch ops see it in order)."""
-    cp = dev.require_cupy()
-    import torch
-
+    cp = cuda.require_cupy()
     s = torch.cuda.current_stream()
     with cp.cuda.Device(s.device.index), cp.cuda.ExternalStream(s.cuda_stream):
         yield cp
@@ -57,10 +56,8 @@ def torch_stream():
 
 def float_bits(x) -> tuple[object, str]:
     """A flat cupy view of a CUDA float tensor or cupy array and its dtype name (bf16 as uint16 bits)."""
-    cp = dev.require_cupy()
-    if hasattr(x, "detach"):  # torch CUDA tensor
-        import torch
-
+    cp = cuda.require_cupy()
+    if isinstance(x, torch.Tensor):  # a CUDA tensor
         name = str(x.dtype).replace("torch.", "")
         if name not in _TORCH_FLOATS:
             raise UnsupportedFormatError(f"dtype {name} is not a float the collectives codecs take")
@@ -68,14 +65,14 @@ def float_bits(x) -> tuple[object, str]:
         if name == "bfloat16":
             return cp.asarray(t.view(torch.int16)).view(cp.uint16), name
         return cp.asarray(t), name
-    a = cp.ascontiguousarray(dev.as_cupy(x)).reshape(-1)
+    a = cp.ascontiguousarray(cuda.as_cupy(x)).reshape(-1)
     if a.dtype.name not in ("float32", "float16"):
         raise UnsupportedFormatError(f"dtype {a.dtype.name} is not a float the collectives codecs take")
     return a, a.dtype.name
 
 
 def to_float64(a, name: str):
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     if name == "bfloat16":
         return (a.astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
     return a.astype(cp.float64)
@@ -335,7 +332,7 @@ def ll_decode_wire(buf, n: int, name: str, floats: dict, head_struct: struct.Str
     exponent), ``ll_escapes_*`` checks the escape list against the codes and fills in the escaped
     exponents.  Host reads: the fixed header, the gap stream's header and error word, one result word.
     """
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     with torch_stream():
         hs = head_struct.size
         front = buf[: hs + TABLE_BYTES].get().tobytes()

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import device as dev
+from .. import cuda
 from ..config import DEFAULTS
 from ..errors import CorruptStreamError, DeviceUnavailableError, VisemzError
 from . import entropy as E
@@ -32,7 +32,7 @@ INCLUDE_DIR = resources.files("visemz.encoders").joinpath("cuda")
 
 @functools.lru_cache(maxsize=None)
 def _module(package: str, path: str, device_id: int):
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     src = resources.files(package).joinpath(path).read_text()
     with cp.cuda.Device(device_id):  # cupy targets the device's own arch
         return cp.RawModule(code=src, options=("-std=c++17", f"-I{INCLUDE_DIR}"))
@@ -41,7 +41,7 @@ def _module(package: str, path: str, device_id: int):
 def kernel(name: str, source: tuple[str, str] = BLOCK_SOURCE):
     """A kernel of a CUDA source (package, path), compiled with nvrtc once per device: the block
     encoder's by default; other sources (the collectives' floats.cu) include block.cuh."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     return _module(*source, cp.cuda.Device().id).get_function(name)
 
 
@@ -83,26 +83,26 @@ class Workspace:
 
 @functools.lru_cache(maxsize=256)
 def _workspace(device_id: int, stream_ptr: int) -> Workspace:
-    return Workspace(dev.require_cupy())
+    return Workspace(cuda.require_cupy())
 
 
 def workspace(ntiles: int) -> Scratch:
     """The current device and stream's scratch, zeroed for a launch over ``ntiles`` tiles.
 
     Work queued on the stream before still sees the old values: the zeroing is queued after it."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     return _workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
 
 
 def _as_int32(arr):
-    cp = dev.require_cupy()
-    a = dev.as_cupy(arr)
+    cp = cuda.require_cupy()
+    a = cuda.as_cupy(arr)
     L.check_dtype(a.dtype.name)
     return cp.ascontiguousarray(a.reshape(-1), dtype=cp.int32)
 
 
 def sm_count() -> int:
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     return cp.cuda.Device().attributes["MultiProcessorCount"]
 
 
@@ -117,7 +117,7 @@ def encode_block_stream(arr, policy: int, bitshuffle: bool):
 
     No host synchronisation: the size stays on the device until the caller reads it.
     """
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     v = _as_int32(arr)
     n = v.size
     L.check_count(n)
@@ -148,7 +148,7 @@ def encode_raw(arr, policy: int, bitshuffle: bool):
 
 def decode_block_stream(raw):
     """Block stream on the GPU (cupy uint8) -> int32 cupy array; reads the 24-byte header and an error word."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     if raw.size < L.HEADER_SIZE:
         raise CorruptStreamError(f"block stream of {raw.size} bytes is shorter than its {L.HEADER_SIZE}-byte header")
     head = memoryview(raw[: L.HEADER_SIZE].get().tobytes())
@@ -176,7 +176,7 @@ def _nvcomp():
         from nvidia import nvcomp
     except ImportError:
         raise DeviceUnavailableError("nvCOMP is not installed: pip install 'visemz[gpu]' (nvidia-nvcomp-cu13)") from None
-    _use_cupy_pools(nvcomp, dev.require_cupy())
+    _use_cupy_pools(nvcomp, cuda.require_cupy())
     return nvcomp
 
 
@@ -223,7 +223,7 @@ def _codec(algorithm: str, device_id: int, stream_ptr: int, options: tuple):
 
 def codec(algorithm: str, **options):
     """An nvCOMP RAW-bitstream codec bound to the current device and stream (cached)."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     return _codec(algorithm, cp.cuda.Device().id, cp.cuda.get_current_stream().ptr, tuple(sorted(options.items())))
 
 
@@ -233,7 +233,7 @@ def _entropy_codec(kind: int):
 
 def compress_frames(raw, kind: int, chunk: int) -> list:
     """Block stream on the GPU -> list of compressed frames (cupy uint8 views), one per chunk."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     nv = _nvcomp()
     s = cp.cuda.get_current_stream().ptr
     pieces = [nv.as_array(raw[a:b], cuda_stream=s) for a, b in E.chunk_bounds(raw.size, chunk)]
@@ -246,7 +246,7 @@ def compress_frames(raw, kind: int, chunk: int) -> list:
 
 def decompress_frames(frames: list, kind: int, sizes: list[int]):
     """Host frames -> the block stream on the GPU (cupy uint8), each frame checked against its size."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     nv = _nvcomp()
     s = cp.cuda.get_current_stream().ptr
     # nvCOMP wants aligned compressed chunks (ANS faults on odd addresses): 16-byte slots.
@@ -275,7 +275,7 @@ def encode_ints(arr, cfg) -> bytes:
     if kind == E.KINDS["none"]:
         return stream.pack(raw.size, kind, DEFAULTS.entropy_chunk, [raw.get().tobytes()])
     frames = compress_frames(raw, kind, DEFAULTS.entropy_chunk)
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     host = cp.concatenate(frames).get().tobytes() if frames else b""
     parts, pos = [], 0
     for f in frames:
@@ -285,7 +285,7 @@ def encode_ints(arr, cfg) -> bytes:
 
 
 def decode_ints(parsed: stream.Frames):
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     if parsed.entropy == E.KINDS["none"]:
         raw = cp.asarray(np.frombuffer(parsed.frames[0], np.uint8))
     else:

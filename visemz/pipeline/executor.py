@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+import torch
 
 from ..config import DEFAULTS, cpu_threads
 from ..errors import InvalidArgumentError, VisemzError
@@ -53,7 +54,6 @@ def auto_streams(device: str) -> int:
     """One lane per 16 SMs of the current GPU (2..8; 8 on an H100), one per core on a CPU."""
     if device != "cuda":
         return cpu_threads()
-    import torch
 
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return max(2, min(8, sms // 16))
@@ -107,8 +107,6 @@ class CudaLane:
 
     def __enter__(self):
         import cupy
-        import torch
-
         torch.cuda.set_device(self.device_index)
         cupy.cuda.Device(self.device_index).use()
         self.stream = torch.cuda.Stream(device=self.device_index)
@@ -123,8 +121,6 @@ class CudaLane:
 
     def to_device(self, pixels):
         """A host array -> a CUDA tensor uploaded on this lane's stream; CUDA tensors are kept."""
-        import torch
-
         if isinstance(pixels, torch.Tensor) and pixels.is_cuda:
             pixels.record_stream(self.stream)  # made on a loader's stream, used (and freed) here
             return pixels
@@ -133,8 +129,6 @@ class CudaLane:
         return self._upload(pixels)
 
     def _upload(self, arr: np.ndarray):
-        import torch
-
         flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
         if self._uploaded is not None:
             self._uploaded.synchronize()  # the previous upload has left the staging buffer
@@ -157,7 +151,6 @@ class CudaLane:
 def make_lanes(device: str, count: int) -> list:
     if device != "cuda":
         return [CpuLane(i) for i in range(count)]
-    import torch
 
     here = torch.cuda.current_device()  # under torchrun, the rank's GPU
     return [CudaLane(i, here) for i in range(count)]

@@ -18,7 +18,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 from .. import container, measure, pages
+from ..codec import ImageCodec
 from ..config import DEFAULTS, cpu_threads
 from ..errors import InvalidArgumentError, LimitExceededError, VisemzError
 from ..io import files, loaders, writers
@@ -87,7 +91,6 @@ class _FirstUse:
             with self.lock:
                 if key not in self.seen:
                     yield
-                    import torch
 
                     torch.cuda.synchronize()
                     self.seen.add(key)
@@ -109,7 +112,6 @@ def _run(names: list[str], feeds: list, compute, write, device: str, streams: in
 def _device_index(device: str) -> int | None:
     if device != "cuda":
         return None
-    import torch
 
     return torch.cuda.current_device()
 
@@ -128,10 +130,6 @@ class _Encoded:
 
 def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig(), progress=None,
                     rank: int = 0, world: int = 1) -> Summary:
-    import torch
-
-    from ..codec import ImageCodec
-
     codec = ImageCodec(cfg.device, entropy=cfg.entropy)
     plan = sources.installed_plan(cfg.loader or DEFAULTS.loader, codec.device)
     items = files.shard(files.plan(src, dst, files.discover(src, files.IMAGE_EXTENSIONS), files.compressed_name), rank, world)
@@ -178,8 +176,6 @@ def _gather_summaries(summary: Summary, world: int) -> list[Summary]:
     """Every rank's summary (rank order); needs torch.distributed initialised when world > 1."""
     if world == 1:
         return [summary]
-    import torch.distributed as dist
-
     gathered: list = [None] * world
     dist.all_gather_object(gathered, summary)
     return gathered
@@ -209,10 +205,6 @@ def _model_key(data) -> frozenset:
 
 
 def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressConfig(), progress=None) -> Summary:
-    import torch
-
-    from ..codec import ImageCodec
-
     codec = ImageCodec(cfg.device)
     gpu_writer = cfg.fmt == "npy" and codec.device == "cuda" and (
         cfg.writer == "kvikio" or (cfg.writer == "auto" and kvikio_io.available()))
@@ -259,8 +251,6 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
 # ------------------------------------------------------------------ verify
 def verify(src: Path, dst: Path, device: str | None = None) -> list[dict]:
     """Decode every output of ``src`` under ``dst`` and compare: PSNR and max error per image."""
-    from ..codec import ImageCodec
-
     codec = ImageCodec(device)
     rows = []
     for item in files.plan(src, dst, files.discover(src, files.IMAGE_EXTENSIONS), files.compressed_name):
