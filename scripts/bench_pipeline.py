@@ -467,8 +467,7 @@ def main(argv=None) -> None:
         if temp and (not args.torchrun or os.environ.get("RANK", "0") == "0"):
             shutil.rmtree(work, ignore_errors=True)
     if report is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        writers.write_atomic(args.out, (json.dumps(report, indent=1) + "\n").encode())
         print_table(report)
 
 

@@ -20,7 +20,7 @@ import io
 import json
 from pathlib import Path
 import pstats
-import shutil
+import tempfile
 import threading
 import time
 
@@ -30,6 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 from visemz import ImageCodec, measure
 from visemz.config import DEFAULTS
 from visemz.io import loaders
+from visemz.io.writers import write_atomic
 
 
 def sync(device: str) -> None:
@@ -89,7 +90,7 @@ def cprofile(fn, reps: int, out: Path) -> str:
     st = pstats.Stats(prof, stream=text)
     st.sort_stats("cumulative").print_stats(40)
     st.sort_stats("tottime").print_stats(25)
-    out.write_text(text.getvalue())
+    write_atomic(out, text.getvalue().encode())
     return text.getvalue()
 
 
@@ -100,12 +101,11 @@ def torch_profile(fn, device: str, reps: int, out: Path) -> None:
             fn()
         sync(device)
     key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
-    (out / "torch_ops.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=60))
-    trace = out / "trace.json"
-    prof.export_chrome_trace(str(trace))
-    with open(trace, "rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    trace.unlink()
+    write_atomic(out / "torch_ops.txt", prof.key_averages().table(sort_by=key, row_limit=60).encode())
+    with tempfile.TemporaryDirectory() as tmp:  # torch writes the trace itself; the report gets it gzipped, atomically
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        write_atomic(out / "trace.json.gz", gzip.compress(trace.read_bytes()))
 
 
 def main() -> None:
@@ -138,7 +138,7 @@ def main() -> None:
     report["threaded_images_per_s"] = {
         n: threaded_rate(codec, image, kwargs, n, args.reps) for n in map(int, args.threads.split(","))}
     print(json.dumps(report, indent=1), flush=True)
-    (args.out / "summary.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_atomic(args.out / "summary.json", (json.dumps(report, indent=1) + "\n").encode())
     if args.summary_only:
         return
 
