@@ -16,6 +16,15 @@ from visemz.evaluation.codecs import NAMES, Layout, build, default_names
 from visemz.evaluation.report import mean_curves, summary_markdown
 from visemz.evaluation.runner import EvalConfig, read_points, run_points, write_points
 
+from .helpers import optional
+
+
+@pytest.fixture(autouse=True)
+def _eval_extra():
+    """The evaluation's optional libraries (the 'eval' extra, in 'test' too): without them its tests skip."""
+    for module in ("piq", "pysz", "zfpy"):
+        optional(module)
+
 
 def tiny(channels: int, seed: int = 0, side: int = 64) -> np.ndarray:
     """A smooth gradient with texture on top: compressible, but not trivially."""

@@ -59,10 +59,6 @@ def writes_today(f: dict) -> bool:
     return f["version"] == CURRENT[f["kind"]]
 
 
-def host(x) -> np.ndarray:
-    return x.get() if hasattr(x, "get") else np.asarray(x)
-
-
 def skip_unless_written_alike() -> None:
     """zstd frames and the frame size depend on VISEMZ_ZSTD_LEVEL and VISEMZ_ENTROPY_CHUNK."""
     if (DEFAULTS.zstd_level, DEFAULTS.entropy_chunk) != (WRITTEN_WITH["zstd_level"], WRITTEN_WITH["entropy_chunk"]):
@@ -121,7 +117,7 @@ def test_block_streams(f, xp):
     else:
         decoded = gpu.decode_block_stream(xp.asarray(np.frombuffer(raw, np.uint8)))
         again = lambda: gpu.encode_raw(xp.asarray(v), hdr.policy, hdr.bitshuffle).get().tobytes()
-    np.testing.assert_array_equal(host(decoded), v)
+    np.testing.assert_array_equal(as_numpy(decoded), v)
     if writes_today(f):
         assert again() == raw
 
@@ -133,7 +129,7 @@ def test_ints_streams(f, xp):
     on_gpu = xp is not np
     if on_gpu and s["entropy"] != "none":
         optional("nvidia.nvcomp")  # the GPU's zstd
-    np.testing.assert_array_equal(host(decode_ints(buf, device="cuda" if on_gpu else "cpu")), v)
+    np.testing.assert_array_equal(as_numpy(decode_ints(buf, device="cuda" if on_gpu else "cpu")), v)
     if writes_today(f):
         skip_unless_written_alike()
         again = encode_ints(xp.asarray(v), policy=s["policy"], bitshuffle=s["bitshuffle"], entropy=s["entropy"])
