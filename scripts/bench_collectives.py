@@ -35,10 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -56,8 +53,9 @@ from visemz.collectives import (
 )
 from visemz.collectives import gpu as G
 from visemz.collectives.codecs import FLOATS, LL_HEAD
-from visemz.pipeline import files, loaders
-from visemz.pipeline.writers import write_atomic
+from visemz import measure
+from visemz.io import files, loaders
+from visemz.io.writers import write_atomic
 
 MB = 1 << 20
 NCCL_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_SOCKET_IFNAME", "NCCL_NVLS_ENABLE", "NCCL_ALGO")
@@ -75,16 +73,8 @@ def sync() -> None:
 
 
 def median_seconds(fn, reps: int) -> float:
-    fn()  # warm-up: communicators, kernel compilation, allocator, auto's calibration
-    sync()
-    ts = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    """After a warm-up call (communicators, kernel compilation, allocator, auto's calibration)."""
+    return measure.median_seconds(fn, reps, warmup=1, sync=sync)[0]
 
 
 def slowest(value: float, op=dist.ReduceOp.MAX) -> float:
@@ -120,10 +110,8 @@ def make_data(kind: str, n: int, seed: int, pool: torch.Tensor | None, dev) -> t
 
 
 def psnr(got: torch.Tensor, exact: torch.Tensor) -> float:
-    exact = exact.double()
-    rng = float(exact.max() - exact.min()) or 1.0
-    mse = float(((got.double() - exact) ** 2).mean())
-    return 10 * math.log10(rng**2 / mse) if mse else float("inf")
+    """Against the exact result's value range (``visemz.measure``'s peak of float data)."""
+    return measure.psnr(exact.double().cpu().numpy(), got.double().cpu().numpy())
 
 
 class Report:

@@ -12,9 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import numpy as np
+
+from visemz import measure
+from visemz.config import DEFAULTS
+from visemz.encoders import entropy as E
+from visemz.encoders import gpu
+from visemz.encoders import layout as L
+from visemz.encoders import reference
+from visemz.io.writers import write_atomic
 
 
 def timed(cp, fn, repeat: int, warmup: int = 3) -> float:
@@ -81,11 +88,6 @@ def main() -> None:
 
     import cupy as cp
 
-    from visemz.config import DEFAULTS
-    from visemz.encoders import entropy as E
-    from visemz.encoders import gpu, reference
-    from visemz.encoders import layout as L
-
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     print(f"device: {name}")
     rows = []
@@ -132,16 +134,11 @@ def main() -> None:
     # CPU reference, one core, i.i.d. Laplacian data
     v = np.round(np.random.default_rng(0).laplace(0, 0.5, 4 << 20)).astype(np.int32)
     for policy in ("global", "block"):
-        ts = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            reference.encode(v, L.POLICIES[policy], True)
-            ts.append(time.perf_counter() - t0)
-        row = {"data": "laplace", "MB": 16, "codec": f"numpy-reference-{policy}", "enc_MBps": v.nbytes / statistics.median(ts) / 1e6}
+        seconds, _ = measure.median_seconds(lambda: reference.encode(v, L.POLICIES[policy], True), 5)
+        row = {"data": "laplace", "MB": 16, "codec": f"numpy-reference-{policy}", "enc_MBps": v.nbytes / seconds / 1e6}
         rows.append(row)
         print(json.dumps(row))
-    with open(args.out, "w") as f:
-        json.dump({"device": name, "rows": rows}, f, indent=1)
+    write_atomic(args.out, json.dumps({"device": name, "rows": rows}, indent=1).encode())
     print_table(name, rows)
 
 

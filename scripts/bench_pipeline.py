@@ -40,12 +40,19 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
+import torch.distributed as dist
+from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evalkit  # noqa: E402
 
+from visemz import measure  # noqa: E402
+from visemz import pixels as px  # noqa: E402
 from visemz.errors import InvalidArgumentError  # noqa: E402
-from visemz.pipeline import executor, files, loaders, sources, writers  # noqa: E402
+from visemz.io import files, loaders, writers  # noqa: E402
+from visemz.models import architectures, registry  # noqa: E402
+from visemz.models import weights as W  # noqa: E402
+from visemz.pipeline import executor, kvikio_io, sources  # noqa: E402
 from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder  # noqa: E402
 from visemz.pipeline.jobs import verify  # noqa: E402
 from visemz.pipeline.results import ItemResult, Summary  # noqa: E402
@@ -153,15 +160,7 @@ def save_jpeg(path: Path, img: np.ndarray) -> None:
 # ------------------------------------------------------------------ timing
 def timed(run, reset, repeat: int, device: str) -> tuple[float, Summary]:
     """Median seconds of run() over ``repeat`` runs, reset() (untimed) before each."""
-    times, out = [], None
-    for _ in range(repeat):
-        reset()
-        sync(device)
-        t0 = time.perf_counter()
-        out = run()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    return measure.median_seconds(run, repeat, sync=lambda: sync(device), reset=reset)
 
 
 def row(label: str, seconds: float, summary: Summary, decoded: str = "bytes_in", **extra) -> dict:
@@ -212,8 +211,6 @@ def _rgb_chw(x) -> torch.Tensor:
 
 
 def jpeg_bytes(images: list, quality: int) -> list[bytes]:
-    from torchvision.io import encode_jpeg
-
     return [d.cpu().numpy().tobytes() for d in encode_jpeg(images, quality=quality)]
 
 
@@ -243,8 +240,6 @@ def jpeg_folder(src: Path, dst: Path, quality: int, device: str, streams: int, l
 
 def jpeg_quality_for(images: list, target_psnr: float, device: str) -> tuple[int, float, float]:
     """Smallest JPEG quality whose mean PSNR over ``images`` reaches ``target_psnr``: (q, psnr, bpp)."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
     dev = [_rgb_chw(img).to(device) for _, img in images]
     pixels = sum(img.shape[0] * img.shape[1] for _, img in images)
 
@@ -269,10 +264,6 @@ def jpeg_quality_for(images: list, target_psnr: float, device: str) -> tuple[int
 
 # ------------------------------------------------------------------ CompressAI's own loop
 def compressai_row(images: list, distinct: Path, out: Path, model: str, quality: float, device: str, repeat: int) -> dict:
-    from visemz import pixels as px
-    from visemz.models import architectures, registry
-    from visemz.models import weights as W
-
     nets = {}
     for variant in ("rgb", "gray"):
         net, _ = W.load(registry.spec(model, variant), device)
@@ -337,8 +328,6 @@ def single_gpu(args, work: Path) -> dict:
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "folder": {"distinct": len(folder.images), "files": folder.files}, "runs": []}
     if plan.kvikio:
-        from visemz.pipeline import kvikio_io
-
         report["kvikio_mode"] = kvikio_io.mode()
     runs = report["runs"]
     cfg = lambda streams, loader=args.loader: CompressConfig(args.model, args.quality, None, "zstd", device, streams,
@@ -416,8 +405,6 @@ def device_name(device: str) -> str:
 # ------------------------------------------------------------------ several GPUs
 def multi_gpu(args, work: Path) -> dict | None:
     """Under torchrun: the folder on rank 0's GPU alone, then sharded over every rank's GPU."""
-    import torch.distributed as dist
-
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local)
     import cupy
@@ -480,8 +467,7 @@ def main(argv=None) -> None:
         if temp and (not args.torchrun or os.environ.get("RANK", "0") == "0"):
             shutil.rmtree(work, ignore_errors=True)
     if report is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        writers.write_atomic(args.out, (json.dumps(report, indent=1) + "\n").encode())
         print_table(report)
 
 

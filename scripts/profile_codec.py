@@ -18,18 +18,19 @@ import contextlib
 import gzip
 import io
 import json
+from pathlib import Path
 import pstats
-import shutil
-import statistics
+import tempfile
 import threading
 import time
-from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-from visemz import ImageCodec
+from visemz import ImageCodec, measure
 from visemz.config import DEFAULTS
-from visemz.pipeline import loaders
+from visemz.io import loaders
+from visemz.io.writers import write_atomic
 
 
 def sync(device: str) -> None:
@@ -38,14 +39,7 @@ def sync(device: str) -> None:
 
 
 def median_ms(fn, device: str, reps: int) -> float:
-    ts = []
-    for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
+    return 1e3 * measure.median_seconds(fn, reps, sync=lambda: sync(device))[0]
 
 
 @contextlib.contextmanager
@@ -96,25 +90,22 @@ def cprofile(fn, reps: int, out: Path) -> str:
     st = pstats.Stats(prof, stream=text)
     st.sort_stats("cumulative").print_stats(40)
     st.sort_stats("tottime").print_stats(25)
-    out.write_text(text.getvalue())
+    write_atomic(out, text.getvalue().encode())
     return text.getvalue()
 
 
 def torch_profile(fn, device: str, reps: int, out: Path) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts, with_stack=True) as prof:
         for _ in range(reps):
             fn()
         sync(device)
     key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
-    (out / "torch_ops.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=60))
-    trace = out / "trace.json"
-    prof.export_chrome_trace(str(trace))
-    with open(trace, "rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    trace.unlink()
+    write_atomic(out / "torch_ops.txt", prof.key_averages().table(sort_by=key, row_limit=60).encode())
+    with tempfile.TemporaryDirectory() as tmp:  # torch writes the trace itself; the report gets it gzipped, atomically
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        write_atomic(out / "trace.json.gz", gzip.compress(trace.read_bytes()))
 
 
 def main() -> None:
@@ -147,7 +138,7 @@ def main() -> None:
     report["threaded_images_per_s"] = {
         n: threaded_rate(codec, image, kwargs, n, args.reps) for n in map(int, args.threads.split(","))}
     print(json.dumps(report, indent=1), flush=True)
-    (args.out / "summary.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_atomic(args.out / "summary.json", (json.dumps(report, indent=1) + "\n").encode())
     if args.summary_only:
         return
 

@@ -49,6 +49,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from visemz.io.writers import atomic_file
 from visemz.models import architectures, parse, training
 from visemz.models import weights as W
 from visemz.models.registry import LEVELS
@@ -352,10 +353,8 @@ class Trainer:
 
 
 def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    os.replace(tmp, path)
+    with atomic_file(path) as (_, tmp):
+        save_file(tensors, str(tmp), metadata=meta)
 
 
 def resume_path(folder: Path, name: str) -> Path | None:

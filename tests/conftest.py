@@ -1,11 +1,20 @@
+import os
+
 import numpy as np
 import pytest
+import torch
+from typer.testing import CliRunner
 
-from visemz import device
+from visemz import cuda
+from visemz.cli import app
+from visemz.models import all_specs, architectures
+from visemz.models import weights as W
+
+from .helpers import optional
 
 
 def pytest_collection_modifyitems(config, items):
-    if device.cuda_available():
+    if cuda.cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine with -m gpu)")
     for item in items:
@@ -15,12 +24,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
 def xp(request):
-    """Array module under test, in the style of kvikio's tests: numpy always, cupy on a GPU."""
-    if request.param == "numpy":
-        return np
-    import cupy
+    """The array module under test, as in kvikio's tests: NumPy (the CPU path) always, cupy (the GPU
+    path) on a GPU.  A test taking ``xp`` runs once per device and holds both to the same bytes."""
+    return np if request.param == "numpy" else optional("cupy")
 
-    return cupy
+
+@pytest.fixture
+def nvcomp():
+    """nvCOMP, which the GPU's entropy stage (zstd, ANS) needs: the test is skipped without it."""
+    return optional("nvidia.nvcomp")
 
 
 @pytest.fixture(scope="session")
@@ -30,13 +42,6 @@ def model_weights(tmp_path_factory):
     The codec's guarantees (shapes, dtypes, error bound, file validation) hold for any weights;
     rate-distortion quality is measured by scripts/, not by tests.
     """
-    import os
-
-    import torch
-
-    from visemz.models import all_specs, architectures
-    from visemz.models import weights as W
-
     if all(W.weights_path(s).is_file() for s in all_specs()):
         yield W.weights_dir()
         return
@@ -53,3 +58,20 @@ def model_weights(tmp_path_factory):
     else:
         os.environ["VISEMZ_WEIGHTS_DIR"] = old
     W.load.cache_clear()
+
+
+@pytest.fixture
+def cli(model_weights):
+    """Run the ``visemz`` command in this process (typer's runner): ``cli("compress", src, dst, ...)``.
+
+    Returns the runner's result (``exit_code``, ``stdout``, ``stderr``).  An exception other than
+    the command's own exit is re-raised, so a bug fails the test with its traceback."""
+    runner = CliRunner()
+
+    def run(*args):
+        result = runner.invoke(app, [str(a) for a in args], prog_name="visemz")
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return result
+
+    return run

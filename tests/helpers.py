@@ -1,9 +1,15 @@
-"""Shared inputs and round-trip checks for encoder tests (numcodecs-style helpers)."""
+"""Shared inputs, round-trip checks, optional packages and CPU-GPU parity for the tests."""
 
 from __future__ import annotations
 
-import numpy as np
+import importlib
+from contextlib import contextmanager
 
+import numpy as np
+import pytest
+import torch
+
+from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints
 
 EDGE_SIZES = (0, 1, 31, 32, 33, 63, 64, 65, 127, 129, 16383, 16384, 16385, 32769)
@@ -47,3 +53,68 @@ def damaged_copies(raw: bytes, seed: int):
         data[i] = (old + int(rng.integers(1, 256))) % 256
         yield i, bytes(data)
         data[i] = old
+
+
+def optional(module: str):
+    """Import an optional package, or skip the test that needs it (absent, or built for another CUDA)."""
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # ImportError, but also a library that fails to load its CUDA runtime
+        pytest.skip(f"{module} cannot be imported: {type(e).__name__}: {e}")
+
+
+def _host(x) -> np.ndarray:
+    """A NumPy copy of a NumPy, cupy or torch array (bf16 tensors, which NumPy lacks, as their bit patterns)."""
+    if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16:
+        return x.detach().cpu().view(torch.int16).numpy().view(np.uint16)
+    return as_numpy(x)
+
+
+class Parity:
+    """Every mismatch between two implementations (CPU and GPU) in one test, reported together.
+
+    A loop over sizes, dtypes and distributions records each case (``same_bytes``, ``same_array``,
+    ``same``) instead of stopping at the first; leaving the ``parity()`` block fails the test with
+    the list of every case that differed and how."""
+
+    def __init__(self):
+        self.cases = 0
+        self.mismatches: list[str] = []
+
+    def same(self, label: str, ok: bool, detail: str = "") -> bool:
+        self.cases += 1
+        if not ok:
+            self.mismatches.append(f"{label}: {detail}" if detail else label)
+        return ok
+
+    def same_bytes(self, label: str, got: bytes, want: bytes) -> bool:
+        if got == want:
+            return self.same(label, True)
+        n = min(len(got), len(want))
+        first = next((i for i in range(n) if got[i] != want[i]), n)
+        return self.same(label, False, f"{len(got)} bytes against {len(want)}, first difference at byte {first}")
+
+    def same_array(self, label: str, got, want, atol: float = 0.0) -> bool:
+        g, w = _host(got), _host(want)
+        if g.shape != w.shape:
+            return self.same(label, False, f"shape {g.shape} against {w.shape}")
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        both_nan = np.isnan(g64) & np.isnan(w64)
+        bad = ~both_nan & ~(np.abs(g64 - w64) <= atol) if atol else ~both_nan & (g != w)
+        if not bad.any():
+            return self.same(label, True)
+        first = int(np.flatnonzero(bad.reshape(-1))[0])
+        return self.same(label, False, f"{int(bad.sum())} of {bad.size} values differ (first at flat index {first}: "
+                                       f"{g.reshape(-1)[first]!r} against {w.reshape(-1)[first]!r})")
+
+
+@contextmanager
+def parity():
+    """``with parity() as p: ...``: fails once at the end, naming every mismatch ``p`` recorded."""
+    p = Parity()
+    yield p
+    assert p.cases, "the parity block compared nothing"
+    if p.mismatches:
+        shown = "\n  ".join(p.mismatches[:50])
+        more = f"\n  ... and {len(p.mismatches) - 50} more" if len(p.mismatches) > 50 else ""
+        pytest.fail(f"{len(p.mismatches)} of {p.cases} cases differ:\n  {shown}{more}", pytrace=False)

@@ -1,12 +1,18 @@
 """visemz.compress / decompress on the CPU: dtypes, layouts, odd sizes, the error bound, bad input."""
 
+import pickle
+
 import numpy as np
 import pytest
+from skimage import data
 import torch
 
 import visemz
 from visemz import container
+from visemz.encoders import entropy, layout, stream
 from visemz.errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError, VisemzError
+from visemz.models import all_specs
+from visemz.models import weights as W
 
 MODELS = ("balle2016", "mbt2018-mean")
 
@@ -76,8 +82,6 @@ def test_error_bound_holds(dtype, bounds):
 
 
 def test_error_bound_on_a_camera_image():
-    from skimage import data
-
     img = data.camera()
     for e in (0, 2):
         buf = visemz.compress(img, model="balle2016", quality=3, max_error=e)
@@ -163,11 +167,6 @@ def test_hostile_headers_with_valid_checksums():
 
 
 def test_weights_load_without_unpickling(monkeypatch):
-    import pickle
-
-    from visemz.models import all_specs
-    from visemz.models import weights as W
-
     def refuse(*a, **k):
         raise AssertionError("weights must not be unpickled")
 
@@ -187,8 +186,6 @@ def test_weights_load_without_unpickling(monkeypatch):
 def test_symbols_are_coded_with_per_block_widths(model):
     """The codec's symbol sections use the per-block policy (smaller on trained latents than the
     global width); the block stream header records it."""
-    from visemz.encoders import entropy, layout, stream
-
     buf = visemz.compress(_image("uint8", (70, 90, 3)), model=model, quality=2, device="cpu")
     sections = container.unpack(buf).sections
     for name in ("y", "z") if model == "mbt2018-mean" else ("y",):

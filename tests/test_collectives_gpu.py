@@ -4,8 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from visemz.collectives import ErrorBounded, Lossless, add
+from visemz.collectives import ErrorBounded, Lossless, add, gpu
+from visemz.collectives.codecs import FLOATS, LL_HEAD
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError
+
+from .helpers import optional, parity
 
 pytestmark = pytest.mark.gpu
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -13,10 +16,8 @@ SIZES = (1, 31, 32, 33, 8191, 8192, 8193, 100_003)
 
 
 @pytest.fixture(scope="module")
-def gpu():
-    from visemz.collectives import gpu
-
-    return gpu
+def cp():
+    return optional("cupy")
 
 
 def _inputs(n: int, seed: int, dtype):
@@ -33,28 +34,27 @@ def _inputs(n: int, seed: int, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_error_bounded_gpu_bytes_equal_cpu(dtype):
-    for eb in (1e-3, 1e-2, 0.5):
-        for n in SIZES:
-            for kind, x in _inputs(n, n, dtype):
-                codec = ErrorBounded(eb)
-                on_cpu = codec.encode(x)
-                assert codec.encode(x.cuda()) == on_cpu, (eb, n, kind)
-                if dtype != torch.bfloat16:  # cupy has no bf16
-                    import cupy
-
-                    assert codec.encode(cupy.asarray(x.numpy())) == on_cpu, (eb, n, kind)
+def test_error_bounded_gpu_bytes_equal_cpu(cp, dtype):
+    with parity() as p:
+        for eb in (1e-3, 1e-2, 0.5):
+            for n in SIZES:
+                for kind, x in _inputs(n, n, dtype):
+                    codec = ErrorBounded(eb)
+                    on_cpu = codec.encode(x)
+                    p.same_bytes(f"CUDA tensor eb={eb} n={n} {kind}", codec.encode(x.cuda()), on_cpu)
+                    if dtype != torch.bfloat16:  # cupy has no bf16
+                        p.same_bytes(f"cupy array eb={eb} n={n} {kind}", codec.encode(cp.asarray(x.numpy())), on_cpu)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_error_bounded_device_roundtrip(dtype):
+def test_error_bounded_device_roundtrip(cp, dtype):
     codec = ErrorBounded(1e-3)
     x = next(_inputs(100_003, 7, dtype))[1]
     s, name = codec.encode_device(x.cuda())
     np.testing.assert_array_equal(codec.decode_device(s).get(), codec.decode(codec.encode(x), exact=True))
 
 
-def test_error_bounded_gpu_refuses_bad_values():
+def test_error_bounded_gpu_refuses_bad_values(cp):
     with pytest.raises(InvalidArgumentError, match="NaN or Inf"):
         ErrorBounded(1e-3).encode(torch.tensor([1.0, float("nan")], device="cuda"))
     with pytest.raises(LimitExceededError):
@@ -62,22 +62,21 @@ def test_error_bounded_gpu_refuses_bad_values():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_lossless_gpu_bytes_equal_cpu(dtype):
+def test_lossless_gpu_bytes_equal_cpu(cp, dtype):
     finfo = torch.finfo(dtype)
     special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), finfo.max, finfo.min, finfo.tiny],
                            dtype=dtype)
-    for n in SIZES:
-        g = torch.Generator().manual_seed(n)
-        x = torch.cat([special, (torch.randn(n, generator=g) * 100).to(dtype), (torch.rand(n // 7 + 1, generator=g) * 1e-30).to(dtype)])
-        on_cpu = Lossless().encode(x)
-        assert Lossless().encode(x.cuda()) == on_cpu, n
-        buf, name = Lossless().encode_device(x.cuda())
-        got = Lossless().decode_device(buf, x.numel(), name).get()
-        want = x.to(torch.float64).numpy()
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-        ok = ~np.isnan(want)
-        np.testing.assert_array_equal(got[ok], want[ok])
-        assert np.array_equal(np.signbit(got[ok]), np.signbit(want[ok]))
+    with parity() as p:
+        for n in SIZES:
+            g = torch.Generator().manual_seed(n)
+            x = torch.cat([special, (torch.randn(n, generator=g) * 100).to(dtype),
+                           (torch.rand(n // 7 + 1, generator=g) * 1e-30).to(dtype)])
+            p.same_bytes(f"encode n={n}", Lossless().encode(x.cuda()), Lossless().encode(x))
+            buf, name = Lossless().encode_device(x.cuda())
+            got = Lossless().decode_device(buf, x.numel(), name).get()
+            want = x.to(torch.float64).numpy()
+            p.same_array(f"decode n={n}: values (NaN where NaN)", got, want)
+            p.same_array(f"decode n={n}: signs", np.signbit(got), np.signbit(want))
 
 
 def _dstreams(codec, a, b):
@@ -85,20 +84,21 @@ def _dstreams(codec, a, b):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_add_equals_numpy_add(gpu, dtype):
+def test_fused_add_equals_numpy_add(cp, dtype):
     codec = ErrorBounded(1e-3)
-    for n in SIZES:
-        (_, a), (_, b) = list(_inputs(n, 1, dtype))[:2]
-        want = add(codec.encode(a), codec.encode(b), codec)
-        sa, sb = _dstreams(codec, a, b)
-        got = gpu.add(sa, sb)
-        assert codec._head(str(dtype).replace("torch.", "")) + gpu.stream_bytes(got) == want, n
-        # and equal to compress(decompress(a) + decompress(b))
-        assert want == codec.encode_values(codec.decode(codec.encode(a), exact=True) + codec.decode(codec.encode(b), exact=True),
-                                           str(dtype).replace("torch.", ""))
+    name = _NAME[dtype]
+    with parity() as p:
+        for n in SIZES:
+            (_, a), (_, b) = list(_inputs(n, 1, dtype))[:2]
+            want = add(codec.encode(a), codec.encode(b), codec)
+            sa, sb = _dstreams(codec, a, b)
+            p.same_bytes(f"fused add n={n}", codec._head(name) + gpu.stream_bytes(gpu.add(sa, sb)), want)
+            # and equal to compress(decompress(a) + decompress(b))
+            p.same_bytes(f"NumPy add n={n} against re-encoding the decoded sum", want, codec.encode_values(
+                codec.decode(codec.encode(a), exact=True) + codec.decode(codec.encode(b), exact=True), name))
 
 
-def test_fused_add_in_place(gpu):
+def test_fused_add_in_place(cp):
     codec = ErrorBounded(1e-4)
     small = torch.zeros(300_001)  # compresses to almost nothing: the sum is much larger than input a
     big = next(_inputs(300_001, 3, torch.float32))[1]
@@ -114,7 +114,7 @@ def test_fused_add_in_place(gpu):
     assert gpu.stream_bytes(out) == want[16:]
 
 
-def test_fused_add_refuses_overflow_and_mismatch(gpu):
+def test_fused_add_refuses_overflow_and_mismatch(cp):
     codec = ErrorBounded(1e-3)
     big = torch.full((4,), 2.4e6)
     sa, _ = codec.encode_device(big.cuda())
@@ -147,26 +147,29 @@ def _tie_inputs(n: int, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_encode_and_decode_equal_cpu(gpu, dtype):
+def test_fused_encode_and_decode_equal_cpu(cp, dtype):
     name = _NAME[dtype]
-    for n in FUSED_SIZES:
-        cases = [(eb, kind, x) for eb in (1e-3, 0.5) for kind, x in _inputs(n, n + 1, dtype)]
-        cases.append((0.5, "exact ties", _tie_inputs(n, dtype)))
-        for eb, kind, x in cases:
-            codec = ErrorBounded(eb)
-            want = codec.encode(x)
-            s, got_name = codec.encode_device(x.cuda())
-            assert got_name == name and codec._head(name) + gpu.stream_bytes(s) == want, (n, eb, kind)
-            cpu_values = codec.decode(want)  # the tensor's dtype (bf16 as uint16 bits)
-            dec = codec.decode_device(s, name).get()
-            assert dec.dtype.itemsize == cpu_values.dtype.itemsize and dec.size == n, (n, eb, kind)
-            wide = np.uint32 if dtype == torch.float32 else np.uint16
-            np.testing.assert_array_equal(dec.view(wide), cpu_values.view(wide), err_msg=f"{n} {eb} {kind}")
-            np.testing.assert_array_equal(codec.decode_device(s).get(), codec.decode(want, exact=True))
+    wide = np.uint32 if dtype == torch.float32 else np.uint16
+    with parity() as p:
+        for n in FUSED_SIZES:
+            cases = [(eb, kind, x) for eb in (1e-3, 0.5) for kind, x in _inputs(n, n + 1, dtype)]
+            cases.append((0.5, "exact ties", _tie_inputs(n, dtype)))
+            for eb, kind, x in cases:
+                case = f"n={n} eb={eb} {kind}"
+                codec = ErrorBounded(eb)
+                want = codec.encode(x)
+                s, got_name = codec.encode_device(x.cuda())
+                p.same(f"{case}: dtype name", got_name == name, got_name)
+                p.same_bytes(f"{case}: encode", codec._head(name) + gpu.stream_bytes(s), want)
+                cpu_values = codec.decode(want)  # the tensor's dtype (bf16 as uint16 bits)
+                dec = codec.decode_device(s, name).get()
+                if p.same(f"{case}: decoded itemsize", dec.dtype.itemsize == cpu_values.dtype.itemsize):
+                    p.same_array(f"{case}: decode to {name} (bit patterns)", dec.view(wide), cpu_values.view(wide))
+                p.same_array(f"{case}: decode to float64", codec.decode_device(s), codec.decode(want, exact=True))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_encode_reports_bad_values_at_the_size_read(dtype):
+def test_fused_encode_reports_bad_values_at_the_size_read(cp, dtype):
     codec = ErrorBounded(1e-3)
     for bad in (float("nan"), float("inf"), -float("inf")):
         x = torch.zeros(20_000, dtype=dtype)
@@ -186,7 +189,7 @@ def test_fused_encode_reports_bad_values_at_the_size_read(dtype):
         ErrorBounded(1e-7).encode(big.cuda())
 
 
-def test_fused_decode_refuses_a_damaged_stream(gpu):
+def test_fused_decode_refuses_a_damaged_stream(cp):
     codec = ErrorBounded(1e-3)
     s, _ = codec.encode_device(next(_inputs(20_000, 5, torch.float32))[1].cuda())
     bad = gpu.DeviceStream(s.data.copy(), s.size, s.n)
@@ -213,23 +216,18 @@ def _ll_inputs(n: int, dtype, seed: int):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_lossless_kernels_equal_cpu_and_decode_bit_exact(gpu, dtype):
-    from visemz.collectives.codecs import FLOATS, LL_HEAD
-
+def test_lossless_kernels_equal_cpu_and_decode_bit_exact(cp, dtype):
     name = _NAME[dtype]
-    for n in LL_SIZES:
-        for kind, x in _ll_inputs(n, dtype, n):
-            want = Lossless().encode(x)
-            assert Lossless().encode(x.cuda()) == want, (n, kind)
-            buf, got_name = Lossless().encode_device(x.cuda())
-            assert got_name == name
-            bits = gpu.ll_decode_wire(buf, n, name, FLOATS, LL_HEAD).get()
-            np.testing.assert_array_equal(bits, _bits(x), err_msg=f"{n} {kind}")
+    with parity() as p:
+        for n in LL_SIZES:
+            for kind, x in _ll_inputs(n, dtype, n):
+                p.same_bytes(f"n={n} {kind}: encode", Lossless().encode(x.cuda()), Lossless().encode(x))
+                buf, got_name = Lossless().encode_device(x.cuda())
+                p.same(f"n={n} {kind}: dtype name", got_name == name, got_name)
+                p.same_array(f"n={n} {kind}: decoded bit patterns", gpu.ll_decode_wire(buf, n, name, FLOATS, LL_HEAD), _bits(x))
 
 
-def test_lossless_decode_refuses_damaged_escapes(gpu):
-    from visemz.collectives.codecs import FLOATS, LL_HEAD
-
+def test_lossless_decode_refuses_damaged_escapes(cp):
     x = torch.cat([torch.ones(5000), 2.0 ** torch.arange(-14.0, 15.0)]).to(torch.float16)  # 29 exponents: escapes
     buf, name = Lossless().encode_device(x.cuda())
     sizes = np.frombuffer(buf[LL_HEAD.size : LL_HEAD.size + 32].get().tobytes(), "<u8")

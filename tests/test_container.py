@@ -3,6 +3,7 @@ import struct
 
 import numpy as np
 import pytest
+import xxhash
 
 from visemz import container as C
 from visemz.errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError, VisemzError
@@ -32,8 +33,6 @@ def test_every_bit_flip_and_truncation_is_caught():
 
 def _rebuild(header: dict, sections: list[bytes], version=1, nsec=None) -> bytes:
     """A container written with arbitrary header contents and valid checksums."""
-    import xxhash
-
     hbytes = json.dumps(header).encode()
     table = b"".join(struct.pack("<QQ", len(s), xxhash.xxh64(s).intdigest()) for s in sections)
     total = C.HEAD + len(table) + len(hbytes) + sum(map(len, sections))

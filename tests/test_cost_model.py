@@ -1,14 +1,15 @@
 """The cost model (visemz.collectives.cost) on synthetic timings, and scripts/cost_model.py's table."""
 
+from dataclasses import replace
 import importlib.util
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from visemz.collectives import autotune
-from visemz.collectives.cost import ALGORITHMS, CostModel, Line, messages, wire_factor
+from visemz.collectives.cost import ALGORITHMS, CostModel, Line, fit_corrections, messages, wire_factor
 from visemz.errors import InvalidArgumentError
 
 spec = importlib.util.spec_from_file_location("cost_model", Path(__file__).parents[1] / "scripts" / "cost_model.py")
@@ -86,8 +87,6 @@ def test_ties_go_to_plain_and_missing_timings_are_refused():
 
 
 def test_calibration_sizes_setting(monkeypatch):
-    import torch
-
     monkeypatch.setattr(autotune, "DEFAULTS", replace(autotune.DEFAULTS, collective_calibration_kib="1024,32768"))
     assert autotune.calibration_bytes(torch.device("cuda", 0)) == (1024 * 1024, 32 * 1024 * 1024)
     assert autotune.calibration_bytes(torch.device("cpu")) == (16 * 1024, 512 * 1024)
@@ -154,8 +153,6 @@ def test_corrections_are_recovered_from_measurements_built_with_them(tmp_path, c
 
 
 def test_fit_corrections_needs_separable_samples():
-    from visemz.collectives.cost import fit_corrections
-
     with pytest.raises(InvalidArgumentError, match="at least 2"):
         fit_corrections([(1.0, 1, 1.0, 1.0)])
     with pytest.raises(InvalidArgumentError, match="do not separate"):

@@ -5,15 +5,14 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from visemz.collectives import ErrorBounded, Lossless, ddp_hook
 
 from .collective_checks import run_ranks
 
 
 def _train(rank, world, init, codec_name, algorithm, queue):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from visemz.collectives import ErrorBounded, Lossless, ddp_hook
-
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
         torch.manual_seed(0)

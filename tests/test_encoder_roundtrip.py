@@ -3,6 +3,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from visemz import cuda
 from visemz.encoders import EncoderConfig, decode_ints, encode_ints, reference
 from visemz.encoders import layout as L
 from visemz.errors import DeviceUnavailableError, UnsupportedFormatError
@@ -54,9 +55,7 @@ def test_bad_options_name_the_value():
 
 
 def test_ans_needs_a_gpu_on_cpu_machines(monkeypatch):
-    from visemz import device
-
-    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    monkeypatch.setattr(cuda, "cuda_available", lambda: False)
     with pytest.raises(DeviceUnavailableError, match="ans"):
         encode_ints(np.zeros(10, np.int32), entropy="ans")
 

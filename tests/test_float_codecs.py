@@ -1,10 +1,14 @@
 """Float codecs for collectives (CPU): error bound, exactness, homomorphic add, bad input."""
 
+import struct
+
 import numpy as np
 import pytest
 import torch
 
-from visemz.collectives import ErrorBounded, Lossless, add
+from visemz.collectives import ErrorBounded, Lossless, add, gpu
+from visemz.collectives.codecs import LL_HEAD
+from visemz.encoders import stream
 from visemz.errors import InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -117,12 +121,6 @@ def test_codec_configs_roundtrip():
 
 def test_lossless_wire_form_converts_to_the_bytes_form():
     """The GPU encoder's wire form (gaps as a raw block stream) -> ``encode``'s bytes, on the host."""
-    import struct
-
-    from visemz.collectives import gpu
-    from visemz.collectives.codecs import LL_HEAD
-    from visemz.encoders import stream
-
     g = torch.Generator().manual_seed(3)
     for x in (torch.randn(5000, generator=g) * 2.0 ** torch.randint(-40, 40, (5000,), generator=g), torch.ones(3)):
         want = Lossless().encode(x)

@@ -10,7 +10,11 @@ import pytest
 import tifffile
 
 from visemz.errors import CorruptStreamError, DeviceUnavailableError, InvalidArgumentError, VisemzError
-from visemz.pipeline import executor, loaders, pages, probe, sources, writers
+from visemz.io import loaders, writers
+from visemz.io.files import Item
+import visemz
+from visemz import ImageCodec, container, pages
+from visemz.pipeline import executor, probe, sources
 from visemz.pipeline.kvikio_io import npy_header
 from visemz.pipeline.results import ItemResult
 from visemz.pipeline.sources import LoaderPlan, plan_loaders
@@ -121,8 +125,6 @@ def test_an_explicit_gpu_loader_that_cannot_run_is_an_error():
 
 
 def test_files_are_routed_to_the_loader_that_can_read_them(tmp_path):
-    from visemz.pipeline.files import Item
-
     png, npy, bmp = tmp_path / "a.png", tmp_path / "b.npy", tmp_path / "c.bmp"
     img = np.arange(12 * 10, dtype=np.uint8).reshape(12, 10)
     cv2.imwrite(str(png), img)
@@ -238,14 +240,13 @@ def test_big_endian_arrays_come_back_in_native_order(tmp_path):
 
 # ------------------------------------------------------------------ page stacks
 def test_page_stacks_round_trip_and_reject_damage(model_weights):
-    from visemz import ImageCodec, container
-
     codec = ImageCodec("cpu")
     stack = np.random.default_rng(2).integers(0, 256, (3, 24, 20, 3), dtype=np.uint8)
     buf = pages.encode(stack, lambda page: codec.compress(page, max_error=0))
     back, paged = pages.decode(buf, codec.decompress)
     assert paged and back.dtype == np.uint8
     np.testing.assert_array_equal(back, stack)
+    np.testing.assert_array_equal(visemz.decompress(buf, device="cpu"), stack)  # the API reads what folder jobs write
     single, paged = pages.decode(codec.compress(stack[0], max_error=0), codec.decompress)
     assert not paged and single.shape == (24, 20, 3)
 
@@ -288,3 +289,5 @@ def test_atomic_file_leaves_nothing_behind_on_failure(tmp_path):
     assert not target.exists() and list((tmp_path / "out").iterdir()) == []
     writers.write_atomic(target, b"whole")
     assert target.read_bytes() == b"whole"
+    assert target.stat().st_mode & 0o777 == writers.FILE_MODE  # as open() makes it, not mkstemp's 0600
+    assert writers.FILE_MODE & 0o044  # others can read it under the usual umasks (022, 002)

@@ -5,35 +5,37 @@ Run on the device machine: python -m pytest -m gpu tests/test_pipeline_gpu.py
 """
 
 import hashlib
+import io
+import struct
+import zlib
 
 import cv2
 import numpy as np
 import pytest
 import tifffile
+import torch
 
-from visemz.pipeline import loaders, probe
+from visemz.device import as_numpy
+from visemz.errors import VisemzError
+from visemz.io import loaders
+from visemz.pipeline import dali_source, kvikio_io, probe, sources
+from visemz.pipeline.executor import CudaLane
+from visemz.io.files import Item
+from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
+
+from .helpers import optional, parity
 
 pytestmark = pytest.mark.gpu
 
 
-def _import_problem(module: str) -> str | None:
-    try:
-        __import__(module)
-    except Exception as e:  # absent, or built for another CUDA
-        return f"{module} cannot be imported: {type(e).__name__}: {e}"
-    return None
+@pytest.fixture
+def kvikio():
+    return optional("kvikio")
 
 
-needs_kvikio = pytest.mark.skipif(_import_problem("kvikio") is not None, reason=_import_problem("kvikio") or "")
-needs_dali = pytest.mark.skipif(_import_problem("nvidia.dali") is not None, reason=_import_problem("nvidia.dali") or "")
-
-
-def _host(t) -> np.ndarray:
-    import torch
-
-    if t.dtype == torch.uint16:  # torch hands uint16 to NumPy through a wider type
-        return t.to(torch.int32).cpu().numpy().astype(np.uint16)
-    return t.cpu().numpy()
+@pytest.fixture
+def dali():
+    return optional("nvidia.dali")
 
 
 def _png(path, img):
@@ -71,9 +73,7 @@ def _digests(folder) -> dict:
 
 
 @pytest.mark.parametrize("max_error", [None, 1])
-def test_several_streams_write_the_same_bytes_as_one(tree, tmp_path, model_weights, max_error):
-    from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
-
+def test_several_streams_write_the_same_bytes_as_one(tree, tmp_path, model_weights, nvcomp, max_error):
     outs = {}
     for streams in (1, 4):
         dst = tmp_path / f"s{streams}"
@@ -105,32 +105,35 @@ def _same_images(a, b, exact: bool) -> None:
             assert np.abs(x.astype(np.int64) - y.astype(np.int64)).max() <= 1, rel
 
 
-def test_gpu_loaders_feed_the_codec_the_same_pixels(tree, tmp_path, model_weights):
+def test_gpu_loaders_feed_the_codec_the_same_pixels(tree, tmp_path, model_weights, nvcomp):
     """loaders auto (kvikio where installed) and dali (where installed) against the CPU loader:
-    identical files, but for the JPEG, which nvJPEG and libjpeg-turbo may decode differently."""
-    from visemz.pipeline.jobs import CompressConfig, compress_folder
-
-    from visemz.pipeline import dali_source
-
-    runs = {}
+    identical files, but for the JPEG, which nvJPEG and libjpeg-turbo may decode differently.
+    Each run must really have read through its loader: the .npy files through kvikio (auto),
+    the PNGs and the JPEG through DALI."""
+    runs, used = {}, {}
     for loader in ("cpu", "auto") + (("dali",) if dali_source.available() else ()):
         summary = compress_folder(tree, tmp_path / loader, CompressConfig(device="cuda", streams=4, loader=loader))
         assert not summary.failed, summary.to_dict()
         runs[loader] = _digests(tmp_path / loader)
-        print(loader, summary.to_dict()["loaders"], summary.to_dict()["fallbacks"])
+        used[loader] = {r.rel: (r.loader, r.note) for r in summary.results}
+    by = lambda loader, ext: {rel: how for rel, how in used[loader].items() if rel.endswith(ext)}
+    assert {how for how in used["cpu"].values()} == {("cpu", "")}
+    if kvikio_io.available():
+        assert set(by("auto", ".npy").values()) == {("kvikio", "")}, used["auto"]
+    else:
+        assert {how for how in used["auto"].values()} == {("cpu", "")}, used["auto"]
+    if "dali" in used:
+        assert set(by("dali", ".png").values()) | set(by("dali", ".jpg").values()) == {("dali", "")}, used["dali"]
     drop_jpeg = lambda d: {k: v for k, v in d.items() if not k.endswith(".jpg.vsz")}
-    for loader in set(runs) - {"cpu"}:
-        assert drop_jpeg(runs["cpu"]) == drop_jpeg(runs[loader]), loader
-        assert "photo.jpg.vsz" in runs[loader]
+    with parity() as p:
+        for loader in set(runs) - {"cpu"}:
+            p.same(f"{loader}: the same files as the CPU loader's", drop_jpeg(runs["cpu"]) == drop_jpeg(runs[loader]),
+                   str(sorted(k for k in runs["cpu"] if runs["cpu"][k] != runs[loader].get(k))))
+            p.same(f"{loader}: the JPEG was compressed", "photo.jpg.vsz" in runs[loader])
     assert "photo.jpg.vsz" in runs["cpu"]
 
 
-@needs_kvikio
-def test_kvikio_loader_reads_what_numpy_reads(tmp_path):
-    import torch
-
-    from visemz.pipeline import kvikio_io
-
+def test_kvikio_loader_reads_what_numpy_reads(tmp_path, kvikio):
     rng = np.random.default_rng(3)
     arrays = {"a.npy": rng.integers(0, 256, (37, 53), dtype=np.uint8),
               "b.npy": rng.integers(0, 65536, (41, 29, 3), dtype=np.uint16),
@@ -142,18 +145,10 @@ def test_kvikio_loader_reads_what_numpy_reads(tmp_path):
         layout = probe.raw_layout(tmp_path / name)
         t = kvikio_io.read(tmp_path / name, layout, torch.cuda.current_device())
         assert t.is_cuda and tuple(t.shape) == a.shape
-        np.testing.assert_array_equal(_host(t), loaders.load(tmp_path / name).pixels)
-    print("kvikio mode:", kvikio_io.mode())
+        np.testing.assert_array_equal(as_numpy(t), loaders.load(tmp_path / name).pixels)
 
 
-@needs_kvikio
-def test_kvikio_npy_writer_matches_numpy_save(tmp_path):
-    import io
-
-    import torch
-
-    from visemz.pipeline import kvikio_io
-
+def test_kvikio_npy_writer_matches_numpy_save(tmp_path, kvikio):
     rng = np.random.default_rng(4)
     for k, a in enumerate([rng.integers(0, 256, (64, 48, 3), dtype=np.uint8),
                            rng.integers(0, 65536, (2, 33, 35), dtype=np.uint16),
@@ -168,14 +163,7 @@ def test_kvikio_npy_writer_matches_numpy_save(tmp_path):
         assert (tmp_path / f"{k}.npy").read_bytes() == buf.getvalue() and size == len(buf.getvalue())
 
 
-@needs_dali
-def test_dali_loader_equals_cpu_loader_for_png(tmp_path):
-    import torch
-
-    from visemz.pipeline import sources
-    from visemz.pipeline.dali_source import DaliFeed
-    from visemz.pipeline.files import Item
-
+def test_dali_loader_equals_cpu_loader_for_png(tmp_path, dali):
     rng = np.random.default_rng(5)
     images = {"g8.png": rng.integers(0, 256, (61, 83), dtype=np.uint8),
               "c8.png": rng.integers(0, 256, (40, 50, 3), dtype=np.uint8),
@@ -188,26 +176,15 @@ def test_dali_loader_equals_cpu_loader_for_png(tmp_path):
     items = [Item(tmp_path / n, tmp_path / "out" / n, n) for n in images]
     entries = [(i, it.src, probe.decode_target(it.src)) for i, it in enumerate(items)]
     assert all(e[2] is not None for e in entries)
-    got = dict(DaliFeed(entries, torch.cuda.current_device(), lambda i, why: sources.load_cpu(items[i], why), batch=4))
+    got = dict(dali_source.DaliFeed(entries, torch.cuda.current_device(), lambda i, why: sources.load_cpu(items[i], why), batch=4))
     for i, it in enumerate(items):
         pic = got[i]
         assert pic.loader == "dali", (it.rel, pic.note)
         assert pic.pixels.is_cuda
-        np.testing.assert_array_equal(_host(pic.pixels), loaders.load(it.src).pixels, err_msg=it.rel)
+        np.testing.assert_array_equal(as_numpy(pic.pixels), loaders.load(it.src).pixels, err_msg=it.rel)
 
 
-@needs_dali
-def test_dali_hands_a_file_it_cannot_decode_to_the_cpu_loader(tmp_path):
-    import struct
-    import zlib
-
-    import torch
-
-    from visemz.errors import VisemzError
-    from visemz.pipeline import sources
-    from visemz.pipeline.dali_source import DaliFeed
-    from visemz.pipeline.files import Item
-
+def test_dali_hands_a_file_it_cannot_decode_to_the_cpu_loader(tmp_path, dali):
     good = np.arange(40 * 30, dtype=np.uint16).reshape(40, 30).astype(np.uint8)
     for k in range(4):
         _png(tmp_path / f"good{k}.png", good + k)
@@ -225,20 +202,16 @@ def test_dali_hands_a_file_it_cannot_decode_to_the_cpu_loader(tmp_path):
         except VisemzError as e:
             return e
 
-    got = dict(DaliFeed(entries, torch.cuda.current_device(), fallback, batch=2))
+    got = dict(dali_source.DaliFeed(entries, torch.cuda.current_device(), fallback, batch=2))
     assert isinstance(got[1], VisemzError) and "bad.png" in str(got[1])
     assert got[0].loader == "cpu" and "DALI failed" in got[0].note  # the failed batch's other file
     assert [got[i].loader for i in (2, 3, 4)] == ["dali"] * 3  # the pipeline was rebuilt for the rest
     for i in (0, 2, 3, 4):
-        np.testing.assert_array_equal(_host(got[i].pixels) if got[i].loader == "dali" else got[i].pixels,
+        np.testing.assert_array_equal(as_numpy(got[i].pixels) if got[i].loader == "dali" else got[i].pixels,
                                       loaders.load(items[i].src).pixels)
 
 
 def test_lane_uploads_host_images_through_its_pinned_buffer():
-    import torch
-
-    from visemz.pipeline.executor import CudaLane
-
     rng = np.random.default_rng(6)
     lane = CudaLane(0, torch.cuda.current_device())
     with lane:
@@ -247,5 +220,5 @@ def test_lane_uploads_host_images_through_its_pinned_buffer():
             a = (rng.standard_normal(shape) * 1000).astype(dtype)
             t = lane.to_device(a)
             assert t.is_cuda and tuple(t.shape) == shape
-            np.testing.assert_array_equal(_host(t), a)
+            np.testing.assert_array_equal(as_numpy(t), a)
         lane.finish()

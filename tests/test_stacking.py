@@ -1,15 +1,14 @@
 """The image-stacking job on Gloo (1-3 ranks) and through the CLI (one process)."""
 
-import json
-import os
-import subprocess
-import sys
 from datetime import timedelta
+import json
 
 import numpy as np
 import pytest
 import tifffile
 import torch.distributed as dist
+
+from visemz.collectives.stacking import StackConfig, stack
 
 from .collective_checks import run_ranks
 
@@ -27,8 +26,6 @@ def _frames(folder):
 
 
 def _worker(rank, world, init, folder, out, algorithm, queue):
-    from visemz.collectives.stacking import StackConfig, stack
-
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
         queue.put((rank, stack(folder, out, StackConfig(error_bound=1e-4, algorithm=algorithm))))
@@ -59,10 +56,8 @@ def test_stack_is_within_bound_and_reported(world, algorithm, tmp_path):
     assert json.loads((tmp_path / "stacked.tiff.json").read_text())["psnr_db"] == report["psnr_db"]
 
 
-def test_stack_command_single_process(tmp_path, model_weights):
+def test_stack_command_single_process(tmp_path, cli):
     _frames(tmp_path / "frames")
-    env = dict(os.environ, VISEMZ_DEVICE="cpu")
-    r = subprocess.run([sys.executable, "-m", "visemz", "stack", str(tmp_path / "frames"), "--out", str(tmp_path / "s.tiff")],
-                       capture_output=True, text=True, timeout=120, env=env, check=False)
-    assert r.returncode == 0, r.stderr
+    r = cli("stack", tmp_path / "frames", "--out", tmp_path / "s.tiff", "--device", "cpu")
+    assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["frames"] == FRAMES and (tmp_path / "s.tiff").is_file()

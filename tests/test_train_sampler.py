@@ -4,6 +4,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from compressai.entropy_models import EntropyBottleneck
 import numpy as np
 import pytest
 import torch

@@ -1,5 +1,7 @@
 """visemz: GPU-first compression for scientific images and tensors."""
 
+from .api import compress, decompress
+from .codec import ImageCodec
 from .errors import (
     CorruptStreamError,
     DeviceUnavailableError,
@@ -9,16 +11,7 @@ from .errors import (
     VisemzError,
 )
 
-__version__ = "0.1.0"
-
-
-def __getattr__(name):
-    # the codec imports torch and compressai: load it on first use, not at import
-    if name in ("compress", "decompress", "ImageCodec"):
-        from . import codec
-
-        return getattr(codec, name)
-    raise AttributeError(f"module 'visemz' has no attribute {name!r}")
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it (statically, without importing)
 
 __all__ = [
     "VisemzError",

@@ -7,33 +7,59 @@ could not run at all (bad arguments, unreadable source, unusable device).
 from __future__ import annotations
 
 import json
+import math
+import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
+import skimage.data
+import torch
+import torch.distributed as dist
 import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
 
-from . import __version__
+from . import __version__, container, measure
+from .collectives.stacking import StackConfig, stack
+from .device import resolve
+from .encoders import stream
 from .errors import VisemzError
 from .models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
+from .evaluation.runner import EvalConfig, evaluate
+from .pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
+from .pipeline.jobs import verify as verify_folder
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="GPU-first compression for scientific images.")
+
+class _Commands(TyperGroup):
+    """The command group: a ``VisemzError`` (bad input, unusable device) is a usage failure.
+
+    Handled here rather than in ``main`` so that the command behaves the same when run
+    in-process (typer's test runner) as when run from the shell."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except VisemzError as e:
+            typer.echo(f"visemz: error: {e}", err=True)
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
+                  help="GPU-first compression for scientific images.")
 
 
 def _progress(total_hint: str, quiet: bool):
     """A rich progress bar with images/s and MB/s, or nothing when quiet / not a terminal."""
     if quiet or not sys.stderr.isatty():
         return None, None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} images"),
                    TimeElapsedColumn(), transient=True)
     task = bar.add_task(total_hint, total=None)
     state = {"n": 0, "bytes": 0}
-    import time
-
     t0 = time.perf_counter()
 
     def update(result):
@@ -82,8 +108,6 @@ def compress(
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Compress images into .vsz files, mirroring the source tree."""
-    from .pipeline.jobs import CompressConfig, compress_folder
-
     rank, world = _torchrun_group(device)
     cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "")
     summary = _run_with_progress("compress", as_json or rank > 0,
@@ -95,13 +119,8 @@ def compress(
 
 def _torchrun_group(device: Optional[str]) -> tuple[int, int]:
     """Under torchrun: join the job's group (Gloo carries the manifest) and pick this rank's GPU."""
-    import os
-
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return 0, 1
-    import torch
-    import torch.distributed as dist
-
     if device != "cpu" and torch.cuda.is_available():
         _use_local_gpu()
     if not dist.is_initialized():
@@ -113,10 +132,6 @@ def _use_local_gpu() -> int:
     """Make torchrun's LOCAL_RANK this process's GPU (torch and cupy); returns its index.
 
     Without it every rank lands on GPU 0, and NCCL refuses two ranks on one device."""
-    import os
-
-    import torch
-
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     try:
@@ -139,8 +154,6 @@ def decompress(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Decompress .vsz files, restoring each image's dtype and shape."""
-    from .pipeline.jobs import DecompressConfig, decompress_folder
-
     if format not in ("png", "tiff", "npy"):
         raise typer.BadParameter(f"{format!r}: expected png, tiff or npy", param_hint="--format")
     cfg = DecompressConfig(format, device, streams, writer)
@@ -151,8 +164,6 @@ def decompress(
 @app.command()
 def info(file: Path) -> None:
     """Show a .vsz file's header, section sizes, ratio and bpp."""
-    from . import container
-
     try:
         data = file.read_bytes()
     except OSError as e:
@@ -165,20 +176,15 @@ def info(file: Path) -> None:
     paged = c.kind == "pages"
     if c.kind in ("image", "pages") and isinstance(shape, list) and len(shape) - paged in (2, 3) \
             and all(isinstance(s, int) and s > 0 for s in shape):
-        pages = shape[0] if paged else 1
-        h, w, *channels = shape[1:] if paged else shape
-        raw = pages * h * w * (channels[0] if channels else 1)
-        raw *= {"uint8": 1, "uint16": 2, "float32": 4}.get(meta.get("dtype"), 1)
-        out.update(bpp=round(8 * len(data) / (pages * h * w), 4), ratio=round(raw / len(data), 3))
+        raw = math.prod(shape) * {"uint8": 1, "uint16": 2, "float32": 4}.get(meta.get("dtype"), 1)
+        out.update(bpp=round(measure.bpp(len(data), measure.pixel_count(shape, paged)), 4), ratio=round(raw / len(data), 3))
     typer.echo(json.dumps(out, indent=1))
 
 
 @app.command()
 def verify(src: Path, dst: Path, device: Optional[str] = typer.Option(None)) -> None:
     """Decode the outputs in DST of the images in SRC and compare: PSNR and max error."""
-    from .pipeline.jobs import verify as run
-
-    rows = run(src, dst, device)
+    rows = verify_folder(src, dst, device)
     typer.echo(json.dumps(rows, indent=1))
     raise typer.Exit(1 if any("error" in r for r in rows) else 0)
 
@@ -192,19 +198,10 @@ def stack_cmd(
     device: Optional[str] = typer.Option(None, help="cpu or cuda"),
 ) -> None:
     """Sum frames across ranks (run under torchrun) with a compressed all_reduce."""
-    import os
-
-    import torch.distributed as dist
-
-    from .collectives.stacking import StackConfig, stack
-    from .device import resolve
-
     dev = resolve(device)
     started = not dist.is_initialized()
     if started:
         if "RANK" in os.environ and dev == "cuda":
-            import torch
-
             dist.init_process_group("nccl", device_id=torch.device("cuda", _use_local_gpu()))
         elif "RANK" in os.environ:
             dist.init_process_group("gloo")
@@ -229,11 +226,6 @@ def demo(
     device: Optional[str] = typer.Option(None),
 ) -> None:
     """The main job on an embedded default: compress scikit-image's sample images."""
-    import skimage.data
-
-    from .device import resolve
-    from .pipeline.jobs import CompressConfig, compress_folder, verify as run_verify
-
     data_dir = Path(skimage.data.__file__).parent
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "samples"
@@ -246,7 +238,7 @@ def demo(
         d = summary.to_dict()
         typer.echo(f"compressed {d['done']} sample images from scikit-image ({d['bytes_in']} -> {d['bytes_out']} bytes, "
                    f"ratio {d['ratio']}, {d['bpp']} bpp) in {d['seconds']} s on {resolve(device)}")
-        for row in run_verify(src, dst, device):
+        for row in verify_folder(src, dst, device):
             typer.echo(f"  {row['file']}: PSNR {row.get('psnr')} dB, max error {row.get('max_error')}")
     raise typer.Exit(1 if d["failed"] else 0)
 
@@ -260,28 +252,14 @@ def version() -> None:
 @app.command("ints-info")
 def ints_info(path: Path) -> None:
     """Describe an ints stream written by visemz.encoders.encode_ints."""
-    from .encoders import stream
-
     parsed = stream.parse(path.read_bytes())
     typer.echo(json.dumps({"entropy": parsed.entropy, "raw_size": parsed.raw_size, "frames": len(parsed.frames)}))
 
 
 def main() -> None:
-    try:
-        rc = app(standalone_mode=False)  # click returns the code of a typer.Exit here
-        sys.exit(rc if isinstance(rc, int) else 0)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except VisemzError as e:
-        typer.echo(f"visemz: error: {e}", err=True)
-        sys.exit(2)
-    except typer.Abort:
-        sys.exit(130)
-    except Exception as e:
-        if hasattr(e, "show") and hasattr(e, "exit_code"):  # usage errors of typer's bundled click
-            e.show()
-            sys.exit(2)
-        raise
+    """The console script: exit 0 when everything succeeded, 1 when some items failed, 2 on a
+    usage error (typer's own for bad arguments, ``_Commands`` for a ``VisemzError``)."""
+    app(prog_name="visemz")
 
 
 @app.command("eval")
@@ -295,9 +273,6 @@ def eval_cmd(
     no_crops: bool = typer.Option(False, "--no-crops", help="skip the matched-bpp crop figures"),
 ) -> None:
     """Rate-distortion evaluation against JPEG, JPEG 2000, WebP, nvJPEG, SZ3, ZFP and CompressAI (resumable)."""
-    from .device import resolve
-    from .evaluation.runner import EvalConfig, evaluate
-
     def names(s: Optional[str]):
         return tuple(n.strip() for n in s.split(",") if n.strip()) if s else None
 

@@ -1,7 +1,10 @@
 """ImageCodec: images <-> .vsz bytes, gluing model, block encoder and container.
 
-    buf = visemz.compress(image, model="balle2016", quality=4.5, max_error=None)
-    image = visemz.decompress(buf)
+    codec = ImageCodec("cuda")
+    buf = codec.compress(image, model="balle2016", quality=4.5, max_error=None)
+    image = codec.decompress(buf)
+
+(``visemz.compress`` / ``visemz.decompress`` in ``api.py`` use one per device.)
 
 ``quality`` is a float in [1, 8] on CompressAI's lambda ladder (the models are variable-rate).
 
@@ -178,20 +181,11 @@ def _check_header(h: dict, sections: dict) -> dict:
     if h.get("format") in FORMATS_NOT_READ:
         raise UnsupportedFormatError(f"image format {h['format']} ({FORMATS_NOT_READ[h['format']]}) is not read "
                                      f"by this build, which reads format {FORMAT}")
-    unknown = set(h) - META_KEYS
-    if unknown:
-        raise UnsupportedFormatError(f"image header has unknown fields {sorted(unknown)}")
-    missing = META_KEYS - set(h)
-    if missing:
-        raise CorruptStreamError(f"image header lacks fields {sorted(missing)}")
-    if h["format"] != FORMAT:
-        raise UnsupportedFormatError(f"image format {h['format']!r} (this build reads {FORMAT})")
+    container.check_meta(h, META_KEYS, KIND, FORMAT, DTYPES)
     try:
         registry.check_quality(h["quality"])
     except InvalidArgumentError:
         raise CorruptStreamError(f"image header quality {h['quality']!r} is not a number in [1, 8]") from None
-    if h["dtype"] not in DTYPES:
-        raise UnsupportedFormatError(f"image dtype {h['dtype']!r} is not one of {list(DTYPES)}")
     shape = h["shape"]
     if not (isinstance(shape, list) and len(shape) in (2, 3) and all(isinstance(s, int) and s >= 1 for s in shape)):
         raise CorruptStreamError(f"image shape {shape!r} is invalid")
@@ -216,19 +210,3 @@ def _check_header(h: dict, sections: dict) -> dict:
         if name not in sections:
             raise CorruptStreamError(f"image lacks the symbol section {name!r}")
     return h
-
-
-@functools.lru_cache(maxsize=4)
-def _default(device: str | None) -> ImageCodec:
-    return ImageCodec(device)
-
-
-def compress(image, *, model: str = DEFAULT_MODEL, quality: float = registry.DEFAULT_QUALITY, max_error=None,
-             device: str | None = None) -> bytes:
-    """Compress an HxW or HxWxC image (uint8, uint16 or float32; NumPy, cupy or torch) to .vsz bytes."""
-    return _default(device).compress(image, model=model, quality=quality, max_error=max_error)
-
-
-def decompress(buf, *, device: str | None = None) -> np.ndarray:
-    """Decompress .vsz bytes to a NumPy array of the original dtype and shape."""
-    return _default(device).decompress(buf)

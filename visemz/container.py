@@ -60,6 +60,21 @@ def pack(kind: str, meta: dict[str, Any], sections: dict[str, bytes]) -> bytes:
     return b"".join([fixed, struct.pack("<Q", xxh64(fixed, table, hbytes)), table, hbytes, *bodies])
 
 
+def check_meta(meta: dict[str, Any], keys: set[str], kind: str, version: int, dtypes) -> None:
+    """What a kind's meta is checked for first: exactly ``keys`` (a key this build does not know
+    is a newer writer's: UnsupportedFormatError; a missing one, damage), this build's ``version``
+    of the kind, and a dtype it decodes."""
+    unknown, missing = set(meta) - keys, keys - set(meta)
+    if unknown:
+        raise UnsupportedFormatError(f"{kind} header has unknown fields {sorted(unknown)}")
+    if missing:
+        raise CorruptStreamError(f"{kind} header lacks fields {sorted(missing)}")
+    if meta["format"] != version:
+        raise UnsupportedFormatError(f"{kind} format {meta['format']!r} (this build reads {version})")
+    if meta["dtype"] not in dtypes:
+        raise UnsupportedFormatError(f"{kind} dtype {meta['dtype']!r} is not one of {list(dtypes)}")
+
+
 def _reject_constant(name: str):
     raise CorruptStreamError(f"container header holds the non-JSON constant {name}")
 

@@ -20,7 +20,6 @@ elsewhere (every rank alike) or drops one so the next call calibrates again.
 
 from __future__ import annotations
 
-import statistics
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .. import measure
 from ..config import DEFAULTS
 from ..errors import InvalidArgumentError
 from . import algorithms as A
@@ -162,15 +162,5 @@ def _run(algorithm: str, eng, buf: torch.Tensor, group, dtype: str) -> int:
 def _median_seconds(run, reset) -> tuple[float, int]:
     """Median of REPS timed runs after a warm-up (communicators, kernels, allocator); ``reset``
     restores the input before each run, untimed, so every run sums the same values."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else (lambda: None)
-    reset()
-    out = run()
-    times = []
-    for _ in range(REPS):
-        reset()
-        sync()
-        t0 = time.perf_counter()
-        out = run()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return measure.median_seconds(run, REPS, warmup=1, sync=sync, reset=reset)

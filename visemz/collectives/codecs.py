@@ -23,8 +23,10 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from .. import device as dev
+from .. import cuda
+from . import gpu
 from ..encoders import decode_ints, encode_ints
 from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 from ..framing import read_prefix
@@ -36,9 +38,7 @@ _CODES = {name: i for i, name in enumerate(FLOATS)}
 
 def _as_array(x) -> tuple[np.ndarray, str]:
     """NumPy view of a float tensor (torch CPU tensors and bf16 included) and its dtype name."""
-    if hasattr(x, "detach"):  # torch
-        import torch
-
+    if isinstance(x, torch.Tensor):
         name = str(x.dtype).replace("torch.", "")
         if name == "bfloat16":
             return x.detach().contiguous().view(torch.int16).cpu().numpy().view(np.uint16), name
@@ -96,9 +96,7 @@ class ErrorBounded:
         return q.astype(np.int32)
 
     def encode(self, x) -> bytes:
-        if dev.is_gpu_array(x):  # quantised and encoded on the GPU; the host sees only the stream
-            from . import gpu
-
+        if cuda.is_gpu_array(x):  # quantised and encoded on the GPU; the host sees only the stream
             s, name = gpu.eb_encode(x, self.eb)
             return self._head(name) + gpu.stream_bytes(s)
         q, name = self.quantize(x)
@@ -106,15 +104,11 @@ class ErrorBounded:
 
     def encode_device(self, x):
         """CUDA tensor / cupy array -> ``gpu.DeviceStream`` (the block stream, in device memory) and dtype name."""
-        from . import gpu
-
         return gpu.eb_encode(x, self.eb)
 
     def decode_device(self, s, dtype: str = "float64"):
         """``gpu.DeviceStream`` -> cupy array of 2 eb q: float64 (the exact reconstruction), or
         ``dtype`` rounded as ``decode`` rounds (bf16 as uint16 bit patterns), in one kernel."""
-        from . import gpu
-
         return gpu.eb_decode(s, self.eb, dtype)
 
     def _head(self, dtype: str) -> bytes:
@@ -167,9 +161,7 @@ class Lossless:
     codec_id: str = "visemz-lossless"
 
     def encode(self, x) -> bytes:
-        if dev.is_gpu_array(x):
-            from . import gpu
-
+        if cuda.is_gpu_array(x):
             wire, _name = gpu.ll_encode(x, FLOATS, self._head)
             return gpu.ll_bytes(wire.get().tobytes(), LL_HEAD.size + 32)
         a, name = _as_array(x)
@@ -198,14 +190,10 @@ class Lossless:
     def encode_device(self, x):
         """CUDA tensor / cupy array -> (device buffer, dtype name).  The buffer is this format with the
         escape gaps as a raw block stream instead of a checksummed ints stream (for NCCL only)."""
-        from . import gpu
-
         return gpu.ll_encode(x, FLOATS, self._head)
 
     def decode_device(self, buf, n: int, dtype: str):
         """Device buffer from ``encode_device`` -> float64 cupy array of the ``n`` exact values."""
-        from . import gpu
-
         return gpu.bits_to_float64(gpu.ll_decode_wire(buf, n, dtype, FLOATS, LL_HEAD), dtype)
 
     def decode(self, buf) -> np.ndarray:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import cuda
+from . import gpu
 from .codecs import ErrorBounded, Lossless, _to_float64
 from .homomorphic import add as host_add
 
@@ -48,22 +50,20 @@ class DeviceEngine:
     """GPU codecs (``gpu.py``); payloads are CUDA tensors viewing cupy buffers, or the reverse."""
 
     def __init__(self, codec, device: torch.device):
-        from . import gpu
-
-        self.codec, self.device, self.gpu = codec, device, gpu
+        self.codec, self.device = codec, device
 
     def _stream_of(self, p: torch.Tensor, n: int):
-        cp = self.gpu.dev.require_cupy()
-        with self.gpu.torch_stream():
-            return self.gpu.DeviceStream(cp.asarray(p), cp.asarray([p.numel()], dtype=cp.uint64), n, known=p.numel())
+        cp = cuda.require_cupy()
+        with gpu.torch_stream():
+            return gpu.DeviceStream(cp.asarray(p), cp.asarray([p.numel()], dtype=cp.uint64), n, known=p.numel())
 
     def _launch(self, t: torch.Tensor):
         """A DeviceStream (error-bounded) or a device buffer (lossless); no size read yet."""
         return self.codec.encode_device(t)[0]
 
     def _payload(self, enc) -> torch.Tensor:
-        with self.gpu.torch_stream():
-            raw = enc.bytes_view() if isinstance(enc, self.gpu.DeviceStream) else enc
+        with gpu.torch_stream():
+            raw = enc.bytes_view() if isinstance(enc, gpu.DeviceStream) else enc
             return torch.as_tensor(raw, device=self.device)
 
     def encode_many(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -87,15 +87,15 @@ class DeviceEngine:
         return out
 
     def add(self, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
-        return self._payload(self.gpu.add(self._stream_of(a.to(self.device), n), self._stream_of(b.to(self.device), n)))
+        return self._payload(gpu.add(self._stream_of(a.to(self.device), n), self._stream_of(b.to(self.device), n)))
 
     def values(self, p: torch.Tensor, n: int, name: str) -> torch.Tensor:
         p = p.to(self.device)
-        with self.gpu.torch_stream():
+        with gpu.torch_stream():
             if isinstance(self.codec, ErrorBounded):
                 v = self.codec.decode_device(self._stream_of(p, n))
             else:
-                v = self.codec.decode_device(self.gpu.dev.as_cupy(p), n, name)
+                v = self.codec.decode_device(cuda.as_cupy(p), n, name)
             return torch.as_tensor(v, device=self.device)
 
 

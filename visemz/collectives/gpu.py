@@ -2,7 +2,7 @@
 
 Byte for byte the same as the NumPy path in ``codecs.py`` (tests/test_collectives_gpu.py):
 
-- error-bounded: one kernel quantises and encodes (``eb_encode_*`` in ``encoders/cuda/block.cu``:
+- error-bounded: one kernel quantises and encodes (``eb_encode_*`` in ``cuda/floats.cu``:
   q = rint(float64(x) / (2 eb)) with IEEE division and round-half-even, exactly NumPy's, fused
   with the shared block encoder's per-block body); one kernel decodes and dequantises
   (``eb_decode_*``, into float64 or the tensor's own dtype);
@@ -24,8 +24,9 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from .. import device as dev
+from .. import cuda
 from ..encoders import entropy as E
 from ..encoders import gpu as G
 from ..encoders import layout as L
@@ -33,17 +34,21 @@ from ..encoders import stream
 from ..config import DEFAULTS
 from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
 
+FLOATS_SOURCE = ("visemz.collectives", "cuda/floats.cu")
 BLOCK = L.POLICIES["block"]
 GLOBAL = L.POLICIES["global"]
 _TORCH_FLOATS = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
+def kernel(name: str):
+    """A kernel of floats.cu (block_add and copy_sized are the block encoder's: ``G.kernel``)."""
+    return G.kernel(name, FLOATS_SOURCE)
+
+
 @contextlib.contextmanager
 def torch_stream():
     """Run cupy work on torch's current CUDA stream (so NCCL and torch ops see it in order)."""
-    cp = dev.require_cupy()
-    import torch
-
+    cp = cuda.require_cupy()
     s = torch.cuda.current_stream()
     with cp.cuda.Device(s.device.index), cp.cuda.ExternalStream(s.cuda_stream):
         yield cp
@@ -51,10 +56,8 @@ def torch_stream():
 
 def float_bits(x) -> tuple[object, str]:
     """A flat cupy view of a CUDA float tensor or cupy array and its dtype name (bf16 as uint16 bits)."""
-    cp = dev.require_cupy()
-    if hasattr(x, "detach"):  # torch CUDA tensor
-        import torch
-
+    cp = cuda.require_cupy()
+    if isinstance(x, torch.Tensor):  # a CUDA tensor
         name = str(x.dtype).replace("torch.", "")
         if name not in _TORCH_FLOATS:
             raise UnsupportedFormatError(f"dtype {name} is not a float the collectives codecs take")
@@ -62,21 +65,21 @@ def float_bits(x) -> tuple[object, str]:
         if name == "bfloat16":
             return cp.asarray(t.view(torch.int16)).view(cp.uint16), name
         return cp.asarray(t), name
-    a = cp.ascontiguousarray(dev.as_cupy(x)).reshape(-1)
+    a = cp.ascontiguousarray(cuda.as_cupy(x)).reshape(-1)
     if a.dtype.name not in ("float32", "float16"):
         raise UnsupportedFormatError(f"dtype {a.dtype.name} is not a float the collectives codecs take")
     return a, a.dtype.name
 
 
 def to_float64(a, name: str):
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     if name == "bfloat16":
         return (a.astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
     return a.astype(cp.float64)
 
 
 # --------------------------------------------------------------- error-bounded
-# kernel-name suffix of each float format (block.cu's FLOAT_KERNELS)
+# kernel-name suffix of each float format (floats.cu's FLOAT_KERNELS)
 SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64"}
 # result cells of the fused encoder: [stream size, error bits, largest |x| with too many steps (float32 bits)]
 EB_NONFINITE, EB_TOO_MANY_STEPS = 1, 2
@@ -114,7 +117,7 @@ class DeviceStream:
         if err & EB_TOO_MANY_STEPS:
             big = float(np.uint32(worst).view(np.float32))
             raise LimitExceededError(f"values up to {big:.3g} need more than int32 steps of 2*eb={2 * self.eb:g}")
-        if size > self.data.size:  # the kernel's look-back gave up (see look_back in block.cu)
+        if size > self.data.size:  # the kernel's look-back gave up (see look_back in encoders/cuda/block.cuh)
             raise VisemzError(f"GPU block encoder failed (reported size {size:#x})")
         return size
 
@@ -150,9 +153,9 @@ def eb_encode(x, eb: float) -> tuple[DeviceStream, str]:
             return DeviceStream(_empty_stream(cp, cells), cells[0:1], 0, cells, eb), name
         out = cp.empty(L.max_stream_size(BLOCK, n), cp.uint8)
         ntiles = L.n_tiles(n)
-        status, _stats, _size, counter = G._workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
-        G.kernel(f"eb_encode_{SUFFIX[name]}")((ntiles,), (G.THREADS,), (
-            a, np.int64(n), np.float64(2 * eb), out, status, counter, cells))
+        scratch = G.workspace(ntiles)
+        kernel(f"eb_encode_{SUFFIX[name]}")((ntiles,), (G.THREADS,), (
+            a, np.int64(n), np.float64(2 * eb), out, scratch.status, scratch.tile_counter, cells))
         return DeviceStream(out, cells[0:1], n, cells, eb), name
 
 
@@ -174,7 +177,7 @@ def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64"):
         if s.n == 0:
             return out
         err = cp.zeros(1, cp.int32)
-        G.kernel(f"eb_decode_{SUFFIX[dtype]}")((L.n_tiles(s.n),), (G.THREADS,), (
+        kernel(f"eb_decode_{SUFFIX[dtype]}")((L.n_tiles(s.n),), (G.THREADS,), (
             raw, np.int64(raw.size), np.int64(s.n), np.float64(2 * eb), out, err))
         code = int(err.get()[0])
     if code:
@@ -234,11 +237,11 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False) -> DeviceStream
             out[: L.HEADER_SIZE] = cp.asarray(np.frombuffer(L.Header(BLOCK, True, 0, 0, 0, 0).pack(), np.uint8))
             size, size_word = cp.asarray([L.HEADER_SIZE], cp.uint64), L.HEADER_SIZE
         else:
-            status, _stats, _size, counter = G._workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
+            scratch = G.workspace(ntiles)
             cells = _cells(cp)
             cells.fill(0)
             G.kernel("block_add")((ntiles,), (G.THREADS,), (
-                sa, np.int64(sa.size), sb, np.int64(sb.size), np.int64(n), np.int32(1), out, status, counter,
+                sa, np.int64(sa.size), sb, np.int64(sb.size), np.int64(n), np.int32(1), out, scratch.status, scratch.tile_counter,
                 cells[0:1], cells[1:2].view(cp.int32)))
             size_word, err = (int(v) for v in cells.get())  # one read: size and error bits
             if err & 64:
@@ -256,7 +259,7 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False) -> DeviceStream
 
 
 # ------------------------------------------------------------------- lossless
-LL_TILE = 2048  # values per thread block of the ll_* kernels (256 threads x 8: block.cu's LL_TILE)
+LL_TILE = 2048  # values per thread block of the ll_* kernels (256 threads x 8: floats.cu's LL_TILE)
 TABLE_BYTES = 32  # the four u64 section sizes after the fixed header
 
 
@@ -283,7 +286,7 @@ def ll_encode(x, floats: dict, head) -> tuple[object, str]:
         counts = cp.zeros(256, cp.uint64)
         if n:
             grid = min(-(-n // G.THREADS), G.sm_count() * 8)
-            G.kernel(f"ll_histogram_{sfx}")((grid,), (G.THREADS,), (u, np.int64(n), counts))
+            kernel(f"ll_histogram_{sfx}")((grid,), (G.THREADS,), (u, np.int64(n), counts))
         hist = counts.get().astype(np.int64)
         top = bytes(np.argsort(-hist, kind="stable")[:7].astype(np.uint8))  # codecs.Lossless.encode's rule
         n_esc = n - int(hist[list(top)].sum())
@@ -295,9 +298,10 @@ def ll_encode(x, floats: dict, head) -> tuple[object, str]:
         counted = cp.zeros(1, cp.uint64)
         if n:
             ntiles = -(-n // LL_TILE)
-            status, _stats, _size, counter = G._workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
-            G.kernel(f"ll_encode_{sfx}")((ntiles,), (G.THREADS,), (
-                u, np.int64(n), _table_word(top), buf[front:], buf[front + sizes[0]:], pos, exps, status, counter, counted))
+            scratch = G.workspace(ntiles)
+            kernel(f"ll_encode_{sfx}")((ntiles,), (G.THREADS,), (
+                u, np.int64(n), _table_word(top), buf[front:], buf[front + sizes[0]:], pos, exps, scratch.status,
+                scratch.tile_counter, counted))
         gaps = cp.diff(pos, prepend=0).astype(cp.int32) if n_esc else cp.zeros(0, cp.int32)
         gap_stream, gap_size = G.encode_block_stream(gaps, GLOBAL, True)
         gs, got = (int(v) for v in cp.concatenate([gap_size, counted]).get())  # one read: both sizes
@@ -328,7 +332,7 @@ def ll_decode_wire(buf, n: int, name: str, floats: dict, head_struct: struct.Str
     exponent), ``ll_escapes_*`` checks the escape list against the codes and fills in the escaped
     exponents.  Host reads: the fixed header, the gap stream's header and error word, one result word.
     """
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     with torch_stream():
         hs = head_struct.size
         front = buf[: hs + TABLE_BYTES].get().tobytes()
@@ -351,11 +355,11 @@ def ll_decode_wire(buf, n: int, name: str, floats: dict, head_struct: struct.Str
         cells = cp.zeros(2, cp.uint64)  # code-7 values counted, error bits
         sfx = SUFFIX[name]
         if n:
-            G.kernel(f"ll_decode_{sfx}")((-(-n // LL_TILE),), (G.THREADS,), (
+            kernel(f"ll_decode_{sfx}")((-(-n // LL_TILE),), (G.THREADS,), (
                 codes, rest, np.int64(n), _table_word(top), out, cells))
         if pos.size:
             grid = min(-(-pos.size // G.THREADS), G.sm_count() * 8)
-            G.kernel(f"ll_escapes_{sfx}")((grid,), (G.THREADS,), (
+            kernel(f"ll_escapes_{sfx}")((grid,), (G.THREADS,), (
                 pos, exps, np.int64(pos.size), codes, np.int64(n), out, cells))
         counted, err = (int(v) for v in cells.get())
     if counted != pos.size or err & 1:

@@ -253,6 +253,17 @@ def _decode_into(eng, payload: torch.Tensor, out: torch.Tensor, name: str) -> No
     write_values(out, eng.values(payload, out.numel(), name))
 
 
+def _moved(op: str, key, group, codec, like: torch.Tensor, plain, compressed, async_op: bool):
+    """Run a data-movement collective: agree on the settings, then ``plain()`` (torch.distributed's
+    own) when codec is None, else ``compressed(engine)``."""
+
+    def work():
+        _agree(key, group, op)
+        return plain() if codec is None else compressed(engine_for(like, codec))
+
+    return _run(work, async_op)
+
+
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None, codec=DEFAULT_CODEC,
                async_op: bool = False):
     w = T.world(group)
@@ -260,33 +271,31 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
         raise InvalidArgumentError(f"all_gather needs {w} outputs (one per rank), got {len(tensor_list)}")
     key, name = _settings([tensor, *tensor_list], "sum", codec, "auto", "all_gather")
 
-    def work():
-        _agree(key, group, "all_gather")
-        if codec is None:
-            dist.all_gather(tensor_list, tensor, group)
-        else:
-            eng = engine_for(tensor, codec)
-            for out, p in zip(tensor_list, T.all_gather(eng.encode_many([_flat(tensor)])[0], group)):
-                _decode_into(eng, p, _flat(out), name)
+    def plain():
+        dist.all_gather(tensor_list, tensor, group)
         return tensor_list
 
-    return _run(work, async_op)
+    def compressed(eng):
+        for out, p in zip(tensor_list, T.all_gather(eng.encode_many([_flat(tensor)])[0], group)):
+            _decode_into(eng, p, _flat(out), name)
+        return tensor_list
+
+    return _moved("all_gather", key, group, codec, tensor, plain, compressed, async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None, codec=DEFAULT_CODEC, async_op: bool = False):
     key, name = _settings([tensor], "sum", codec, "auto", "broadcast", src)
 
-    def work():
-        _agree(key, group, "broadcast")
-        if codec is None:
-            dist.broadcast(tensor, src, group)
-        else:
-            eng = engine_for(tensor, codec)
-            mine = eng.encode_many([_flat(tensor)])[0] if T.rank(group) == src else None
-            _decode_into(eng, T.broadcast(mine, src, group), _flat(tensor), name)
+    def plain():
+        dist.broadcast(tensor, src, group)
         return tensor
 
-    return _run(work, async_op)
+    def compressed(eng):
+        mine = eng.encode_many([_flat(tensor)])[0] if T.rank(group) == src else None
+        _decode_into(eng, T.broadcast(mine, src, group), _flat(tensor), name)
+        return tensor
+
+    return _moved("broadcast", key, group, codec, tensor, plain, compressed, async_op)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int, group=None,
@@ -298,12 +307,11 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: 
         raise InvalidArgumentError(f"scatter's root needs a list of {w} tensors")
     key, name = _settings([tensor], "sum", codec, "auto", "scatter", src)
 
-    def work():
-        _agree(key, group, "scatter")
-        if codec is None:
-            dist.scatter(tensor, scatter_list if r == src else None, src, group)
-            return tensor
-        eng = engine_for(tensor, codec)
+    def plain():
+        dist.scatter(tensor, scatter_list if r == src else None, src, group)
+        return tensor
+
+    def compressed(eng):
         if r == src:
             parts = eng.encode_many([_flat(t.contiguous()) for t in scatter_list])
             T.exchange({i: p for i, p in enumerate(parts) if i != src}, [], group)
@@ -312,7 +320,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: 
             _decode_into(eng, T.exchange({}, [src], group)[src], _flat(tensor), name)
         return tensor
 
-    return _run(work, async_op)
+    return _moved("scatter", key, group, codec, tensor, plain, compressed, async_op)
 
 
 def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], group=None,

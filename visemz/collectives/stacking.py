@@ -19,18 +19,20 @@ keeps first-use costs (kernel compilation, connections, auto's calibration) out 
 
 from __future__ import annotations
 
+import io
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tifffile
 import torch
 import torch.distributed as dist
 
+from .. import measure
 from ..errors import InvalidArgumentError
-from ..pipeline import files, loaders, writers
+from ..io import files, loaders, writers
 from . import transport as T
 from .codecs import ErrorBounded
 from .ops import all_reduce, last_algorithm, phase_times
@@ -106,8 +108,7 @@ def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None)
     if rank != 0:
         return None
     err = stacked.double() - exact
-    rng = float(exact.max() - exact.min()) or 1.0
-    mse = float((err**2).mean())
+    psnr = measure.psnr(exact.numpy(), stacked.numpy())  # peak: the exact stack's value range
     # the bound holds on the float64 reconstruction; the float32 stack adds up to half a unit in the last place
     rounding = float(np.spacing(np.float32(float(exact.abs().max()) + world * eb))) / 2
     bound, max_err = world * eb + rounding, float(err.abs().max())
@@ -115,17 +116,13 @@ def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None)
         "frames": len(frames), "ranks": world, "shape": list(stacked.shape),
         "error_bound_relative": cfg.error_bound, "error_bound_absolute_per_rank": eb,
         "max_abs_error": max_err, "float32_rounding": rounding, "bound_total": bound, "within_bound": max_err <= bound,
-        "psnr_db": (10 * math.log10(rng**2 / mse)) if mse else float("inf"),
-        "nrmse": math.sqrt(mse) / rng,
+        "psnr_db": psnr,
+        "nrmse": 10 ** (-psnr / 20),  # RMS error over that range
         "algorithm": algorithm,  # what ran (auto's choice)
         "seconds": {k: round(v, 6) for k, v in t.items()},
         "compressed_allreduce_phases_seconds": {k: round(v, 6) for k, v in phases.items()},
         "speedup_over_plain_allreduce": round(t["plain_allreduce"] / max(t["compress_communicate_reduce"], 1e-12), 4),
     }
-    import io
-
-    import tifffile
-
     buf = io.BytesIO()
     tifffile.imwrite(buf, stacked.numpy().astype(np.float32))
     writers.write_atomic(out, buf.getvalue())

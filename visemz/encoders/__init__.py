@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import device as dev
+from .. import cuda
 from ..config import DEFAULTS
 from . import entropy as E
 from . import layout as L
-from . import reference, stream
+from . import gpu, reference, stream
 
 __all__ = ["encode_ints", "decode_ints", "EncoderConfig", "POLICIES", "ENTROPIES"]
 
@@ -44,9 +44,7 @@ def encode_ints(arr, *, policy: str = "global", bitshuffle: bool = True, entropy
     entropy: "zstd" (CPU or GPU), "ans" (nvCOMP, GPU only) or "none".
     """
     cfg = EncoderConfig(policy, bitshuffle, entropy)
-    if dev.is_gpu_array(arr):
-        from . import gpu
-
+    if cuda.is_gpu_array(arr):
         return gpu.encode_ints(arr, cfg)
     a = np.asarray(arr)
     L.check_dtype(a.dtype.name)
@@ -63,11 +61,9 @@ def decode_ints(buf, *, device: str | None = None):
     device None or "cpu": a NumPy array, decoded on the CPU.  "cuda": a cupy array,
     decoded on the GPU.  "auto": the GPU when one is usable.
     """
-    where = dev.resolve(device or "cpu")
+    where = cuda.resolve(device or "cpu")
     parsed = stream.parse(buf)
     if where == "cuda":
-        from . import gpu
-
         return gpu.decode_ints(parsed)
     if parsed.entropy == E.KINDS["none"]:
         raw = parsed.frames[0]

@@ -11,10 +11,11 @@ import atexit
 import functools
 import gc
 from importlib import resources
+from typing import NamedTuple
 
 import numpy as np
 
-from .. import device as dev
+from .. import cuda
 from ..config import DEFAULTS
 from ..errors import CorruptStreamError, DeviceUnavailableError, VisemzError
 from . import entropy as E
@@ -24,28 +25,44 @@ from . import stream
 THREADS = 256
 
 
+BLOCK_SOURCE = ("visemz.encoders", "cuda/block.cu")
+# block.cuh, the building blocks every kernel source that uses the block stream includes
+INCLUDE_DIR = resources.files("visemz.encoders").joinpath("cuda")
+
+
 @functools.lru_cache(maxsize=None)
-def _module(device_id: int):
-    cp = dev.require_cupy()
-    src = resources.files("visemz.encoders").joinpath("cuda/block.cu").read_text()
-    with cp.cuda.Device(device_id):
-        return cp.RawModule(code=src, options=("-std=c++17",))  # cupy targets the device's own arch
+def _module(package: str, path: str, device_id: int):
+    cp = cuda.require_cupy()
+    src = resources.files(package).joinpath(path).read_text()
+    with cp.cuda.Device(device_id):  # cupy targets the device's own arch
+        return cp.RawModule(code=src, options=("-std=c++17", f"-I{INCLUDE_DIR}"))
 
 
-def kernel(name: str):
-    cp = dev.require_cupy()
-    return _module(cp.cuda.Device().id).get_function(name)
+def kernel(name: str, source: tuple[str, str] = BLOCK_SOURCE):
+    """A kernel of a CUDA source (package, path), compiled with nvrtc once per device: the block
+    encoder's by default; other sources (the collectives' floats.cu) include block.cuh."""
+    cp = cuda.require_cupy()
+    return _module(*source, cp.cuda.Device().id).get_function(name)
 
 
 # global_stats output: value, block-min and block-max histograms, then non-zero planes per width
 N_STATS = 3 * L.N_CATEGORIES + len(L.GLOBAL_WIDTHS)
 
 
-class _Workspace:
+class Scratch(NamedTuple):
+    """Zeroed scratch of one launch with decoupled look-back (views of the stream's ``Workspace``)."""
+
+    status: object  # uint64 per tile: the look-back's aggregate / prefix words
+    stats: object  # uint64[N_STATS]: global_stats' histograms
+    out_size: object  # uint64[1]: the stream size the last tile writes
+    tile_counter: object  # uint32[1]: tiles take their index from it in launch order
+
+
+class Workspace:
     """Per-(device, stream) scratch: look-back status words, tile counter, stats and size cells.
 
-    One per stream so that encodes on several streams (the multi-stream pipeline)
-    never share status words or counters."""
+    One per stream so that kernels on several streams (the multi-stream pipeline, the
+    collectives' parts) never share status words or counters."""
 
     def __init__(self, cp):
         self.cp = cp
@@ -53,7 +70,7 @@ class _Workspace:
         # [0, N_STATS) stats | N_STATS: out_size | N_STATS + 1: tile counter (low 32 bits)
         self.small = cp.zeros(N_STATS + 2, cp.uint64)
 
-    def reset(self, ntiles: int):
+    def reset(self, ntiles: int) -> Scratch:
         cp = self.cp
         if self.status.size < ntiles:
             self.status = cp.zeros(max(ntiles, 1024), cp.uint64)
@@ -61,23 +78,31 @@ class _Workspace:
             self.status[:ntiles].fill(0)
         self.small.fill(0)
         s = self.small
-        return self.status, s[:N_STATS], s[N_STATS : N_STATS + 1], s[N_STATS + 1 : N_STATS + 2].view(cp.uint32)
+        return Scratch(self.status, s[:N_STATS], s[N_STATS : N_STATS + 1], s[N_STATS + 1 : N_STATS + 2].view(cp.uint32))
 
 
 @functools.lru_cache(maxsize=256)
-def _workspace(device_id: int, stream_ptr: int) -> _Workspace:
-    return _Workspace(dev.require_cupy())
+def _workspace(device_id: int, stream_ptr: int) -> Workspace:
+    return Workspace(cuda.require_cupy())
+
+
+def workspace(ntiles: int) -> Scratch:
+    """The current device and stream's scratch, zeroed for a launch over ``ntiles`` tiles.
+
+    Work queued on the stream before still sees the old values: the zeroing is queued after it."""
+    cp = cuda.require_cupy()
+    return _workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
 
 
 def _as_int32(arr):
-    cp = dev.require_cupy()
-    a = dev.as_cupy(arr)
+    cp = cuda.require_cupy()
+    a = cuda.as_cupy(arr)
     L.check_dtype(a.dtype.name)
     return cp.ascontiguousarray(a.reshape(-1), dtype=cp.int32)
 
 
 def sm_count() -> int:
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     return cp.cuda.Device().attributes["MultiProcessorCount"]
 
 
@@ -92,7 +117,7 @@ def encode_block_stream(arr, policy: int, bitshuffle: bool):
 
     No host synchronisation: the size stays on the device until the caller reads it.
     """
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     v = _as_int32(arr)
     n = v.size
     L.check_count(n)
@@ -102,7 +127,7 @@ def encode_block_stream(arr, policy: int, bitshuffle: bool):
         out[: len(hdr)] = cp.asarray(np.frombuffer(hdr, np.uint8))
         return out, cp.asarray([len(hdr)], cp.uint64)
     ntiles = L.n_tiles(n)
-    status, stats, out_size, counter = _workspace(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr).reset(ntiles)
+    status, stats, out_size, counter = workspace(ntiles)
     args_tail = (np.int32(bitshuffle), out, status, counter, out_size)
     if policy == L.POLICIES["global"]:
         global_stats(v, stats)
@@ -116,14 +141,14 @@ def encode_raw(arr, policy: int, bitshuffle: bool):
     """The block stream as a cupy uint8 array (reads its size: one host sync)."""
     out, size = encode_block_stream(arr, policy, bitshuffle)
     nbytes = int(size.get()[0])
-    if nbytes > out.size:  # the kernel's look-back gave up (see look_back in block.cu)
+    if nbytes > out.size:  # the kernel's look-back gave up (see look_back in block.cuh)
         raise VisemzError(f"GPU block encoder failed (reported size {nbytes:#x})")
     return out[:nbytes]
 
 
 def decode_block_stream(raw):
     """Block stream on the GPU (cupy uint8) -> int32 cupy array; reads the 24-byte header and an error word."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     if raw.size < L.HEADER_SIZE:
         raise CorruptStreamError(f"block stream of {raw.size} bytes is shorter than its {L.HEADER_SIZE}-byte header")
     head = memoryview(raw[: L.HEADER_SIZE].get().tobytes())
@@ -151,7 +176,7 @@ def _nvcomp():
         from nvidia import nvcomp
     except ImportError:
         raise DeviceUnavailableError("nvCOMP is not installed: pip install 'visemz[gpu]' (nvidia-nvcomp-cu13)") from None
-    _use_cupy_pools(nvcomp, dev.require_cupy())
+    _use_cupy_pools(nvcomp, cuda.require_cupy())
     return nvcomp
 
 
@@ -198,7 +223,7 @@ def _codec(algorithm: str, device_id: int, stream_ptr: int, options: tuple):
 
 def codec(algorithm: str, **options):
     """An nvCOMP RAW-bitstream codec bound to the current device and stream (cached)."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     return _codec(algorithm, cp.cuda.Device().id, cp.cuda.get_current_stream().ptr, tuple(sorted(options.items())))
 
 
@@ -208,7 +233,7 @@ def _entropy_codec(kind: int):
 
 def compress_frames(raw, kind: int, chunk: int) -> list:
     """Block stream on the GPU -> list of compressed frames (cupy uint8 views), one per chunk."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     nv = _nvcomp()
     s = cp.cuda.get_current_stream().ptr
     pieces = [nv.as_array(raw[a:b], cuda_stream=s) for a, b in E.chunk_bounds(raw.size, chunk)]
@@ -221,7 +246,7 @@ def compress_frames(raw, kind: int, chunk: int) -> list:
 
 def decompress_frames(frames: list, kind: int, sizes: list[int]):
     """Host frames -> the block stream on the GPU (cupy uint8), each frame checked against its size."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     nv = _nvcomp()
     s = cp.cuda.get_current_stream().ptr
     # nvCOMP wants aligned compressed chunks (ANS faults on odd addresses): 16-byte slots.
@@ -250,7 +275,7 @@ def encode_ints(arr, cfg) -> bytes:
     if kind == E.KINDS["none"]:
         return stream.pack(raw.size, kind, DEFAULTS.entropy_chunk, [raw.get().tobytes()])
     frames = compress_frames(raw, kind, DEFAULTS.entropy_chunk)
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     host = cp.concatenate(frames).get().tobytes() if frames else b""
     parts, pos = [], 0
     for f in frames:
@@ -260,7 +285,7 @@ def encode_ints(arr, cfg) -> bytes:
 
 
 def decode_ints(parsed: stream.Frames):
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     if parsed.entropy == E.KINDS["none"]:
         raw = cp.asarray(np.frombuffer(parsed.frames[0], np.uint8))
     else:

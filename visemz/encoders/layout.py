@@ -1,7 +1,7 @@
 """The block stream's layout: constants, header, section sizes, width choice.
 
 One definition shared by the NumPy reference and the CUDA kernels (which
-mirror these constants in ``cuda/block.cu``); docs/FORMAT.md describes the
+mirror these constants in ``cuda/block.cuh``); docs/FORMAT.md describes the
 same bytes in prose.
 """
 

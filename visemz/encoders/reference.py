@@ -1,6 +1,6 @@
 """NumPy reference of the block encoder: vectorised, and the definition of the bytes.
 
-The CUDA kernels in ``cuda/block.cu`` must produce exactly these bytes; the tests
+The CUDA kernels in ``cuda/block.cu`` (with ``cuda/block.cuh``) must produce exactly these bytes; the tests
 compare the two on every input they generate.  Work is vectorised over whole
 arrays; Python loops run only over tiles or widths, never over values.
 """

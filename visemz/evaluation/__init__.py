@@ -1,18 +1,12 @@
 """Rate-distortion evaluation: visemz against the codecs users would otherwise pick.
 
-Nothing here is imported by ``import visemz``; the evaluation's own dependencies (piq,
-pysz, zfpy, matplotlib, scipy) load only when a function that needs them runs.
+Nothing here is imported by ``import visemz`` (the ``visemz`` command imports it for
+``visemz eval``).  Its optional libraries (piq, pysz, zfpy: the ``eval`` extra) are looked up
+when this package loads; a codec or metric whose library is missing says so when it is used.
 """
 
 from __future__ import annotations
 
-
-def __getattr__(name):
-    if name in ("EvalConfig", "evaluate"):
-        from . import runner
-
-        return getattr(runner, name)
-    raise AttributeError(f"module 'visemz.evaluation' has no attribute {name!r}")
-
+from .runner import EvalConfig, evaluate
 
 __all__ = ["EvalConfig", "evaluate"]

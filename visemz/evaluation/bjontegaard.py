@@ -10,6 +10,7 @@ BD-PSNR (or BD of any quality metric): average quality difference at equal rate.
 from __future__ import annotations
 
 import numpy as np
+from scipy.interpolate import PchipInterpolator
 
 from ..errors import InvalidArgumentError
 
@@ -35,8 +36,6 @@ def _curve(rate, quality, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _mean_gap(xa: np.ndarray, ya: np.ndarray, xb: np.ndarray, yb: np.ndarray) -> float:
     """Mean of (curve b - curve a) over the x interval both cover (x ascending)."""
-    from scipy.interpolate import PchipInterpolator
-
     lo, hi = max(xa[0], xb[0]), min(xa[-1], xb[-1])
     if hi <= lo:
         raise BDError(f"the curves share no interval: [{xa[0]:.4g}, {xa[-1]:.4g}] and [{xb[0]:.4g}, {xb[-1]:.4g}]")

@@ -1,30 +1,36 @@
 """Image quality metrics of one decoded image against its original.
 
-Every metric compares the two arrays in the original's own scale: the data range is the
-bit depth's (255 for uint8, 65535 for uint16), so PSNR is comparable across codecs.
-SSIM, MS-SSIM and GMSD run in torch (on the evaluation's device) on [0, 1] values.
+Every metric compares the two arrays in the original's own scale: PSNR and bpp are
+``visemz.measure``'s (the peak is the bit depth's range, 255 for uint8 and 65535 for uint16, so
+PSNR is comparable across codecs).  SSIM, MS-SSIM and GMSD run in torch (on the evaluation's
+device) on [0, 1] values.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+import torch
+from pytorch_msssim import ms_ssim as _ms_ssim
+from pytorch_msssim import ssim as _ssim
 
-from ..errors import InvalidArgumentError, UnsupportedFormatError
+from .. import measure as M
+from ..errors import InvalidArgumentError, UnsupportedFormatError, VisemzError
 
-PEAKS = {"uint8": 255.0, "uint16": 65535.0}
+try:
+    import piq
+except ImportError:  # the 'eval' extra: GMSD and MS-SSIM of small images need it
+    piq = None
+
+DTYPES = ("uint8", "uint16")  # what the evaluation's codecs take
 # pytorch_msssim's five-scale MS-SSIM needs the short side above (11 - 1) * 2**4 pixels
 MSSSIM_MIN_SIDE = 161
 MSSSIM_WEIGHTS = (0.0448, 0.2856, 0.3001, 0.2363, 0.1333)
 
 
-def peak(dtype) -> float:
-    """The data range of a bit depth."""
+def check_dtype(dtype) -> None:
     name = np.dtype(dtype).name
-    if name not in PEAKS:
-        raise UnsupportedFormatError(f"image dtype {name}: the evaluation handles {sorted(PEAKS)}")
-    return PEAKS[name]
+    if name not in DTYPES:
+        raise UnsupportedFormatError(f"image dtype {name}: the evaluation handles {list(DTYPES)}")
 
 
 def check_same_layout(ref: np.ndarray, rec: np.ndarray) -> None:
@@ -32,36 +38,20 @@ def check_same_layout(ref: np.ndarray, rec: np.ndarray) -> None:
         raise InvalidArgumentError(f"decoded image {rec.shape} {rec.dtype} does not match the original {ref.shape} {ref.dtype}")
 
 
-def bpp(nbytes: int, shape: tuple[int, ...]) -> float:
-    """Bits per pixel from the real output size (pixels = height x width, all channels)."""
-    return 8.0 * nbytes / (shape[0] * shape[1])
-
-
-def psnr(ref: np.ndarray, rec: np.ndarray, data_range: float | None = None) -> float:
-    """PSNR in dB against ``data_range`` (default: the bit depth's); inf for identical images."""
-    check_same_layout(ref, rec)
-    data_range = peak(ref.dtype) if data_range is None else data_range
-    mse = float(np.mean((ref.astype(np.float64) - rec.astype(np.float64)) ** 2))
-    return math.inf if mse == 0 else 10.0 * math.log10(data_range**2 / mse)
-
-
-def max_abs_error(ref: np.ndarray, rec: np.ndarray) -> float:
-    check_same_layout(ref, rec)
-    return float(np.max(np.abs(ref.astype(np.float64) - rec.astype(np.float64))))
+def _need_piq() -> None:
+    if piq is None:
+        raise VisemzError("this metric needs piq: pip install 'visemz[eval]'")
 
 
 def to_unit_batch(img: np.ndarray, device: str = "cpu"):
     """HxW or HxWxC -> (1, C, H, W) float32 tensor in [0, 1] on ``device``."""
-    import torch
-
-    x = torch.from_numpy(img.astype(np.float32) / peak(img.dtype)).to(device)
+    check_dtype(img.dtype)
+    x = torch.from_numpy(img.astype(np.float32) / M.peak(img)).to(device)
     return x[None, None] if x.dim() == 2 else x.permute(2, 0, 1)[None]
 
 
 def ssim(x, y) -> float:
     """Gaussian-window SSIM (Wang et al. 2004, 11x11, sigma 1.5), averaged over channels."""
-    from pytorch_msssim import ssim as _ssim
-
     return float(_ssim(x, y, data_range=1.0, size_average=True))
 
 
@@ -74,12 +64,8 @@ def ms_ssim(x, y) -> float:
     """
     side = min(x.shape[-2:])
     if side >= MSSSIM_MIN_SIDE:
-        from pytorch_msssim import ms_ssim as _ms_ssim
-
         return float(_ms_ssim(x, y, data_range=1.0))
-    import piq
-    import torch
-
+    _need_piq()
     levels = 1
     while levels < len(MSSSIM_WEIGHTS) and (11 - 1) * 2**levels + 1 <= side:
         levels += 1
@@ -95,23 +81,20 @@ def gmsd(x, y) -> float:
     Texture-sensitive: it scores the spread of local gradient agreement, so smoothed-away
     texture costs more than under PSNR.  RGB is compared on its luminance, as piq does.
     """
-    import piq
-
+    _need_piq()
     return float(piq.gmsd(x, y, data_range=1.0))
 
 
 def measure(ref: np.ndarray, rec: np.ndarray, nbytes: int, device: str = "cpu") -> dict[str, float]:
     """Every metric of one decoded image: bpp, psnr, ssim, ms_ssim, gmsd, max_abs_error."""
-    import torch
-
     check_same_layout(ref, rec)
     with torch.inference_mode():
         x, y = to_unit_batch(ref, device), to_unit_batch(rec, device)
         return {
-            "bpp": bpp(nbytes, ref.shape),
-            "psnr": psnr(ref, rec),
+            "bpp": M.bpp(nbytes, M.pixel_count(ref.shape)),
+            "psnr": M.psnr(ref, rec),
             "ssim": ssim(x, y),
             "ms_ssim": ms_ssim(x, y),
             "gmsd": gmsd(x, y),
-            "max_abs_error": max_abs_error(ref, rec),
+            "max_abs_error": M.max_abs_error(ref, rec),
         }

@@ -6,32 +6,33 @@ import io
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
+
+from ..io.loaders import load_image
+from ..io.writers import write_atomic
+from . import codecs as codec_registry
+from .codecs import Layout
+from .datasets import find_datasets
 
 CROP = 160  # side of the crop in pixels
 DPI = 100
 
 
-def _figure(*args, **kw):
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a display
-    import matplotlib.pyplot as plt
-
-    return plt, plt.subplots(*args, **kw)
+def _figure(rows: int, cols: int, **kw):
+    """A figure and its axes, outside pyplot: no global state, no display, nothing to close."""
+    fig = Figure(figsize=kw.pop("figsize"))
+    return fig, fig.subplots(rows, cols, **kw)
 
 
-def _save(plt, fig, path: Path) -> None:
-    from ..pipeline.writers import write_atomic
-
+def _save(fig: Figure, path: Path) -> None:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")  # Agg, matplotlib's own PNG renderer
     write_atomic(path, buf.getvalue())
 
 
 def rd_plot(dataset: str, curves: dict[str, list[dict]], path: Path) -> None:
     """PSNR-bpp and MS-SSIM-bpp, one line per codec, log-scale bpp."""
-    plt, (fig, axes) = _figure(1, 2, figsize=(13, 5))
+    fig, axes = _figure(1, 2, figsize=(13, 5))
     for codec, pts in curves.items():
         style = "--" if pts and pts[0]["kind"] == "bound" else "-"
         style += "s" if codec.startswith("visemz") else "o"
@@ -44,7 +45,7 @@ def rd_plot(dataset: str, curves: dict[str, list[dict]], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{dataset}: rate-distortion (mean over images)")
-    _save(plt, fig, path)
+    _save(fig, path)
 
 
 def texture_window(image: np.ndarray, side: int) -> tuple[int, int]:
@@ -81,10 +82,6 @@ def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -
     The chosen points are re-encoded here (the run keeps no reconstructions), with the
     same codecs and settings as in the CSV.
     """
-    from ..pipeline.loaders import load_image
-    from .codecs import Layout
-    from .runner import build_codecs, find_datasets
-
     ds_rows = [r for r in rows if r["dataset"] == dataset]
     if not ds_rows:
         return
@@ -92,7 +89,8 @@ def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -
     name = sorted({r["image"] for r in ds_rows})[0]
     image = load_image(paths[name])
     target, chosen = _matched(ds_rows, name)
-    codecs = {c.name: c for c in build_codecs(cfg) if c.name in chosen}
+    codecs = {c.name: c for c in codec_registry.build_many(cfg.codec_names(), cfg.device, dict(cfg.ladders))
+              if c.name in chosen}
     side = min(CROP, *image.shape[:2])
     y, x = texture_window(image, side)
     panels = [("original", image)]
@@ -105,7 +103,7 @@ def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -
         panels.append((f"{cname} {r['setting']}\n{float(r['bpp']):.3f} bpp, {float(r['psnr']):.2f} dB", rec))
     cols = min(4, len(panels))
     rows_n = -(-len(panels) // cols)
-    plt, (fig, axes) = _figure(rows_n, cols, figsize=(3.2 * cols, 3.4 * rows_n), squeeze=False)
+    fig, axes = _figure(rows_n, cols, figsize=(3.2 * cols, 3.4 * rows_n), squeeze=False)
     for ax in axes.ravel():
         ax.axis("off")
     for ax, (title, img) in zip(axes.ravel(), panels):
@@ -114,4 +112,4 @@ def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -
                   interpolation="nearest")
         ax.set_title(title, fontsize=8)
     fig.suptitle(f"{dataset}/{name}: {side}x{side} crop at about {target:.3f} bpp", fontsize=10)
-    _save(plt, fig, path)
+    _save(fig, path)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import platform
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
+from ..io.writers import write_atomic
+from . import plots
 from .bjontegaard import BDError, bd_quality, bd_rate
 
 ANCHORS = ("jpeg", "jpeg2000", "webp")
@@ -128,19 +132,12 @@ def devices_line(rows: list[dict], device: str) -> str:
 
 
 def device_name(device: str) -> str:
-    import platform
-
     if device == "cuda":
-        import torch
-
         return torch.cuda.get_device_name()
     return f"CPU ({platform.processor() or platform.machine()})"
 
 
 def write_report(folder: Path, out: Path, cfg, rows: list[dict], failures: list[str], log: Callable[[str], None] = print) -> None:
-    from ..pipeline.writers import write_atomic
-    from . import plots
-
     curves = mean_curves(rows)
     for ds, by_codec in curves.items():
         plots.rd_plot(ds, by_codec, out / f"rd_{ds}.png")

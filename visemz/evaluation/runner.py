@@ -18,9 +18,12 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InvalidArgumentError, VisemzError
+from ..io.loaders import load_image
+from ..io.writers import write_atomic
 from . import codecs as codec_registry
-from . import metrics
+from . import metrics, report
 from .codecs import Codec, Layout
+from .datasets import find_datasets
 
 CSV_NAME = "points.csv"
 KEY = ("dataset", "image", "codec", "setting")
@@ -49,42 +52,8 @@ class RunResult:
     failures: list[str] = field(default_factory=list)
 
 
-def find_datasets(folder: Path, only: tuple[str, ...] | None, limit: int | None) -> dict[str, list[Path]]:
-    """{dataset name: sorted image paths}: FOLDER's own images, then each sub-folder's."""
-    from ..pipeline.files import IMAGE_EXTENSIONS
-
-    if not folder.is_dir():
-        raise InvalidArgumentError(f"evaluation folder {str(folder)!r} is not a folder")
-    if limit is not None and limit < 1:
-        raise InvalidArgumentError(f"limit={limit}: expected a positive number of images")
-
-    def images(d: Path) -> list[Path]:
-        return sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS)
-
-    found = {folder.name: images(folder)} if images(folder) else {}
-    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if images(sub):
-            found[sub.name] = images(sub)
-    if only is not None:
-        missing = [d for d in only if d not in found]
-        if missing:
-            raise InvalidArgumentError(f"dataset(s) {missing} not found in {str(folder)!r}; found {sorted(found)}")
-        found = {d: found[d] for d in only}
-    if not found:
-        raise InvalidArgumentError(f"no images in {str(folder)!r} or its sub-folders")
-    return {d: paths[:limit] for d, paths in found.items()}
-
-
 def build_codecs(cfg: EvalConfig) -> list[Codec]:
-    ladders = dict(cfg.ladders)
-    unknown = set(ladders) - set(cfg.codec_names())
-    if unknown:
-        raise InvalidArgumentError(f"ladder override for codec(s) {sorted(unknown)} that are not evaluated")
-    out = []
-    for name in cfg.codec_names():
-        c = codec_registry.build(name, cfg.device)
-        out.append(c.with_ladder(ladders[name]) if name in ladders else c)
-    return out
+    return codec_registry.build_many(cfg.codec_names(), cfg.device, dict(cfg.ladders))
 
 
 def read_points(path: Path) -> list[dict]:
@@ -98,8 +67,6 @@ def read_points(path: Path) -> list[dict]:
 
 
 def write_points(path: Path, rows: list[dict]) -> None:
-    from ..pipeline.writers import write_atomic
-
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
@@ -129,8 +96,6 @@ def _format(v) -> str:
 
 def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], None] = print) -> RunResult:
     """Compute every missing point; return what was computed, skipped and failed."""
-    from ..pipeline.loaders import load_image
-
     datasets = find_datasets(folder, cfg.datasets, cfg.limit)
     codecs = build_codecs(cfg)
     path = out / CSV_NAME
@@ -141,7 +106,7 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
         for p in paths:
             try:
                 image = load_image(p)
-                metrics.peak(image.dtype)
+                metrics.check_dtype(image.dtype)
             except VisemzError as e:
                 result.failures.append(f"{ds}/{p.name}: {e}")
                 log(f"skipped {ds}/{p.name}: {e}")
@@ -180,8 +145,6 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
 
 def evaluate(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], None] = print) -> RunResult:
     """Run (or resume) the points, then write the BD tables, plots and summary into ``out``."""
-    from . import report
-
     result = run_points(folder, out, cfg, log)
     report.write_report(folder, out, cfg, read_points(result.csv), result.failures, log)
     return result

@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import UnsupportedFormatError
+from ..io.writers import atomic_file
 from . import architectures
 from .registry import ModelSpec
 
@@ -77,15 +78,12 @@ def save(model: torch.nn.Module, spec: ModelSpec, path: Path, card: dict, storag
     """Write weights (and the model card beside them), each atomically; returns the model id."""
     meta = {"spec": json.dumps({"arch": spec.arch, "variant": spec.variant, "N": spec.N, "M": spec.M,
                                 "variable_rate": "gain-units"})}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file(quantize_state(model.state_dict(), storage), str(tmp), metadata=meta)
-    os.replace(tmp, path)
+    with atomic_file(path) as (_, tmp):
+        save_file(quantize_state(model.state_dict(), storage), str(tmp), metadata=meta)
     model_id = file_id(path)
     card = dict(card, model=spec.name, model_id=model_id, weights=path.name, storage=storage)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(card, indent=1) + "\n")
-    os.replace(tmp, path.with_suffix(".json"))
+    with atomic_file(path.with_suffix(".json")) as (f, _):
+        f.write((json.dumps(card, indent=1) + "\n").encode())
     return model_id
 
 

@@ -23,9 +23,11 @@ import functools
 from pathlib import Path
 from typing import Callable, Iterator
 
+import torch
+
 from ..config import DEFAULTS, cpu_threads
 from ..errors import DeviceUnavailableError
-from .loaders import Picture
+from ..io.loaders import Picture
 from .probe import DecodeTarget
 
 Entry = tuple[int, Path, DecodeTarget]  # (item index, file, what the probe says it decodes to)
@@ -79,8 +81,6 @@ class DaliFeed:
         self.batch = batch or DEFAULTS.dali_batch
 
     def __iter__(self) -> Iterator[tuple[int, object]]:
-        import torch
-
         torch.cuda.set_device(self.device_index)
         stream = torch.cuda.Stream(device=self.device_index)  # DALI's outputs are copied out on it
         for dtype in ("uint8", "uint16"):
@@ -111,8 +111,6 @@ class DaliFeed:
             yield i, self.fallback(i, reason)
 
     def _deliver(self, out, batch: list[Entry], dtype: str, stream) -> Iterator[tuple[int, object]]:
-        import torch
-
         try:
             torch.cuda.synchronize(self.device_index)  # DALI decodes on its own streams: let the batch finish
             copies = self._copy_out(out, batch, dtype, stream)
@@ -128,8 +126,6 @@ class DaliFeed:
     def _copy_out(self, out, batch: list[Entry], dtype: str, stream) -> list:
         """CUDA tensors owned by torch (DALI reuses its buffers at the next run); None where the
         decoded shape is not the probed one."""
-        import torch
-
         tensors = []
         with torch.cuda.stream(stream):
             for k, (_, _, target) in enumerate(batch):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+import torch
 
 from ..config import DEFAULTS, cpu_threads
 from ..errors import InvalidArgumentError, VisemzError
@@ -53,7 +54,6 @@ def auto_streams(device: str) -> int:
     """One lane per 16 SMs of the current GPU (2..8; 8 on an H100), one per core on a CPU."""
     if device != "cuda":
         return cpu_threads()
-    import torch
 
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return max(2, min(8, sms // 16))
@@ -107,8 +107,6 @@ class CudaLane:
 
     def __enter__(self):
         import cupy
-        import torch
-
         torch.cuda.set_device(self.device_index)
         cupy.cuda.Device(self.device_index).use()
         self.stream = torch.cuda.Stream(device=self.device_index)
@@ -123,8 +121,6 @@ class CudaLane:
 
     def to_device(self, pixels):
         """A host array -> a CUDA tensor uploaded on this lane's stream; CUDA tensors are kept."""
-        import torch
-
         if isinstance(pixels, torch.Tensor) and pixels.is_cuda:
             pixels.record_stream(self.stream)  # made on a loader's stream, used (and freed) here
             return pixels
@@ -133,8 +129,6 @@ class CudaLane:
         return self._upload(pixels)
 
     def _upload(self, arr: np.ndarray):
-        import torch
-
         flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
         if self._uploaded is not None:
             self._uploaded.synchronize()  # the previous upload has left the staging buffer
@@ -157,7 +151,6 @@ class CudaLane:
 def make_lanes(device: str, count: int) -> list:
     if device != "cuda":
         return [CpuLane(i) for i in range(count)]
-    import torch
 
     here = torch.cuda.current_device()  # under torchrun, the rank's GPU
     return [CudaLane(i, here) for i in range(count)]
@@ -208,8 +201,7 @@ class _Run:
         self.abort = threading.Event()
         self.error: BaseException | None = None
         self._lock = threading.Lock()
-        self._feeds_left = 0
-        self._lanes_left = lanes
+        self._left = {"feeds": 0, "lanes": lanes}  # workers of a stage still running
         self.lanes, self.writers = lanes, writers
 
     # blocking operations that give up when another stage failed
@@ -247,6 +239,15 @@ class _Run:
             return True
         return False
 
+    def _worker_done(self, stage: str, downstream: queue.Queue, consumers: int) -> None:
+        """A worker of ``stage`` stopped; the last one tells each of the next stage's ``consumers`` to end."""
+        with self._lock:
+            self._left[stage] -= 1
+            last = self._left[stage] == 0
+        if last and not self.abort.is_set():
+            for _ in range(consumers):
+                self.put(downstream, _END)
+
     # stage bodies
     def feed(self, source: Iterable) -> None:
         it = iter(source)
@@ -256,12 +257,7 @@ class _Run:
         finally:
             if hasattr(it, "close"):  # a generator: let it release its pool or pipeline now
                 it.close()
-            with self._lock:
-                self._feeds_left -= 1
-                last = self._feeds_left == 0
-            if last and not self.abort.is_set():
-                for _ in range(self.lanes):
-                    self.put(self.loaded, _END)
+            self._worker_done("feeds", self.loaded, self.lanes)
 
     def lane(self, lane, compute) -> None:
         try:
@@ -277,12 +273,7 @@ class _Run:
                     if not self.finished(i, out):
                         self.put(self.computed, (i, out))
         finally:
-            with self._lock:
-                self._lanes_left -= 1
-                last = self._lanes_left == 0
-            if last and not self.abort.is_set():
-                for _ in range(self.writers):
-                    self.put(self.computed, _END)
+            self._worker_done("lanes", self.computed, self.writers)
 
     def writer(self, write) -> None:
         while (x := self.get(self.computed)) is not _END:
@@ -314,7 +305,7 @@ def run(names: Sequence[str], feeds: list[Iterable], compute: Callable, write: C
     Returns one ItemResult per name, in the order of ``names``; ``progress`` sees each as it
     finishes.  ``write`` returns the item's ItemResult."""
     r = _Run(names, max(1, depth), len(lanes), writers)
-    r._feeds_left = len(feeds)
+    r._left["feeds"] = len(feeds)
     threads = [r.start(r.feed, f, name=f"visemz-feed-{k}") for k, f in enumerate(feeds)]
     threads += [r.start(r.lane, lane, compute, name=f"visemz-lane-{lane.index}") for lane in lanes]
     threads += [r.start(r.writer, write, name=f"visemz-write-{k}") for k in range(writers)]

@@ -18,13 +18,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
+import torch
+import torch.distributed as dist
 
-from .. import container
+from .. import container, measure, pages
+from ..codec import ImageCodec
 from ..config import DEFAULTS, cpu_threads
 from ..errors import InvalidArgumentError, LimitExceededError, VisemzError
 from ..models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
-from . import executor, files, kvikio_io, loaders, pages, sources, writers
+from ..io import files, loaders, writers
+from . import executor, kvikio_io, sources
 from .results import ItemResult, Summary
 
 __all__ = ["CompressConfig", "DecompressConfig", "ItemResult", "Summary", "compress_folder", "decompress_folder",
@@ -89,7 +92,6 @@ class _FirstUse:
             with self.lock:
                 if key not in self.seen:
                     yield
-                    import torch
 
                     torch.cuda.synchronize()
                     self.seen.add(key)
@@ -108,15 +110,9 @@ def _run(names: list[str], feeds: list, compute, write, device: str, streams: in
     return results, lanes
 
 
-def _pixel_count(shape, paged: bool) -> int:
-    """Pixels for bpp: H x W, times P for a page stack (channels do not count)."""
-    return int(np.prod(shape[:3] if paged else shape[:2]))
-
-
 def _device_index(device: str) -> int | None:
     if device != "cuda":
         return None
-    import torch
 
     return torch.cuda.current_device()
 
@@ -135,10 +131,6 @@ class _Encoded:
 
 def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig(), progress=None,
                     rank: int = 0, world: int = 1) -> Summary:
-    import torch
-
-    from ..codec import ImageCodec
-
     codec = ImageCodec(cfg.device, entropy=cfg.entropy)
     plan = sources.installed_plan(cfg.loader or DEFAULTS.loader, codec.device)
     items = files.shard(files.plan(src, dst, files.discover(src, files.IMAGE_EXTENSIONS), files.compressed_name), rank, world)
@@ -155,7 +147,7 @@ def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig()
         except torch.cuda.OutOfMemoryError as e:
             raise _out_of_memory(e, items[i].rel, pic.pixels.shape) from None
         lane.finish()
-        return _Encoded(data, pic.nbytes, _pixel_count(pic.pixels.shape, pic.paged), pic.loader, pic.note)
+        return _Encoded(data, pic.nbytes, measure.pixel_count(pic.pixels.shape, pic.paged), pic.loader, pic.note)
 
     def write(i: int, enc: _Encoded) -> ItemResult:
         writers.write_atomic(items[i].dst, enc.data)
@@ -185,8 +177,6 @@ def _gather_summaries(summary: Summary, world: int) -> list[Summary]:
     """Every rank's summary (rank order); needs torch.distributed initialised when world > 1."""
     if world == 1:
         return [summary]
-    import torch.distributed as dist
-
     gathered: list = [None] * world
     dist.all_gather_object(gathered, summary)
     return gathered
@@ -216,10 +206,6 @@ def _model_key(data) -> frozenset:
 
 
 def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressConfig(), progress=None) -> Summary:
-    import torch
-
-    from ..codec import ImageCodec
-
     codec = ImageCodec(cfg.device)
     gpu_writer = cfg.fmt == "npy" and codec.device == "cuda" and (
         cfg.writer == "kvikio" or (cfg.writer == "auto" and kvikio_io.available()))
@@ -255,7 +241,7 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
             out = loaders.save_image(item.dst, px, cfg.fmt, dec.paged)
             writers.write_atomic(item.dst, out)
             size = len(out)
-        return ItemResult(item.rel, "done", dec.bytes_in, size, _pixel_count(px.shape, dec.paged))
+        return ItemResult(item.rel, "done", dec.bytes_in, size, measure.pixel_count(px.shape, dec.paged))
 
     t0 = time.perf_counter()
     feeds = [executor.parallel_feed(range(len(items)), read, cpu_threads())]
@@ -266,8 +252,6 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
 # ------------------------------------------------------------------ verify
 def verify(src: Path, dst: Path, device: str | None = None) -> list[dict]:
     """Decode every output of ``src`` under ``dst`` and compare: PSNR and max error per image."""
-    from ..codec import ImageCodec
-
     codec = ImageCodec(device)
     rows = []
     for item in files.plan(src, dst, files.discover(src, files.IMAGE_EXTENSIONS), files.compressed_name):
@@ -277,11 +261,8 @@ def verify(src: Path, dst: Path, device: str | None = None) -> list[dict]:
             rec, _ = pages.decode(item.dst.read_bytes(), codec.decompress)
             if rec.shape != img.shape:
                 raise InvalidArgumentError(f"{item.rel}: decoded shape {rec.shape} differs from the input's {img.shape}")
-            diff = img.astype(np.float64) - rec.astype(np.float64)
-            peak = {"uint8": 255.0, "uint16": 65535.0}.get(str(img.dtype), float(np.ptp(img)) or 1.0)
-            mse = float(np.mean(diff**2))
-            row.update(psnr=round(10 * np.log10(peak**2 / mse), 3) if mse else float("inf"),
-                       max_error=float(np.abs(diff).max()), bytes=item.dst.stat().st_size)
+            row.update(psnr=round(measure.psnr(img, rec), 3), max_error=measure.max_abs_error(img, rec),
+                       bytes=item.dst.stat().st_size)
         except OSError as e:
             row["error"] = f"cannot read: {e.strerror}"
         except VisemzError as e:

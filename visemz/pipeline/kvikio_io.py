@@ -15,11 +15,12 @@ import io
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..errors import DeviceUnavailableError
-from .loaders import InputError
+from ..io.loaders import InputError
+from ..io.writers import OutputError, atomic_file
 from .probe import RawLayout
-from .writers import OutputError, atomic_file
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,8 +50,6 @@ def mode() -> str:
 
 def read(path: Path, layout: RawLayout, device_index: int):
     """The pixels at ``layout`` as a CUDA tensor (uint8 bytes read, then viewed as the dtype)."""
-    import torch
-
     kvikio = require()
     buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=f"cuda:{device_index}")
     try:
@@ -77,8 +76,6 @@ def write_npy(path: Path, tensor) -> int:
 
     The tensor's producing stream must be finished (the executor's lanes finish before their
     outputs move on)."""
-    import torch
-
     kvikio = require()
     dtype = str(tensor.dtype).replace("torch.", "")
     header = npy_header(tuple(tensor.shape), dtype)

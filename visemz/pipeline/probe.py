@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tifffile
 
 # dtypes the codec takes, as NumPy's little-endian type strings
 RAW_DTYPES = {"|u1": "uint8", "<u2": "uint16", "<f4": "float32"}
@@ -188,8 +189,6 @@ class _TiffPage:
 
 def _tiff_page(path: Path) -> _TiffPage | None:
     """The only page of a single-page TIFF, or None."""
-    import tifffile
-
     try:
         with tifffile.TiffFile(path) as tif:
             if len(tif.pages) != 1:

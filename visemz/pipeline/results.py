@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..measure import bpp
+
 
 @dataclass
 class ItemResult:
@@ -42,7 +44,7 @@ class Summary:
             "MB_per_s": round(bytes_in / 1e6 / self.seconds, 3) if self.seconds else None,
             "bytes_in": bytes_in, "bytes_out": bytes_out,
             "ratio": round(bytes_in / bytes_out, 3) if bytes_out else None,
-            "bpp": round(8 * bytes_out / pixels, 4) if pixels else None,
+            "bpp": round(bpp(bytes_out, pixels), 4) if pixels else None,
             "loaders": dict(sorted(Counter(r.loader for r in done if r.loader).items())),
             "fallbacks": [{"file": r.rel, "reason": r.note} for r in self.results if r.note],
             "errors": [{"file": r.rel, "error": r.error} for r in self.failed],

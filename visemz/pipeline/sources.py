@@ -24,9 +24,10 @@ from typing import Callable, Iterable
 
 from ..config import LOADERS, cpu_threads
 from ..errors import DeviceUnavailableError, InvalidArgumentError, VisemzError
-from . import dali_source, kvikio_io, loaders, probe
+from ..io import loaders
+from . import dali_source, kvikio_io, probe
 from .executor import parallel_feed
-from .files import Item
+from ..io.files import Item
 from .results import ItemResult
 
 KVIKIO_THREADS = 4  # kvikio splits large reads over its own thread pool; a few files in flight suffice

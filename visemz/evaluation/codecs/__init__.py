@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...errors import DeviceUnavailableError, InvalidArgumentError
+from . import learned, raster, scientific
 from .base import Codec, Layout
 
 ARCHS = ("balle2016", "mbt2018-mean")
@@ -16,14 +17,13 @@ GPU_ONLY = ("nvjpeg",)
 
 
 def default_names(device: str) -> tuple[str, ...]:
-    """Every codec that can run with ``device`` (nvJPEG only on CUDA)."""
-    return tuple(n for n in NAMES if device == "cuda" or n not in GPU_ONLY)
+    """Every codec that can run with ``device`` (nvJPEG only on CUDA) and whose library is installed."""
+    missing = {"sz3", "zfp"} - scientific.installed()
+    return tuple(n for n in NAMES if (device == "cuda" or n not in GPU_ONLY) and n not in missing)
 
 
 def build(name: str, device: str) -> Codec:
     """The codec called ``name``; learned codecs run their models on ``device``."""
-    from . import learned, raster, scientific
-
     if name not in NAMES:
         raise InvalidArgumentError(f"unknown codec {name!r}: expected one of {', '.join(NAMES)}")
     if name in GPU_ONLY and device != "cuda":
@@ -40,4 +40,16 @@ def build(name: str, device: str) -> Codec:
     return learned.Visemz(arch, device)
 
 
-__all__ = ["Codec", "Layout", "NAMES", "build", "default_names"]
+def build_many(names, device: str, ladders: dict) -> list[Codec]:
+    """The codecs called ``names``, each with its ladder replaced where ``ladders`` names one."""
+    unknown = set(ladders) - set(names)
+    if unknown:
+        raise InvalidArgumentError(f"ladder override for codec(s) {sorted(unknown)} that are not evaluated")
+    out = []
+    for name in names:
+        c = build(name, device)
+        out.append(c.with_ladder(ladders[name]) if name in ladders else c)
+    return out
+
+
+__all__ = ["Codec", "Layout", "NAMES", "build", "build_many", "default_names"]

@@ -5,22 +5,22 @@ from __future__ import annotations
 import io
 import warnings
 
+import cv2
 import numpy as np
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 from ...errors import CorruptStreamError, DeviceUnavailableError
 from .base import Codec, Layout
 
 
 def _to_bgr(image: np.ndarray) -> np.ndarray:
-    import cv2
-
     return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if image.ndim == 3 else image
 
 
 def _from_decoded(decoded, layout: Layout, name: str) -> np.ndarray:
     """OpenCV's decoded array -> the original layout (RGB order; gray stays HxW)."""
-    import cv2
-
     if decoded is None:
         raise CorruptStreamError(f"{name} could not decode its own output")
     if layout.channels == 1 and decoded.ndim == 3:  # WebP has no gray mode: it decodes R=G=B
@@ -37,16 +37,12 @@ class OpenCVCodec(Codec):
         self.name, self.ext, self.param_name, self.ladder, self.unit = name, ext, param_name, ladder, "q"
 
     def encode(self, image, setting) -> bytes:
-        import cv2
-
         ok, buf = cv2.imencode(self.ext, _to_bgr(image), [getattr(cv2, self.param_name), int(setting)])
         if not ok:
             raise CorruptStreamError(f"OpenCV could not encode {self.ext} at {self.label(setting)}")
         return buf.tobytes()
 
     def decode(self, data, setting, layout) -> np.ndarray:
-        import cv2
-
         return _from_decoded(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED), layout, self.name)
 
 
@@ -70,8 +66,6 @@ class JPEG2000(Codec):
     ladder = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
     def encode(self, image, setting) -> bytes:
-        from PIL import Image
-
         bits = 8.0 * (image.shape[2] if image.ndim == 3 else 1)
         f = io.BytesIO()
         Image.fromarray(image).save(f, format="JPEG2000", quality_mode="rates", quality_layers=[bits / float(setting)],
@@ -79,8 +73,6 @@ class JPEG2000(Codec):
         return f.getvalue()
 
     def decode(self, data, setting, layout) -> np.ndarray:
-        from PIL import Image
-
         with Image.open(io.BytesIO(data)) as im:
             return np.asarray(im).reshape(layout.shape)
 
@@ -96,15 +88,10 @@ class NvJPEG(Codec):
     ladder = (1, 5, 10, 20, 30, 50, 70, 90)
 
     def __init__(self):
-        import torch
-
         if not torch.cuda.is_available():
             raise DeviceUnavailableError("nvjpeg needs a CUDA device visible to torch, and none is")
 
     def encode(self, image, setting) -> bytes:
-        import torch
-        from torchvision.io import encode_jpeg
-
         t = torch.from_numpy(np.ascontiguousarray(image)).cuda()
         t = t[None].expand(3, -1, -1) if t.dim() == 2 else t.permute(2, 0, 1)
         with warnings.catch_warnings():
@@ -112,9 +99,6 @@ class NvJPEG(Codec):
             return encode_jpeg(t.contiguous(), quality=int(setting)).cpu().numpy().tobytes()
 
     def decode(self, data, setting, layout) -> np.ndarray:
-        import torch
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         mode = ImageReadMode.GRAY if layout.channels == 1 else ImageReadMode.RGB
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -122,6 +106,4 @@ class NvJPEG(Codec):
         return t.permute(1, 2, 0).cpu().numpy().reshape(layout.shape)
 
     def sync(self) -> None:
-        import torch
-
         torch.cuda.synchronize()

@@ -11,18 +11,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..metrics import peak
+from ...errors import VisemzError
+from ...measure import integer_peak
 from .base import Codec, Layout
+
+try:  # the 'eval' extra
+    from pysz import sz, szConfig, szErrorBoundMode
+except ImportError:
+    sz = None
+try:
+    import zfpy
+except ImportError:
+    zfpy = None
 
 EB_LADDER = (1, 2, 4, 8, 16, 32)
 
 
 def _scale(layout_dtype: str) -> float:
-    return peak(layout_dtype) / 255.0
+    return integer_peak(layout_dtype) / 255.0
 
 
 def _to_image(values: np.ndarray, layout: Layout) -> np.ndarray:
-    top = peak(layout.dtype)
+    top = integer_peak(layout.dtype)
     return np.clip(np.rint(values.reshape(layout.shape)), 0, top).astype(layout.dtype)
 
 
@@ -39,14 +49,25 @@ class ErrorBoundedCodec(Codec):
         return float(setting) * _scale(dtype)
 
 
+def installed() -> set[str]:
+    """The scientific codecs whose library is installed."""
+    return {name for name, lib in (("sz3", sz), ("zfp", zfpy)) if lib is not None}
+
+
+def _need(name: str, package: str) -> None:
+    if name not in installed():
+        raise VisemzError(f"codec {name!r} needs {package}: pip install 'visemz[eval]'")
+
+
 class SZ3(ErrorBoundedCodec):
     """SZ3 in absolute-error mode (its default interpolation + Lorenzo predictor)."""
 
     name = "sz3"
 
-    def encode(self, image, setting) -> bytes:
-        from pysz import sz, szConfig, szErrorBoundMode
+    def __init__(self):
+        _need(self.name, "pysz")
 
+    def encode(self, image, setting) -> bytes:
         conf = szConfig()
         conf.errorBoundMode = szErrorBoundMode.ABS
         conf.absErrorBound = self.bound(setting, image.dtype.name)
@@ -54,8 +75,6 @@ class SZ3(ErrorBoundedCodec):
         return data.tobytes()
 
     def decode(self, data, setting, layout) -> np.ndarray:
-        from pysz import sz
-
         values, _conf = sz.decompress(np.frombuffer(data, np.uint8), np.float32, layout.shape)
         return _to_image(values, layout)
 
@@ -65,12 +84,11 @@ class ZFP(ErrorBoundedCodec):
 
     name = "zfp"
 
-    def encode(self, image, setting) -> bytes:
-        import zfpy
+    def __init__(self):
+        _need(self.name, "zfpy")
 
+    def encode(self, image, setting) -> bytes:
         return zfpy.compress_numpy(np.ascontiguousarray(image, dtype=np.float32), tolerance=self.bound(setting, image.dtype.name))
 
     def decode(self, data, setting, layout) -> np.ndarray:
-        import zfpy
-
         return _to_image(zfpy.decompress_numpy(data), layout)

@@ -1,5 +1,7 @@
 """Multi-page images (multi-page TIFF): a stack of pages in one .vsz container of kind "pages".
 
+Beside the codec, so that ``visemz.decompress`` and the folder jobs read the same files.
+
 Each page is compressed by the codec into its own image container (kind "image"); the outer
 container holds them back to back, with an index of their lengths (docs/FORMAT.md, section 5):
 
@@ -15,10 +17,11 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import torch
 
-from .. import container
-from ..errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
-from ..pixels import DTYPES
+from . import container
+from .errors import CorruptStreamError, LimitExceededError
+from .pixels import DTYPES
 
 KIND = "pages"
 FORMAT = 1
@@ -66,8 +69,6 @@ def decode(buf, decode_image: Callable) -> tuple[object, bool]:
 def _empty_like_stack(page, shape: tuple[int, ...]):
     if isinstance(page, np.ndarray):
         return np.empty(shape, dtype=page.dtype)
-    import torch
-
     return torch.empty(shape, dtype=page.dtype, device=page.device)
 
 
@@ -79,15 +80,7 @@ def page_buffers(c: container.Container) -> list[memoryview]:
 def _parse(c: container.Container) -> tuple[tuple[int, ...], str, list[memoryview]]:
     """Validate a pages container strictly; (shape, dtype, page buffers)."""
     meta = c.meta
-    unknown, missing = set(meta) - META_KEYS, META_KEYS - set(meta)
-    if unknown:
-        raise UnsupportedFormatError(f"pages header has unknown fields {sorted(unknown)}")
-    if missing:
-        raise CorruptStreamError(f"pages header lacks fields {sorted(missing)}")
-    if meta["format"] != FORMAT:
-        raise UnsupportedFormatError(f"pages format {meta['format']!r} (this build reads {FORMAT})")
-    if meta["dtype"] not in DTYPES:
-        raise UnsupportedFormatError(f"pages dtype {meta['dtype']!r} is not one of {list(DTYPES)}")
+    container.check_meta(meta, META_KEYS, KIND, FORMAT, DTYPES)
     shape = meta["shape"]
     if not (isinstance(shape, list) and len(shape) in (3, 4)
             and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape)):

@@ -10,11 +10,19 @@ share one shape and dtype.  Folder jobs compress such a stack into one "pages" f
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
+import tifffile
+
+try:
+    import pydicom
+except ImportError:  # optional: DICOM files are read when it is installed
+    pydicom = None
 
 from ..errors import VisemzError
 
@@ -85,8 +93,6 @@ def load_image(path: Path) -> np.ndarray:
 
 
 def _opencv(path: Path) -> np.ndarray:
-    import cv2
-
     img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     if img is None:
         raise InputError(f"{str(path)!r} is not an image OpenCV can decode")
@@ -99,8 +105,6 @@ def _opencv(path: Path) -> np.ndarray:
 
 def _tiff(path: Path) -> tuple[np.ndarray, bool]:
     """(image, False) for a single page, (stack of pages, True) for several."""
-    import tifffile
-
     with tifffile.TiffFile(path) as tif:
         pages = list(tif.pages)
         if len(pages) == 1:
@@ -114,10 +118,8 @@ def _tiff(path: Path) -> tuple[np.ndarray, bool]:
 
 
 def _dicom(path: Path) -> np.ndarray:
-    try:
-        import pydicom
-    except ImportError:
-        raise InputError(f"{str(path)!r} is DICOM and pydicom is not installed") from None
+    if pydicom is None:
+        raise InputError(f"{str(path)!r} is DICOM and pydicom is not installed")
     return pydicom.dcmread(path).pixel_array
 
 
@@ -125,15 +127,11 @@ def save_image(path: Path, img: np.ndarray, fmt: str, paged: bool = False) -> by
     """Encode an image (or a page stack, as a multi-page TIFF) as PNG, TIFF or .npy bytes.
 
     The caller writes them atomically."""
-    import io
-
     if fmt == "npy":
         buf = io.BytesIO()
         np.save(buf, img, allow_pickle=False)
         return buf.getvalue()
     if fmt == "tiff":
-        import tifffile
-
         buf = io.BytesIO()
         if paged:  # one page per image; the last axis of (P, H, W, C) is the samples of a pixel
             rgb = img.ndim == 4 and img.shape[3] == 3
@@ -144,8 +142,6 @@ def save_image(path: Path, img: np.ndarray, fmt: str, paged: bool = False) -> by
         return buf.getvalue()
     if paged:
         raise InputError(f"{path.name}: a multi-page image cannot be PNG; use --format tiff or npy")
-    import cv2
-
     if img.dtype == np.float32:
         raise InputError(f"{path.name}: float32 images cannot be PNG; use --format tiff or npy")
     if img.ndim == 3 and img.shape[2] in (3, 4):

@@ -1,7 +1,9 @@
 """Atomic output files: written to a temporary name, fsynced, then renamed into place.
 
 A crash or a kill leaves either the previous complete file or none under the final
-name, never a partial one; stale temporary files carry a recognisable prefix.
+name, never a partial one; stale temporary files carry a recognisable prefix.  The file
+gets the permissions ``open()`` would give it (0666 less the umask), not the private 0600
+of a temporary file.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from pathlib import Path
 from ..errors import VisemzError
 
 TMP_PREFIX = ".visemz-tmp-"
+# read once, at import: setting the umask to read it is process-wide, so not done while threads write
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
 
 
 class OutputError(VisemzError, OSError):
@@ -34,6 +40,7 @@ def atomic_file(path: Path):
         raise OutputError(f"cannot write into {str(path.parent)!r}: {e.strerror}") from None
     try:
         with os.fdopen(fd, "r+b") as f:
+            os.fchmod(f.fileno(), FILE_MODE)
             yield f, Path(tmp)
             f.flush()
             os.fsync(f.fileno())

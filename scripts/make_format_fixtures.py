@@ -1,0 +1,217 @@
+"""Write the format fixtures that tests/test_format_fixtures.py checks: small encoded files with their inputs.
+
+    python scripts/make_format_fixtures.py [--out tests/fixtures]
+
+One fixture per stream kind and format version, as the current code writes it: block streams
+(both policies, with and without bitshuffle, one empty), ints streams (entropy none and zstd),
+.vsz image files (each residual mode, both models), a pages file, the error-bound residual on
+its own (model-free inputs), and the collectives' float codecs (error-bounded and lossless, fp32,
+fp16, bf16).  Existing fixtures are never rewritten: a fixture is a file some user already has.
+When a format's version changes, this script adds fixtures named with the new version beside
+the old ones (the test demands one for every current version), and the old ones keep being
+decoded.
+
+Image fixtures are written with whatever weights are installed; the test never decodes their
+pixels (files written with other weights are refused by design), only the container and the
+integer sections, which it holds to the arrays stored here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import zstandard
+
+import visemz
+from visemz import container, pages, residual
+from visemz import codec as image_codec
+from visemz.collectives import codecs as float_codecs
+from visemz.config import DEFAULTS
+from visemz.device import as_numpy
+from visemz.encoders import decode_ints, encode_ints, reference
+from visemz.encoders import layout as L
+from visemz.encoders import stream
+from visemz.io.writers import write_atomic
+from visemz.pixels import ImageMeta
+
+MANIFEST = "fixtures.json"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ints(n: int, seed: int) -> np.ndarray:
+    """Sparse latents with every outlier width and the int32 extremes: all of a block stream's parts."""
+    rng = np.random.default_rng(seed)
+    v = np.round(rng.laplace(0.0, 0.6, n)).astype(np.int64)
+    spots = rng.choice(n, 40, replace=False)
+    v[spots] = rng.choice([300, -70000, 2**24 + 5, -(2**31), 2**31 - 1, 129, -3000], 40)
+    return v.astype(np.int32)
+
+
+def _npz(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return buf.getvalue()
+
+
+class Writer:
+    """Adds fixtures to a folder and its manifest; an existing fixture is left as it is."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        path = out / MANIFEST
+        self.manifest = json.loads(path.read_text()) if path.is_file() else {"fixtures": []}
+        self.known = {f["name"] for f in self.manifest["fixtures"]}
+        self.added: list[str] = []
+
+    def add(self, name: str, kind: str, version: int, encoded: bytes, suffix: str, inputs: dict, **settings) -> None:
+        if name in self.known:
+            return
+        write_atomic(self.out / f"{name}{suffix}", encoded)
+        write_atomic(self.out / f"{name}.npz", _npz(**inputs))
+        self.manifest["fixtures"].append({"name": name, "kind": kind, "version": version, "file": f"{name}{suffix}",
+                                          "inputs": f"{name}.npz", "settings": settings})
+        self.known.add(name)
+        self.added.append(name)
+
+    def save(self) -> None:
+        self.manifest["written_with"] = {"zstandard": zstandard.__version__, "zstd_level": DEFAULTS.zstd_level,
+                                         "entropy_chunk": DEFAULTS.entropy_chunk}
+        self.manifest["fixtures"].sort(key=lambda f: f["name"])
+        write_atomic(self.out / MANIFEST, (json.dumps(self.manifest, indent=1) + "\n").encode())
+
+
+def block_streams(w: Writer) -> None:
+    for policy in L.POLICIES:
+        for bitshuffle in (True, False):
+            v = _ints(8200, seed=len(w.added))  # two tiles: the tile table has two entries
+            raw = reference.encode(v, L.POLICIES[policy], bitshuffle)
+            name = f"block-v{L.VERSION}-{policy}-{'bitshuffle' if bitshuffle else 'plain'}"
+            w.add(name, "block", L.VERSION, raw, ".bin", {"values": v}, policy=policy, bitshuffle=bitshuffle)
+        empty = np.zeros(0, np.int32)
+        w.add(f"block-v{L.VERSION}-{policy}-empty", "block", L.VERSION, reference.encode(empty, L.POLICIES[policy], True),
+              ".bin", {"values": empty}, policy=policy, bitshuffle=True)
+
+
+def ints_streams(w: Writer) -> None:
+    for entropy, policy in (("none", "global"), ("zstd", "global"), ("zstd", "block")):
+        v = _ints(3000, seed=100 + len(w.added))
+        buf = encode_ints(v, policy=policy, entropy=entropy)
+        w.add(f"ints-v{stream.VERSION}-{entropy}-{policy}", "ints", stream.VERSION, buf, ".bin", {"values": v},
+              policy=policy, bitshuffle=True, entropy=entropy)
+
+
+def _image(dtype: str, shape: tuple, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[: shape[0], : shape[1]]
+    smooth = np.sin(xx / 5.0) * np.cos(yy / 7.0)
+    if len(shape) == 3:
+        smooth = np.stack([smooth * (c + 1) / shape[2] for c in range(shape[2])], -1)
+    if dtype == "uint8":
+        return np.clip(128 + 90 * smooth + rng.normal(0, 8, shape), 0, 255).astype(np.uint8)
+    if dtype == "uint16":
+        return np.clip(2000 + 1500 * smooth + rng.normal(0, 60, shape), 0, 65535).astype(np.uint16)
+    return (3.0 * smooth + rng.normal(0, 0.2, shape)).astype(np.float32)
+
+
+def _sections(buf: bytes, prefix: str = "") -> dict:
+    """Each section of an image container as its decoded integers: what the fixture holds it to."""
+    return {f"{prefix}section_{k}": decode_ints(v) for k, v in container.unpack(buf).sections.items()}
+
+
+IMAGES = (  # (model, dtype, shape, max_error): no residual, each residual mode, both models, 1 and 3 channels
+    ("balle2016", "uint8", (20, 30, 3), None),
+    ("mbt2018-mean", "uint16", (24, 18), 3),
+    ("balle2016", "float32", (16, 20), 0),
+    ("mbt2018-mean", "float32", (16, 20, 2), 0.01),
+)
+
+
+def images(w: Writer) -> None:
+    for model, dtype, shape, e in IMAGES:
+        img = _image(dtype, shape, seed=len(shape))
+        buf = visemz.compress(img, model=model, quality=1, max_error=e, device="cpu")
+        fmt = container.unpack(buf).meta["format"]
+        name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}"
+        w.add(name, "image", fmt, buf, ".vsz", {"image": img, **_sections(buf)}, model=model, quality=1,
+              max_error=e, container=container.VERSION)
+
+
+def page_stack(w: Writer) -> None:
+    stack = np.stack([_image("uint8", (20, 24), seed=k) for k in range(2)])
+    buf = pages.encode(stack, lambda page: visemz.compress(page, model="balle2016", quality=1, max_error=1, device="cpu"))
+    page_arrays = {}
+    for k, page in enumerate(pages.page_buffers(container.unpack(buf))):
+        page_arrays.update(_sections(page, prefix=f"page{k}_"))
+    w.add(f"pages-v{pages.FORMAT}-uint8-2x20x24-e1", "pages", pages.FORMAT, buf, ".vsz", {"stack": stack, **page_arrays},
+          model="balle2016", quality=1, max_error=1, container=container.VERSION)
+
+
+RESIDUALS = (("uint8", (12, 14, 3), 2), ("uint16", (20, 16), 0), ("float32", (16, 20), 0), ("float32", (16, 20), 0.05))
+
+
+def residuals(w: Writer) -> None:
+    """The error-bound residual of an image against a given float64 synthesis: no model involved."""
+    for dtype, shape, e in RESIDUALS:
+        img = _image(dtype, shape, seed=7)
+        t = torch.from_numpy(img)
+        lo, hi = (0.0, 255.0) if dtype == "uint8" else (float(img.astype(np.float64).min()), float(img.astype(np.float64).max()))
+        meta = ImageMeta(dtype, shape, lo, hi)
+        rng = np.random.default_rng(8)
+        x01 = np.clip((img.astype(np.float64) - lo) / (hi - lo) + rng.normal(0, 0.02, shape), 0, 1)
+        x01.reshape(-1)[::11] = (np.arange(x01[..., None].reshape(-1)[::11].size) % 255 + 0.5) / 255  # rounding ties: the mask
+        sections, mode = residual.encode(t, torch.from_numpy(x01), meta, e, entropy="none", bitshuffle=True)
+        decoded = residual.decode(sections, torch.from_numpy(x01), meta, e, mode)
+        decoded = as_numpy(decoded)
+        name = f"residual-v{image_codec.FORMAT}-{mode}-{dtype}-e{e}"
+        w.add(name, "residual", image_codec.FORMAT, _npz(**{k: np.frombuffer(v, np.uint8) for k, v in sections.items()}),
+              ".sections.npz", {"image": img, "x01_hat": x01, "decoded": decoded}, mode=mode, max_error=e,
+              dtype=dtype, shape=list(shape), range=[lo, hi], entropy="none", bitshuffle=True)
+
+
+def _float_input(dtype: torch.dtype, n: int) -> torch.Tensor:
+    """A smooth field with noise, ties of the quantiser, and (for lossless) the special values."""
+    g = torch.Generator().manual_seed(n)
+    t = torch.linspace(0, 12, n, dtype=torch.float64)
+    return (torch.sin(t) * 3 + 0.05 * torch.randn(n, generator=g, dtype=torch.float64)).to(dtype)
+
+
+def _bits(x: torch.Tensor) -> np.ndarray:
+    wide = x.element_size() == 4
+    return x.view(torch.int32 if wide else torch.int16).numpy().view(np.uint32 if wide else np.uint16)
+
+
+def float_codecs_(w: Writer) -> None:
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        x = _float_input(dtype, 1000)
+        codec = float_codecs.ErrorBounded(1e-3)
+        buf = codec.encode(x)
+        w.add(f"eb-v{float_codecs.EB_VERSION}-{name}", "eb", float_codecs.EB_VERSION, buf, ".bin",
+              {"bits": _bits(x), "decoded": codec.decode(buf)}, eb=1e-3, dtype=name)
+        finfo = torch.finfo(dtype)
+        special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), finfo.max, finfo.min, finfo.tiny,
+                                finfo.tiny / 4], dtype=dtype)
+        x = torch.cat([special, x, (torch.rand(300, generator=torch.Generator().manual_seed(1)) * 1e-30).to(dtype)])
+        w.add(f"ll-v{float_codecs.LL_VERSION}-{name}", "ll", float_codecs.LL_VERSION, float_codecs.Lossless().encode(x),
+              ".bin", {"bits": _bits(x)}, dtype=name)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    w = Writer(args.out)
+    for part in (block_streams, ints_streams, images, page_stack, residuals, float_codecs_):
+        part(w)
+    w.save()
+    print(f"{len(w.added)} fixtures added to {args.out}: {', '.join(w.added) or 'none'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Committed format fixtures: files already written keep decoding, and today's writers write the same bytes.
+
+``tests/fixtures/`` holds small encoded files with their inputs, one or more per stream kind and
+format version (written by ``scripts/make_format_fixtures.py``, which adds fixtures for a new
+version and never rewrites old ones), as numcodecs' ``check_backwards_compatibility`` does.
+Each is decoded and held to the arrays stored with it; where its version is the one the code
+writes today, the inputs are encoded again and must give the same bytes, on the CPU and (``xp``
+cupy) on the GPU.  zstd frames are compared by content on the GPU (nvCOMP's frames are other
+bytes than libzstd's, decoding to the same block stream; docs/FORMAT.md, section 2).
+
+Image and page files are never decoded to pixels here: that needs the weights they were written
+with, and the weights change.  Their container is parsed and re-packed, and each integer section
+is decoded to the stored symbols and encoded again to the same section bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zstandard
+
+from visemz import codec as image_codec
+from visemz import container, pages, residual
+from visemz.collectives import ErrorBounded, Lossless
+from visemz.collectives.codecs import EB_VERSION, LL_VERSION
+from visemz.config import DEFAULTS
+from visemz.device import as_numpy
+from visemz.encoders import decode_ints, encode_ints, entropy, gpu, reference
+from visemz.encoders import layout as L
+from visemz.encoders import stream
+from visemz.pixels import ImageMeta
+
+from .helpers import optional
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MANIFEST = json.loads((FIXTURES / "fixtures.json").read_text())
+WRITTEN_WITH = MANIFEST["written_with"]
+CURRENT = {"block": L.VERSION, "ints": stream.VERSION, "image": image_codec.FORMAT, "pages": pages.FORMAT,
+           "residual": image_codec.FORMAT, "eb": EB_VERSION, "ll": LL_VERSION}
+
+
+def of(kind: str) -> list:
+    return [pytest.param(f, id=f["name"]) for f in MANIFEST["fixtures"] if f["kind"] == kind]
+
+
+def load(f: dict) -> tuple[bytes, dict]:
+    with np.load(FIXTURES / f["inputs"], allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    return (FIXTURES / f["file"]).read_bytes(), arrays
+
+
+def writes_today(f: dict) -> bool:
+    """Whether the code still writes this fixture's version (older versions are only read)."""
+    return f["version"] == CURRENT[f["kind"]]
+
+
+def skip_unless_written_alike() -> None:
+    """zstd frames and the frame size depend on VISEMZ_ZSTD_LEVEL and VISEMZ_ENTROPY_CHUNK."""
+    if (DEFAULTS.zstd_level, DEFAULTS.entropy_chunk) != (WRITTEN_WITH["zstd_level"], WRITTEN_WITH["entropy_chunk"]):
+        pytest.skip(f"zstd level {DEFAULTS.zstd_level} / frame size {DEFAULTS.entropy_chunk} set in the environment differ "
+                    f"from the fixtures' {WRITTEN_WITH['zstd_level']} / {WRITTEN_WITH['entropy_chunk']}")
+
+
+def block_stream_of(buf) -> bytes:
+    """The block stream inside an ints stream (its zstd frames decompressed)."""
+    parsed = stream.parse(buf)
+    if parsed.entropy == entropy.KINDS["none"]:
+        return bytes(parsed.frames[0])
+    return entropy.decompress_cpu(parsed.frames, parsed.entropy, parsed.sizes)
+
+
+def assert_same_ints_stream(got: bytes, want: bytes, exact: bool) -> None:
+    """Same header fields and frame count, the same block stream; with ``exact`` the same bytes."""
+    a, b = stream.parse(got), stream.parse(want)
+    assert (a.entropy, a.raw_size, a.chunk, len(a.frames)) == (b.entropy, b.raw_size, b.chunk, len(b.frames))
+    assert block_stream_of(got) == block_stream_of(want)
+    if exact or a.entropy == entropy.KINDS["none"]:
+        assert got == want
+
+
+def check_section(name: str, body, values: np.ndarray) -> None:
+    """An ints-stream section decodes to the stored integers, which encode again to the same bytes."""
+    np.testing.assert_array_equal(decode_ints(body), values, err_msg=name)
+    raw = block_stream_of(body)
+    hdr = L.parse_header(memoryview(raw))
+    again = encode_ints(values, policy=L.POLICY_NAMES[hdr.policy], bitshuffle=hdr.bitshuffle,
+                        entropy=entropy.NAMES[stream.parse(body).entropy])
+    assert_same_ints_stream(again, bytes(body), exact=zstandard.__version__ == WRITTEN_WITH["zstandard"])
+
+
+# ------------------------------------------------------------------ the collection itself
+def test_every_format_version_written_today_has_a_fixture():
+    have = {(f["kind"], f["version"]) for f in MANIFEST["fixtures"]}
+    missing = sorted((k, v) for k, v in CURRENT.items() if (k, v) not in have)
+    assert not missing, f"no fixture for {missing}: run python scripts/make_format_fixtures.py (it adds, never rewrites)"
+
+
+def test_the_manifest_names_every_fixture_file():
+    named = {f[key] for f in MANIFEST["fixtures"] for key in ("file", "inputs")}
+    # sub-folders hold fixtures with tests of their own (rans/: tests/test_rans.py)
+    assert named == {p.name for p in FIXTURES.iterdir() if p.is_file()} - {"fixtures.json"}
+
+
+# ------------------------------------------------------------------ block and ints streams
+@pytest.mark.parametrize("f", of("block"))
+def test_block_streams(f, xp):
+    raw, arrays = load(f)
+    v = arrays["values"]
+    hdr = L.parse_header(memoryview(raw))
+    assert (L.POLICY_NAMES[hdr.policy], hdr.bitshuffle, hdr.n) == (f["settings"]["policy"], f["settings"]["bitshuffle"], v.size)
+    if xp is np:
+        decoded, again = reference.decode(raw), (lambda: reference.encode(v, hdr.policy, hdr.bitshuffle))
+    else:
+        decoded = gpu.decode_block_stream(xp.asarray(np.frombuffer(raw, np.uint8)))
+        again = lambda: gpu.encode_raw(xp.asarray(v), hdr.policy, hdr.bitshuffle).get().tobytes()
+    np.testing.assert_array_equal(as_numpy(decoded), v)
+    if writes_today(f):
+        assert again() == raw
+
+
+@pytest.mark.parametrize("f", of("ints"))
+def test_ints_streams(f, xp):
+    buf, arrays = load(f)
+    v, s = arrays["values"], f["settings"]
+    on_gpu = xp is not np
+    if on_gpu and s["entropy"] != "none":
+        optional("nvidia.nvcomp")  # the GPU's zstd
+    np.testing.assert_array_equal(as_numpy(decode_ints(buf, device="cuda" if on_gpu else "cpu")), v)
+    if writes_today(f):
+        skip_unless_written_alike()
+        again = encode_ints(xp.asarray(v), policy=s["policy"], bitshuffle=s["bitshuffle"], entropy=s["entropy"])
+        assert_same_ints_stream(again, buf, exact=not on_gpu and zstandard.__version__ == WRITTEN_WITH["zstandard"])
+
+
+# ------------------------------------------------------------------ .vsz files
+def check_image_container(buf: bytes, arrays: dict, prefix: str = "") -> container.Container:
+    """Container parse and re-pack, and every section against its stored integers (no pixels)."""
+    c = container.unpack(buf)
+    assert c.kind == "image"
+    stored = {k.removeprefix(f"{prefix}section_"): a for k, a in arrays.items() if k.startswith(f"{prefix}section_")}
+    assert sorted(c.sections) == sorted(stored)
+    for name, shape in c.meta["symbols"].items():
+        assert stored[name].size == int(np.prod(shape)), name
+    skip_unless_written_alike()
+    for name, body in c.sections.items():
+        check_section(name, body, stored[name])
+    assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}) == buf
+    return c
+
+
+@pytest.mark.parametrize("f", of("image"))
+def test_image_files(f):
+    buf, arrays = load(f)
+    c = check_image_container(buf, arrays)
+    img = arrays["image"]
+    assert c.meta["format"] == f["version"] and c.meta["dtype"] == img.dtype.name and c.meta["shape"] == list(img.shape)
+    assert c.meta["max_error"] == f["settings"]["max_error"]
+
+
+@pytest.mark.parametrize("f", of("pages"))
+def test_page_files(f):
+    buf, arrays = load(f)
+    c = container.unpack(buf)
+    stack = arrays["stack"]
+    assert c.kind == pages.KIND and c.meta == {"format": f["version"], "shape": list(stack.shape), "dtype": stack.dtype.name}
+    page_bufs = pages.page_buffers(c)
+    assert len(page_bufs) == stack.shape[0]
+    for k, page in enumerate(page_bufs):
+        check_image_container(bytes(page), arrays, prefix=f"page{k}_")
+    assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}) == buf
+
+
+# ------------------------------------------------------------------ the error-bound residual
+@pytest.mark.parametrize("f", of("residual"))
+def test_residual_sections(f):
+    """The residual against a stored float64 synthesis: decodes to the stored image within E, encodes to the same sections."""
+    encoded, arrays = load(f)
+    s = f["settings"]
+    with np.load(io.BytesIO(encoded), allow_pickle=False) as npz:
+        sections = {k: npz[k].tobytes() for k in npz.files}
+    meta = ImageMeta(s["dtype"], tuple(s["shape"]), *s["range"])
+    x01 = torch.from_numpy(arrays["x01_hat"])
+    out = as_numpy(residual.decode(sections, x01, meta, s["max_error"], s["mode"]))
+    assert out.dtype == arrays["decoded"].dtype and out.tobytes() == arrays["decoded"].tobytes()
+    assert np.abs(out.astype(np.float64) - arrays["image"].astype(np.float64)).max() <= s["max_error"]
+    if writes_today(f):
+        again, mode = residual.encode(torch.from_numpy(arrays["image"]), x01, meta, s["max_error"], entropy=s["entropy"],
+                                      bitshuffle=s["bitshuffle"])
+        assert mode == s["mode"] and again == sections
+
+
+# ------------------------------------------------------------------ the collectives' float codecs
+def _tensor(bits: np.ndarray, dtype: str) -> torch.Tensor:
+    wide = bits.dtype == np.uint32
+    return torch.from_numpy(bits.view(np.int32 if wide else np.int16)).view(getattr(torch, dtype))
+
+
+def _on(xp, t: torch.Tensor) -> torch.Tensor:
+    return t if xp is np else t.cuda()
+
+
+@pytest.mark.parametrize("f", of("eb"))
+def test_error_bounded_streams(f, xp):
+    buf, arrays = load(f)
+    s = f["settings"]
+    codec = ErrorBounded(s["eb"])
+    assert codec.decode(buf).tobytes() == arrays["decoded"].tobytes()
+    x = _tensor(arrays["bits"], s["dtype"])
+    assert np.abs(codec.decode(buf, exact=True) - x.to(torch.float64).numpy()).max() <= s["eb"] * (1 + 1e-12)
+    if writes_today(f):
+        assert codec.encode(_on(xp, x)) == buf
+
+
+@pytest.mark.parametrize("f", of("ll"))
+def test_lossless_streams(f, xp):
+    buf, arrays = load(f)
+    bits = arrays["bits"]
+    assert Lossless().decode(buf).view(bits.dtype).tobytes() == bits.tobytes()  # NaN payloads and -0 included
+    if writes_today(f):
+        assert Lossless().encode(_on(xp, _tensor(bits, f["settings"]["dtype"]))) == buf

@@ -1,0 +1,56 @@
+"""Is there a usable CUDA GPU, which device runs the work, and cupy views of GPU arrays.
+
+cupy is optional: this module imports it only when asked about a GPU and answers "no GPU"
+when it is missing, so the CPU install never needs it.  It sits below the encoders (which
+choose the GPU path through it); ``device.py`` builds the torch-level helpers on top.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from .config import DEFAULTS
+from .errors import DeviceUnavailableError, InvalidArgumentError
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # cupy absent, no driver, or no device: all mean "no GPU"
+        return False
+
+
+def require_cupy():
+    if not cuda_available():
+        raise DeviceUnavailableError("a CUDA GPU with cupy is required here, but none is available")
+    import cupy
+
+    return cupy
+
+
+def resolve(device: str | None) -> str:
+    """'auto' (or None) -> 'cuda' when a GPU is usable, else 'cpu'."""
+    device = device or DEFAULTS.device
+    if device == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"device={device!r}: expected 'cpu', 'cuda' or 'auto'")
+    if device == "cuda":
+        require_cupy()
+    return device
+
+
+def is_gpu_array(x: Any) -> bool:
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    return bool(getattr(x, "is_cuda", False))
+
+
+def as_cupy(x: Any):
+    """A cupy view of a cupy array or torch CUDA tensor (no copy)."""
+    cp = require_cupy()
+    return x if isinstance(x, cp.ndarray) else cp.asarray(x)
