@@ -27,7 +27,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from visemz import ImageCodec, measure
+from visemz import ImageCodec, cuda, measure
 from visemz.config import DEFAULTS
 from visemz.io import loaders
 from visemz.io.writers import write_atomic
@@ -48,10 +48,8 @@ def own_stream(device: str):
     if device != "cuda":
         yield
         return
-    import cupy
-
     s = torch.cuda.Stream()
-    with torch.cuda.stream(s), cupy.cuda.ExternalStream(s.cuda_stream):
+    with torch.cuda.stream(s), cuda.external_stream(s.cuda_stream, s.device.index):
         yield
         s.synchronize()
 

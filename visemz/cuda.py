@@ -8,6 +8,7 @@ choose the GPU path through it); ``device.py`` builds the torch-level helpers on
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 from .config import DEFAULTS
@@ -30,6 +31,18 @@ def require_cupy():
     import cupy
 
     return cupy
+
+
+def external_stream(handle: int, device_index: int = -1):
+    """A cupy stream object for a CUDA stream made elsewhere (torch's), to make current with ``with``.
+
+    cupy 14 deprecates ExternalStream for Stream.from_external and the __cuda_stream__ protocol,
+    which torch's streams do not all speak; ExternalStream still takes the raw handle and device,
+    so it is used with its deprecation notice silenced here, in one place."""
+    cupy = require_cupy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(handle, device_index)
 
 
 def resolve(device: str | None) -> str:

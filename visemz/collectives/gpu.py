@@ -50,7 +50,7 @@ def torch_stream():
     """Run cupy work on torch's current CUDA stream (so NCCL and torch ops see it in order)."""
     cp = cuda.require_cupy()
     s = torch.cuda.current_stream()
-    with cp.cuda.Device(s.device.index), cp.cuda.ExternalStream(s.cuda_stream):
+    with cp.cuda.Device(s.device.index), cuda.external_stream(s.cuda_stream, s.device.index):
         yield cp
 
 

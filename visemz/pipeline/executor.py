@@ -6,7 +6,7 @@
   loader's thread pool, DALI's batches, ...).  A payload is what ``compute`` takes, or an
   ``ItemResult`` (the item is finished, e.g. skipped) or a ``VisemzError`` (it failed).
 * A **lane** is one compute worker: a thread with, on a GPU, its own ``torch.cuda.Stream``
-  made current for torch and for cupy (``cupy.cuda.ExternalStream`` on the same handle), so
+  made current for torch and for cupy (``cuda.external_stream`` on the same handle), so
   inference, the encoder kernels and nvCOMP of one image run in order on one stream while
   other lanes fill the GPU.  Host images reach the device through the lane's pinned buffer.
 * **Writers** are threads, because fsync blocks.
@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .. import cuda
 from ..config import DEFAULTS, cpu_threads
 from ..errors import InvalidArgumentError, VisemzError
 from .results import ItemResult
@@ -111,7 +112,7 @@ class CudaLane:
         cupy.cuda.Device(self.device_index).use()
         self.stream = torch.cuda.Stream(device=self.device_index)
         self._stack.enter_context(torch.cuda.stream(self.stream))
-        self._stack.enter_context(cupy.cuda.ExternalStream(self.stream.cuda_stream, self.device_index))
+        self._stack.enter_context(cuda.external_stream(self.stream.cuda_stream, self.device_index))
         return self
 
     def __exit__(self, *exc):
