@@ -4,6 +4,8 @@
         [--storage-check 1,4,8 --device cpu --limit 4]          # weights and cards, int8 loss measured
     python scripts/export_weights.py --out visemz/models/weights --data ../shared/data --device cuda
                                                                 # every card's eval, measured
+    python scripts/export_weights.py --out visemz/models/weights --add-tables
+                                                                # (re)compute the entropy coding tables
 
 With --ckpt, reads the compact checkpoints of scripts/train.py (NAME.safetensors, step and
 seconds in their metadata) and writes NAME.safetensors + NAME.json to --out.  A NAME@tag
@@ -13,7 +15,9 @@ note).  --storage-check measures what int8 storage costs against the checkpoint'
 weights (PSNR dB and bpp ratio on the variant's main eval set at those qualities).
 --qualities (default 1..8) then measures bpp/PSNR/MS-SSIM of every model in --out at each
 quality by compressing the evaluation images through visemz itself (real file sizes) on
---device, and writes them into the cards.
+--device, and writes them into the cards.  --add-tables re-writes every weights file in --out
+with its entropy coding tables computed afresh (W.save does this for new exports), keeping the
+network tensors byte for byte (checked) and each card, whose model_id it updates; then stops.
 """
 
 from __future__ import annotations
@@ -61,7 +65,12 @@ def main() -> None:
     ap.add_argument("--storage-check", default="", help="qualities at which int8 is compared with float32")
     ap.add_argument("--limit", type=int, default=None, help="evaluate on the first N images of each set")
     ap.add_argument("--gpu-name", default=None, help="GPU the checkpoints were trained on (for the card)")
+    ap.add_argument("--add-tables", action="store_true", help="only (re)compute the weights' entropy coding tables")
     args = ap.parse_args()
+    if args.add_tables:
+        for path in sorted(args.out.glob("*.safetensors")):
+            add_tables(path)
+        return
 
     os.environ["VISEMZ_WEIGHTS_DIR"] = str(args.out)
     import visemz
@@ -99,6 +108,19 @@ def export(codec, name: str, args, checks: list[float]) -> None:
         W.save(model, spec, args.out / f"{spec.name}.safetensors", card)
         W.load.cache_clear()
     print(name, json.dumps({k: card.get(k) for k in ("steps", "int8_storage_loss")}), flush=True)
+
+
+def add_tables(path: Path) -> None:
+    """W.add_tables on one weights file, checking that its network tensors did not change."""
+    def network(p: Path) -> dict[str, bytes]:
+        tensors, _ = W.read_tensors(p)
+        return {k: v.numpy().tobytes() for k, v in tensors.items() if not k.startswith("tables/")}
+
+    before = network(path)
+    model_id = W.add_tables(parse(path.stem), path)
+    if network(path) != before:
+        raise SystemExit(f"{path.name}: network tensors changed while adding tables")
+    print(f"{path.name}: tables added, network tensors unchanged, model_id {model_id}", flush=True)
 
 
 def measure_card(codec, card_path: Path, args, qualities: list[float]) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from visemz.codec import ImageCodec
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints
 
@@ -53,6 +54,11 @@ def damaged_copies(raw: bytes, seed: int):
         data[i] = (old + int(rng.integers(1, 256))) % 256
         yield i, bytes(data)
         data[i] = old
+
+
+def symbols_of(buf: bytes, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """The latent symbols an image file holds, decoded on ``device`` (any format the codec reads)."""
+    return ImageCodec(device).decode_symbols(buf)
 
 
 def optional(module: str):

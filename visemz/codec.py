@@ -9,7 +9,8 @@
 ``quality`` is a float in [1, 8] on CompressAI's lambda ladder (the models are variable-rate).
 
 The model's latent symbols are the only float -> int step; everything after them is
-integer coding, so a file written on a GPU decodes to the same symbols on a CPU.
+integer coding (``latents.py``: conditional rANS with the tables shipped in the weights), so a
+file written on a GPU decodes to the same symbols on a CPU.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from . import container, residual
+from . import container, latents, residual
 from . import device as dev
 from .encoders import encode_ints
 from .errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
@@ -43,13 +44,12 @@ from .pixels import (
 
 KIND = "image"
 # 1: fixed-rate N=64/M=96 models, one per integer quality 1-4 (sessions 1-4), no longer decoded;
-# 2: variable-rate N=128/M=192 models with gain units, a float quality in the header.
-FORMAT = 2
+# 2: variable-rate N=128/M=192 models with gain units, a float quality in the header, symbols
+#    block-coded (ints streams); still read, and written on request (``image_format=2``);
+# 3: the same models, symbols coded by conditional rANS with the weights' tables (``latents.py``).
+FORMAT = latents.RANS
+FORMATS_READ = (latents.BLOCK, latents.RANS)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
-# Latent symbols use per-block widths: on the trained models' latents they came out 1-11% smaller
-# than the global width with outliers (after zstd, full Kodak and X-ray sets), and the GPU's
-# per-block kernel is the faster one.  Either policy decodes: the block stream records it.
-SYMBOL_POLICY = "block"
 DEFAULT_MODEL = registry.DEFAULT_MODEL
 META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
 
@@ -110,7 +110,11 @@ class ImageCodec:
 
     # ------------------------------------------------------------------ compress
     def compress(self, image, *, model: str = DEFAULT_MODEL, quality: float = registry.DEFAULT_QUALITY,
-                 max_error=None) -> bytes:
+                 max_error=None, image_format: int = FORMAT) -> bytes:
+        """``image_format=2`` writes the previous format (block-coded symbols), for comparisons and
+        compatibility tests; the default is today's."""
+        if image_format not in FORMATS_READ:
+            raise InvalidArgumentError(f"image_format={image_format!r}: this build writes {list(FORMATS_READ)}")
         q = registry.check_quality(quality)
         t = as_tensor(image, self.device)
         meta = describe(t)
@@ -119,14 +123,15 @@ class ImageCodec:
         net, model_id = W.load(spec, self.device)
         with exact_math():
             symbols = architectures.analyse(net, to_batch(t, meta), q)
-            sections = {name: encode_ints(dev.torch_to_ints(s), policy=SYMBOL_POLICY, **self.enc) for name, s in symbols.items()}
+            net64 = _model64(spec, self.device) if e is not None or image_format == latents.RANS else None
+            sections = latents.encode(image_format, net, net64, symbols, q, self.enc)
             mode = None
             if e is not None:
-                x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, q, torch.float64), meta)
+                x01 = from_batch(architectures.synthesise(net64, symbols, q, torch.float64), meta)
                 extra, mode = residual.encode(t, x01, meta, e, **self.enc)
                 sections.update(extra)
         header = {
-            "format": FORMAT, "model": spec.name, "model_id": model_id, "quality": q, "dtype": meta.dtype,
+            "format": image_format, "model": spec.name, "model_id": model_id, "quality": q, "dtype": meta.dtype,
             "shape": list(meta.shape), "range": [meta.lo, meta.hi],
             "symbols": {k: list(v.shape) for k, v in symbols.items()},
             "max_error": e, "residual": mode, "entropy": self.enc["entropy"],
@@ -134,14 +139,28 @@ class ImageCodec:
         return container.pack(KIND, header, sections)
 
     # ---------------------------------------------------------------- decompress
+    def decode_symbols(self, buf) -> dict[str, torch.Tensor]:
+        """.vsz bytes -> the latent symbols it holds ({"y": ..., ["z": ...]}, int32 on this codec's device)."""
+        return self._read(buf)[3]
+
     def decompress_tensor(self, buf) -> torch.Tensor:
         """.vsz bytes -> the image as a torch tensor on this codec's device."""
+        c, h, meta, symbols = self._read(buf)
+        spec, q = registry.parse(h["model"]), h["quality"]
+        with exact_math():
+            if h["residual"] is None:
+                net, _ = W.load(spec, self.device)
+                return denormalise(from_batch(architectures.synthesise(net, symbols, q), meta), meta)
+            x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, q, torch.float64), meta)
+            return residual.decode(c.sections, x01, meta, h["max_error"], h["residual"])
+
+    def _read(self, buf):
+        """Parse and check a file and decode its symbols: (container, header, image meta, symbols)."""
         c = container.unpack(buf)
         if c.kind != KIND:
             raise UnsupportedFormatError(f"container holds {c.kind!r}, not an image")
         h = _check_header(c.meta, c.sections)
         spec = registry.parse(h["model"])
-        q = h["quality"]
         meta = ImageMeta(h["dtype"], tuple(h["shape"]), float(h["range"][0]), float(h["range"][1]))
         net, model_id = W.load(spec, self.device)
         if model_id != h["model_id"]:
@@ -151,17 +170,9 @@ class ImageCodec:
         want = architectures.latent_shapes(net, *_batch_and_padded(meta))
         if {k: list(v) for k, v in want.items()} != h["symbols"]:
             raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and {spec.name}")
-        symbols = {}
-        for name, shape in want.items():
-            s = dev.ints_to_torch(c.sections[name], self.device)
-            if s.numel() != math.prod(shape):
-                raise CorruptStreamError(f"section {name!r} holds {s.numel()} symbols, expected {math.prod(shape)}")
-            symbols[name] = s.reshape(shape)
         with exact_math():
-            if h["residual"] is None:
-                return denormalise(from_batch(architectures.synthesise(net, symbols, q), meta), meta)
-            x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, q, torch.float64), meta)
-            return residual.decode(c.sections, x01, meta, h["max_error"], h["residual"])
+            net64 = _model64(spec, self.device) if h["format"] == latents.RANS else None
+            return c, h, meta, latents.decode(h["format"], net, net64, c.sections, want, h["quality"], self.device)
 
     def decompress(self, buf) -> np.ndarray:
         """.vsz bytes -> the image as a NumPy array of the original dtype and shape."""
@@ -180,8 +191,9 @@ def _check_header(h: dict, sections: dict) -> dict:
     """Validate an image header strictly: known keys, types, sizes, before anything is decoded."""
     if h.get("format") in FORMATS_NOT_READ:
         raise UnsupportedFormatError(f"image format {h['format']} ({FORMATS_NOT_READ[h['format']]}) is not read "
-                                     f"by this build, which reads format {FORMAT}")
-    container.check_meta(h, META_KEYS, KIND, FORMAT, DTYPES)
+                                     f"by this build, which reads formats {list(FORMATS_READ)}")
+    fmt = h.get("format")
+    container.check_meta(h, META_KEYS, KIND, fmt if type(fmt) is int and fmt in FORMATS_READ else FORMAT, DTYPES)
     try:
         registry.check_quality(h["quality"])
     except InvalidArgumentError:
@@ -206,7 +218,7 @@ def _check_header(h: dict, sections: dict) -> dict:
         need = {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
         if not need <= set(sections):
             raise CorruptStreamError(f"image lacks sections {sorted(need - set(sections))}")
-    for name in h["symbols"]:
+    for name in sorted(latents.section_names(h["format"], h["symbols"])):
         if name not in sections:
             raise CorruptStreamError(f"image lacks the symbol section {name!r}")
     return h

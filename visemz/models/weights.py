@@ -5,6 +5,10 @@ scale per output channel; other parameters and buffers (a few KB) as float32.  L
 through ``safetensors`` only: nothing is ever unpickled.  The model id recorded in
 every compressed file is the xxh64 of the weights file, so a file written with other
 weights is refused instead of decoded into garbage.
+
+The same file holds the integer CDF tables the codec's rANS coder uses (``tables/...``,
+``entropy_tables.py``), computed from the model when it is saved and attached to the
+loaded model as ``model.visemz_tables``: a decoder never recomputes them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from safetensors.torch import save_file
 
 from ..errors import UnsupportedFormatError
 from ..io.writers import atomic_file
-from . import architectures
+from . import architectures, entropy_tables
 from .registry import ModelSpec
 
 INT8_SUFFIX, SCALE_SUFFIX = ".int8", ".scale"
@@ -64,7 +68,7 @@ def quantize_state(state: dict[str, torch.Tensor], storage: str = "int8") -> dic
 def dequantize_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     state = {}
     for name, t in tensors.items():
-        if name.endswith(SCALE_SUFFIX):
+        if name.endswith(SCALE_SUFFIX) or name.startswith(entropy_tables.PREFIX):
             continue
         if name.endswith(INT8_SUFFIX):
             base = name[: -len(INT8_SUFFIX)]
@@ -75,13 +79,31 @@ def dequantize_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def save(model: torch.nn.Module, spec: ModelSpec, path: Path, card: dict, storage: str = "int8") -> str:
-    """Write weights (and the model card beside them), each atomically; returns the model id."""
+    """Write weights with their entropy coding tables (and the model card beside them), each
+    atomically; returns the model id."""
     meta = {"spec": json.dumps({"arch": spec.arch, "variant": spec.variant, "N": spec.N, "M": spec.M,
                                 "variable_rate": "gain-units"})}
+    return _write(path, quantize_state(model.state_dict(), storage), meta, entropy_tables.compute(model),
+                  dict(card, storage=storage), spec)
+
+
+def add_tables(spec: ModelSpec, path: Path) -> str:
+    """Re-write a weights file with freshly computed entropy coding tables, its network tensors
+    byte for byte as they were (no re-quantisation), and update its card's model id."""
+    tensors, meta = read_tensors(path)
+    network = {k: v for k, v in tensors.items() if not k.startswith(entropy_tables.PREFIX)}
+    model = architectures.build(spec)
+    model.load_state_dict(dequantize_state(network))
+    card_path = path.with_suffix(".json")
+    card = json.loads(card_path.read_text()) if card_path.is_file() else {}
+    return _write(path, network, meta, entropy_tables.compute(model.eval()), card, spec)
+
+
+def _write(path: Path, network: dict, meta: dict, tables, card: dict, spec: ModelSpec) -> str:
     with atomic_file(path) as (_, tmp):
-        save_file(quantize_state(model.state_dict(), storage), str(tmp), metadata=meta)
+        save_file(dict(network, **entropy_tables.to_tensors(tables)), str(tmp), metadata=meta)
     model_id = file_id(path)
-    card = dict(card, model=spec.name, model_id=model_id, weights=path.name, storage=storage)
+    card = dict(card, model=spec.name, model_id=model_id, weights=path.name)
     with atomic_file(path.with_suffix(".json")) as (f, _):
         f.write((json.dumps(card, indent=1) + "\n").encode())
     return model_id
@@ -121,6 +143,7 @@ def _load(spec: ModelSpec, device: str) -> tuple[torch.nn.Module, str]:
     missing, unexpected = model.load_state_dict(dequantize_state(tensors), strict=False)
     if missing or unexpected:
         raise UnsupportedFormatError(f"weights {path.name} do not match {spec.name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.visemz_tables = entropy_tables.from_tensors(tensors, architectures.has_hyperprior(model), path.name)
     model.eval().requires_grad_(False).to(device)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)  # copied on this thread's stream; other streams use it next

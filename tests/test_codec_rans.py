@@ -1,0 +1,169 @@
+"""Image format 3 on the CPU: latents coded by conditional rANS with the tables shipped in the weights."""
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from skimage import data
+
+import visemz
+from visemz import codec, container, latents
+from visemz.encoders import encode_ints
+from visemz.errors import CorruptStreamError, UnsupportedFormatError, VisemzError
+from visemz.models import all_specs, entropy_tables, parse
+from visemz.models import weights as W
+
+from .helpers import symbols_of
+
+MODELS = ("balle2016", "mbt2018-mean")
+
+
+@pytest.fixture(autouse=True)
+def _weights(model_weights):
+    return model_weights
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return visemz.ImageCodec("cpu")
+
+
+def _image(dtype: str, shape: tuple, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    smooth = data.astronaut()[: shape[0], : shape[1]].astype(np.float64) / 255.0
+    smooth = smooth if len(shape) == 3 else smooth.mean(axis=2)
+    top = 255 if dtype == "uint8" else 4095
+    return np.clip(smooth * top + rng.normal(0, top / 100, smooth.shape), 0, top).astype(dtype)
+
+
+def _repack(buf: bytes, **sections) -> bytes:
+    c = container.unpack(buf)
+    return container.pack(c.kind, c.meta, dict({k: bytes(v) for k, v in c.sections.items()}, **sections))
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("dtype,shape", [("uint8", (48, 70, 3)), ("uint8", (48, 70)), ("uint16", (48, 70)),
+                                         ("uint16", (48, 70, 3))])
+def test_format_3_holds_the_same_symbols_as_format_2(cpu, model, dtype, shape):
+    """Both formats of one image at a fractional quality decode to the same symbols and the same pixels."""
+    img = _image(dtype, shape)
+    new, old = (cpu.compress(img, model=model, quality=3.7, image_format=f) for f in (3, 2))
+    assert container.unpack(new).meta["format"] == 3 and container.unpack(old).meta["format"] == 2
+    a, b = symbols_of(new), symbols_of(old)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    out = cpu.decompress(new)
+    assert out.dtype == img.dtype and out.shape == img.shape
+    np.testing.assert_array_equal(out, cpu.decompress(old))
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("name", ["astronaut", "camera"])
+def test_rans_sections_are_smaller_than_block_coding_on_a_natural_image(cpu, model, name):
+    img = getattr(data, name)()[:256, :256]
+    sizes = {}
+    for fmt in (2, 3):
+        c = container.unpack(cpu.compress(img, model=model, quality=4, image_format=fmt))
+        sizes[fmt] = sum(len(c.sections[k]) for k in latents.section_names(fmt, c.meta["symbols"]))
+    assert sizes[3] < 0.97 * sizes[2], sizes
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_error_bound_path_is_unchanged(cpu, model):
+    img = _image("uint16", (40, 52), seed=3)
+    for e in (0, 40):
+        out = cpu.decompress(cpu.compress(img, model=model, quality=2.5, max_error=e))
+        assert np.abs(out.astype(np.int64) - img).max() <= e
+
+
+def test_weights_ship_the_tables_the_model_gives():
+    """The stored integer tables are what entropy_tables.compute gives for the loaded model, and the
+    factorized ones cover CompressAI's EntropyBottleneck.update() ranges."""
+    for spec in all_specs():
+        net, _ = W.load(spec)
+        stored, fresh = net.visemz_tables, entropy_tables.compute(net)
+        for key in ("factorized", "gaussian"):
+            a, b = getattr(stored, key), getattr(fresh, key)
+            assert (a is None) == (b is None) == (key == "gaussian" and spec.arch == "balle2016")
+            if a is not None:
+                assert a.fingerprint == b.fingerprint, (spec.name, key)
+        ref = W.architectures.build(spec)
+        ref.load_state_dict(net.state_dict())
+        ref.entropy_bottleneck.update(force=True)
+        np.testing.assert_array_equal(stored.factorized.offsets, ref.entropy_bottleneck._offset.numpy())
+        np.testing.assert_array_equal(np.diff(stored.factorized.cdf_start), ref.entropy_bottleneck._cdf_length.numpy())
+
+
+def test_weights_without_tables_still_decode_format_2_and_refuse_format_3(tmp_path, monkeypatch, cpu):
+    spec = parse("balle2016-gray")
+    tensors, meta = W.read_tensors(W.weights_path(spec))
+    save_file({k: v for k, v in tensors.items() if not k.startswith("tables/")}, str(tmp_path / f"{spec.name}.safetensors"),
+              metadata=meta)
+    monkeypatch.setenv("VISEMZ_WEIGHTS_DIR", str(tmp_path))
+    W.load.cache_clear()
+    codec._model64_cached.cache_clear()
+    try:
+        img = _image("uint8", (40, 40))
+        assert cpu.decompress(cpu.compress(img, model="balle2016", image_format=2)).shape == img.shape
+        with pytest.raises(UnsupportedFormatError, match="tables"):
+            cpu.compress(img, model="balle2016")
+    finally:
+        monkeypatch.undo()
+        W.load.cache_clear()
+        codec._model64_cached.cache_clear()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_damaged_rans_sections_raise_visemz_errors(cpu, model):
+    buf = cpu.compress(_image("uint8", (64, 64, 3)), model=model, quality=5)
+    sections = container.unpack(buf).sections
+    rng = np.random.default_rng(0)
+    for name in sorted(latents.section_names(3, container.unpack(buf).meta["symbols"])):
+        body = bytes(sections[name])
+        if not body:  # an empty exception list: damage is a non-empty one (below)
+            continue
+        for i in rng.choice(len(body) * 8, 60, replace=False):
+            bad = bytearray(body)
+            bad[i // 8] ^= 1 << (i % 8)
+            try:
+                out = cpu.decompress(_repack(buf, **{name: bytes(bad)}))
+            except VisemzError:
+                continue
+            # a flip inside the coded payload may decode to other in-range symbols: never to another shape
+            assert out.shape == (64, 64, 3)
+        for cut in (0, 1, len(body) // 2, len(body) - 1):
+            with pytest.raises(VisemzError):
+                cpu.decompress(_repack(buf, **{name: body[:cut]}))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_section_of_another_image_is_rejected(cpu, model):
+    """Symbols / indexes mismatch: a y section of a bigger image holds another symbol count."""
+    small = cpu.compress(_image("uint8", (64, 64, 3)), model=model)
+    big = cpu.compress(_image("uint8", (128, 64, 3)), model=model)
+    with pytest.raises(CorruptStreamError):
+        cpu.decompress(_repack(small, y=bytes(container.unpack(big).sections["y"])))
+
+
+def test_hostile_scale_exceptions_are_rejected(cpu):
+    buf = cpu.compress(_image("uint8", (64, 64, 3)), model="mbt2018-mean", quality=5)
+    n = int(np.prod(container.unpack(buf).meta["symbols"]["y"]))
+    hostile = {
+        "odd count": [0, 1, 2],
+        "position beyond the symbols": [n, 3],
+        "decreasing positions": [5, 0, 3, 3],
+        "index beyond the table": [0, 64],
+        "position far from a boundary": [0, 3],  # (the test image's scales are not within 1e-8 of one)
+    }
+    for label, values in hostile.items():
+        section = encode_ints(np.array(values, np.int32), policy="global", entropy="none")
+        with pytest.raises(CorruptStreamError):
+            cpu.decompress(_repack(buf, y_scales=section))
+    c = container.unpack(buf)
+    without = container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items() if k != "y_scales"})
+    with pytest.raises(CorruptStreamError, match="y_scales"):
+        cpu.decompress(without)
+
+
+def test_image_format_argument_is_checked(cpu):
+    with pytest.raises(visemz.errors.InvalidArgumentError, match="image_format=1"):
+        cpu.compress(_image("uint8", (16, 16)), image_format=1)

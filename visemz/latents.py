@@ -1,0 +1,117 @@
+"""A model's integer latent symbols <-> an image file's sections, for each image format that codes them.
+
+Format 3 (written today): conditional rANS with the tables shipped in the weights
+(``model.visemz_tables``).  The factorized model's y and the hyperprior model's z use one
+table per channel (the EntropyBottleneck's); the hyperprior model's y uses the Gaussian
+table that the scale predicted from z picks.  Those scales come from a float64
+hyper-synthesis (``net64``) on whichever device runs, and ``scale_indexes`` lists in the
+section ``y_scales`` the few positions whose table could differ between devices, so a
+file decodes alike everywhere.
+
+Format 2 (still read, and written on request for comparisons and tests): each symbol
+tensor as an ints stream (block encoder, per-block widths, then the codec's entropy stage).
+
+On CUDA every step stays on the GPU (torch / cupy arrays); on the CPU the NumPy reference
+coder runs; both write the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import device as dev
+from .encoders import encode_ints
+from .encoders.rans import decode_conditional, encode_conditional
+from .encoders.scale_indexes import decode_and_apply_scale_exceptions, encode_scale_exceptions, scale_indexes
+from .errors import CorruptStreamError, UnsupportedFormatError
+from .models import architectures
+
+BLOCK, RANS = 2, 3  # the image formats, by how they code the symbols
+# Latent symbols use per-block widths in format 2: on the trained models' latents they came out
+# 1-11% smaller than the global width with outliers (after zstd), and the GPU's per-block kernel is
+# the faster one.  Either policy decodes: the block stream records it.
+SYMBOL_POLICY = "block"
+SCALES = "y_scales"  # format 3, hyperprior models: the scale-index exceptions
+
+
+def section_names(fmt: int, symbol_names) -> set[str]:
+    """The sections an image file of format ``fmt`` must hold for these symbol tensors."""
+    names = set(symbol_names)
+    return names | {SCALES} if fmt == RANS and "z" in names else names
+
+
+def rans_sections(fmt: int, symbol_names) -> set[str]:
+    """The sections of a format-``fmt`` file that are conditional rANS streams (the others are ints streams)."""
+    return set(symbol_names) if fmt == RANS else set()
+
+
+def encode(fmt: int, net, net64, symbols: dict[str, torch.Tensor], quality: float, enc: dict) -> dict[str, bytes]:
+    """Symbol tensors (int32, on the codec's device) -> sections.  ``enc``: the ints streams' options (format 2)."""
+    if fmt == BLOCK:
+        return {k: encode_ints(dev.torch_to_ints(s), policy=SYMBOL_POLICY, **enc) for k, s in symbols.items()}
+    tables = _tables(net)
+    if "z" not in symbols:
+        return {"y": encode_conditional(_array(symbols["y"]), _channels(symbols["y"].shape, symbols["y"].device),
+                                        tables.factorized)}
+    z = symbols["z"]
+    idx, ambiguous = scale_indexes(_array(_scales(net64, z, quality)), tables.scale_table)
+    return {"z": encode_conditional(_array(z), _channels(z.shape, z.device), tables.factorized),
+            "y": encode_conditional(_array(symbols["y"]), idx, tables.gaussian),
+            SCALES: encode_scale_exceptions(idx, ambiguous)}
+
+
+def decode(fmt: int, net, net64, sections: dict, shapes: dict[str, tuple], quality: float,
+           device: str) -> dict[str, torch.Tensor]:
+    """Sections -> symbol tensors of ``shapes`` (int32, on ``device``); damage raises CorruptStreamError."""
+    if fmt == BLOCK:
+        return {k: _shaped(dev.ints_to_torch(sections[k], device), shape, k) for k, shape in shapes.items()}
+    tables = _tables(net)
+    if "z" not in shapes:
+        idx = _channels(shapes["y"], device)
+        return {"y": _shaped(_tensor(decode_conditional(sections["y"], idx, tables.factorized), device), shapes["y"], "y")}
+    z = _shaped(_tensor(decode_conditional(sections["z"], _channels(shapes["z"], device), tables.factorized), device),
+                shapes["z"], "z")
+    scales = _array(_scales(net64, z, quality))
+    if tuple(scales.shape) != tuple(shapes["y"]):
+        raise CorruptStreamError(f"hyper-synthesis gives scales {tuple(scales.shape)} for symbols {shapes['y']}")
+    idx = decode_and_apply_scale_exceptions(sections[SCALES], scales, tables.scale_table)
+    y = _tensor(decode_conditional(sections["y"], idx, tables.gaussian), device)
+    return {"y": _shaped(y, shapes["y"], "y"), "z": z}
+
+
+def _tables(net):
+    tables = getattr(net, "visemz_tables", None)
+    if tables is None:
+        raise UnsupportedFormatError("these weights hold no entropy coding tables (image format 3 needs them): "
+                                     "re-write them with scripts/export_weights.py --add-tables")
+    return tables
+
+
+def _scales(net64, z: torch.Tensor, quality: float) -> torch.Tensor:
+    """Scales of the gained latent, from a float64 hyper-synthesis (device-independent up to its last bits)."""
+    scales, _ = architectures._hyper_params(net64, z.to(torch.float64), quality)
+    return scales.contiguous()
+
+
+def _channels(shape, device) -> torch.Tensor | object:
+    """Each symbol's channel (dim 1) as its table index: int32, on ``device`` (NumPy on the CPU)."""
+    c = torch.arange(shape[1], dtype=torch.int32, device=device).view(1, -1, *([1] * (len(shape) - 2)))
+    return _array(c.expand(*shape).contiguous())
+
+
+def _array(t: torch.Tensor):
+    """What the coders take: a CUDA tensor as it is (they run on the GPU), a CPU tensor as NumPy."""
+    return t if t.is_cuda else t.numpy()
+
+
+def _tensor(a, device: str) -> torch.Tensor:
+    """A decoder's NumPy or cupy output as a torch tensor on ``device`` (cupy: no copy)."""
+    return torch.as_tensor(a, device=device) if dev.is_gpu_array(a) else torch.from_numpy(a)
+
+
+def _shaped(s: torch.Tensor, shape, name: str) -> torch.Tensor:
+    if s.numel() != math.prod(shape):
+        raise CorruptStreamError(f"section {name!r} holds {s.numel()} symbols, expected {math.prod(shape)}")
+    return s.reshape(shape)
