@@ -124,7 +124,7 @@ def _sections(buf: bytes, prefix: str = "") -> dict:
     current weights' tables decode them to (the test checks those streams' layout only: decoding
     them needs the very weights, which change)."""
     c = container.unpack(buf)
-    rans = latents.rans_sections(c.meta["format"], c.meta["symbols"])
+    rans = latents.rans_sections(c.meta)
     symbols = image_codec.ImageCodec("cpu").decode_symbols(buf) if rans else {}
     return {f"{prefix}section_{k}": symbols[k].numpy().reshape(-1) if k in rans
             else decode_ints(v) if len(v) else np.zeros(0, np.int32) for k, v in c.sections.items()}

@@ -59,12 +59,24 @@ def test_format_3_holds_the_same_symbols_as_format_2(cpu, model, dtype, shape):
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("name", ["astronaut", "camera"])
 def test_rans_sections_are_smaller_than_block_coding_on_a_natural_image(cpu, model, name):
+    """On photos the model's prior wins: every symbol section is rANS-coded, 3% or more below format 2's."""
     img = getattr(data, name)()[:256, :256]
     sizes = {}
     for fmt in (2, 3):
         c = container.unpack(cpu.compress(img, model=model, quality=4, image_format=fmt))
         sizes[fmt] = sum(len(c.sections[k]) for k in latents.section_names(fmt, c.meta["symbols"]))
+    assert set(c.meta["coding"].values()) == {"rans"}
     assert sizes[3] < 0.97 * sizes[2], sizes
+
+
+def test_a_section_the_prior_fits_badly_keeps_the_block_coding(cpu):
+    """A flat image's latents cost the factorized prior more than zstd's run-length view: the
+    encoder keeps the format-2 coding for that section, records it, and the file decodes the same."""
+    img = np.full((128, 128), 37, np.uint8)
+    new, old = (cpu.compress(img, model="balle2016", quality=5, image_format=f) for f in (3, 2))
+    c = container.unpack(new)
+    assert c.meta["coding"] == {"y": "ints"} and bytes(c.sections["y"]) == bytes(container.unpack(old).sections["y"])
+    np.testing.assert_array_equal(cpu.decompress(new), cpu.decompress(old))
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -161,6 +173,27 @@ def test_hostile_scale_exceptions_are_rejected(cpu):
     c = container.unpack(buf)
     without = container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items() if k != "y_scales"})
     with pytest.raises(CorruptStreamError, match="y_scales"):
+        cpu.decompress(without)
+
+
+def _rewrite(buf: bytes, **meta) -> bytes:
+    c = container.unpack(buf)
+    return container.pack(c.kind, dict(c.meta, **meta), {k: bytes(v) for k, v in c.sections.items()})
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_hostile_coding_fields_are_rejected(cpu, model):
+    buf = cpu.compress(_image("uint8", (64, 64, 3)), model=model, quality=5)
+    coding = container.unpack(buf).meta["coding"]
+    assert set(coding.values()) == {"rans"}
+    for bad in (None, "rans", {"y": "lzma"}, dict(coding, w="rans"), {"z": "rans"} if model == "balle2016" else {"y": "rans"}):
+        with pytest.raises(CorruptStreamError, match="coding"):
+            cpu.decompress(_rewrite(buf, coding=bad))
+    with pytest.raises(VisemzError):  # a rANS stream read as an ints stream
+        cpu.decompress(_rewrite(buf, coding={k: "ints" for k in coding}))
+    c = container.unpack(buf)
+    without = container.pack(c.kind, {k: v for k, v in c.meta.items() if k != "coding"}, {k: bytes(v) for k, v in c.sections.items()})
+    with pytest.raises(CorruptStreamError, match="coding"):
         cpu.decompress(without)
 
 

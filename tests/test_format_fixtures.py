@@ -156,7 +156,7 @@ def check_image_container(buf: bytes, arrays: dict, prefix: str = "") -> contain
     for name, shape in c.meta["symbols"].items():
         assert stored[name].size == int(np.prod(shape)), name
     skip_unless_written_alike()
-    rans = latents.rans_sections(c.meta["format"], c.meta["symbols"])
+    rans = latents.rans_sections(c.meta)
     for name, body in c.sections.items():
         if name in rans:
             check_rans_section(name, body, stored[name])

@@ -52,6 +52,7 @@ FORMATS_READ = (latents.BLOCK, latents.RANS)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
 DEFAULT_MODEL = registry.DEFAULT_MODEL
 META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
+META_KEYS_OF = {latents.BLOCK: META_KEYS, latents.RANS: META_KEYS | {"coding"}}  # format 3: each symbol section's coding
 
 
 _MATH_LOCK = threading.Lock()
@@ -124,7 +125,7 @@ class ImageCodec:
         with exact_math():
             symbols = architectures.analyse(net, to_batch(t, meta), q)
             net64 = _model64(spec, self.device) if e is not None or image_format == latents.RANS else None
-            sections = latents.encode(image_format, net, net64, symbols, q, self.enc)
+            sections, coding = latents.encode(image_format, net, net64, symbols, q, self.enc)
             mode = None
             if e is not None:
                 x01 = from_batch(architectures.synthesise(net64, symbols, q, torch.float64), meta)
@@ -136,6 +137,8 @@ class ImageCodec:
             "symbols": {k: list(v.shape) for k, v in symbols.items()},
             "max_error": e, "residual": mode, "entropy": self.enc["entropy"],
         }
+        if coding is not None:
+            header["coding"] = coding
         return container.pack(KIND, header, sections)
 
     # ---------------------------------------------------------------- decompress
@@ -171,8 +174,9 @@ class ImageCodec:
         if {k: list(v) for k, v in want.items()} != h["symbols"]:
             raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and {spec.name}")
         with exact_math():
-            net64 = _model64(spec, self.device) if h["format"] == latents.RANS else None
-            return c, h, meta, latents.decode(h["format"], net, net64, c.sections, want, h["quality"], self.device)
+            net64 = _model64(spec, self.device) if latents.rans_sections(h) else None
+            symbols = latents.decode(net, net64, c.sections, want, h["quality"], self.device, h.get("coding"))
+            return c, h, meta, symbols
 
     def decompress(self, buf) -> np.ndarray:
         """.vsz bytes -> the image as a NumPy array of the original dtype and shape."""
@@ -193,7 +197,8 @@ def _check_header(h: dict, sections: dict) -> dict:
         raise UnsupportedFormatError(f"image format {h['format']} ({FORMATS_NOT_READ[h['format']]}) is not read "
                                      f"by this build, which reads formats {list(FORMATS_READ)}")
     fmt = h.get("format")
-    container.check_meta(h, META_KEYS, KIND, fmt if type(fmt) is int and fmt in FORMATS_READ else FORMAT, DTYPES)
+    fmt = fmt if type(fmt) is int and fmt in FORMATS_READ else FORMAT
+    container.check_meta(h, META_KEYS_OF[fmt], KIND, fmt, DTYPES)
     try:
         registry.check_quality(h["quality"])
     except InvalidArgumentError:
@@ -218,6 +223,10 @@ def _check_header(h: dict, sections: dict) -> dict:
         need = {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
         if not need <= set(sections):
             raise CorruptStreamError(f"image lacks sections {sorted(need - set(sections))}")
+    coding = h.get("coding")
+    if fmt == latents.RANS and not (isinstance(coding, dict) and set(coding) == set(h["symbols"])
+                                    and all(v in latents.CODINGS for v in coding.values())):
+        raise CorruptStreamError(f"image header coding {coding!r} does not name {latents.CODINGS} for each symbol section")
     for name in sorted(latents.section_names(h["format"], h["symbols"])):
         if name not in sections:
             raise CorruptStreamError(f"image lacks the symbol section {name!r}")

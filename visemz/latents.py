@@ -1,7 +1,8 @@
 """A model's integer latent symbols <-> an image file's sections, for each image format that codes them.
 
 Format 3 (written today): conditional rANS with the tables shipped in the weights
-(``model.visemz_tables``).  The factorized model's y and the hyperprior model's z use one
+(``model.visemz_tables``), or per section the format-2 coding where that is smaller (the
+header's ``coding`` says which).  The factorized model's y and the hyperprior model's z use one
 table per channel (the EntropyBottleneck's); the hyperprior model's y uses the Gaussian
 table that the scale predicted from z picks.  Those scales come from a float64
 hyper-synthesis (``net64``) on whichever device runs, and ``scale_indexes`` lists in the
@@ -33,6 +34,7 @@ BLOCK, RANS = 2, 3  # the image formats, by how they code the symbols
 # 1-11% smaller than the global width with outliers (after zstd), and the GPU's per-block kernel is
 # the faster one.  Either policy decodes: the block stream records it.
 SYMBOL_POLICY = "block"
+CODINGS = ("rans", "ints")  # format 3: how each symbol section is coded (the header's "coding")
 SCALES = "y_scales"  # format 3, hyperprior models: the scale-index exceptions
 
 
@@ -42,15 +44,32 @@ def section_names(fmt: int, symbol_names) -> set[str]:
     return names | {SCALES} if fmt == RANS and "z" in names else names
 
 
-def rans_sections(fmt: int, symbol_names) -> set[str]:
-    """The sections of a format-``fmt`` file that are conditional rANS streams (the others are ints streams)."""
-    return set(symbol_names) if fmt == RANS else set()
+def rans_sections(meta: dict) -> set[str]:
+    """The sections of an image file (its header ``meta``) that are conditional rANS streams."""
+    return {k for k, v in (meta.get("coding") or {}).items() if v == "rans"}
 
 
-def encode(fmt: int, net, net64, symbols: dict[str, torch.Tensor], quality: float, enc: dict) -> dict[str, bytes]:
-    """Symbol tensors (int32, on the codec's device) -> sections.  ``enc``: the ints streams' options (format 2)."""
+def encode(fmt: int, net, net64, symbols: dict[str, torch.Tensor], quality: float,
+           enc: dict) -> tuple[dict[str, bytes], dict[str, str] | None]:
+    """Symbol tensors (int32, on the codec's device) -> (sections, coding).  ``enc``: the ints streams' options.
+
+    Format 3 codes each symbol tensor both ways and keeps the smaller: rANS with the model's
+    prior, or the block encoder + entropy stage, which wins where the learned prior fits the
+    image badly (a factorized prior on flat X-ray backgrounds, a quality far from those it
+    was trained at).  ``coding`` records the choice per section ("rans" / "ints"; None: format 2).
+    """
+    ints = {k: encode_ints(dev.torch_to_ints(s), policy=SYMBOL_POLICY, **enc) for k, s in symbols.items()}
     if fmt == BLOCK:
-        return {k: encode_ints(dev.torch_to_ints(s), policy=SYMBOL_POLICY, **enc) for k, s in symbols.items()}
+        return ints, None
+    sections = _encode_rans(net, net64, symbols, quality)
+    coding = {}
+    for k in symbols:
+        coding[k] = "rans" if len(sections[k]) <= len(ints[k]) else "ints"
+        sections[k] = sections[k] if coding[k] == "rans" else ints[k]
+    return sections, coding
+
+
+def _encode_rans(net, net64, symbols: dict[str, torch.Tensor], quality: float) -> dict[str, bytes]:
     tables = _tables(net)
     if "z" not in symbols:
         return {"y": encode_conditional(_array(symbols["y"]), _channels(symbols["y"].shape, symbols["y"].device),
@@ -62,23 +81,29 @@ def encode(fmt: int, net, net64, symbols: dict[str, torch.Tensor], quality: floa
             SCALES: encode_scale_exceptions(idx, ambiguous)}
 
 
-def decode(fmt: int, net, net64, sections: dict, shapes: dict[str, tuple], quality: float,
-           device: str) -> dict[str, torch.Tensor]:
-    """Sections -> symbol tensors of ``shapes`` (int32, on ``device``); damage raises CorruptStreamError."""
-    if fmt == BLOCK:
-        return {k: _shaped(dev.ints_to_torch(sections[k], device), shape, k) for k, shape in shapes.items()}
+def decode(net, net64, sections: dict, shapes: dict[str, tuple], quality: float, device: str,
+           coding: dict[str, str] | None) -> dict[str, torch.Tensor]:
+    """Sections -> symbol tensors of ``shapes`` (int32, on ``device``); damage raises CorruptStreamError.
+
+    ``coding``: the header's per-section choice (format 3), None for format 2 (all ints streams)."""
+    rans = {k for k, v in (coding or {}).items() if v == "rans"}
+    out = {k: _shaped(dev.ints_to_torch(sections[k], device), shape, k) for k, shape in shapes.items() if k not in rans}
+    if not rans:
+        return out
     tables = _tables(net)
-    if "z" not in shapes:
+    if "z" in rans:
+        idx = _channels(shapes["z"], device)
+        out["z"] = _shaped(_tensor(decode_conditional(sections["z"], idx, tables.factorized), device), shapes["z"], "z")
+    if "y" in rans and "z" not in shapes:
         idx = _channels(shapes["y"], device)
-        return {"y": _shaped(_tensor(decode_conditional(sections["y"], idx, tables.factorized), device), shapes["y"], "y")}
-    z = _shaped(_tensor(decode_conditional(sections["z"], _channels(shapes["z"], device), tables.factorized), device),
-                shapes["z"], "z")
-    scales = _array(_scales(net64, z, quality))
-    if tuple(scales.shape) != tuple(shapes["y"]):
-        raise CorruptStreamError(f"hyper-synthesis gives scales {tuple(scales.shape)} for symbols {shapes['y']}")
-    idx = decode_and_apply_scale_exceptions(sections[SCALES], scales, tables.scale_table)
-    y = _tensor(decode_conditional(sections["y"], idx, tables.gaussian), device)
-    return {"y": _shaped(y, shapes["y"], "y"), "z": z}
+        out["y"] = _shaped(_tensor(decode_conditional(sections["y"], idx, tables.factorized), device), shapes["y"], "y")
+    elif "y" in rans:
+        scales = _array(_scales(net64, out["z"], quality))
+        if tuple(scales.shape) != tuple(shapes["y"]):
+            raise CorruptStreamError(f"hyper-synthesis gives scales {tuple(scales.shape)} for symbols {shapes['y']}")
+        idx = decode_and_apply_scale_exceptions(sections[SCALES], scales, tables.scale_table)
+        out["y"] = _shaped(_tensor(decode_conditional(sections["y"], idx, tables.gaussian), device), shapes["y"], "y")
+    return {k: out[k] for k in shapes}
 
 
 def _tables(net):
