@@ -87,7 +87,8 @@ _MODEL_LOCK = threading.Lock()
 
 
 def _model64(spec: registry.ModelSpec, device: str) -> torch.nn.Module:
-    """A float64 copy of the model, for the error-bound path's device-independent synthesis."""
+    """A float64 copy of the model: the error-bound path's synthesis and the hyperprior's scales for rANS,
+    both device-independent up to their last bits."""
     with _MODEL_LOCK:  # one copy per (spec, device), even when several streams ask at once
         return _model64_cached(spec, device)
 
