@@ -28,6 +28,7 @@ import visemz
 from visemz import pixels
 from visemz.models import all_specs, architectures
 from visemz.evaluation import bjontegaard
+from visemz.io.writers import write_atomic
 from visemz.models import weights as W
 
 PUBLISHED = Path(__file__).resolve().parent.parent / "docs" / "results" / "compressai_published_kodak.json"
@@ -110,9 +111,9 @@ def main() -> None:
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    write_atomic(Path(args.out), json.dumps({"device": dev_name, "rows": rows}, indent=1).encode())  # rows first
     summary = summarise(rows, published)
-    with open(args.out, "w") as f:
-        json.dump({"device": dev_name, "rows": rows, "summary": summary}, f, indent=1)
+    write_atomic(Path(args.out), json.dumps({"device": dev_name, "rows": rows, "summary": summary}, indent=1).encode())
     print_table(dev_name, rows)
     print_summary(dev_name, summary)
 
@@ -139,8 +140,13 @@ def summarise(rows: list[dict], published: dict | None) -> dict:
             curve = sorted((r["bpp"], r["psnr"]) for (m, _, s_, c), r in by.items()
                            if c == coder and s_ == "kodak" and m == arch + "-rgb")
             if len(curve) >= 2:
-                gap = bjontegaard.bd_quality(ref["bpp"], ref["psnr"], [b for b, _ in curve], [p for _, p in curve])
-                bd.append({"arch": arch, "coder": coder, "bd_psnr_db_vs_published": round(gap, 2)})
+                try:
+                    gap = round(bjontegaard.bd_quality(ref["bpp"], ref["psnr"], [b for b, _ in curve],
+                                                       [p for _, p in curve]), 2)
+                except bjontegaard.BDError as e:  # e.g. a coder that mis-decoded some images (non-monotone curve)
+                    bd.append({"arch": arch, "coder": coder, "bd_psnr_db_vs_published": None, "why": str(e)})
+                    continue
+                bd.append({"arch": arch, "coder": coder, "bd_psnr_db_vs_published": gap})
     return {"pairs": pairs, "bd_vs_published_kodak": bd}
 
 
@@ -151,7 +157,9 @@ def print_summary(name: str, summary: dict) -> None:
     for p in summary["pairs"]:
         print(f"| {p['model']} | {p['quality']:g} | {p['set']} | {p['coder']} | {p['bpp_ratio']} | {p['psnr_delta_db']} | {p['speedup']} |")
     for b in summary["bd_vs_published_kodak"]:
-        print(f"BD-PSNR on Kodak against CompressAI's published {b['arch']}: {b['coder']} {b['bd_psnr_db_vs_published']} dB")
+        gap = b["bd_psnr_db_vs_published"]
+        print(f"BD-PSNR on Kodak against CompressAI's published {b['arch']}: {b['coder']} "
+              + (f"{gap} dB" if gap is not None else f"n/a ({b['why']})"))
 
 
 def print_table(name: str, rows: list[dict]) -> None:

@@ -25,9 +25,9 @@ from ..errors import InvalidArgumentError
 COMPRESSAI_LAMBDAS = (0.0018, 0.0035, 0.0067, 0.0130, 0.0250, 0.0483, 0.0932, 0.1800)
 LEVELS = len(COMPRESSAI_LAMBDAS)
 QUALITY_MIN, QUALITY_MAX = 1.0, float(LEVELS)
-# balle2016 writes the smaller files through the block encoder; the hyperprior model needs the
-# hyperprior-aware entropy coder (issue 14) to pay for its side information.
-DEFAULT_MODEL = "balle2016"
+# The hyperprior model, coded by the conditional rANS coder (image format 3), writes the smaller
+# files on Kodak and on the X-rays (docs/results/rd/summary.md, session 5).
+DEFAULT_MODEL = "mbt2018-mean"
 DEFAULT_QUALITY = 4.0  # CompressAI's quality 4 (lambda 0.013): about 0.5 bpp on Kodak with its zoo models
 ARCHITECTURES = ("balle2016", "mbt2018-mean")
 VARIANTS = {"rgb": 3, "gray": 1}
