@@ -189,3 +189,14 @@ def test_zarr_array_with_visemz_codec(tmp_path, max_error):
         assert np.array_equal(region, m[100:400, 200:700]) and np.array_equal(r[:], m)
     else:
         assert _psnr(region, m[100:400, 200:700], 65535) >= 36  # measured 38.8 dB (CPU)
+
+
+@pytest.mark.gpu
+def test_image_codec_chunks_cross_devices():
+    """A chunk written on the GPU decodes on the CPU and back, within its bound (exact at max_error 0)."""
+    x = _planes("uint16")["zhw"]
+    for max_error in (0, 300):
+        gpu, cpu = (Visemz(quality=5, max_error=max_error, layout="zhw", device=d) for d in ("cuda", "cpu"))
+        for enc, dec in ((gpu, cpu), (cpu, gpu)):
+            y = dec.decode(enc.encode(x))
+            assert y.shape == x.shape and np.abs(y.astype(np.int64) - x.astype(np.int64)).max() <= max_error
