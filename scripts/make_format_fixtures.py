@@ -5,8 +5,8 @@
 One fixture per stream kind and format version, as the current code writes it: block streams
 (both policies, with and without bitshuffle, one empty), ints streams (entropy none and zstd),
 .vsz image files (each residual mode, both models), a pages file, the error-bound residual on
-its own (model-free inputs), and the collectives' float codecs (error-bounded and lossless, fp32,
-fp16, bf16).  Existing fixtures are never rewritten: a fixture is a file some user already has.
+its own (model-free inputs), the collectives' float codecs (error-bounded and lossless, fp32,
+fp16, bf16), and the numcodecs float chunks (their shape header around those codecs).  Existing fixtures are never rewritten: a fixture is a file some user already has.
 When a format's version changes, this script adds fixtures named with the new version beside
 the old ones (the test demands one for every current version), and the old ones keep being
 decoded.
@@ -28,7 +28,7 @@ import torch
 import zstandard
 
 import visemz
-from visemz import container, latents, pages, residual
+from visemz import container, latents, pages, residual, zarr_codecs
 from visemz import codec as image_codec
 from visemz.collectives import codecs as float_codecs
 from visemz.config import DEFAULTS
@@ -208,13 +208,27 @@ def float_codecs_(w: Writer) -> None:
               ".bin", {"bits": _bits(x)}, dtype=name)
 
 
+def numcodecs_chunks(w: Writer) -> None:
+    """The shape header of ``visemz_eb`` / ``visemz_lossless`` chunks around each codec's stream."""
+    x = _float_input(torch.float32, 120).numpy().reshape(2, 3, 4, 5)
+    v = zarr_codecs.SHAPE_VERSION
+    eb = zarr_codecs.VisemzErrorBounded(1e-3)
+    buf = eb.encode(x)
+    w.add(f"nchunk-v{v}-eb-float32", "nchunk", v, buf, ".bin", {"array": x, "decoded": eb.decode(buf)},
+          config=eb.get_config())
+    x = x[0].astype(np.float16)
+    ll = zarr_codecs.VisemzLossless()
+    w.add(f"nchunk-v{v}-lossless-float16", "nchunk", v, ll.encode(x), ".bin", {"array": x, "decoded": x},
+          config=ll.get_config())
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     w = Writer(args.out)
-    for part in (block_streams, ints_streams, images, page_stack, residuals, float_codecs_):
+    for part in (block_streams, ints_streams, images, page_stack, residuals, float_codecs_, numcodecs_chunks):
         part(w)
     w.save()
     print(f"{len(w.added)} fixtures added to {args.out}: {', '.join(w.added) or 'none'}")

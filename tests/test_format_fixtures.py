@@ -25,7 +25,7 @@ import torch
 import zstandard
 
 from visemz import codec as image_codec
-from visemz import container, latents, pages, residual
+from visemz import container, latents, pages, residual, zarr_codecs
 from visemz.collectives import ErrorBounded, Lossless
 from visemz.collectives.codecs import EB_VERSION, LL_VERSION
 from visemz.config import DEFAULTS
@@ -42,7 +42,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 MANIFEST = json.loads((FIXTURES / "fixtures.json").read_text())
 WRITTEN_WITH = MANIFEST["written_with"]
 CURRENT = {"block": L.VERSION, "ints": stream.VERSION, "image": image_codec.FORMAT, "pages": pages.FORMAT,
-           "residual": image_codec.FORMAT, "eb": EB_VERSION, "ll": LL_VERSION}
+           "residual": image_codec.FORMAT, "eb": EB_VERSION, "ll": LL_VERSION,
+           "nchunk": zarr_codecs.SHAPE_VERSION}
 
 
 def of(kind: str) -> list:
@@ -236,3 +237,19 @@ def test_lossless_streams(f, xp):
     assert Lossless().decode(buf).view(bits.dtype).tobytes() == bits.tobytes()  # NaN payloads and -0 included
     if writes_today(f):
         assert Lossless().encode(_on(xp, _tensor(bits, f["settings"]["dtype"]))) == buf
+
+
+# ------------------------------------------------------------------ numcodecs float chunks
+CHUNK_CODECS = {"visemz_eb": zarr_codecs.VisemzErrorBounded, "visemz_lossless": zarr_codecs.VisemzLossless}
+
+
+@pytest.mark.parametrize("f", of("nchunk"))
+def test_numcodecs_float_chunks(f):
+    buf, arrays = load(f)
+    config = dict(f["settings"]["config"])
+    codec = CHUNK_CODECS[config.pop("id")].from_config(config)
+    out = codec.decode(buf)
+    assert out.shape == arrays["decoded"].shape and out.dtype == arrays["decoded"].dtype
+    assert out.tobytes() == arrays["decoded"].tobytes()
+    if writes_today(f):
+        assert codec.encode(arrays["array"]) == buf

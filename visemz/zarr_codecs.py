@@ -1,0 +1,156 @@
+"""numcodecs codecs, so Zarr (and anything else that takes numcodecs) stores chunks with visemz.
+
+    import numcodecs, zarr
+    codec = numcodecs.get_codec({"id": "visemz", "quality": 6, "max_error": 0})
+    z = zarr.open(store, mode="w", shape=(4096, 4096), chunks=(256, 256), dtype="uint16", compressor=codec)
+
+``visemz``: the learned image codec (``visemz.compress``) on 2-D (H, W) chunks and 3-D chunks,
+read as (H, W, C) (``layout="hwc"``, as ``visemz.compress`` reads an image) or as a stack of planes
+(Z, H, W) (``layout="zhw"``), which is moved to (H, W, Z) and so coded as Z gray planes (Z = 3 goes
+through the RGB model, the image codec's rule for three channels); uint8, uint16 and float32.
+The .vsz bytes carry shape, dtype and value range; the layout lives in the codec's config.
+
+``visemz_eb`` and ``visemz_lossless``: the collectives' float codecs (``collectives/codecs.py``)
+on float32 and float16 chunks of any shape.  Their streams are flat, so a small header in front
+records the shape (docs/FORMAT.md, section 8).  NumPy has no bfloat16 (the codecs take bf16 only
+as torch tensors), so bf16 chunks are refused.
+
+The codecs are found by id through the ``numcodecs.codecs`` entry points in pyproject.toml, which
+exist once visemz is installed; this module registers nothing itself.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+from numcodecs.abc import Codec
+from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_copy
+
+from . import api
+from .collectives.codecs import ErrorBounded, Lossless
+from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
+from .framing import read_prefix
+from .models import registry
+from .pixels import DTYPES, MAX_CHANNELS
+
+LAYOUTS = ("hwc", "zhw")
+DEVICES = (None, "auto", "cpu", "cuda")
+
+
+class Visemz(Codec):
+    """The learned image codec on 2-D and 3-D chunks (``layout`` says how a 3-D chunk is read)."""
+
+    codec_id = "visemz"
+
+    def __init__(self, quality: float = registry.DEFAULT_QUALITY, max_error=None, model: str = registry.DEFAULT_MODEL,
+                 device: str | None = None, layout: str = "hwc"):
+        self.quality = registry.check_quality(quality)
+        if max_error is not None and (isinstance(max_error, bool) or not isinstance(max_error, (int, float))
+                                      or not math.isfinite(max_error) or max_error < 0):
+            raise InvalidArgumentError(f"max_error={max_error!r}: expected None or a finite number >= 0")
+        registry.spec(model, "gray")  # names a bad model now, not at the first chunk
+        if device not in DEVICES:
+            raise InvalidArgumentError(f"device={device!r}: expected one of {list(DEVICES)}")
+        if layout not in LAYOUTS:
+            raise InvalidArgumentError(f"layout={layout!r}: expected one of {list(LAYOUTS)}")
+        self.max_error, self.model, self.device, self.layout = max_error, model, device, layout
+
+    def encode(self, buf) -> bytes:
+        a = ensure_ndarray(buf)
+        if a.dtype.name not in DTYPES:
+            raise UnsupportedFormatError(f"visemz codec: chunk dtype {a.dtype.name} is not one of {list(DTYPES)}")
+        if a.ndim not in (2, 3):
+            raise UnsupportedFormatError(f"visemz codec: chunk of shape {a.shape} is not 2-D or 3-D")
+        if self.layout == "zhw" and a.ndim == 3:
+            if a.shape[0] > MAX_CHANNELS:
+                raise UnsupportedFormatError(
+                    f"visemz codec: chunk of shape {a.shape} has {a.shape[0]} planes, at most {MAX_CHANNELS} per chunk")
+            a = np.moveaxis(a, 0, 2)
+        return api.compress(a, model=self.model, quality=self.quality, max_error=self.max_error, device=self.device)
+
+    def decode(self, buf, out=None) -> np.ndarray:
+        a = api.decompress(ensure_contiguous_ndarray(buf), device=self.device)
+        if a.ndim not in (2, 3):
+            raise CorruptStreamError(f"visemz codec: stream decodes to shape {a.shape}, not a 2-D or 3-D chunk")
+        if self.layout == "zhw" and a.ndim == 3:
+            a = np.moveaxis(a, 2, 0)
+        return ndarray_copy(np.ascontiguousarray(a), out) if out is not None else np.ascontiguousarray(a)
+
+    def get_config(self) -> dict:
+        return {"id": self.codec_id, "quality": self.quality, "max_error": self.max_error, "model": self.model,
+                "device": self.device, "layout": self.layout}
+
+    def __repr__(self) -> str:
+        return (f"Visemz(quality={self.quality!r}, max_error={self.max_error!r}, model={self.model!r}, "
+                f"device={self.device!r}, layout={self.layout!r})")
+
+
+# ------------------------------------------------------------------------------ float codecs
+SHAPE_MAGIC, SHAPE_VERSION = b"VZNA", 1
+SHAPE_HEAD = struct.Struct("<4sBB")  # magic, version, ndim; then ndim little-endian uint64 sizes
+MAX_NDIM = 32  # NumPy's own limit
+FLOAT_DTYPES = ("float32", "float16")
+
+
+class _ShapedFloatCodec(Codec):
+    """A collectives float codec (``self.stream``) behind a header that records the chunk's shape."""
+
+    stream: ErrorBounded | Lossless
+
+    def encode(self, buf) -> bytes:
+        a = ensure_ndarray(buf)
+        if a.dtype.name not in FLOAT_DTYPES:
+            raise UnsupportedFormatError(f"{self.codec_id} codec: chunk dtype {a.dtype.name} is not one of {list(FLOAT_DTYPES)}")
+        head = SHAPE_HEAD.pack(SHAPE_MAGIC, SHAPE_VERSION, a.ndim) + struct.pack(f"<{a.ndim}Q", *a.shape)
+        return head + self.stream.encode(np.ascontiguousarray(a))
+
+    def decode(self, buf, out=None) -> np.ndarray:
+        what = f"{self.codec_id} chunk"
+        mv, (ndim,) = read_prefix(ensure_contiguous_ndarray(buf), what, SHAPE_HEAD, SHAPE_HEAD.size, SHAPE_MAGIC,
+                                  SHAPE_VERSION)
+        start = SHAPE_HEAD.size + 8 * ndim
+        if ndim > MAX_NDIM or len(mv) < start:
+            raise CorruptStreamError(f"{what} header of {len(mv)} bytes does not hold {ndim} sizes (at most {MAX_NDIM})")
+        shape = struct.unpack_from(f"<{ndim}Q", mv, SHAPE_HEAD.size)
+        values = self.stream.decode(mv[start:])
+        if values.size != math.prod(shape):
+            raise CorruptStreamError(f"{what} holds {values.size} values, not the {math.prod(shape)} of shape {shape}")
+        values = values.reshape(shape)
+        return ndarray_copy(values, out) if out is not None else values
+
+
+class VisemzErrorBounded(_ShapedFloatCodec):
+    """Absolute error bound ``eb``: the float64 reconstruction is within ``eb`` of every value, and the
+    float32/float16 value decode returns adds that dtype's rounding (half a unit in its last place)."""
+
+    codec_id = "visemz_eb"
+
+    def __init__(self, eb: float):
+        self.stream = ErrorBounded(eb)
+
+    @property
+    def eb(self) -> float:
+        return self.stream.eb
+
+    def get_config(self) -> dict:
+        return {"id": self.codec_id, "eb": self.eb}
+
+    def __repr__(self) -> str:
+        return f"VisemzErrorBounded(eb={self.eb!r})"
+
+
+class VisemzLossless(_ShapedFloatCodec):
+    """Bit-exact float coding (3-bit exponent codes with escapes, raw sign and mantissa)."""
+
+    codec_id = "visemz_lossless"
+
+    def __init__(self):
+        self.stream = Lossless()
+
+    def get_config(self) -> dict:
+        return {"id": self.codec_id}
+
+    def __repr__(self) -> str:
+        return "VisemzLossless()"
