@@ -46,8 +46,8 @@ def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         return {k: f.get_tensor(k).float() for k in f.keys()}, dict(f.metadata() or {})
 
 
-def build(name: str, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
-    model = architectures.build(parse(name.split("@")[0]))
+def build(name: str, spec, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    model = architectures.build(spec)
     model.load_state_dict(tensors)
     if not all(torch.isfinite(v).all() for v in model.state_dict().values()):
         raise SystemExit(f"{name}: checkpoint holds non-finite values; not exported")
@@ -90,8 +90,8 @@ def main() -> None:
 
 def export(codec, name: str, args, checks: list[float]) -> None:
     tensors, meta = read_checkpoint(args.ckpt / f"{name}.safetensors")
-    model = build(name, tensors)
-    spec = parse(name.split("@")[0])
+    spec = parse(name.partition("@")[0])  # NAME@tag: an ablation of NAME
+    model = build(name, spec, tensors)
     card = {
         "arch": spec.arch, "variant": spec.variant, "N": spec.N, "M": spec.M,
         "variable_rate": "gain units (Cui et al. 2021), quality 1-8 on CompressAI's lambda ladder",

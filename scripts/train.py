@@ -187,6 +187,12 @@ class CropSampler:
 
 
 # -------------------------------------------------------------------------------------- training
+def split_name(name: str):
+    """'balle2016-gray@area' -> (its ModelSpec, 'area'); a name without a tag draws with the mix ('mix')."""
+    base, _, tag = name.partition("@")
+    return parse(base), tag or "mix"
+
+
 def stratified_qualities(n: int, device) -> torch.Tensor:
     """n qualities covering [1, 8] evenly, one random point per stratum."""
     return 1.0 + (LEVELS - 1) * (torch.arange(n, device=device) + torch.rand(n, device=device)) / n
@@ -197,7 +203,7 @@ class Trainer:
 
     def __init__(self, name: str, sampler: CropSampler, batch: int, device, lr: float, amp: bool):
         self.name = name  # e.g. "balle2016-gray" or "balle2016-gray@area"
-        self.spec = parse(name.split("@")[0])
+        self.spec, _ = split_name(name)
         self.sampler = sampler
         self.model = architectures.build(self.spec).to(device).train()
         self.aux_names = {n for n, _ in self.model.named_parameters() if n.endswith("quantiles")}
@@ -329,10 +335,11 @@ class Trainer:
 
     def _load_adam(self, tensors: dict[str, torch.Tensor]) -> None:
         """Rebuild both Adams' state from the saved moments (before the graph is captured)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
         for opt in (self.opt, self.aux_opt):
             for group in opt.param_groups:
                 for p in group["params"]:
-                    name = next(n for n, q in self.model.named_parameters() if q is p)
+                    name = names[id(p)]
                     avg, sq = tensors.get(f"adam/{name}/exp_avg"), tensors.get(f"adam/{name}/exp_avg_sq")
                     if avg is None or sq is None:
                         return  # incomplete: Adam starts afresh (and the LR warms up)
@@ -433,8 +440,7 @@ def build_samplers(names: list[str], args, device) -> dict[tuple[str, str], Crop
     samplers = {}
     images = {}
     for name in names:
-        spec = parse(name.split("@")[0])
-        mix_name = name.split("@")[1] if "@" in name else "mix"
+        spec, mix_name = split_name(name)
         key = (spec.variant, mix_name)
         if key in samplers:
             continue
@@ -463,8 +469,8 @@ def main(argv=None) -> None:
     samplers = build_samplers(names, args, device)
     trainers = []
     for name in names:
-        spec = parse(name.split("@")[0])
-        key = (spec.variant, name.split("@")[1] if "@" in name else "mix")
+        spec, mix_name = split_name(name)
+        key = (spec.variant, mix_name)
         trainers.append(Trainer(name, samplers[key], args.batch, device, args.lr, not args.no_amp))
     for t in trainers:
         src = None
@@ -505,14 +511,12 @@ def run(trainers: list[Trainer], log: Log, args, state_dir: Path) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
     t0 = last_ckpt = time.perf_counter()
-    rounds = 0
     while not stop and time.perf_counter() - t0 < args.time_limit and min(t.step for t in trainers) < args.steps:
         scale = lr_scale(time.perf_counter() - t0, args)
         for t in trainers:
             log.add(t, t.train_step(scale))
             if t.step % args.log_every == 0 and not t.check_finite(log.row(t, time.perf_counter() - t0)):
                 print(f"{t.name}: non-finite loss at step {t.step}; rolled back to the last finite state", flush=True)
-        rounds += 1
         if time.perf_counter() - last_ckpt >= args.checkpoint_every:
             checkpoint(trainers, log, args, state_dir, time.perf_counter() - t0)
             last_ckpt = time.perf_counter()

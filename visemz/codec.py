@@ -50,7 +50,6 @@ KIND = "image"
 FORMAT = latents.RANS
 FORMATS_READ = (latents.BLOCK, latents.RANS)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
-DEFAULT_MODEL = registry.DEFAULT_MODEL
 META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
 META_KEYS_OF = {latents.BLOCK: META_KEYS, latents.RANS: META_KEYS | {"coding"}}  # format 3: each symbol section's coding
 
@@ -111,7 +110,7 @@ class ImageCodec:
         encode_ints(np.zeros(0, np.int32), **self.enc)  # validates the options now, naming a bad one
 
     # ------------------------------------------------------------------ compress
-    def compress(self, image, *, model: str = DEFAULT_MODEL, quality: float = registry.DEFAULT_QUALITY,
+    def compress(self, image, *, model: str = registry.DEFAULT_MODEL, quality: float = registry.DEFAULT_QUALITY,
                  max_error=None, image_format: int = FORMAT) -> bytes:
         """``image_format=2`` writes the previous format (block-coded symbols), for comparisons and
         compatibility tests; the default is today's."""

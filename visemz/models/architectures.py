@@ -54,14 +54,18 @@ class GainUnits(torch.nn.Module):
     def per_sample(self, quality: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(gain, inverse gain), each (B, C, 1, 1), for a batch of float qualities on the device
         (training: differentiable, no host sync)."""
-        q = quality.clamp(1.0, float(LEVELS))
-        low = torch.clamp(torch.floor(q), max=LEVELS - 1)
-        a = (q - low)[:, None]
-        i = (low - 1).long()
-        out = []
-        for logs in (self.log_gain, self.log_inv_gain):
-            out.append(torch.exp((1 - a) * logs[i] + a * logs[i + 1])[:, :, None, None])
-        return out[0], out[1]
+        return (interpolate_ladder(self.log_gain, quality)[:, :, None, None],
+                interpolate_ladder(self.log_inv_gain, quality)[:, :, None, None])
+
+
+def interpolate_ladder(logs: torch.Tensor, quality: torch.Tensor) -> torch.Tensor:
+    """exp of per-level values ``logs`` (levels first) interpolated linearly at each of a batch of float
+    qualities: the tensor form of ``level_and_fraction`` (on the device, no host sync)."""
+    q = quality.clamp(1.0, float(LEVELS))
+    low = torch.clamp(torch.floor(q), max=LEVELS - 1)
+    a = (q - low).view(-1, *([1] * (logs.dim() - 1)))
+    i = (low - 1).long()
+    return torch.exp((1 - a) * logs[i] + a * logs[i + 1])
 
 
 def build(spec: ModelSpec) -> torch.nn.Module:

@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from .architectures import has_hyperprior
-from .registry import COMPRESSAI_LAMBDAS, LEVELS
+from .architectures import has_hyperprior, interpolate_ladder
+from .registry import COMPRESSAI_LAMBDAS
 
 
 def bottleneck_train(bottleneck, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,11 +40,7 @@ def log_lambda_table(device) -> torch.Tensor:
 def lambdas(quality: torch.Tensor, logs: torch.Tensor) -> torch.Tensor:
     """Per-sample lambda for float qualities in [1, 8]: the ladder ``logs`` (log_lambda_table), interpolated
     geometrically (registry.lam on a tensor)."""
-    q = quality.clamp(1.0, float(LEVELS))
-    low = torch.clamp(torch.floor(q), max=LEVELS - 1)
-    a = q - low
-    i = (low - 1).long()
-    return torch.exp((1 - a) * logs[i] + a * logs[i + 1])
+    return interpolate_ladder(logs, quality)
 
 
 def forward_train(model: torch.nn.Module, x: torch.Tensor, quality: torch.Tensor,
