@@ -18,7 +18,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from ..errors import InvalidArgumentError
+from ..errors import PlanMismatchError
 
 # torch 2.14 renamed all_gather_into_tensor (now a deprecated alias) to all_gather_single; older torch has only the first
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -110,14 +110,18 @@ def broadcast(payload: torch.Tensor | None, src: int, group) -> torch.Tensor:
     return buf
 
 
-def agree(values: list[float], group, what: str) -> None:
-    """Raise on every rank when ranks disagree on ``values`` (so a mismatch never hangs)."""
+def agree(values: list[float], group, what: str, fields=None) -> None:
+    """Raise ``PlanMismatchError`` on every rank when ranks disagree on ``values`` (so a mismatch
+    never hangs); the message names each differing field (``fields[i]`` names ``values[i]``) and
+    every rank's value of it."""
     dev = device(group)
     gather = _gather_on_side_stream if dev.type == "cuda" else _gather_on_host
     table = gather(torch.tensor(values, dtype=torch.float64), group, dev).reshape(world(group), len(values))
-    if not bool((table == table[0]).all()):
-        rows = "; ".join(f"rank {i}: {r}" for i, r in enumerate(table.tolist()))
-        raise InvalidArgumentError(f"ranks disagree on {what}: {rows}")
+    differ = (table != table[0]).any(0).nonzero().flatten().tolist()
+    if differ:
+        names = list(fields) if fields is not None and len(fields) == len(values) else [f"setting {i}" for i in range(len(values))]
+        rows = "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {v:g}" for r, v in enumerate(table[:, i].tolist())) for i in differ)
+        raise PlanMismatchError(f"ranks disagree on {what}: {rows}")
 
 
 def _gather_on_host(mine: torch.Tensor, group, dev: torch.device) -> torch.Tensor:
