@@ -21,8 +21,8 @@ from .codecs import FLOATS, PREDICTORS, ErrorBounded, Lossless
 OPS = ("sum", "avg")
 ALGORITHMS = ("auto", "ring", "recursive_doubling", "plain")
 DEFAULT_CODEC = ErrorBounded(1e-4)  # frozen, so one shared default is safe
-# what torch.distributed raises when a peer dies or a wait times out (DistError: torch >= 2.2)
-_DIST_ERRORS = (getattr(dist, "DistError", RuntimeError), RuntimeError)
+# what torch.distributed raises when a peer dies, closes its connection or a wait times out
+_DIST_ERRORS = (dist.DistError,)
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -143,9 +143,18 @@ class peer_failures:
         return self
 
     def __exit__(self, kind, err, tb):
-        if kind is not None and issubclass(kind, _DIST_ERRORS) and not issubclass(kind, VisemzError):
+        if err is not None and _peer_failure(err):
             raise PeerFailedError(f"{self.what}: another rank of the group failed, left or timed out ({err})") from err
         return False
+
+
+def _peer_failure(err: BaseException) -> bool:
+    """torch.distributed's DistError, or the plain RuntimeError Gloo raises for a closed connection or
+    a timed-out wait (recognised by its text: a CUDA or shape error stays what it is)."""
+    if isinstance(err, VisemzError) or not isinstance(err, RuntimeError):
+        return False
+    text = str(err).lower()
+    return isinstance(err, _DIST_ERRORS) or any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout"))
 
 
 _LAST = threading.local()

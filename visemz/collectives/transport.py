@@ -55,8 +55,23 @@ def _post(ops: list, group) -> None:
     communicator for the pair of ranks the first time, in the middle of a collective."""
     p2p = [dist.P2POp(op, t, _global(group, peer), group) for op, t, peer in ops]
     if p2p:
+        limit = _host_wait_limit(group)
         for req in dist.batch_isend_irecv(p2p):
-            req.wait()
+            req.wait() if limit is None else req.wait(limit)
+
+
+def _host_wait_limit(group):
+    """How long the host waits for a Gloo point-to-point transfer: the group's timeout (Gloo's own
+    wait has none, so a peer that stalls without closing its connection would hang us).  None for
+    NCCL: a timed wait there would block the host on every transfer; NCCL's watchdog enforces the
+    group's timeout itself."""
+    if dist.get_backend(group) == "nccl":
+        return None
+    pg = group if group is not None else dist.group.WORLD
+    try:
+        return pg._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError):  # a torch without these internals: wait as torch does
+        return None
 
 
 def exchange(sends: dict[int, torch.Tensor], frm: list[int], group) -> dict[int, torch.Tensor]:
