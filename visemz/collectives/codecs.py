@@ -197,7 +197,8 @@ class ErrorBounded:
         ``dtype`` rounded as ``decode`` rounds (bf16 as uint16 bit patterns)."""
         return gpu.eb_decode(s, self.eb, dtype, self.prediction(None, row))
 
-    def _head(self, dtype: str, pred: Prediction) -> bytes:
+    def _head(self, dtype: str, pred: Prediction | None = None) -> bytes:
+        pred = pred or self.prediction()
         if pred.predictor == "none":  # the version-1 stream, byte for byte
             return EB_HEAD.pack(EB_MAGIC, 1, _CODES[dtype], 0, float(self.eb))
         return EB_HEAD2.pack(EB_MAGIC, EB_VERSION, _CODES[dtype], pred.code, 0, pred.row, float(self.eb))
