@@ -49,6 +49,7 @@ from visemz.collectives import (
     all_to_all,
     autotune,
     last_algorithm,
+    plan,
     scatter,
 )
 from visemz.collectives import gpu as G
@@ -154,17 +155,24 @@ def bench_all_reduce(args, pool, dev, report: Report, kind: str, size: int) -> N
     t = slowest(median_seconds(lambda: all_reduce(work.copy_(x), codec=None), args.reps))
     report.add("rows", row("all_reduce", "plain", kind, size, None, t, world, psnr(work, exact), t_nccl))
     for eb in args.ebs:
-        codec = ErrorBounded(eb)
-        for algorithm in ("ring", "recursive_doubling", "auto"):
-            chosen = []
+        for predictor in args.predictors:
+            codec = ErrorBounded(eb, predictor)
+            for algorithm in ("ring", "recursive_doubling", "auto"):
+                for api in args.api:
+                    chosen = []
+                    run = plan(work, codec=codec, algorithm=algorithm) if api == "plan" else None  # made once, collectively
 
-            def call(algorithm=algorithm, codec=codec, chosen=chosen):
-                all_reduce(work.copy_(x), codec=codec, algorithm=algorithm)
-                chosen.append(last_algorithm())
+                    def call(algorithm=algorithm, codec=codec, chosen=chosen, run=run):
+                        if run is None:
+                            all_reduce(work.copy_(x), codec=codec, algorithm=algorithm)
+                        else:
+                            run(work.copy_(x))
+                        chosen.append(last_algorithm())
 
-            t = slowest(median_seconds(call, args.reps))
-            extra = _auto_view(codec, size, chosen) if algorithm == "auto" else {}
-            report.add("rows", row("all_reduce", algorithm, kind, size, eb, t, world, psnr(work, exact), t_nccl, **extra))
+                    t = slowest(median_seconds(call, args.reps))
+                    extra = _auto_view(codec, size, chosen) if algorithm == "auto" else {}
+                    report.add("rows", row("all_reduce", algorithm, kind, size, eb, t, world, psnr(work, exact), t_nccl,
+                                           predictor=predictor, api=api, **extra))
 
 
 def _auto_view(codec, size: int, chosen: list[str]) -> dict:
@@ -194,9 +202,11 @@ def bench_all_to_all(args, pool, dev, report: Report, kind: str, size: int) -> N
     t = slowest(median_seconds(lambda: all_to_all(outs, ins, codec=None), args.reps))
     report.add("rows", row("all_to_all", "plain", kind, size, None, t, world, slowest(psnr(got(), want), dist.ReduceOp.MIN), t_nccl))
     for eb in args.ebs:
-        t = slowest(median_seconds(lambda eb=eb: all_to_all(outs, ins, codec=ErrorBounded(eb)), args.reps))
-        p = slowest(psnr(got(), want), dist.ReduceOp.MIN)
-        report.add("rows", row("all_to_all", "compressed", kind, size, eb, t, world, p, t_nccl))
+        for predictor in args.predictors:
+            codec = ErrorBounded(eb, predictor)
+            t = slowest(median_seconds(lambda codec=codec: all_to_all(outs, ins, codec=codec), args.reps))
+            p = slowest(psnr(got(), want), dist.ReduceOp.MIN)
+            report.add("rows", row("all_to_all", "compressed", kind, size, eb, t, world, p, t_nccl, predictor=predictor))
 
 
 def bench_scatter(args, pool, dev, report: Report, kind: str, size: int) -> None:
@@ -210,8 +220,11 @@ def bench_scatter(args, pool, dev, report: Report, kind: str, size: int) -> None
     t = slowest(median_seconds(lambda: scatter(out, parts, 0, codec=None), args.reps))
     report.add("rows", row("scatter", "plain", kind, size, None, t, world, slowest(psnr(out, want), dist.ReduceOp.MIN), t_nccl))
     for eb in args.ebs:
-        t = slowest(median_seconds(lambda eb=eb: scatter(out, parts, 0, codec=ErrorBounded(eb)), args.reps))
-        report.add("rows", row("scatter", "compressed", kind, size, eb, t, world, slowest(psnr(out, want), dist.ReduceOp.MIN), t_nccl))
+        for predictor in args.predictors:
+            codec = ErrorBounded(eb, predictor)
+            t = slowest(median_seconds(lambda codec=codec: scatter(out, parts, 0, codec=codec), args.reps))
+            report.add("rows", row("scatter", "compressed", kind, size, eb, t, world, slowest(psnr(out, want), dist.ReduceOp.MIN),
+                                   t_nccl, predictor=predictor))
 
 
 BENCHES = {"all_reduce": bench_all_reduce, "all_to_all": bench_all_to_all, "scatter": bench_scatter}
@@ -239,26 +252,31 @@ def bench_codecs(args, pool, dev) -> dict:
     out = {}
     for kind in args.kinds:
         a, b = make_data(kind, n, 0, pool, dev), make_data(kind, n, 1, pool, dev)
+        copy_to = torch.empty_like(a)
+        t_copy = median_seconds(lambda a=a, copy_to=copy_to: copy_to.copy_(a), args.reps)  # the roofline: read + write
+        out[f"{kind}/copy"] = {"copy_GBps": a.nbytes / t_copy / 1e9}
         for eb in args.ebs:
-            codec = ErrorBounded(eb)
-            sa, sb = codec.encode_device(a)[0], codec.encode_device(b)[0]
-            ratio = a.nbytes / sa.nbytes()
-            t_enc = median_seconds(lambda codec=codec, a=a: codec.encode_device(a)[0].nbytes(), args.reps)
-            t_dec = median_seconds(lambda codec=codec, sa=sa: codec.decode_device(sa, "float32"), args.reps)
-            t_dec64 = median_seconds(lambda codec=codec, sa=sa: codec.decode_device(sa), args.reps)
-            t_add = median_seconds(lambda sa=sa, sb=sb: G.add(sa, sb), args.reps)
+            for predictor in args.predictors:
+                codec = ErrorBounded(eb, predictor)
+                sa, sb = codec.encode_device(a)[0], codec.encode_device(b)[0]
+                ratio = a.nbytes / sa.nbytes()
+                t_enc = median_seconds(lambda codec=codec, a=a: codec.encode_device(a)[0].nbytes(), args.reps)
+                t_dec = median_seconds(lambda codec=codec, sa=sa: codec.decode_device(sa, "float32"), args.reps)
+                t_dec64 = median_seconds(lambda codec=codec, sa=sa: codec.decode_device(sa), args.reps)
+                t_add = median_seconds(lambda sa=sa, sb=sb: G.add(sa, sb), args.reps)
 
-            def doc(codec=codec, sa=sa, sb=sb):
-                v = codec.decode_device(sa, "float32") + codec.decode_device(sb, "float32")
-                codec.encode_device(v)[0].nbytes()
+                def doc(codec=codec, sa=sa, sb=sb):
+                    v = codec.decode_device(sa, "float32") + codec.decode_device(sb, "float32")
+                    codec.encode_device(v)[0].nbytes()
 
-            t_doc = median_seconds(doc, args.reps)
-            out[f"{kind}/eb={eb:g}"] = {
-                "ratio": ratio, "encode_GBps": a.nbytes / t_enc / 1e9, "decode_GBps": a.nbytes / t_dec / 1e9,
-                "decode_float64_GBps": a.nbytes / t_dec64 / 1e9,
-                "homomorphic_add_GBps": a.nbytes / t_add / 1e9, "decompress_add_compress_GBps": a.nbytes / t_doc / 1e9,
-                "homomorphic_speedup": t_doc / t_add}
-            print(kind, f"eb={eb:g}", json.dumps(out[f"{kind}/eb={eb:g}"]), flush=True)
+                t_doc = median_seconds(doc, args.reps)
+                key = f"{kind}/eb={eb:g}/{predictor}"
+                out[key] = {
+                    "ratio": ratio, "encode_GBps": a.nbytes / t_enc / 1e9, "decode_GBps": a.nbytes / t_dec / 1e9,
+                    "decode_float64_GBps": a.nbytes / t_dec64 / 1e9, "copy_GBps": a.nbytes / t_copy / 1e9,
+                    "homomorphic_add_GBps": a.nbytes / t_add / 1e9, "decompress_add_compress_GBps": a.nbytes / t_doc / 1e9,
+                    "homomorphic_speedup": t_doc / t_add}
+                print(kind, key, json.dumps(out[key]), flush=True)
     x = torch.randn(n * 2, device=dev, generator=torch.Generator(dev).manual_seed(0)).to(torch.bfloat16)
     buf, _ = Lossless().encode_device(x)
     t_enc = median_seconds(lambda: Lossless().encode_device(x), args.reps)
@@ -288,11 +306,18 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--codec-mb", type=int, default=256, help="tensor size for the codec throughputs")
     ap.add_argument("--codecs-only", action="store_true", help="measure the codecs on one GPU and stop")
     ap.add_argument("--skip-codecs", action="store_true", help="measure the collectives only")
+    ap.add_argument("--predictors", default="none,lorenzo", help="error-bounded predictors, comma-separated: none,lorenzo")
+    ap.add_argument("--api", default="functional,plan",
+                    help="all_reduce through the functional API (agrees per call) and/or a persistent plan")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: Gloo and CPU tensors, codecs skipped (a smoke test of this script, not a benchmark)")
     args = ap.parse_args()
     args.ops = [o for o in args.ops.split(",") if o]
     args.kinds = [k for k in args.kinds.split(",") if k]
+    args.predictors = [p for p in args.predictors.split(",") if p]
+    args.api = [a for a in args.api.split(",") if a]
+    if set(args.predictors) - {"none", "lorenzo"} or set(args.api) - {"functional", "plan"} or not args.predictors or not args.api:
+        ap.error("--predictors takes none,lorenzo (flat tensors: no rows for lorenzo2d); --api takes functional,plan")
     if set(args.ops) - set(OPS) or set(args.kinds) - {"image", "smooth"} or not args.ops or not args.kinds:
         ap.error(f"--ops takes {','.join(OPS)}; --kinds takes image,smooth")
     if "image" in args.kinds and args.data is None:

@@ -11,7 +11,9 @@
 # JSON reports and logs go to OUT.  NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 # SCALING_PARTS picks the parts (default "pipeline nvlink socket stack"); SCALING_SIZES (MiB, default
 # 1,16,256), SCALING_EBS (default 1e-2,1e-4) and SCALING_KINDS (image, smooth; default image) set the
-# collectives' ladder.
+# collectives' ladder; SCALING_PREDICTORS (default none,lorenzo: the error-bounded codec without and with
+# 1-D Lorenzo prediction) and SCALING_API (default functional,plan: all_reduce per call or through a
+# persistent plan) add those axes to the all_reduce rows.
 set -uo pipefail
 data=${1:?DATA folder (with kodak/ and xray/)}
 out=${2:?OUT folder}
@@ -21,6 +23,8 @@ parts=" ${SCALING_PARTS:-pipeline nvlink socket stack} "
 sizes=${SCALING_SIZES:-1,16,256}
 ebs=${SCALING_EBS:-1e-2,1e-4}
 kinds=${SCALING_KINDS:-image}
+predictors=${SCALING_PREDICTORS:-none,lorenzo}
+api=${SCALING_API:-functional,plan}
 mkdir -p "$out"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 counts=${*:-$(for n in 2 4 8; do [ "$n" -le "$gpus" ] && echo "$n"; done)}
@@ -46,7 +50,8 @@ for n in $counts; do
     # shellcheck disable=SC2086  # env_vars is a list of NAME=VALUE words
     run "collectives_${link}_${n}gpu" $env_vars torchrun --nproc-per-node "$n" scripts/bench_collectives.py \
       --data "$data/xray" --label "$link-$n" --out "$out/collectives_${link}_${n}gpu.json" \
-      --ops all_reduce,all_to_all,scatter --sizes-mb "$sizes" --ebs "$ebs" --kinds "$kinds" --skip-codecs
+      --ops all_reduce,all_to_all,scatter --sizes-mb "$sizes" --ebs "$ebs" --kinds "$kinds" \
+      --predictors "$predictors" --api "$api" --skip-codecs
   done
 done
 has stack || exit 0

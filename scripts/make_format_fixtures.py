@@ -196,10 +196,14 @@ def float_codecs_(w: Writer) -> None:
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
         x = _float_input(dtype, 1000)
-        codec = float_codecs.ErrorBounded(1e-3)
-        buf = codec.encode(x)
-        w.add(f"eb-v{float_codecs.EB_VERSION}-{name}", "eb", float_codecs.EB_VERSION, buf, ".bin",
-              {"bits": _bits(x), "decoded": codec.decode(buf)}, eb=1e-3, dtype=name)
+        for predictor in float_codecs.PREDICTORS:
+            codec = float_codecs.ErrorBounded(1e-3, predictor)
+            shape = [25, 40] if predictor == "lorenzo2d" else [1000]
+            buf = codec.encode(x.reshape(shape))
+            version = buf[4]  # 1 without a predictor, else the current version
+            suffix = "" if version == 1 else f"-{predictor}"
+            w.add(f"eb-v{version}-{name}{suffix}", "eb", version, buf, ".bin", {"bits": _bits(x), "decoded": codec.decode(buf)},
+                  eb=1e-3, dtype=name, predictor=predictor, shape=shape, row=codec.prediction(shape).row)
         finfo = torch.finfo(dtype)
         special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), finfo.max, finfo.min, finfo.tiny,
                                 finfo.tiny / 4], dtype=dtype)

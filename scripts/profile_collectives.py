@@ -1,11 +1,14 @@
 """Where a compressed all_reduce's time goes on the host: cProfile of rank 0 (run under torchrun).
 
     torchrun --nproc-per-node 2 scripts/profile_collectives.py [--mb 1] [--eb 1e-4] [--reps 20]
+    torchrun --nproc-per-node 2 scripts/profile_collectives.py --device cpu   # Gloo, CPU tensors, NumPy codecs
 
-For each algorithm (ring, recursive doubling): the median milliseconds per call over --reps
-calls after a warm-up (torch.cuda.synchronize() around each), then the same calls under
-cProfile on rank 0, printed by own time and by cumulative time.  Small tensors show the fixed
-cost per call: with 1 MB the GPU work is microseconds, so what remains is the host's.
+For each algorithm (ring, recursive doubling), through the functional API (``all_reduce``) and
+through a persistent plan (``visemz.collectives.plan``): the median milliseconds per call over
+--reps calls after a warm-up (torch.cuda.synchronize() around each on CUDA), then the same calls
+under cProfile on rank 0: Python-level function calls per all_reduce, and the listings by own
+and by cumulative time.  Small tensors show the fixed cost per call: with 1 MB the GPU work is
+microseconds, so what remains is the host's.  ``--api`` picks functional, plan or both.
 """
 
 from __future__ import annotations
@@ -21,48 +24,77 @@ import time
 import torch
 import torch.distributed as dist
 
-from visemz.collectives import ErrorBounded, all_reduce
+from visemz.collectives import ErrorBounded, all_reduce, plan
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def callers(args, x: torch.Tensor, codec, alg: str) -> dict:
+    """api name -> a function running one all_reduce on a fresh copy of x."""
+    out = {}
+    if args.api in ("functional", "both"):
+        out["functional"] = lambda: all_reduce(x.clone(), codec=codec, algorithm=alg)
+    if args.api in ("plan", "both"):
+        p = plan(x, codec=codec, algorithm=alg)  # collective: every rank makes it
+        out["plan"] = lambda: p(x.clone())
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=1.0, help="tensor size in MiB (float32)")
     ap.add_argument("--eb", type=float, default=1e-4)
+    ap.add_argument("--predictor", default="lorenzo", help="the error-bounded codec's predictor: none, lorenzo")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--lines", type=int, default=22, help="profile lines printed per ordering")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: Gloo with CPU tensors")
+    ap.add_argument("--api", choices=("functional", "plan", "both"), default="both")
     args = ap.parse_args()
     local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    x = torch.rand(int(args.mb * 2**20) // 4, device="cuda")
-    codec = ErrorBounded(args.eb)
-    print(f"rank {dist.get_rank()}: {torch.cuda.get_device_name()}, world {dist.get_world_size()}", flush=True)
+    if args.device == "cuda":
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=dev)
+        name = torch.cuda.get_device_name()
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo")
+        name = "CPU (Gloo)"
+    x = torch.rand(int(args.mb * 2**20) // 4, device=dev)
+    codec = ErrorBounded(args.eb, predictor=args.predictor)
+    print(f"rank {dist.get_rank()}: {name}, world {dist.get_world_size()}", flush=True)
     for alg in ("ring", "recursive_doubling"):
-        for _ in range(3):
-            all_reduce(x.clone(), codec=codec, algorithm=alg)
-        torch.cuda.synchronize()
-        dist.barrier()
-        times = []
-        for _ in range(args.reps):
-            y = x.clone()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            all_reduce(y, codec=codec, algorithm=alg)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        profile = cProfile.Profile()
-        dist.barrier()
-        profile.enable()
-        for _ in range(args.reps):
-            all_reduce(x.clone(), codec=codec, algorithm=alg)
-        torch.cuda.synchronize()
-        profile.disable()
-        if dist.get_rank() == 0:
-            print(f"== {alg}: median {statistics.median(times) * 1e3:.3f} ms per call", flush=True)
-            for key in ("tottime", "cumulative"):
-                text = io.StringIO()
-                pstats.Stats(profile, stream=text).sort_stats(key).print_stats(args.lines)
-                print(text.getvalue(), flush=True)
+        for api, call in callers(args, x, codec, alg).items():
+            for _ in range(3):
+                call()
+            sync(dev)
+            dist.barrier()
+            times = []
+            for _ in range(args.reps):
+                sync(dev)
+                t0 = time.perf_counter()
+                call()
+                sync(dev)
+                times.append(time.perf_counter() - t0)
+            profile = cProfile.Profile()
+            dist.barrier()
+            profile.enable()
+            for _ in range(args.reps):
+                call()
+            sync(dev)
+            profile.disable()
+            if dist.get_rank() == 0:
+                stats = pstats.Stats(profile)
+                print(f"== {alg} ({api}): median {statistics.median(times) * 1e3:.3f} ms per call, "
+                      f"{stats.total_calls / args.reps:.0f} Python-level calls per call "
+                      f"({stats.prim_calls / args.reps:.0f} primitive)", flush=True)
+                for key in ("tottime", "cumulative"):
+                    text = io.StringIO()
+                    pstats.Stats(profile, stream=text).sort_stats(key).print_stats(args.lines)
+                    print(text.getvalue(), flush=True)
     dist.destroy_process_group()
 
 

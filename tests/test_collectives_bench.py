@@ -16,12 +16,16 @@ def test_bench_runs_every_op_and_writes_its_report(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
            "--device", "cpu", "--kinds", "smooth", "--label", "cpu", "--out", str(out),
-           "--ops", "all_reduce,all_to_all,scatter", "--sizes-mb", "0.0625", "--ebs", "1e-2", "--reps", "1"]
+           "--ops", "all_reduce,all_to_all,scatter", "--sizes-mb", "0.0625", "--ebs", "1e-2", "--reps", "1",
+           "--predictors", "none,lorenzo", "--api", "functional,plan"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=200, cwd=tmp_path, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     report = json.loads(out.read_text())
     assert report["world"] == 2 and report["rows"] == lines  # each row printed as it came
+    variants = {(x["algorithm"], x.get("predictor"), x.get("api")) for x in report["rows"] if x["op"] == "all_reduce"}
+    assert {(a, p, api) for a in ("ring", "recursive_doubling", "auto") for p in ("none", "lorenzo")
+            for api in ("functional", "plan")} <= variants  # every predictor through both APIs
     rows = {(x["op"], x["algorithm"]): x for x in report["rows"]}
     assert set(rows) == {("all_reduce", a) for a in ("nccl", "plain", "ring", "recursive_doubling", "auto")} | {
         (op, a) for op in ("all_to_all", "scatter") for a in ("nccl", "plain", "compressed")}

@@ -107,11 +107,11 @@ def test_fused_add_in_place(cp):
     before = sa.nbytes()
     out = gpu.add(sa, sb, inplace=True)
     assert out.data is sa.data and out.nbytes() > 10 * before
-    assert gpu.stream_bytes(out) == want[16:]
+    assert gpu.stream_bytes(out) == want[len(codec._head('float32')):]
     for _ in range(3):  # repeated in-place accumulation, like a reduction
         out = gpu.add(out, sb, inplace=True)
         want = add(want, codec.encode(big), codec)
-    assert gpu.stream_bytes(out) == want[16:]
+    assert gpu.stream_bytes(out) == want[len(codec._head('float32')):]
 
 
 def test_fused_add_refuses_overflow_and_mismatch(cp):
@@ -146,8 +146,9 @@ def _tie_inputs(n: int, dtype):
     return (k + 0.5).to(dtype)
 
 
+@pytest.mark.parametrize("predictor", ["none", "lorenzo"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_encode_and_decode_equal_cpu(cp, dtype):
+def test_fused_encode_and_decode_equal_cpu(cp, dtype, predictor):
     name = _NAME[dtype]
     wide = np.uint32 if dtype == torch.float32 else np.uint16
     with parity() as p:
@@ -155,8 +156,8 @@ def test_fused_encode_and_decode_equal_cpu(cp, dtype):
             cases = [(eb, kind, x) for eb in (1e-3, 0.5) for kind, x in _inputs(n, n + 1, dtype)]
             cases.append((0.5, "exact ties", _tie_inputs(n, dtype)))
             for eb, kind, x in cases:
-                case = f"n={n} eb={eb} {kind}"
-                codec = ErrorBounded(eb)
+                case = f"n={n} eb={eb} {kind} {predictor}"
+                codec = ErrorBounded(eb, predictor)
                 want = codec.encode(x)
                 s, got_name = codec.encode_device(x.cuda())
                 p.same(f"{case}: dtype name", got_name == name, got_name)
@@ -240,3 +241,51 @@ def test_lossless_decode_refuses_damaged_escapes(cp):
     bad[LL_HEAD.size + 32] ^= 7  # value 0's code becomes 7 (or stops being 7): the list disagrees
     with pytest.raises(CorruptStreamError, match="escape list"):
         gpu.ll_decode_wire(bad, x.numel(), name, FLOATS, LL_HEAD)
+
+
+# ------------------------------------------------------------------ 2-D Lorenzo prediction
+SHAPES = ((1, 1), (1, 77), (77, 1), (33, 257), (8192, 3), (311, 1000))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lorenzo2d_kernels_equal_cpu(cp, dtype):
+    """Encode bytes, decode values (the prefix sums on the GPU) and the fused add of 2-D predicted streams."""
+    name = _NAME[dtype]
+    wide = np.uint32 if dtype == torch.float32 else np.uint16
+    with parity() as p:
+        for shape in SHAPES:
+            n = shape[0] * shape[1]
+            for eb in (1e-3, 0.5):
+                for kind, x in _inputs(n, n + 2, dtype):
+                    case = f"{shape} eb={eb} {kind}"
+                    codec = ErrorBounded(eb, "lorenzo2d")
+                    x = x.reshape(shape)
+                    want = codec.encode(x)
+                    s, _ = codec.encode_device(x.cuda())
+                    p.same_bytes(f"{case}: encode", codec._head(name, codec.prediction(shape)) + gpu.stream_bytes(s), want)
+                    p.same_bytes(f"{case}: encode of bytes form", codec.encode(x.cuda()), want)
+                    dec = codec.decode_device(s, name, row=shape[1]).get()
+                    p.same_array(f"{case}: decode to {name}", dec.view(wide), codec.decode(want).view(wide))
+                    p.same_array(f"{case}: decode to float64", codec.decode_device(s, row=shape[1]), codec.decode(want, exact=True))
+            (_, a), (_, b) = list(_inputs(n, 3, dtype))[:2]
+            codec = ErrorBounded(1e-3, "lorenzo2d")
+            a, b = a.reshape(shape), b.reshape(shape)
+            want = add(codec.encode(a), codec.encode(b), codec)
+            sa, sb = codec.encode_device(a.cuda())[0], codec.encode_device(b.cuda())[0]
+            p.same_bytes(f"{shape}: fused add", codec._head(name, codec.prediction(shape)) + gpu.stream_bytes(gpu.add(sa, sb)), want)
+
+
+def test_predicted_device_streams_refuse_ranges_and_damage(cp):
+    x = torch.tensor([[3.0e6, -3.0e6], [-3.0e6, 3.0e6]], device="cuda")  # steps of +-1.5e9: residuals leave int32
+    for predictor in ("lorenzo", "lorenzo2d"):
+        with pytest.raises(LimitExceededError, match="residuals"):
+            ErrorBounded(1e-3, predictor).encode_device(x)[0].nbytes()
+    codec = ErrorBounded(1e-3, "lorenzo")
+    big, _ = codec.encode_device(torch.tensor([2.0e6, 4.0e6], device="cuda"))  # residuals 1e9, 1e9
+    with pytest.raises(LimitExceededError, match="leave int32"):  # their sum's prefix sums do not fit
+        codec.decode_device(gpu.add(big, big))
+    s, _ = codec.encode_device(next(_inputs(20_000, 5, torch.float32))[1].cuda())
+    bad = gpu.DeviceStream(s.data.copy(), s.size, s.n)
+    bad.data[5] = 0  # policy byte
+    with pytest.raises(CorruptStreamError, match="header"):
+        codec.decode_device(bad, "float32")

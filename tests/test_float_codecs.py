@@ -132,3 +132,102 @@ def test_lossless_wire_form_converts_to_the_bytes_form():
                 + bytes(raw) + want[at + sizes[2] :])
         assert gpu.ll_bytes(wire, front) == want
     assert int(gpu._table_word(bytes([1, 2, 3, 4, 5, 6, 255]))) == 0xFF060504030201
+
+
+# ------------------------------------------------------------------ Lorenzo prediction
+PREDICTED = ("lorenzo", "lorenzo2d")
+
+
+def _image(seed: int) -> np.ndarray:
+    """A real photograph (scikit-image's camera) as float32 in [0, 1], shifted per seed."""
+    from skimage import data as skdata  # noqa: PLC0415 (test-only optional import of scikit-image's images)
+
+    img = skdata.camera().astype(np.float32) / 255
+    return np.roll(img, 17 * seed, axis=1)[:300, :400].copy()
+
+
+@pytest.mark.parametrize("predictor", PREDICTED)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_predicted_round_trip_within_eb(predictor, dtype):
+    x = _field(100_000, 3, dtype).reshape(250, 400)
+    for eb in (1e-2, 1e-4):
+        codec = ErrorBounded(eb, predictor)
+        buf = codec.encode(x)
+        assert buf[:6] == b"VZEB\x02" + bytes([{"float32": 0, "float16": 1, "bfloat16": 2}[str(dtype)[6:]]])
+        assert within(np.abs(codec.decode(buf, exact=True) - _f64(x).reshape(-1)), eb, _f64(x).reshape(-1))
+        # the steps are NumPy's rint(x / 2 eb), whatever the prediction
+        np.testing.assert_array_equal(codec.symbols(buf)[0], ErrorBounded(eb, "none").symbols(ErrorBounded(eb, "none").encode(x))[0])
+
+
+def test_prediction_raises_the_ratio_on_an_image():
+    img = _image(0)
+    sizes = {p: len(ErrorBounded(1e-4, p).encode(img)) for p in ("none", "lorenzo", "lorenzo2d")}
+    assert sizes["lorenzo"] < sizes["none"] and sizes["lorenzo2d"] < sizes["none"], sizes
+
+
+@pytest.mark.parametrize("predictor", PREDICTED)
+def test_homomorphic_sum_of_predicted_streams_is_the_stream_of_the_sum(predictor):
+    codec = ErrorBounded(1e-3, predictor)
+    a, b, c = _image(0), _image(1), _image(2) * 0.3
+    sa, sb, sc = (codec.encode(v) for v in (a, b, c))
+    total = add(add(sa, sb, codec), sc, codec)
+    pred = codec.prediction(a.shape)
+    exact = lambda s: codec.decode(s, exact=True)  # noqa: E731
+    assert total == codec.encode_values(exact(sa) + exact(sb) + exact(sc), "float32", pred)
+    want = a.astype(np.float64) + b + c.astype(np.float32)
+    assert within(np.abs(exact(total) - want.reshape(-1)), 3 * 1e-3, want.reshape(-1))
+
+
+def test_prediction_mismatch_and_ranges():
+    a = np.zeros((10, 10), np.float32)
+    with pytest.raises(InvalidArgumentError, match="cannot add"):
+        add(ErrorBounded(1e-3, "lorenzo").encode(a), ErrorBounded(1e-3, "none").encode(a), ErrorBounded(1e-3))
+    with pytest.raises(InvalidArgumentError, match="2-D input"):
+        ErrorBounded(1e-3, "lorenzo2d").encode(np.zeros(10, np.float32))
+    with pytest.raises(InvalidArgumentError, match="whole rows"):
+        ErrorBounded(1e-3, "lorenzo2d").encode(np.zeros(10, np.float32), row=3)
+    with pytest.raises(InvalidArgumentError, match="predictor="):
+        ErrorBounded(1e-3, "delta")
+    # steps near the int32 limit: fine without prediction, residuals up to 2x / 4x of them are refused
+    x = np.array([[3.0e6, -3.0e6], [-3.0e6, 3.0e6]], np.float32)  # steps of +-1.5e9 at eb 1e-3
+    ErrorBounded(1e-3, "none").encode(x)
+    for predictor in PREDICTED:
+        with pytest.raises(LimitExceededError, match="residuals"):
+            ErrorBounded(1e-3, predictor).encode(x)
+    # residuals that add within int32 but whose prefix sums leave it: the decoder refuses the sum
+    codec = ErrorBounded(1e-3, "lorenzo")
+    big = codec.encode(np.array([2.0e6, 4.0e6], np.float32))  # steps 1e9, 2e9: residuals 1e9, 1e9
+    with pytest.raises(LimitExceededError, match="leave int32"):
+        codec.decode(add(big, big, codec))
+
+
+def test_version_1_streams_still_decode_and_none_writes_them():
+    x = _field(5000, 4)
+    v1 = ErrorBounded(1e-3, "none").encode(x)
+    assert v1[4] == 1 and len(v1) - len(stream.pack(0, 0, 0, [b""])) > 0
+    for reader in (ErrorBounded(1e-3), ErrorBounded(1e-3, "lorenzo2d"), ErrorBounded(1e-3, "none")):
+        np.testing.assert_array_equal(reader.decode(v1), ErrorBounded(1e-3, "none").decode(v1))
+
+
+@pytest.mark.parametrize("predictor", PREDICTED)
+def test_corrupt_predicted_stream_raises(predictor):
+    from visemz.errors import CorruptStreamError  # noqa: PLC0415
+
+    codec = ErrorBounded(1e-3, predictor)
+    buf = bytearray(codec.encode(_image(0)))
+    for at in (6, 7, 8, 30, 60, len(buf) // 2, len(buf) - 1):  # predictor code, reserved, row, stream header, payload
+        bad = bytearray(buf)
+        bad[at] ^= 0x5A
+        with pytest.raises(CorruptStreamError):
+            codec.decode(bytes(bad))
+    with pytest.raises(CorruptStreamError):
+        codec.decode(bytes(buf[:-3]))
+    with pytest.raises(CorruptStreamError):
+        codec.decode(bytes(buf[:20]))
+
+
+def test_predicted_configs_roundtrip():
+    for predictor in ("none", *PREDICTED):
+        codec = ErrorBounded(1e-4, predictor)
+        assert ErrorBounded.from_config(codec.get_config()) == codec
+    assert ErrorBounded.from_config({"eb": 1e-4}).predictor == "none"  # configs from before predictors

@@ -30,3 +30,12 @@ class DeviceUnavailableError(VisemzError, RuntimeError):
 
 class LimitExceededError(VisemzError, ValueError):
     """An input or a stream asks for more than the documented size limits."""
+
+
+class PlanMismatchError(InvalidArgumentError):
+    """Ranks of a process group asked for a collective with different settings; the message names
+    each setting that differs and every rank's value of it.  Raised on every rank, never a hang."""
+
+
+class PeerFailedError(VisemzError, RuntimeError):
+    """A collective could not finish because another rank of the group died, left or timed out."""

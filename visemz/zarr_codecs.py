@@ -127,18 +127,24 @@ class VisemzErrorBounded(_ShapedFloatCodec):
 
     codec_id = "visemz_eb"
 
-    def __init__(self, eb: float):
-        self.stream = ErrorBounded(eb)
+    def __init__(self, eb: float, predictor: str = "lorenzo"):
+        self.stream = ErrorBounded(eb, predictor)
 
     @property
     def eb(self) -> float:
         return self.stream.eb
 
     def get_config(self) -> dict:
-        return {"id": self.codec_id, "eb": self.eb}
+        return {"id": self.codec_id, "eb": self.eb, "predictor": self.stream.predictor}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "VisemzErrorBounded":
+        """A config without a predictor was written before predictors existed: its chunks have none."""
+        config = {k: v for k, v in config.items() if k != "id"}
+        return cls(config["eb"], config.get("predictor", "none"))
 
     def __repr__(self) -> str:
-        return f"VisemzErrorBounded(eb={self.eb!r})"
+        return f"VisemzErrorBounded(eb={self.eb!r}, predictor={self.stream.predictor!r})"
 
 
 class VisemzLossless(_ShapedFloatCodec):

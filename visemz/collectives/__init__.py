@@ -9,6 +9,7 @@ from .codecs import ErrorBounded, Lossless
 from .cost import CostModel
 from .ddp import ddp_hook
 from .homomorphic import add
+from .plans import Plan, plan
 from .ops import (
            Handle,
            all_gather,
@@ -20,5 +21,5 @@ from .ops import (
            scatter,
 )
 
-__all__ = ["CostModel", "ErrorBounded", "Handle", "Lossless", "add", "all_gather", "all_reduce",
+__all__ = ["CostModel", "ErrorBounded", "Handle", "Lossless", "Plan", "add", "plan", "all_gather", "all_reduce",
            "all_to_all", "broadcast", "ddp_hook", "last_algorithm", "reduce_scatter", "scatter"]

@@ -85,10 +85,11 @@ def ring_reduce_scatter(eng, chunks: list[torch.Tensor], sizes: list[int], group
     return chunks[r]
 
 
-def ring(eng, flat: torch.Tensor, group, name: str) -> tuple[torch.Tensor, int]:
-    """Homomorphic reduce-scatter, then a compressed all-gather of the reduced chunks."""
+def ring(eng, flat: torch.Tensor, group, name: str, edges=None) -> tuple[torch.Tensor, int]:
+    """Homomorphic reduce-scatter, then a compressed all-gather of the reduced chunks (``edges``:
+    the W chunks' bounds, e.g. a plan's whole rows; by default ``bounds(n, W)``)."""
     r, w = T.rank(group), T.world(group)
-    edges = bounds(flat.numel(), w)
+    edges = edges or bounds(flat.numel(), w)
     sizes = [b - a for a, b in edges]
     with phase("compress"):
         chunks = eng.encode_many([flat[a:b] for a, b in edges])
@@ -102,7 +103,7 @@ def ring(eng, flat: torch.Tensor, group, name: str) -> tuple[torch.Tensor, int]:
     return total, sum(c.numel() for c in chunks)
 
 
-def recursive_doubling(eng, flat: torch.Tensor, group, name: str) -> tuple[torch.Tensor, int]:
+def recursive_doubling(eng, flat: torch.Tensor, group, name: str, edges=None) -> tuple[torch.Tensor, int]:
     """Pairwise exchange-and-add over log2 p rounds; with W not a power of two the extra ranks
     fold their data into a partner first and get the result back at the end."""
     n = flat.numel()

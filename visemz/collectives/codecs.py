@@ -1,7 +1,9 @@
 """Float codecs for collectives, on the shared block encoder.
 
-``ErrorBounded(eb)``: q = round(x / (2 eb)) as int32, coded with the per-block-width policy
-(blocks of 32 decode independently, which homomorphic addition needs).  The decoded value
+``ErrorBounded(eb, predictor="lorenzo")``: q = round(x / (2 eb)) as int32, predicted (1-D or 2-D
+Lorenzo on the integers, ``Prediction``; "none" keeps q itself), the residuals coded with the
+per-block-width policy (blocks of 32 decode independently, which homomorphic addition needs;
+the prediction is linear in q, so residual streams add like the steps do).  The decoded value
 2 eb q lies within eb of x (computed in float64: at exact ties up to ~1e-16 relative more);
 stored back into a tensor it also carries
 that dtype's rounding (half a unit in the last place), which for bf16 and fp16 can exceed
@@ -66,20 +68,101 @@ def _from_float64(v: np.ndarray, name: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------- error-bounded
-EB_MAGIC, EB_VERSION = b"VZEB", 1
-EB_HEAD = struct.Struct("<4sBBHd")  # magic, version, dtype code, reserved, eb
+EB_MAGIC, EB_VERSION = b"VZEB", 2  # version 1: no predictor (still written for predictor "none"); 2: predictor field
+EB_HEAD = struct.Struct("<4sBBHd")  # version 1: magic, version, dtype code, reserved, eb
+EB_HEAD2 = struct.Struct("<4sBBBBQd")  # version 2: magic, version, dtype code, predictor code, reserved, row length, eb
+PREDICTORS = ("none", "lorenzo", "lorenzo2d")  # index = the header's predictor code
+STEP_LIMIT = 2**31 - 1  # every integer a stream holds (steps, residuals, sums) has |v| < this
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """How a stream's integers relate to the steps q = round(x / 2 eb): ``predictor`` and, for
+    ``lorenzo2d``, the row length (the array is (n / row, row) in C order).
+
+    Every predictor is linear in q, so residual streams add homomorphically: the residuals of
+    qa + qb are the sum of the residuals of qa and of qb, and decoding (a prefix sum) gives qa + qb."""
+
+    predictor: str = "none"
+    row: int = 0
+
+    def __post_init__(self):
+        if self.predictor not in PREDICTORS:
+            raise InvalidArgumentError(f"predictor={self.predictor!r}: expected one of {list(PREDICTORS)}")
+        if (self.predictor == "lorenzo2d") != (self.row > 0) or self.row < 0:
+            raise InvalidArgumentError(f"row length {self.row} does not fit predictor {self.predictor!r} (lorenzo2d needs one >= 1)")
+
+    @property
+    def code(self) -> int:
+        """The header's (and the GPU kernels') predictor code."""
+        return PREDICTORS.index(self.predictor)
+
+    def check_count(self, n: int) -> None:
+        if self.row and n % self.row:
+            raise InvalidArgumentError(f"{n} values are not whole rows of {self.row} (2-D Lorenzo prediction)")
+
+    def residuals(self, q: np.ndarray) -> np.ndarray:
+        """int32 steps -> int32 residuals (int64 arithmetic; LimitExceededError where one leaves int32)."""
+        self.check_count(q.size)
+        if self.predictor == "none":
+            return q
+        q = q.astype(np.int64)
+        if self.predictor == "lorenzo":
+            r = np.diff(q, prepend=0)
+        else:
+            g = q.reshape(-1, self.row)
+            r = g.copy()
+            r[1:] -= g[:-1]
+            r[:, 1:] -= g[:, :-1]
+            r[1:, 1:] += g[:-1, :-1]
+            r = r.reshape(-1)
+        if r.size and np.abs(r).max() >= STEP_LIMIT:
+            raise LimitExceededError(f"{self.predictor} prediction residuals up to {np.abs(r).max()} leave int32: "
+                                     "use a larger error bound or predictor='none'")
+        return r.astype(np.int32)
+
+    def steps(self, r: np.ndarray) -> np.ndarray:
+        """Residuals -> int64 steps (prefix sums); LimitExceededError where a step leaves int32
+        (a sum of streams beyond int32, or a damaged stream)."""
+        self.check_count(r.size)
+        if self.predictor == "none":
+            return r.astype(np.int64)
+        q = np.cumsum(r, dtype=np.int64)
+        if self.predictor == "lorenzo2d":
+            q = np.cumsum(np.cumsum(r.reshape(-1, self.row), axis=1, dtype=np.int64), axis=0).reshape(-1)
+        if q.size and np.abs(q).max() >= STEP_LIMIT:
+            raise LimitExceededError(f"decoded steps up to {np.abs(q).max()} leave int32: a sum of streams that int32 "
+                                     "cannot hold, or a damaged stream")
+        return q
 
 
 @dataclass(frozen=True)
 class ErrorBounded:
-    """Absolute error bound ``eb`` > 0 per decoded value (see the module notes on dtypes)."""
+    """Absolute error bound ``eb`` > 0 per decoded value (see the module notes on dtypes).
+
+    ``predictor``: "lorenzo" (default: 1-D Lorenzo along the flat values, residual q_i - q_{i-1}),
+    "lorenzo2d" (2-D Lorenzo over rows of the input's last dimension, or of ``row`` values where a
+    caller passes it) or "none" (the steps themselves, version-1 streams)."""
 
     eb: float
+    predictor: str = "lorenzo"
     codec_id: str = "visemz-error-bounded"
 
     def __post_init__(self):
         if not (isinstance(self.eb, (int, float)) and np.isfinite(self.eb) and self.eb > 0):
             raise InvalidArgumentError(f"eb={self.eb!r}: the error bound must be a finite number > 0")
+        if self.predictor not in PREDICTORS:
+            raise InvalidArgumentError(f"predictor={self.predictor!r}: expected one of {list(PREDICTORS)}")
+
+    def prediction(self, shape=None, row: int | None = None) -> Prediction:
+        """This codec's predictor for an input of ``shape`` (or rows of ``row`` values)."""
+        if self.predictor != "lorenzo2d":
+            return Prediction(self.predictor)
+        if row is None:
+            if shape is None or len(shape) < 2:
+                raise InvalidArgumentError(f"predictor 'lorenzo2d' needs a 2-D input (shape {shape}) or a row length")
+            row = int(shape[-1])
+        return Prediction("lorenzo2d", max(int(row), 1))
 
     def quantize(self, x) -> tuple[np.ndarray, str]:
         a, name = _as_array(x)
@@ -91,36 +174,48 @@ class ErrorBounded:
         if not np.isfinite(v).all():
             raise InvalidArgumentError("tensor holds NaN or Inf: error-bounded compression needs finite values")
         q = np.rint(v / (2 * self.eb))
-        if q.size and np.abs(q).max() >= 2**31 - 1:
+        if q.size and np.abs(q).max() >= STEP_LIMIT:
             raise LimitExceededError(f"values up to {np.abs(v).max():.3g} need more than int32 steps of 2*eb={2 * self.eb:g}")
         return q.astype(np.int32)
 
-    def encode(self, x) -> bytes:
-        if cuda.is_gpu_array(x):  # quantised and encoded on the GPU; the host sees only the stream
-            s, name = gpu.eb_encode(x, self.eb)
-            return self._head(name) + gpu.stream_bytes(s)
+    def encode(self, x, row: int | None = None) -> bytes:
+        """Float array or tensor -> bytes; ``row`` sets lorenzo2d's row length for flat inputs."""
+        pred = self.prediction(getattr(x, "shape", None), row)
+        if cuda.is_gpu_array(x):  # quantised, predicted and encoded on the GPU; the host sees only the stream
+            s, name = gpu.eb_encode(x, self.eb, pred)
+            return self._head(name, pred) + gpu.stream_bytes(s)
         q, name = self.quantize(x)
-        return self.encode_symbols(q, name)
+        return self.encode_symbols(q, name, pred)
 
-    def encode_device(self, x):
-        """CUDA tensor / cupy array -> ``gpu.DeviceStream`` (the block stream, in device memory) and dtype name."""
-        return gpu.eb_encode(x, self.eb)
+    def encode_device(self, x, row: int | None = None):
+        """CUDA tensor / cupy array -> ``gpu.DeviceStream`` (the block stream of the residuals, in
+        device memory) and dtype name."""
+        return gpu.eb_encode(x, self.eb, self.prediction(getattr(x, "shape", None), row))
 
-    def decode_device(self, s, dtype: str = "float64"):
+    def decode_device(self, s, dtype: str = "float64", row: int | None = None):
         """``gpu.DeviceStream`` -> cupy array of 2 eb q: float64 (the exact reconstruction), or
-        ``dtype`` rounded as ``decode`` rounds (bf16 as uint16 bit patterns), in one kernel."""
-        return gpu.eb_decode(s, self.eb, dtype)
+        ``dtype`` rounded as ``decode`` rounds (bf16 as uint16 bit patterns)."""
+        return gpu.eb_decode(s, self.eb, dtype, self.prediction(None, row))
 
-    def _head(self, dtype: str) -> bytes:
-        return EB_HEAD.pack(EB_MAGIC, EB_VERSION, _CODES[dtype], 0, float(self.eb))
+    def _head(self, dtype: str, pred: Prediction | None = None) -> bytes:
+        pred = pred or self.prediction()
+        if pred.predictor == "none":  # the version-1 stream, byte for byte
+            return EB_HEAD.pack(EB_MAGIC, 1, _CODES[dtype], 0, float(self.eb))
+        return EB_HEAD2.pack(EB_MAGIC, EB_VERSION, _CODES[dtype], pred.code, 0, pred.row, float(self.eb))
 
-    def encode_values(self, v: np.ndarray, dtype: str) -> bytes:
+    def encode_values(self, v: np.ndarray, dtype: str, pred: Prediction | None = None) -> bytes:
         """Encode float64 values (e.g. a sum of decoded tensors) as a stream of ``dtype``."""
         _check_float(dtype)
-        return self.encode_symbols(self.quantize_values(np.asarray(v, np.float64).reshape(-1)), dtype)
+        pred = pred or self.prediction()
+        return self.encode_symbols(self.quantize_values(np.asarray(v, np.float64).reshape(-1)), dtype, pred)
 
-    def encode_symbols(self, q: np.ndarray, dtype: str) -> bytes:
-        return self._head(dtype) + encode_ints(q, policy="block", bitshuffle=True, entropy="none")
+    def encode_symbols(self, q: np.ndarray, dtype: str, pred: Prediction | None = None) -> bytes:
+        """int32 steps -> the stream (predicted as ``pred``, by default this codec's 1-D form)."""
+        pred = pred or self.prediction()
+        return self.encode_residuals(pred.residuals(q), dtype, pred)
+
+    def encode_residuals(self, r: np.ndarray, dtype: str, pred: Prediction) -> bytes:
+        return self._head(dtype, pred) + encode_ints(r, policy="block", bitshuffle=True, entropy="none")
 
     def decode(self, buf, exact: bool = False) -> np.ndarray:
         """Bytes -> flat NumPy array in the original dtype (bf16 as its uint16 bit patterns).
@@ -133,19 +228,42 @@ class ErrorBounded:
         return v if exact else _from_float64(v, name)
 
     def symbols(self, buf) -> tuple[np.ndarray, str]:
-        mv, (code, _reserved, eb) = read_prefix(buf, "error-bounded stream", EB_HEAD, EB_HEAD.size, EB_MAGIC, EB_VERSION)
+        """Bytes -> the int64 steps q (predictions undone) and the dtype name."""
+        r, name, pred = self.residual_symbols(buf)
+        return pred.steps(r), name
+
+    def residual_symbols(self, buf) -> tuple[np.ndarray, str, Prediction]:
+        """Bytes -> the int32 integers the stream holds, the dtype name and the stream's prediction."""
+        try:
+            peek = memoryview(buf).cast("B")
+        except TypeError:
+            peek = b""  # read_prefix names the bad type
+        if len(peek) > 4 and bytes(peek[:4]) == EB_MAGIC and peek[4] == 1:
+            mv, (code, _reserved, eb) = read_prefix(buf, "error-bounded stream", EB_HEAD, EB_HEAD.size, EB_MAGIC, 1)
+            pred, head = Prediction("none"), EB_HEAD.size
+        else:
+            mv, (code, pcode, reserved, row, eb) = read_prefix(buf, "error-bounded stream", EB_HEAD2, EB_HEAD2.size,
+                                                                EB_MAGIC, EB_VERSION)
+            if pcode >= len(PREDICTORS) or reserved or (PREDICTORS[pcode] == "lorenzo2d") != (row > 0) or row > 2**29:
+                raise CorruptStreamError(f"error-bounded stream predictor code {pcode} / row length {row} / reserved "
+                                         f"{reserved} are not a valid prediction")
+            pred, head = Prediction(PREDICTORS[pcode], row), EB_HEAD2.size
         if code >= len(FLOATS):
             raise CorruptStreamError(f"error-bounded stream dtype code {code} is unknown")
         if eb != self.eb:
             raise InvalidArgumentError(f"stream was written with eb={eb}, this codec has eb={self.eb}")
-        return decode_ints(mv[EB_HEAD.size :]), list(FLOATS)[code]
+        r = decode_ints(mv[head:])
+        if pred.row and r.size % pred.row:
+            raise CorruptStreamError(f"error-bounded stream of {r.size} values is not whole rows of {pred.row}")
+        return r, list(FLOATS)[code], pred
 
     def get_config(self) -> dict:
-        return {"id": self.codec_id, "eb": self.eb}
+        return {"id": self.codec_id, "eb": self.eb, "predictor": self.predictor}
 
     @classmethod
     def from_config(cls, config: dict) -> "ErrorBounded":
-        return cls(config["eb"])
+        """A config without a predictor predates predictors: its streams had none."""
+        return cls(config["eb"], config.get("predictor", "none"))
 
 
 # -------------------------------------------------------------------------------- lossless

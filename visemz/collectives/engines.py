@@ -25,16 +25,21 @@ def _bytes(p: torch.Tensor) -> bytes:
     return p.cpu().numpy().tobytes()
 
 
+def _encode_args(codec, row: int) -> dict:
+    """Keyword arguments of the codec's encode: lorenzo2d's row length (flat chunks carry no shape)."""
+    return {"row": row} if isinstance(codec, ErrorBounded) and codec.predictor == "lorenzo2d" else {}
+
+
 class HostEngine:
-    """NumPy codecs; payloads are CPU tensors."""
+    """NumPy codecs; payloads are CPU tensors.  ``row``: 2-D prediction's row length (else 0)."""
 
     device = torch.device("cpu")
 
-    def __init__(self, codec):
-        self.codec = codec
+    def __init__(self, codec, row: int = 0):
+        self.codec, self.kwargs = codec, _encode_args(codec, row)
 
     def encode_many(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [_u8(self.codec.encode(t.reshape(-1))) for t in tensors]
+        return [_u8(self.codec.encode(t.reshape(-1), **self.kwargs)) for t in tensors]
 
     def add(self, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
         return _u8(host_add(_bytes(a), _bytes(b), self.codec))
@@ -49,17 +54,17 @@ class HostEngine:
 class DeviceEngine:
     """GPU codecs (``gpu.py``); payloads are CUDA tensors viewing cupy buffers, or the reverse."""
 
-    def __init__(self, codec, device: torch.device):
-        self.codec, self.device = codec, device
+    def __init__(self, codec, device: torch.device, row: int = 0):
+        self.codec, self.device, self.kwargs = codec, device, _encode_args(codec, row)
 
     def _stream_of(self, p: torch.Tensor, n: int):
-        cp = cuda.require_cupy()
-        with gpu.torch_stream():
-            return gpu.DeviceStream(cp.asarray(p), cp.asarray([p.numel()], dtype=cp.uint64), n, known=p.numel())
+        """A received payload as a DeviceStream: its size is known on the host, so no device size word."""
+        with gpu.torch_stream() as cp:
+            return gpu.DeviceStream(cp.asarray(p), None, n, known=p.numel())
 
     def _launch(self, t: torch.Tensor):
         """A DeviceStream (error-bounded) or a device buffer (lossless); no size read yet."""
-        return self.codec.encode_device(t)[0]
+        return self.codec.encode_device(t, **self.kwargs)[0]
 
     def _payload(self, enc) -> torch.Tensor:
         with gpu.torch_stream():
@@ -93,11 +98,11 @@ class DeviceEngine:
         p = p.to(self.device)
         with gpu.torch_stream():
             if isinstance(self.codec, ErrorBounded):
-                v = self.codec.decode_device(self._stream_of(p, n))
+                v = self.codec.decode_device(self._stream_of(p, n), **self.kwargs)
             else:
                 v = self.codec.decode_device(cuda.as_cupy(p), n, name)
             return torch.as_tensor(v, device=self.device)
 
 
-def engine_for(tensor: torch.Tensor, codec: ErrorBounded | Lossless):
-    return DeviceEngine(codec, tensor.device) if tensor.is_cuda else HostEngine(codec)
+def engine_for(tensor: torch.Tensor, codec: ErrorBounded | Lossless, row: int = 0):
+    return DeviceEngine(codec, tensor.device, row) if tensor.is_cuda else HostEngine(codec, row)

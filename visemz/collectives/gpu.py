@@ -82,7 +82,8 @@ def to_float64(a, name: str):
 # kernel-name suffix of each float format (floats.cu's FLOAT_KERNELS)
 SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64"}
 # result cells of the fused encoder: [stream size, error bits, largest |x| with too many steps (float32 bits)]
-EB_NONFINITE, EB_TOO_MANY_STEPS = 1, 2
+EB_NONFINITE, EB_TOO_MANY_STEPS, EB_RESIDUAL_RANGE = 1, 2, 4
+STEP_OVERFLOW = 256  # eb_dequantise: a decoded step (prefix sum of residuals) leaves int32
 
 
 @dataclass
@@ -117,6 +118,8 @@ class DeviceStream:
         if err & EB_TOO_MANY_STEPS:
             big = float(np.uint32(worst).view(np.float32))
             raise LimitExceededError(f"values up to {big:.3g} need more than int32 steps of 2*eb={2 * self.eb:g}")
+        if err & EB_RESIDUAL_RANGE:
+            raise LimitExceededError("prediction residuals leave int32: use a larger error bound or predictor='none'")
         if size > self.data.size:  # the kernel's look-back gave up (see look_back in encoders/cuda/block.cuh)
             raise VisemzError(f"GPU block encoder failed (reported size {size:#x})")
         return size
@@ -140,14 +143,16 @@ def _empty_stream(cp, cells):
     return data
 
 
-def eb_encode(x, eb: float) -> tuple[DeviceStream, str]:
-    """Quantise and encode in one kernel (``eb_encode_*``): q = rint(float64(x) / (2 eb)) as NumPy
-    computes it, per-block bitshuffled block stream.  No host sync: NaN/Inf and values needing
-    more than int32 steps are raised by the stream's first size read (``DeviceStream.nbytes``)."""
+def eb_encode(x, eb: float, pred) -> tuple[DeviceStream, str]:
+    """Quantise, predict and encode in one kernel (``eb_encode_*``): q = rint(float64(x) / (2 eb)) as
+    NumPy computes it, the residuals of ``pred`` (a ``codecs.Prediction``), per-block bitshuffled
+    block stream.  No host sync: NaN/Inf, values needing more than int32 steps and residuals that
+    leave int32 are raised by the stream's first size read (``DeviceStream.nbytes``)."""
     with torch_stream() as cp:
         a, name = float_bits(x)
         n = int(a.size)
         L.check_count(n)
+        pred.check_count(n)
         cells = cp.zeros(3, cp.uint64)
         if n == 0:
             return DeviceStream(_empty_stream(cp, cells), cells[0:1], 0, cells, eb), name
@@ -155,40 +160,56 @@ def eb_encode(x, eb: float) -> tuple[DeviceStream, str]:
         ntiles = L.n_tiles(n)
         scratch = G.workspace(ntiles)
         kernel(f"eb_encode_{SUFFIX[name]}")((ntiles,), (G.THREADS,), (
-            a, np.int64(n), np.float64(2 * eb), out, scratch.status, scratch.tile_counter, cells))
+            a, np.int64(n), np.float64(2 * eb), np.int32(pred.code), np.int64(pred.row), out, scratch.status,
+            scratch.tile_counter, cells))
         return DeviceStream(out, cells[0:1], n, cells, eb), name
 
 
 ADD_ERRORS = {1: "tile table", 2: "block width over 32", 4: "tile size", 64: "sum leaves int32", 128: "header"}
 
 
-def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64"):
-    """Decode and dequantise in one kernel (``eb_decode_*``): 2 eb q as ``dtype`` on the device.
+def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64", pred=None):
+    """Decode and dequantise: 2 eb q as ``dtype`` on the device.
 
     float64 is the exact reconstruction (NumPy's ``q * (2 eb)``); float32/float16/bfloat16 round it
     as ``codecs._from_float64`` does (bf16 as uint16 bit patterns), i.e. ``ErrorBounded.decode``'s
-    bytes.  The header is checked on the device; one host read of the error word.
+    bytes.  Without prediction one kernel (``eb_decode_*``); with it, the residuals widened to int64
+    (``eb_residuals``), cupy's prefix sums (along the flat array; along rows, then columns, for
+    2-D Lorenzo), and ``eb_dequantise_*``.  The header is checked on the device; one host read of
+    the error word.
     """
     if dtype not in SUFFIX:
         raise UnsupportedFormatError(f"dtype {dtype} is not one the error-bounded decoder writes: {list(SUFFIX)}")
+    predicted = pred is not None and pred.code != 0
     with torch_stream() as cp:
         raw = s.bytes_view()
         out = cp.empty(s.n, cp.uint16 if dtype == "bfloat16" else dtype)
         if s.n == 0:
             return out
+        if predicted:
+            pred.check_count(s.n)
         err = cp.zeros(1, cp.int32)
-        kernel(f"eb_decode_{SUFFIX[dtype]}")((L.n_tiles(s.n),), (G.THREADS,), (
-            raw, np.int64(raw.size), np.int64(s.n), np.float64(2 * eb), out, err))
+        grid, args = (L.n_tiles(s.n),), (raw, np.int64(raw.size), np.int64(s.n))
+        if not predicted:
+            kernel(f"eb_decode_{SUFFIX[dtype]}")(grid, (G.THREADS,), (*args, np.float64(2 * eb), out, err))
+        else:
+            r = cp.empty(s.n, cp.int64)
+            kernel("eb_residuals")(grid, (G.THREADS,), (*args, r, err))
+            q = cp.cumsum(r) if pred.row == 0 else cp.cumsum(cp.cumsum(r.reshape(-1, pred.row), axis=1), axis=0).reshape(-1)
+            kernel(f"eb_dequantise_{SUFFIX[dtype]}")((min(-(-s.n // G.THREADS), G.sm_count() * 8),), (G.THREADS,), (
+                q, np.int64(s.n), np.float64(2 * eb), out, err))
         code = int(err.get()[0])
-    if code:
+    if code & ~STEP_OVERFLOW:
         raise CorruptStreamError("error-bounded device stream is inconsistent: " + ", ".join(
             w for bit, w in ADD_ERRORS.items() if code & bit) + f" (GPU decoder error bits 0x{code:x})")
+    if code:
+        raise LimitExceededError("decoded steps leave int32: a sum of streams that int32 cannot hold, or a damaged stream")
     return out
 
 
-def eb_values(s: DeviceStream, eb: float):
+def eb_values(s: DeviceStream, eb: float, pred=None):
     """Exact reconstruction 2 eb q as float64 on the device (NumPy's ``q * (2 eb)``)."""
-    return eb_decode(s, eb, "float64")
+    return eb_decode(s, eb, "float64", pred)
 
 
 def stream_bytes(s: DeviceStream) -> bytes:

@@ -18,7 +18,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from ..errors import InvalidArgumentError
+from ..errors import PlanMismatchError
 
 # torch 2.14 renamed all_gather_into_tensor (now a deprecated alias) to all_gather_single; older torch has only the first
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -55,8 +55,23 @@ def _post(ops: list, group) -> None:
     communicator for the pair of ranks the first time, in the middle of a collective."""
     p2p = [dist.P2POp(op, t, _global(group, peer), group) for op, t, peer in ops]
     if p2p:
+        limit = _host_wait_limit(group)
         for req in dist.batch_isend_irecv(p2p):
-            req.wait()
+            req.wait() if limit is None else req.wait(limit)
+
+
+def _host_wait_limit(group):
+    """How long the host waits for a Gloo point-to-point transfer: the group's timeout (Gloo's own
+    wait has none, so a peer that stalls without closing its connection would hang us).  None for
+    NCCL: a timed wait there would block the host on every transfer; NCCL's watchdog enforces the
+    group's timeout itself."""
+    if dist.get_backend(group) == "nccl":
+        return None
+    pg = group if group is not None else dist.group.WORLD
+    try:
+        return pg._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError):  # a torch without these internals: wait as torch does
+        return None
 
 
 def exchange(sends: dict[int, torch.Tensor], frm: list[int], group) -> dict[int, torch.Tensor]:
@@ -110,14 +125,18 @@ def broadcast(payload: torch.Tensor | None, src: int, group) -> torch.Tensor:
     return buf
 
 
-def agree(values: list[float], group, what: str) -> None:
-    """Raise on every rank when ranks disagree on ``values`` (so a mismatch never hangs)."""
+def agree(values: list[float], group, what: str, fields=None) -> None:
+    """Raise ``PlanMismatchError`` on every rank when ranks disagree on ``values`` (so a mismatch
+    never hangs); the message names each differing field (``fields[i]`` names ``values[i]``) and
+    every rank's value of it."""
     dev = device(group)
     gather = _gather_on_side_stream if dev.type == "cuda" else _gather_on_host
     table = gather(torch.tensor(values, dtype=torch.float64), group, dev).reshape(world(group), len(values))
-    if not bool((table == table[0]).all()):
-        rows = "; ".join(f"rank {i}: {r}" for i, r in enumerate(table.tolist()))
-        raise InvalidArgumentError(f"ranks disagree on {what}: {rows}")
+    differ = (table != table[0]).any(0).nonzero().flatten().tolist()
+    if differ:
+        names = list(fields) if fields is not None and len(fields) == len(values) else [f"setting {i}" for i in range(len(values))]
+        rows = "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {v:g}" for r, v in enumerate(table[:, i].tolist())) for i in differ)
+        raise PlanMismatchError(f"ranks disagree on {what}: {rows}")
 
 
 def _gather_on_host(mine: torch.Tensor, group, dev: torch.device) -> torch.Tensor:

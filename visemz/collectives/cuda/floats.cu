@@ -46,20 +46,53 @@ struct F64 {  // the exact reconstruction 2 eb q (decode only)
 // A NaN or Inf sets bit 1 of err[0], |q| >= 2^31 - 1 sets bit 2 and raises err[1] to the largest
 // such |x| (float32 bits: their order is the values' order); the value is coded as 0, so the
 // stream stays well formed and the host raises when it reads the stream size.
+//
+// Prediction (codecs.Prediction; `pred` is the header's predictor code): 0 none, the symbol is
+// q_i; 1 1-D Lorenzo, q_i - q_{i-1}; 2 2-D Lorenzo over rows of `row` values,
+// q[y][x] - q[y-1][x] - q[y][x-1] + q[y-1][x-1], zeros outside the array.  Each thread quantises
+// the neighbours it needs again (the same arithmetic, so the same integers; they sit in L1/L2),
+// and the residual is computed in 64 bits: one that leaves int32 (|r| >= 2^31 - 1) sets bit 4
+// and is coded as 0.
+#define EB_NONFINITE 1u
+#define EB_TOO_MANY_STEPS 2u
+#define EB_RESIDUAL_RANGE 4u
 template <class F>
 struct Quantise {
     const typename F::bits* __restrict__ x;
     double two_eb;
     u64* err;
+    int pred;
+    long long row;
     u32 flags, worst;
-    __device__ Quantise(const typename F::bits* x_, double two_eb_, u64* err_) : x(x_), two_eb(two_eb_), err(err_), flags(0), worst(0) {}
-    __device__ __forceinline__ u32 operator()(long long i) {
-        const float f = F::value(__ldcs(x + i));
-        const u32 mag = __float_as_uint(f) & 0x7fffffffu;
-        if (mag >= 0x7f800000u) { flags |= 1u; return 0; }
+    __device__ Quantise(const typename F::bits* x_, double two_eb_, u64* err_, int pred_, long long row_)
+        : x(x_), two_eb(two_eb_), err(err_), pred(pred_), row(row_), flags(0), worst(0) {}
+    // A neighbour's step; one without a step (NaN, too many steps) is flagged at its own index.
+    __device__ __forceinline__ long long step(long long i) const {
+        const float f = F::value(__ldg(x + i));
+        if ((__float_as_uint(f) & 0x7fffffffu) >= 0x7f800000u) return 0;
         const double q = rint(__ddiv_rn((double)f, two_eb));
-        if (fabs(q) >= 2147483647.0) { flags |= 2u; worst = max(worst, mag); return 0; }
-        return zigzag((int)q);
+        return fabs(q) >= 2147483647.0 ? 0 : (long long)q;
+    }
+    __device__ __forceinline__ u32 operator()(long long i) {
+        const float f = F::value(pred ? __ldg(x + i) : __ldcs(x + i));  // neighbours re-read x: keep it cached
+        const u32 mag = __float_as_uint(f) & 0x7fffffffu;
+        if (mag >= 0x7f800000u) { flags |= EB_NONFINITE; return 0; }
+        const double q = rint(__ddiv_rn((double)f, two_eb));
+        if (fabs(q) >= 2147483647.0) { flags |= EB_TOO_MANY_STEPS; worst = max(worst, mag); return 0; }
+        if (pred == 0) return zigzag((int)q);
+        long long r = (long long)q;
+        if (pred == 1) {
+            if (i > 0) r -= step(i - 1);
+        } else {
+            const long long col = i % row;
+            if (col) r -= step(i - 1);
+            if (i >= row) {
+                r -= step(i - row);
+                if (col) r += step(i - row - 1);
+            }
+        }
+        if (r >= 2147483647ll || r <= -2147483647ll) { flags |= EB_RESIDUAL_RANGE; return 0; }
+        return zigzag((int)r);
     }
     __device__ __forceinline__ void report(u32 lane) {
         const u32 f = __reduce_or_sync(FULL, flags), m = __reduce_max_sync(FULL, worst);
@@ -78,17 +111,35 @@ struct Dequantise {
     __device__ __forceinline__ void operator()(long long i, int q) { out[i] = F::from_double(__dmul_rn((double)q, two_eb)); }
 };
 
-// Decode-dequantise of a per-block bitshuffled stream of `cap` bytes, its header checked on the
+// The integers of a predicted stream, widened for the prefix sums that undo the prediction.
+struct Widen {
+    long long* __restrict__ out;
+    __device__ __forceinline__ void operator()(long long i, int r) { out[i] = r; }
+};
+
+// Decode a per-block bitshuffled stream of `cap` bytes through `store`, its header checked on the
 // device (error bit 128, as block_add); err gets block_decode's bits otherwise.
-template <class F>
-__device__ __forceinline__ void eb_decode_stream(const u8* __restrict__ in, long long cap, long long n, double two_eb,
-                                                 typename F::bits* __restrict__ out, int* err) {
+template <class Store>
+__device__ __forceinline__ void eb_decode_stream(const u8* __restrict__ in, long long cap, long long n, Store& store, int* err) {
     u32 payload = 0;
     const bool ok = pb_header_ok(in, cap, n, 1, &payload);
     __syncthreads();  // uniform from here on; without this barrier ptxas (sm_90) spilled the tile's registers
     if (!ok) { if (threadIdx.x == 0) atomicOr(err, 128); return; }
-    Dequantise<F> store{out, two_eb};
     pb_decode_values(in, n, 1, payload, store, err);
+}
+
+// Steps (the prefix sums of a predicted stream's residuals) -> 2 eb q in the output format; a
+// step that leaves int32 by the CPU's rule (|q| >= 2^31 - 1) sets error bit 256 and is written as 0.
+template <class F>
+__device__ __forceinline__ void eb_dequantise(const long long* __restrict__ q, long long n, double two_eb,
+                                              typename F::bits* __restrict__ out, int* err) {
+    bool over = false;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        long long v = q[i];
+        if (v >= 2147483647ll || v <= -2147483647ll) { over = true; v = 0; }
+        out[i] = F::from_double(__dmul_rn((double)v, two_eb));
+    }
+    if (__any_sync(FULL, over) && (threadIdx.x & 31) == 0) atomicOr(err, 256);
 }
 
 // ------------------------------------------------------------ lossless exponent coding
@@ -267,12 +318,17 @@ __device__ __forceinline__ void ll_escapes(const long long* __restrict__ pos, co
 #define EB_DECODE_KERNEL(F, sfx)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256) eb_decode_##sfx(const u8* __restrict__ in, long long cap, long long n, \
                                                                        double two_eb, F::bits* __restrict__ out, int* err) { \
-        eb_decode_stream<F>(in, cap, n, two_eb, out, err);                                                                \
+        Dequantise<F> store{out, two_eb};                                                                                 \
+        eb_decode_stream(in, cap, n, store, err);                                                                         \
+    }                                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) eb_dequantise_##sfx(const long long* __restrict__ q, long long n,   \
+                                                                           double two_eb, F::bits* __restrict__ out, int* err) { \
+        eb_dequantise<F>(q, n, two_eb, out, err);                                                                         \
     }
 #define FLOAT_KERNELS(F, sfx)                                                                                             \
     extern "C" __global__ void __launch_bounds__(256, 2) eb_encode_##sfx(const F::bits* __restrict__ x, long long n,       \
-        double two_eb, u8* __restrict__ out, u64* status, u32* tile_counter, u64* cells) {                               \
-        Quantise<F> load(x, two_eb, cells + 1);                                                                           \
+        double two_eb, int pred, long long row, u8* __restrict__ out, u64* status, u32* tile_counter, u64* cells) {       \
+        Quantise<F> load(x, two_eb, cells + 1, pred, row);                                                                \
         pb_encode_values(load, n, 1, out, status, tile_counter, cells);                                                   \
     }                                                                                                                     \
     EB_DECODE_KERNEL(F, sfx)                                                                                              \
@@ -298,3 +354,10 @@ FLOAT_KERNELS(F32, f32)
 FLOAT_KERNELS(F16, f16)
 FLOAT_KERNELS(BF16, bf16)
 EB_DECODE_KERNEL(F64, f64)
+
+// A predicted stream's residuals as int64 (the prefix sums that undo the prediction run on them).
+extern "C" __global__ void __launch_bounds__(256) eb_residuals(const u8* __restrict__ in, long long cap, long long n,
+                                                               long long* __restrict__ out, int* err) {
+    Widen store{out};
+    eb_decode_stream(in, cap, n, store, err);
+}

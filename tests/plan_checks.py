@@ -1,0 +1,136 @@
+"""Checks of persistent plans run inside each rank (Gloo: tests/test_collectives_plans.py; NCCL:
+tests/test_collectives_nccl.py), and the dead-rank worker."""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from visemz.collectives import ErrorBounded, Lossless, all_reduce, last_algorithm, plan
+from visemz.errors import InvalidArgumentError, PeerFailedError, PlanMismatchError
+
+from . import collective_checks as C
+
+
+def _same_as_functional(rank: int, world: int) -> list[str]:
+    """A plan's result is the functional API's, bit for bit, and the same on every rank."""
+    cases = [(ErrorBounded(1e-3, p), a, dt) for p in ("none", "lorenzo") for a in ("ring", "recursive_doubling")
+             for dt in (torch.float32, torch.bfloat16)]
+    cases += [(ErrorBounded(1e-3, "lorenzo2d"), "ring", torch.float32), (Lossless(), "auto", torch.float32),
+              (None, "auto", torch.float32), (ErrorBounded(2e-3), "plain", torch.float16)]
+    for codec, algorithm, dtype in cases:
+        shape = (53, 31) if codec is not None and getattr(codec, "predictor", "") == "lorenzo2d" else (C.N,)
+        n = shape[0] * shape[1] if len(shape) == 2 else shape[0]
+        x = C.data(rank, dtype, n).reshape(shape)
+        p = plan(x, codec=codec, algorithm=algorithm)
+        via_plan, via_call = x.clone(), x.clone()
+        for _ in range(2):  # twice: nothing of a call leaks into the next
+            via_plan.copy_(x)
+            p(via_plan)
+        all_reduce(via_call, codec=codec, algorithm=algorithm)
+        assert torch.equal(via_plan, via_call), (codec, algorithm, dtype)
+        assert C.same_everywhere(via_plan.reshape(-1)), (codec, algorithm, dtype)
+        want = sum(C.f64(C.data(r, dtype, n)) for r in range(world)).reshape(shape)
+        if codec is not None and algorithm != "plain" and not isinstance(codec, Lossless):
+            assert C.bounded(via_plan, want, world * codec.eb), (codec, algorithm, dtype)
+    t = C.data(rank)
+    handle = plan(t, codec=ErrorBounded(1e-2), algorithm="ring")(t, async_op=True)
+    assert C.bounded(handle.wait(120), C.exact_sum(world), world * 1e-2)
+    return ["plans equal the functional API (predictors none/1-D/2-D, ring, recursive doubling, lossless, plain, async)"]
+
+
+def _mismatches(rank: int, world: int) -> list[str]:
+    """Each differing setting raises PlanMismatchError on every rank, naming the setting and the ranks."""
+    odd = rank == world - 1
+    for what, make in (
+        ("eb", lambda: plan(C.data(rank), codec=ErrorBounded(1e-4 if odd else 1e-3))),
+        ("predictor", lambda: plan(C.data(rank), codec=ErrorBounded(1e-3, "none" if odd else "lorenzo"))),
+        ("dtype", lambda: plan(C.data(rank, torch.float16 if odd else torch.float32), codec=ErrorBounded(1e-3))),
+        ("values", lambda: plan(C.data(rank, n=C.N + odd), codec=ErrorBounded(1e-3))),
+        ("algorithm or root", lambda: plan(C.data(rank), codec=ErrorBounded(1e-3), algorithm="ring" if odd else "auto")),
+        ("op", lambda: plan(C.data(rank), op="avg" if odd else "sum")),
+        ("row length", lambda: plan(C.data(rank, n=10_010).reshape((1001, 10) if odd else (10, 1001)), codec=ErrorBounded(1e-3, "lorenzo2d"))),
+    ):
+        try:
+            make()
+            raise AssertionError(f"mismatched {what} was not refused")
+        except PlanMismatchError as e:
+            assert what in str(e) and f"rank {world - 1}" in str(e) and "rank 0" in str(e), (what, str(e))
+    p = plan(C.data(rank), codec=ErrorBounded(1e-3))
+    for bad in (C.data(rank, n=C.N - 1), C.data(rank, torch.float16)):
+        try:  # a call is checked on this rank alone: no communication, nothing to hang
+            p(bad)
+            raise AssertionError("a tensor that does not fit the plan was accepted")
+        except InvalidArgumentError as e:
+            assert "does not fit this plan" in str(e)
+    return ["plan mismatches (eb, predictor, dtype, size, algorithm, op, row) raise on every rank, naming them"]
+
+
+def plan_checks(rank: int, world: int) -> list[str]:
+    done = _same_as_functional(rank, world)
+    if world > 1:
+        done += _mismatches(rank, world)
+        # the functional API still agrees per call, cached plan or not: a differing call raises everywhere
+        t = C.data(rank)
+        all_reduce(t.clone(), codec=ErrorBounded(1e-3), algorithm="ring")
+        try:
+            all_reduce(t, codec=ErrorBounded(1e-3), algorithm="ring" if rank else "recursive_doubling")
+            raise AssertionError("mismatched functional call was not refused")
+        except PlanMismatchError as e:
+            assert "algorithm or root" in str(e)
+        done.append("functional calls with cached plans still refuse a mismatch")
+    last_algorithm()
+    return done
+
+
+def plan_worker(rank: int, world: int, init_file: str, queue, backend: str = "gloo") -> None:
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        C.DEVICE = torch.device("cuda", rank)
+        C._compile_gpu_kernels()
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120), **({"device_id": C.DEVICE} if backend == "nccl" else {}))
+    try:
+        queue.put((rank, "ok", plan_checks(rank, world)))
+    except BaseException:  # noqa: BLE001 (any failure goes back to the parent as a result)
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+def dead_rank_worker(rank: int, world: int, init_file: str, queue, timeout_s: float) -> None:
+    """Every rank makes a plan; the last rank then dies.  The others call the plan and must raise
+    PeerFailedError within the group's timeout (plus a margin), not hang."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    try:
+        t = C.data(rank)
+        p = plan(t, codec=ErrorBounded(1e-3), algorithm="ring")
+        p(t.clone())  # one call that everyone makes
+        dist.barrier()
+        if rank == world - 1:
+            queue.put((rank, "ok", ["died on purpose"]))
+            queue.close()
+            queue.join_thread()  # the result is out before the process is
+            os._exit(3)
+        time.sleep(0.5)
+        start = time.monotonic()
+        try:
+            p(t.clone())
+            queue.put((rank, "error", "the plan ran with a dead rank"))
+        except PeerFailedError as e:
+            took = time.monotonic() - start
+            ok = took <= timeout_s + 30
+            queue.put((rank, "ok" if ok else "error", [f"raised after {took:.1f} s: {str(e)[:200]}"]))
+    except BaseException:  # noqa: BLE001
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        if rank != world - 1:
+            queue.close()
+            queue.join_thread()  # the result is out before the process is
+            os._exit(0)  # destroying a group with a dead member may itself wait for it

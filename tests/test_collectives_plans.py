@@ -1,0 +1,27 @@
+"""Persistent all_reduce plans on Gloo with several processes: the functional API's results,
+mismatches refused on every rank at plan creation, a dead rank raising within the group timeout."""
+
+import pytest
+
+from .collective_checks import run_ranks
+from .plan_checks import dead_rank_worker, plan_worker
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 3])
+def test_plans_match_the_functional_api_and_refuse_mismatches(world, tmp_path, monkeypatch):
+    monkeypatch.setenv("VISEMZ_COLLECTIVE_CALIBRATION_KIB", "256,4096")
+    results = run_ranks(plan_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q), timeout=240)
+    errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.timeout(200)
+def test_a_dead_rank_makes_the_others_raise_within_the_timeout(tmp_path):
+    world, group_timeout = 3, 20
+    results = run_ranks(dead_rank_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q, group_timeout),
+                        timeout=120)
+    errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
+    assert not errors, "\n".join(errors)
+    assert sorted(r for r, _, _ in results) == [0, 1, 2]
+    assert all("raised after" in msg[0] for r, _, msg in results if r != world - 1), results

@@ -1,0 +1,140 @@
+"""Persistent all_reduce plans: settings agreed across ranks once, everything per-call made once.
+
+    p = visemz.collectives.plan(tensor, op="sum", group=None, codec=ErrorBounded(1e-4), algorithm="auto")
+    p(tensor)                 # in place, like all_reduce(tensor, ...); p(tensor, async_op=True) -> Handle
+
+Making a plan is collective: every rank of the group makes it with its own tensor, and the
+settings (collective, op, dtype, codec, eb, predictor, algorithm, element count, 2-D row length)
+are agreed then, once.  A rank whose settings differ makes every rank raise ``PlanMismatchError``,
+which names each differing setting and every rank's value of it.  Afterwards a call checks its
+tensor against the plan on this rank alone (element count, dtype, device, contiguity) and runs
+with no agreement: the engine, the chunk bounds of the ring and the resolved algorithm (``auto``
+asks the calibrated cost model, which communicates only when it calibrates) are the plan's.
+Every rank must call the plans it made in the same order, as with torch.distributed's own calls.
+
+A rank that dies, leaves or stalls makes the others raise ``PeerFailedError`` (torch.distributed's
+error inside), within the group's timeout.
+
+The functional ``all_reduce`` keeps one plan per setting (``plan_for``, a small LRU cache per
+process) and still agrees on each call's settings, because a call, unlike a plan, may differ
+between ranks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import torch
+import torch.distributed as dist
+
+from ..errors import InvalidArgumentError
+from . import autotune
+from . import transport as T
+from .algorithms import COMPRESSED, bounds, phase, write_values
+from .calls import ALGORITHMS, DEFAULT_CODEC, agree, flat, peer_failures, run, set_last_algorithm, settings
+from .codecs import ErrorBounded, Lossless
+from .engines import engine_for
+
+CACHE_SIZE = 64  # plans kept for the functional API (each holds an engine and its bounds)
+
+
+def _row(like: torch.Tensor, codec) -> int:
+    """lorenzo2d's row length for tensors like ``like`` (its last dimension), else 0."""
+    if isinstance(codec, ErrorBounded) and codec.predictor == "lorenzo2d":
+        return codec.prediction(tuple(like.shape)).row
+    return 0
+
+
+class Plan:
+    """An all_reduce of tensors like ``like`` over ``group``, made collectively (see the module notes)."""
+
+    def __init__(self, like: torch.Tensor, op: str = "sum", group=None, codec=DEFAULT_CODEC, algorithm: str = "auto",
+                 _agree: bool = True):
+        flat(like)  # contiguous
+        if codec is not None and not isinstance(codec, (ErrorBounded, Lossless)):
+            raise InvalidArgumentError(f"codec={codec!r}: expected ErrorBounded(eb), Lossless() or None")
+        self.row = _row(like, codec)
+        self.key, self.dtype = settings([like], op, codec, algorithm, "all_reduce", ALGORITHMS.index(algorithm), self.row)
+        self.op, self.group, self.codec, self.algorithm = op, group, codec, algorithm
+        self.n, self.torch_dtype, self.device = like.numel(), like.dtype, like.device
+        self.world = T.world(group)
+        if _agree:
+            agree(self.key, group, "all_reduce plan")
+        self.fixed = self._fixed_algorithm()
+        self.engine = engine_for(like, codec, self.row) if codec is not None else None
+        unit = self.row or 1  # 2-D prediction: ring chunks are whole rows
+        self.edges = [(a * unit, b * unit) for a, b in bounds(self.n // unit, self.world)]
+
+    def _fixed_algorithm(self) -> str | None:
+        """The algorithm every call runs, or None for ``auto`` on a compressed plan (chosen per call)."""
+        if self.codec is None or self.algorithm == "plain" or self.world == 1 or self.n == 0:
+            return "plain"
+        if isinstance(self.codec, Lossless):
+            return "gather"
+        return None if self.algorithm == "auto" else self.algorithm
+
+    def check(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as the flat view the plan runs on; InvalidArgumentError (on this rank) if it is not the plan's kind."""
+        if tensor.numel() != self.n or tensor.dtype != self.torch_dtype or tensor.device != self.device:
+            raise InvalidArgumentError(f"tensor of {tensor.numel()} {tensor.dtype} on {tensor.device} does not fit this "
+                                       f"plan ({self.n} {self.torch_dtype} on {self.device})")
+        return flat(tensor)
+
+    def __call__(self, tensor: torch.Tensor, async_op: bool = False):
+        self.check(tensor)
+        return run(lambda: self.run(tensor), async_op)
+
+    def run(self, tensor: torch.Tensor) -> torch.Tensor:
+        """One all_reduce, now, on this thread (callers order calls: ``calls.run``)."""
+        values = self.check(tensor)
+        with peer_failures("all_reduce"):
+            chosen = self.fixed or autotune.choose(values, self.codec, self.dtype, self.group)
+            set_last_algorithm(chosen)
+            if chosen == "plain":
+                dist.all_reduce(tensor, group=self.group)
+                if self.op == "avg":
+                    tensor.div_(self.world)
+                return tensor
+            if chosen == "gather":
+                total = self._lossless_sum(values)
+            else:
+                total, payload = COMPRESSED[chosen](self.engine, values, self.group, self.dtype, self.edges)
+                autotune.observe(self.group, self.codec, self.dtype, self.n * values.element_size(), payload)
+            write_values(values, total / self.world if self.op == "avg" else total)
+        return tensor
+
+    def _lossless_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Gathered and summed in float64 in rank order: the same on every rank."""
+        with phase("compress"):
+            mine = self.engine.encode_many([values])[0]
+        with phase("communicate"):
+            got = T.all_gather(mine, self.group)
+        with phase("decompress"):
+            return sum(self.engine.values(p, self.n, self.dtype) for p in got)
+
+
+def plan(like: torch.Tensor, op: str = "sum", group=None, codec=DEFAULT_CODEC, algorithm: str = "auto") -> Plan:
+    """Make an all_reduce plan (collective: every rank of ``group`` calls it)."""
+    return Plan(like, op, group, codec, algorithm)
+
+
+_PLANS: OrderedDict = OrderedDict()
+_PLANS_LOCK = threading.Lock()
+
+
+def plan_for(like: torch.Tensor, op: str, group, codec, algorithm: str) -> tuple[Plan, bool]:
+    """The functional API's cached plan of these settings, and whether this call made it (and so
+    already agreed on its settings).  Keyed by everything the plan fixes, the group included."""
+    key = (group, op, codec, algorithm, like.numel(), like.dtype, like.device, tuple(like.shape) if _row(like, codec) else ())
+    with _PLANS_LOCK:
+        p = _PLANS.get(key)
+        if p is not None:
+            _PLANS.move_to_end(key)
+            return p, False
+    p = Plan(like, op, group, codec, algorithm)
+    with _PLANS_LOCK:
+        _PLANS[key] = p
+        while len(_PLANS) > CACHE_SIZE:
+            _PLANS.popitem(last=False)
+    return p, True
