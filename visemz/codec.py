@@ -168,11 +168,15 @@ class ImageCodec:
     def decode_symbols(self, buf) -> dict[str, torch.Tensor]:
         """.vsz bytes -> the latent symbols it holds ({"y": ..., ["z": ...]}, int32 on this codec's device);
         a tiled file's tiles assembled into the whole image's latents."""
+        grid, tiles = self.decode_tile_symbols(buf)
+        return {k: tiling.assemble(grid, lambda i: tiles[i][k], grid.size // stride)
+                for k, stride in (("y", tiling.STRIDE), ("z", PAD)) if k in tiles[0]}
+
+    def decode_tile_symbols(self, buf) -> tuple[tiling.Grid, list[dict[str, torch.Tensor]]]:
+        """.vsz bytes -> (its tile grid, each tile's symbols); files of formats 2 and 3 are one tile."""
         f = self._open(buf)
         with exact_math():
-            tiles = [f.symbols(i) for i in range(f.grid.count)]
-        return {k: tiling.assemble(f.grid, lambda i: tiles[i][k], f.grid.size // stride)
-                for k, stride in (("y", tiling.STRIDE), ("z", PAD)) if k in tiles[0]}
+            return f.grid, [f.symbols(i) for i in range(f.grid.count)]
 
     def decompress_tensor(self, buf, region=None) -> torch.Tensor:
         """.vsz bytes -> the image (or its ``region``, (y0, y1, x0, x1)) as a torch tensor on this codec's device."""
