@@ -28,7 +28,7 @@ import torch
 import zstandard
 
 import visemz
-from visemz import container, latents, pages, residual, zarr_codecs
+from visemz import container, latents, pages, residual, tile_index, zarr_codecs
 from visemz import codec as image_codec
 from visemz.collectives import codecs as float_codecs
 from visemz.config import DEFAULTS
@@ -124,10 +124,27 @@ def _sections(buf: bytes, prefix: str = "") -> dict:
     current weights' tables decode them to (the test checks those streams' layout only: decoding
     them needs the very weights, which change)."""
     c = container.unpack(buf)
+    if c.meta["format"] == image_codec.TILED:
+        return _tile_sections(buf, c, prefix)
     rans = latents.rans_sections(c.meta)
     symbols = image_codec.ImageCodec("cpu").decode_symbols(buf) if rans else {}
     return {f"{prefix}section_{k}": symbols[k].numpy().reshape(-1) if k in rans
             else decode_ints(v) if len(v) else np.zeros(0, np.int32) for k, v in c.sections.items()}
+
+
+def _tile_sections(buf: bytes, c: container.Container, prefix: str) -> dict:
+    """A tiled image's parts, per tile, as ``_sections`` holds a section (``{prefix}tile{i}_section_{part}``)."""
+    t = c.meta["tiles"]
+    grid, symbols = image_codec.ImageCodec("cpu").decode_tile_symbols(buf)
+    index = tile_index.TileIndex(c.sections, grid.count, t["parts"], t["symbols"])
+    out = {}
+    for i in range(grid.count):
+        coding = index.coding(i)
+        for name in t["parts"]:
+            body = index.part(i, name)
+            out[f"{prefix}tile{i}_section_{name}"] = symbols[i][name].numpy().reshape(-1) if coding.get(name) == "rans" \
+                else decode_ints(body) if len(body) else np.zeros(0, np.int32)
+    return out
 
 
 IMAGES = (  # (model, dtype, shape, max_error): no residual, each residual mode, both models, 1 and 3 channels
@@ -138,14 +155,20 @@ IMAGES = (  # (model, dtype, shape, max_error): no residual, each residual mode,
 )
 
 
+TILED_IMAGES = (  # (model, dtype, shape, max_error, tile): several tiles, edge tiles shorter
+    ("mbt2018-mean", "uint16", (150, 70), 3, 64),
+    ("balle2016", "uint8", (70, 130, 3), None, 64),
+)
+
+
 def images(w: Writer) -> None:
-    for model, dtype, shape, e in IMAGES:
+    for model, dtype, shape, e, tile in [(*i, None) for i in IMAGES] + list(TILED_IMAGES):
         img = _image(dtype, shape, seed=len(shape))
-        buf = visemz.compress(img, model=model, quality=1, max_error=e, device="cpu")
+        buf = visemz.compress(img, model=model, quality=1, max_error=e, device="cpu", tile=tile)
         fmt = container.unpack(buf).meta["format"]
-        name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}"
+        name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "")
         w.add(name, "image", fmt, buf, ".vsz", {"image": img, **_sections(buf)}, model=model, quality=1,
-              max_error=e, container=container.VERSION)
+              max_error=e, container=container.VERSION, **({"tile": tile} if tile else {}))
 
 
 def page_stack(w: Writer) -> None:

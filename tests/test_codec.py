@@ -147,18 +147,20 @@ def _rewrite(buf: bytes, **changes) -> bytes:
 
 def test_hostile_headers_with_valid_checksums():
     buf = visemz.compress(_image("uint8", (20, 30)), max_error=0)
+    tiles = container.unpack(buf).meta["tiles"]
     cases = [
         (dict(shape=[100000, 100000]), VisemzError),
         (dict(shape=[20, 31]), CorruptStreamError),
         (dict(dtype="float64"), UnsupportedFormatError),
         (dict(model_id="0000000000000000"), UnsupportedFormatError),
-        (dict(format=4), UnsupportedFormatError),
+        (dict(format=5), UnsupportedFormatError),
         (dict(format=2), VisemzError),  # rANS sections read as ints streams: damage, not garbage
         (dict(quality=8.5), CorruptStreamError),
         (dict(quality="high"), CorruptStreamError),
         (dict(residual="bits"), CorruptStreamError),
         (dict(colour=1), UnsupportedFormatError),
-        (dict(symbols={"y": [1, 192, 2, 2]}), CorruptStreamError),
+        (dict(symbols={"y": [1, 192, 2, 2]}), UnsupportedFormatError),  # format 4 has tiles instead
+        (dict(tiles=dict(tiles, grid=[2, 1])), CorruptStreamError),
         (dict(range=[5, 1]), CorruptStreamError),
     ]
     for change, exc in cases:

@@ -126,7 +126,7 @@ def test_weights_without_tables_still_decode_format_2_and_refuse_format_3(tmp_pa
 
 @pytest.mark.parametrize("model", MODELS)
 def test_damaged_rans_sections_raise_visemz_errors(cpu, model):
-    buf = cpu.compress(_image("uint8", (64, 64, 3)), model=model, quality=5)
+    buf = cpu.compress(_image("uint8", (64, 64, 3)), model=model, quality=5, image_format=3)
     sections = container.unpack(buf).sections
     rng = np.random.default_rng(0)
     for name in sorted(latents.section_names(3, container.unpack(buf).meta["symbols"])):
@@ -150,14 +150,14 @@ def test_damaged_rans_sections_raise_visemz_errors(cpu, model):
 @pytest.mark.parametrize("model", MODELS)
 def test_a_section_of_another_image_is_rejected(cpu, model):
     """Symbols / indexes mismatch: a y section of a bigger image holds another symbol count."""
-    small = cpu.compress(_image("uint8", (64, 64, 3)), model=model)
-    big = cpu.compress(_image("uint8", (128, 64, 3)), model=model)
+    small = cpu.compress(_image("uint8", (64, 64, 3)), model=model, image_format=3)
+    big = cpu.compress(_image("uint8", (128, 64, 3)), model=model, image_format=3)
     with pytest.raises(CorruptStreamError):
         cpu.decompress(_repack(small, y=bytes(container.unpack(big).sections["y"])))
 
 
 def test_hostile_scale_exceptions_are_rejected(cpu):
-    buf = cpu.compress(_image("uint8", (64, 64, 3)), model="mbt2018-mean", quality=5)
+    buf = cpu.compress(_image("uint8", (64, 64, 3)), model="mbt2018-mean", quality=5, image_format=3)
     n = int(np.prod(container.unpack(buf).meta["symbols"]["y"]))
     hostile = {
         "odd count": [0, 1, 2],
@@ -183,7 +183,7 @@ def _rewrite(buf: bytes, **meta) -> bytes:
 
 @pytest.mark.parametrize("model", MODELS)
 def test_hostile_coding_fields_are_rejected(cpu, model):
-    buf = cpu.compress(_image("uint8", (64, 64, 3)), model=model, quality=5)
+    buf = cpu.compress(_image("uint8", (64, 64, 3)), model=model, quality=5, image_format=3)
     coding = container.unpack(buf).meta["coding"]
     assert set(coding.values()) == {"rans"}
     for bad in (None, "rans", {"y": "lzma"}, dict(coding, w="rans"), {"z": "rans"} if model == "balle2016" else {"y": "rans"}):

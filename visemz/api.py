@@ -22,14 +22,16 @@ def _codec(device: str | None) -> ImageCodec:
 
 
 def compress(image, *, model: str = DEFAULT_MODEL, quality: float = DEFAULT_QUALITY, max_error=None,
-             device: str | None = None) -> bytes:
+             device: str | None = None, tile: int | None = None) -> bytes:
     """Compress an HxW or HxWxC image (uint8, uint16 or float32; NumPy, cupy or torch) to .vsz bytes;
-    ``quality`` is a float in [1, 8] on CompressAI's lambda ladder."""
-    return _codec(device).compress(image, model=model, quality=quality, max_error=max_error)
+    ``quality`` is a float in [1, 8] on CompressAI's lambda ladder.  An image larger than ``tile``
+    pixels (a multiple of 64; default ``VISEMZ_TILE``) is compressed tile by tile."""
+    return _codec(device).compress(image, model=model, quality=quality, max_error=max_error, tile=tile)
 
 
-def decompress(buf, *, device: str | None = None) -> np.ndarray:
+def decompress(buf, *, device: str | None = None, region=None) -> np.ndarray:
     """Decompress .vsz bytes to a NumPy array of the original dtype and shape: HxW[xC] for an
-    image, (P, H, W[, C]) for a page stack."""
-    pixels, _paged = pages.decode(buf, _codec(device).decompress)
+    image, (P, H, W[, C]) for a page stack.  ``region`` (y0, y1, x0, x1) decodes only that window
+    (of every page of a stack), from only the tiles it needs."""
+    pixels, _paged = pages.decode(buf, _codec(device).decompress, region)
     return pixels

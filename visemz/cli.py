@@ -27,11 +27,12 @@ from . import __version__, container, measure
 from .collectives.stacking import StackConfig, stack
 from .device import resolve
 from .encoders import stream
-from .errors import VisemzError
+from .errors import InvalidArgumentError, VisemzError
 from .models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
 from .evaluation.runner import EvalConfig, evaluate
 from .pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
 from .pipeline.jobs import verify as verify_folder
+from .tiling import check_tile
 
 
 class _Commands(TyperGroup):
@@ -105,11 +106,15 @@ def compress(
     loader: Optional[str] = typer.Option(None, help="auto, dali, kvikio or cpu (default: VISEMZ_LOADER, else auto)"),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
     no_resume: bool = typer.Option(False, "--no-resume", help="recompress outputs that are already complete"),
+    tile: int = typer.Option(0, min=0, help="core tile size in pixels, a multiple of 64 (0: VISEMZ_TILE); "
+                                            "larger images are compressed tile by tile"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
-    """Compress images into .vsz files, mirroring the source tree."""
+    """Compress images into .vsz files, mirroring the source tree (a large TIFF or .npy: tile by tile)."""
     rank, world = _torchrun_group(device)
-    cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "")
+    if tile:
+        check_tile(tile)
+    cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "", tile)
     summary = _run_with_progress("compress", as_json or rank > 0,
                                  lambda p: compress_folder(src, dst, cfg, progress=p, rank=rank, world=world))
     if rank > 0:  # rank 0 prints the whole run; the others only signal their own failures
@@ -151,14 +156,25 @@ def decompress(
     device: Optional[str] = typer.Option(None),
     streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),
     writer: str = typer.Option("auto", help="auto, kvikio (.npy straight from GPU memory) or posix"),
+    region: Optional[str] = typer.Option(None, "--region", help="y0:y1,x0:x1: write only that window of each "
+                                                                 "image (of every page of a stack)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Decompress .vsz files, restoring each image's dtype and shape."""
+    """Decompress .vsz files, restoring each image's dtype and shape (or only a region of it)."""
     if format not in ("png", "tiff", "npy"):
         raise typer.BadParameter(f"{format!r}: expected png, tiff or npy", param_hint="--format")
-    cfg = DecompressConfig(format, device, streams, writer)
+    cfg = DecompressConfig(format, device, streams, writer, _region(region) if region is not None else None)
     summary = _run_with_progress("decompress", as_json, lambda p: decompress_folder(src, dst, cfg, p))
     _report(summary, as_json)
+
+
+def _region(text: str) -> tuple[int, int, int, int]:
+    """"y0:y1,x0:x1" -> (y0, y1, x0, x1); the codec checks it against each image."""
+    try:
+        (y0, y1), (x0, x1) = (tuple(int(v) for v in part.split(":")) for part in text.split(","))
+    except ValueError:
+        raise InvalidArgumentError(f"--region {text!r}: expected y0:y1,x0:x1 (integers)") from None
+    return y0, y1, x0, x1
 
 
 @app.command()

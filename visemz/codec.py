@@ -20,12 +20,14 @@ import functools
 import math
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from . import container, latents, residual
+from . import container, latents, residual, tile_index, tiling
 from . import device as dev
+from .config import DEFAULTS, MAX_TILE
 from .encoders import encode_ints
 from .errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 from .models import architectures, registry
@@ -33,25 +35,31 @@ from .models import weights as W
 from .pixels import (
     DTYPES,
     MAX_PIXELS,
+    PAD,
     ImageMeta,
     as_tensor,
     check_max_error,
     denormalise,
     describe,
     from_batch,
-    to_batch,
 )
 
 KIND = "image"
 # 1: fixed-rate N=64/M=96 models, one per integer quality 1-4 (sessions 1-4), no longer decoded;
 # 2: variable-rate N=128/M=192 models with gain units, a float quality in the header, symbols
 #    block-coded (ints streams); still read, and written on request (``image_format=2``);
-# 3: the same models, symbols coded by conditional rANS with the weights' tables (``latents.py``).
-FORMAT = latents.RANS
-FORMATS_READ = (latents.BLOCK, latents.RANS)
+# 3: the same models, symbols coded by conditional rANS with the weights' tables (``latents.py``);
+# 4: format 3's coding per tile of a grid (``tiling.py``), with a tile index (``tile_index.py``), so
+#    that memory follows the tile and a region decodes only the tiles it needs.
+TILED = 4
+FORMAT = TILED
+FORMATS_READ = (latents.BLOCK, latents.RANS, TILED)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
 META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
-META_KEYS_OF = {latents.BLOCK: META_KEYS, latents.RANS: META_KEYS | {"coding"}}  # format 3: each symbol section's coding
+META_KEYS_OF = {latents.BLOCK: META_KEYS, latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
+                TILED: META_KEYS - {"symbols"} | {"tiles"}}  # format 4: the grid and its parts instead
+TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
+DTYPES_NP = {"uint8": np.uint8, "uint16": np.uint16, "float32": np.float32}
 
 
 _MATH_LOCK = threading.Lock()
@@ -111,54 +119,113 @@ class ImageCodec:
 
     # ------------------------------------------------------------------ compress
     def compress(self, image, *, model: str = registry.DEFAULT_MODEL, quality: float = registry.DEFAULT_QUALITY,
-                 max_error=None, image_format: int = FORMAT) -> bytes:
-        """``image_format=2`` writes the previous format (block-coded symbols), for comparisons and
-        compatibility tests; the default is today's."""
+                 max_error=None, image_format: int = FORMAT, tile: int | None = None) -> bytes:
+        """``tile``: the core tile size in pixels (a multiple of 64; default ``VISEMZ_TILE``): an image
+        larger than one tile is compressed tile by tile, a batch of tiles at a time on the device, so
+        a NumPy image stays in host memory.  ``image_format=2`` or ``3`` writes a previous format (one
+        tile, block-coded or rANS-coded symbols), for comparisons and compatibility tests."""
         if image_format not in FORMATS_READ:
             raise InvalidArgumentError(f"image_format={image_format!r}: this build writes {list(FORMATS_READ)}")
         q = registry.check_quality(quality)
-        t = as_tensor(image, self.device)
+        tile = tiling.check_tile(DEFAULTS.tile if tile is None else tile)
+        t = as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
         meta = describe(t)
         e = check_max_error(max_error, meta.dtype)
         spec = registry.spec(model, meta.variant)
         net, model_id = W.load(spec, self.device)
+        grid = tiling.grid_for(meta, tile if image_format == TILED else None)
+        coded = latents.RANS if image_format == TILED else image_format
         with exact_math():
-            symbols = architectures.analyse(net, to_batch(t, meta), q)
-            net64 = _model64(spec, self.device) if e is not None or image_format == latents.RANS else None
-            sections, coding = latents.encode(image_format, net, net64, symbols, q, self.enc)
-            mode = None
+            net64 = _model64(spec, self.device) if e is not None or coded == latents.RANS else None
+            tiles, shapes = [], {}
+            for i, symbols in tiling.analyse(net, t, meta, q, grid, DEFAULTS.tile_batch, self.device):
+                tiles.append(latents.encode(coded, net, net64, symbols, q, self.enc))
+                shapes = {k: list(v.shape) for k, v in symbols.items()}
+            mode = None if e is None else residual.mode_for(meta, e)
             if e is not None:
-                x01 = from_batch(architectures.synthesise(net64, symbols, q, torch.float64), meta)
-                extra, mode = residual.encode(t, x01, meta, e, **self.enc)
-                sections.update(extra)
+                pixels = self._tile_pixels(net, net64, q, meta, grid, range(grid.count), lambda i: tiles[i], True)
+                for i, box, x01 in pixels:
+                    x = t[box[0]:box[1], box[2]:box[3]].to(self.device)
+                    extra, _ = residual.encode(x, x01, tiling.tile_meta(meta, box), e, **self.enc)
+                    tiles[i][0].update(extra)
         header = {
             "format": image_format, "model": spec.name, "model_id": model_id, "quality": q, "dtype": meta.dtype,
             "shape": list(meta.shape), "range": [meta.lo, meta.hi],
-            "symbols": {k: list(v.shape) for k, v in symbols.items()},
             "max_error": e, "residual": mode, "entropy": self.enc["entropy"],
         }
-        if coding is not None:
-            header["coding"] = coding
-        return container.pack(KIND, header, sections)
+        if image_format != TILED:
+            sections, coding = tiles[0]
+            header["symbols"] = shapes
+            if coding is not None:
+                header["coding"] = coding
+            return container.pack(KIND, header, sections)
+        parts, names = sorted(tiles[0][0]), list(tiles[0][1])
+        header["tiles"] = {"size": grid.size, "halo": list(tiling.ANALYSIS_HALO), "grid": [grid.rows, grid.cols],
+                           "parts": parts, "symbols": names}
+        return container.pack(KIND, header, tile_index.pack(parts, names, tiles))
 
     # ---------------------------------------------------------------- decompress
     def decode_symbols(self, buf) -> dict[str, torch.Tensor]:
-        """.vsz bytes -> the latent symbols it holds ({"y": ..., ["z": ...]}, int32 on this codec's device)."""
-        return self._read(buf)[3]
+        """.vsz bytes -> the latent symbols it holds ({"y": ..., ["z": ...]}, int32 on this codec's device);
+        a tiled file's tiles assembled into the whole image's latents."""
+        grid, tiles = self.decode_tile_symbols(buf)
+        return {k: tiling.assemble(grid, lambda i: tiles[i][k], grid.size // stride)
+                for k, stride in (("y", tiling.STRIDE), ("z", PAD)) if k in tiles[0]}
 
-    def decompress_tensor(self, buf) -> torch.Tensor:
-        """.vsz bytes -> the image as a torch tensor on this codec's device."""
-        c, h, meta, symbols = self._read(buf)
-        spec, q = registry.parse(h["model"]), h["quality"]
+    def decode_tile_symbols(self, buf) -> tuple[tiling.Grid, list[dict[str, torch.Tensor]]]:
+        """.vsz bytes -> (its tile grid, each tile's symbols); files of formats 2 and 3 are one tile."""
+        f = self._open(buf)
         with exact_math():
-            if h["residual"] is None:
-                net, _ = W.load(spec, self.device)
-                return denormalise(from_batch(architectures.synthesise(net, symbols, q), meta), meta)
-            x01 = from_batch(architectures.synthesise(_model64(spec, self.device), symbols, q, torch.float64), meta)
-            return residual.decode(c.sections, x01, meta, h["max_error"], h["residual"])
+            return f.grid, [f.symbols(i) for i in range(f.grid.count)]
 
-    def _read(self, buf):
-        """Parse and check a file and decode its symbols: (container, header, image meta, symbols)."""
+    def decompress_tensor(self, buf, region=None) -> torch.Tensor:
+        """.vsz bytes -> the image (or its ``region``, (y0, y1, x0, x1)) as a torch tensor on this codec's device."""
+        return self._decode(buf, region, host=False)
+
+    def decompress(self, buf, region=None) -> np.ndarray:
+        """.vsz bytes -> the image as a NumPy array of the original dtype and shape, or only its ``region``
+        (y0, y1, x0, x1): then only the tiles that region needs are decoded."""
+        return self._decode(buf, region, host=True)
+
+    def _decode(self, buf, region, host: bool):
+        f = self._open(buf)
+        meta, h = f.meta, f.header
+        box = tiling.check_region(region, meta.shape) if region is not None else (0, meta.height, 0, meta.width)
+        shape = (box[1] - box[0], box[3] - box[2], *meta.shape[2:])
+        e, mode = h["max_error"], h["residual"]
+        out = None
+        with exact_math():
+            pixels = self._tile_pixels(f.net, f.net64, h["quality"], meta, f.grid, f.grid.touching(box),
+                                       f.tile, mode is not None)
+            for i, tbox, x01 in pixels:
+                tm = tiling.tile_meta(meta, tbox)
+                px = denormalise(x01, tm) if mode is None else residual.decode(f.tile(i)[0], x01, tm, e, mode)
+                if tbox == box:  # one tile is the whole answer
+                    return dev.as_numpy(px) if host else px
+                if out is None:
+                    out = np.empty(shape, DTYPES_NP[meta.dtype]) if host else \
+                        torch.empty(shape, dtype=px.dtype, device=px.device)
+                y0, y1, x0, x1 = max(tbox[0], box[0]), min(tbox[1], box[1]), max(tbox[2], box[2]), min(tbox[3], box[3])
+                part = px[y0 - tbox[0]:y1 - tbox[0], x0 - tbox[2]:x1 - tbox[2]]
+                out[y0 - box[0]:y1 - box[0], x0 - box[2]:x1 - box[2]] = dev.as_numpy(part) if host else part
+        return out
+
+    def _tile_pixels(self, net, net64, q: float, meta: ImageMeta, grid: tiling.Grid, tiles, tile_of, f64: bool):
+        """(tile, its box in the image, its pixels in [0, 1] in image layout) for ``tiles``: their symbols
+        decoded from ``tile_of(i)`` = (sections, coding), synthesised in float64 (``f64``, the error-bound
+        path) or float32."""
+        model, dtype = (net64, torch.float64) if f64 else (net, torch.float32)
+
+        def latent_of(i: int) -> torch.Tensor:
+            symbols = _tile_symbols(net, net64, q, self.device, meta, grid, i, *tile_of(i))
+            return architectures.dequantise(model, symbols, q, dtype)
+
+        for i, x in tiling.synthesise(model, grid, list(tiles), latent_of, DEFAULTS.tile_batch):
+            box = tiling.pixel_box(grid, i, meta)
+            yield i, box, from_batch(x, tiling.tile_meta(meta, box))
+
+    def _open(self, buf) -> "_File":
+        """Parse and check a file: its header, image meta, grid, weights and where each tile's parts lie."""
         c = container.unpack(buf)
         if c.kind != KIND:
             raise UnsupportedFormatError(f"container holds {c.kind!r}, not an image")
@@ -170,20 +237,47 @@ class ImageCodec:
             raise UnsupportedFormatError(
                 f"file was written with weights {h['model_id']} of {spec.name}; this install has {model_id}"
             )
-        want = architectures.latent_shapes(net, *_batch_and_padded(meta))
-        if {k: list(v) for k, v in want.items()} != h["symbols"]:
-            raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and {spec.name}")
-        with exact_math():
-            net64 = _model64(spec, self.device) if latents.rans_sections(h) else None
-            symbols = latents.decode(net, net64, c.sections, want, h["quality"], self.device, h.get("coding"))
-            return c, h, meta, symbols
+        batch, ph, pw = _batch_and_padded(meta)
+        names = list(architectures.latent_shapes(net, batch, ph, pw))
+        if h["format"] == TILED:
+            grid = _check_tiles(h, ph, pw, names)
+            index = tile_index.TileIndex(c.sections, grid.count, h["tiles"]["parts"], names)
+            tile_of = lambda i: (index.sections(i), index.coding(i))  # noqa: E731
+            rans = any(v == "rans" for i in range(grid.count) for v in index.coding(i).values())
+        else:
+            grid = tiling.grid_for(meta, None)
+            want = architectures.latent_shapes(net, batch, ph, pw)
+            if {k: list(v) for k, v in want.items()} != h["symbols"]:
+                raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and {spec.name}")
+            tile_of = lambda i: (c.sections, h.get("coding"))  # noqa: E731
+            rans = bool(latents.rans_sections(h))
+        net64 = _model64(spec, self.device) if rans or h["residual"] is not None else None
+        return _File(self, h, meta, grid, net, net64, tile_of)
 
-    def decompress(self, buf) -> np.ndarray:
-        """.vsz bytes -> the image as a NumPy array of the original dtype and shape."""
-        out = self.decompress_tensor(buf)
-        if out.dtype == torch.uint16:  # torch cannot hand uint16 to NumPy directly
-            return out.to(torch.int32).cpu().numpy().astype(np.uint16)
-        return out.cpu().numpy()
+
+@dataclass(frozen=True)
+class _File:
+    """An opened image file: what decoding any of its tiles needs."""
+
+    codec: ImageCodec
+    header: dict
+    meta: ImageMeta
+    grid: tiling.Grid
+    net: torch.nn.Module
+    net64: torch.nn.Module | None
+    tile: object  # i -> (sections, coding) of tile i
+
+    def symbols(self, i: int) -> dict[str, torch.Tensor]:
+        return _tile_symbols(self.net, self.net64, self.header["quality"], self.codec.device, self.meta, self.grid, i,
+                             *self.tile(i))
+
+
+def _tile_symbols(net, net64, q: float, device: str, meta: ImageMeta, grid: tiling.Grid, i: int, sections,
+                  coding) -> dict[str, torch.Tensor]:
+    """Tile i's symbols from its sections (``coding``: the format-3 choice per section; None for format 2)."""
+    y0, y1, x0, x1 = grid.core(i)
+    shapes = architectures.latent_shapes(net, _batch_and_padded(meta)[0], y1 - y0, x1 - x0)
+    return latents.decode(net, net64, sections, shapes, q, device, coding)
 
 
 def _batch_and_padded(meta: ImageMeta) -> tuple[int, int, int]:
@@ -211,7 +305,8 @@ def _check_header(h: dict, sections: dict) -> dict:
     rng = h["range"]
     if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(v, (int, float)) for v in rng) and rng[0] <= rng[1]):
         raise CorruptStreamError(f"image range {rng!r} is invalid")
-    if not isinstance(h["model"], str) or not isinstance(h["model_id"], str) or not isinstance(h["symbols"], dict):
+    if not isinstance(h["model"], str) or not isinstance(h["model_id"], str) or \
+            not isinstance(h.get("symbols", {}), dict):
         raise CorruptStreamError("image header model, model_id or symbols field has the wrong type")
     e, mode = h["max_error"], h["residual"]
     if (e is None) != (mode is None) or (e is not None and (not isinstance(e, (int, float)) or e < 0)):
@@ -220,9 +315,14 @@ def _check_header(h: dict, sections: dict) -> dict:
         meta = ImageMeta(h["dtype"], tuple(shape), float(rng[0]), float(rng[1]))
         if mode != residual.mode_for(meta, e):
             raise CorruptStreamError(f"residual mode {mode!r} does not match dtype {h['dtype']} and max_error {e}")
-        need = {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
-        if not need <= set(sections):
-            raise CorruptStreamError(f"image lacks sections {sorted(need - set(sections))}")
+    if fmt == TILED:
+        if list(sections) != [tile_index.INDEX, tile_index.TILES]:
+            raise CorruptStreamError(f"tiled image has sections {list(sections)}, expected "
+                                     f"{[tile_index.INDEX, tile_index.TILES]}")
+        return h
+    need = _residual_sections(mode)
+    if not need <= set(sections):
+        raise CorruptStreamError(f"image lacks sections {sorted(need - set(sections))}")
     coding = h.get("coding")
     if fmt == latents.RANS and not (isinstance(coding, dict) and set(coding) == set(h["symbols"])
                                     and all(v in latents.CODINGS for v in coding.values())):
@@ -231,3 +331,31 @@ def _check_header(h: dict, sections: dict) -> dict:
         if name not in sections:
             raise CorruptStreamError(f"image lacks the symbol section {name!r}")
     return h
+
+
+def _residual_sections(mode: str | None) -> set[str]:
+    if mode is None:
+        return set()
+    return {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
+
+
+def _check_tiles(h: dict, height: int, width: int, symbols: list[str]) -> tiling.Grid:
+    """A format-4 header's ``tiles``, against the image's padded size and the model's symbol sections."""
+    t = h["tiles"]
+    if not isinstance(t, dict) or set(t) != TILE_KEYS:
+        raise CorruptStreamError(f"image header tiles {t!r} do not hold exactly {sorted(TILE_KEYS)}")
+    size, halo, rows_cols = t["size"], t["halo"], t["grid"]
+    if type(size) is not int or size < PAD or size % PAD or size > MAX_TILE:
+        raise CorruptStreamError(f"image tile size {size!r} is not a multiple of {PAD} in {PAD}..{MAX_TILE}")
+    if not (isinstance(halo, list) and len(halo) == 2 and all(type(v) is int and 0 <= v <= size for v in halo)):
+        raise CorruptStreamError(f"image tile halo {halo!r} is not two sizes in 0..{size}")
+    grid = tiling.Grid(size, height, width)
+    if rows_cols != [grid.rows, grid.cols]:
+        raise CorruptStreamError(f"image tile grid {rows_cols!r} does not cover a {grid.height} x {grid.width} "
+                                 f"padded image with tiles of {size}")
+    if t["symbols"] != symbols:
+        raise CorruptStreamError(f"image tile symbol sections {t['symbols']!r}: the model codes {symbols}")
+    parts = sorted(latents.section_names(latents.RANS, symbols) | _residual_sections(h["residual"]))
+    if t["parts"] != parts:
+        raise CorruptStreamError(f"image tile parts {t['parts']!r}: expected {parts}")
+    return grid

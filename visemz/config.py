@@ -41,9 +41,16 @@ class Defaults:
     rans_lane_bytes: int = 512  # VISEMZ_RANS_LANE_BYTES
     #: Conditional rANS: at most this many symbols per lane (bounds the sequential steps of a lane).
     rans_lane_symbols: int = 16384  # VISEMZ_RANS_LANE_SYMBOLS
+    #: Image codec: core tile size in pixels (a multiple of 64).  An image larger than one tile is
+    #: compressed tile by tile (image format 4), so GPU memory follows the tile batch, not the image.
+    #: 1024 is a starting point: scripts/bench_tiles.py measures memory and throughput per size.
+    tile: int = 1024  # VISEMZ_TILE
+    #: Image codec: tiles per batch through the network (peak GPU memory grows with it).
+    tile_batch: int = 4  # VISEMZ_TILE_BATCH
 
 
 LOADERS = ("auto", "dali", "kvikio", "cpu")
+MAX_TILE = 1 << 15
 
 _ENV = {f.name: "VISEMZ_" + f.name.upper() for f in fields(Defaults)}
 
@@ -69,6 +76,9 @@ def _from_env() -> Defaults:
     if d.rans_lane_bytes < 1 or not 1 <= d.rans_lane_symbols <= (1 << 20):
         raise InvalidArgumentError(f"VISEMZ_RANS_LANE_BYTES={d.rans_lane_bytes} must be >= 1 and "
                                    f"VISEMZ_RANS_LANE_SYMBOLS={d.rans_lane_symbols} in 1..1048576")
+    if d.tile < 64 or d.tile % 64 or d.tile > MAX_TILE or d.tile_batch < 1:
+        raise InvalidArgumentError(f"VISEMZ_TILE={d.tile} must be a multiple of 64 in 64..{MAX_TILE} "
+                                   f"and VISEMZ_TILE_BATCH={d.tile_batch} >= 1")
     if not (4096 <= d.entropy_chunk <= (16 << 20)):
         raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
     return d

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from . import container
+from . import container, tiling
 from .errors import CorruptStreamError, LimitExceededError
 from .pixels import DTYPES
 
@@ -46,17 +46,21 @@ def encode(stack, compress_page: Callable[[object], bytes]) -> bytes:
     return container.pack(KIND, meta, {"index": index, "pages": b"".join(bufs)})
 
 
-def decode(buf, decode_image: Callable) -> tuple[object, bool]:
-    """An image file or a pages file -> (pixels, paged), with ``decode_image`` (bytes -> array).
+def decode(buf, decode_image: Callable, region=None) -> tuple[object, bool]:
+    """An image file or a pages file -> (pixels, paged), with ``decode_image`` (bytes, region -> array).
 
-    ``decode_image`` may return NumPy arrays or torch tensors; the stack is of the same kind."""
+    ``decode_image`` may return NumPy arrays or torch tensors; the stack is of the same kind.
+    ``region`` (y0, y1, x0, x1), when given, is decoded from every page."""
     c = container.unpack(buf)
     if c.kind != KIND:
-        return decode_image(buf), False  # the codec validates image files (and refuses other kinds)
+        return decode_image(buf, region), False  # the codec validates image files (and refuses other kinds)
     shape, dtype, page_bufs = _parse(c)
+    if region is not None:
+        y0, y1, x0, x1 = tiling.check_region(region, shape[1:])
+        shape = (shape[0], y1 - y0, x1 - x0, *shape[3:])
     stack = None
     for k, page in enumerate(page_bufs):
-        img = decode_image(page)
+        img = decode_image(page, region)
         if tuple(img.shape) != shape[1:] or dtype_name(img) != dtype:
             raise CorruptStreamError(f"page {k} decodes to {tuple(img.shape)} {dtype_name(img)}, "
                                      f"the file says {shape[1:]} {dtype}")

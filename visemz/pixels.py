@@ -99,8 +99,16 @@ def describe(t: torch.Tensor) -> ImageMeta:
     return ImageMeta(name, tuple(int(s) for s in t.shape), lo, hi)
 
 
-def to_batch(t: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
-    """Image -> (B, C, Hp, Wp) float32 in [0, 1], edge-padded to multiples of 64."""
+def to_batch(t: torch.Tensor, meta: ImageMeta, window: tuple[int, int, int, int] | None = None,
+             device: str | None = None) -> torch.Tensor:
+    """Image -> (B, C, Hp, Wp) float32 in [0, 1], edge-padded to multiples of 64.
+
+    ``window`` (y0, y1, x0, x1) of the padded image (default: all of it) gives that part alone,
+    edge-padded as the whole would be; only its pixels move to ``device`` (default: t's)."""
+    y0, y1, x0, x1 = window or (0, meta.padded[0], 0, meta.padded[1])
+    t = t[y0:min(y1, meta.height), x0:min(x1, meta.width)]
+    if device is not None:
+        t = t.to(device)
     x = t.to(torch.int32) if meta.dtype == "uint16" else t
     x = x.to(torch.float64 if meta.dtype == "float32" else torch.float32)
     x = (x - meta.lo) / (meta.hi - meta.lo) if meta.hi > meta.lo else torch.zeros_like(x)
@@ -111,8 +119,7 @@ def to_batch(t: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
         x = x.permute(2, 0, 1)[None]
     else:
         x = x.permute(2, 0, 1)[:, None]
-    ph, pw = meta.padded
-    return F.pad(x, (0, pw - meta.width, 0, ph - meta.height), mode="replicate")
+    return F.pad(x, (0, x1 - x0 - x.shape[-1], 0, y1 - y0 - x.shape[-2]), mode="replicate")
 
 
 def from_batch(x: torch.Tensor, meta: ImageMeta) -> torch.Tensor:

@@ -9,6 +9,8 @@ read as (H, W, C) (``layout="hwc"``, as ``visemz.compress`` reads an image) or a
 (Z, H, W) (``layout="zhw"``), which is moved to (H, W, Z) and so coded as Z gray planes (Z = 3 goes
 through the RGB model, the image codec's rule for three channels); uint8, uint16 and float32.
 The .vsz bytes carry shape, dtype and value range; the layout lives in the codec's config.
+A chunk larger than a tile (``tile``, default ``VISEMZ_TILE``) is compressed tile by tile (image
+format 4), so a large chunk needs no more GPU memory than a tile batch.
 
 ``visemz_eb`` and ``visemz_lossless``: the collectives' float codecs (``collectives/codecs.py``)
 on float32 and float16 chunks of any shape.  Their streams are flat, so a small header in front
@@ -28,7 +30,7 @@ import numpy as np
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_copy
 
-from . import api
+from . import api, tiling
 from .collectives.codecs import ErrorBounded, Lossless
 from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
 from .framing import read_prefix
@@ -45,7 +47,7 @@ class Visemz(Codec):
     codec_id = "visemz"
 
     def __init__(self, quality: float = registry.DEFAULT_QUALITY, max_error=None, model: str = registry.DEFAULT_MODEL,
-                 device: str | None = None, layout: str = "hwc"):
+                 device: str | None = None, layout: str = "hwc", tile: int | None = None):
         self.quality = registry.check_quality(quality)
         if max_error is not None and (isinstance(max_error, bool) or not isinstance(max_error, (int, float))
                                       or not math.isfinite(max_error) or max_error < 0):
@@ -55,7 +57,9 @@ class Visemz(Codec):
             raise InvalidArgumentError(f"device={device!r}: expected one of {list(DEVICES)}")
         if layout not in LAYOUTS:
             raise InvalidArgumentError(f"layout={layout!r}: expected one of {list(LAYOUTS)}")
-        self.max_error, self.model, self.device, self.layout = max_error, model, device, layout
+        if tile is not None:
+            tiling.check_tile(tile)
+        self.max_error, self.model, self.device, self.layout, self.tile = max_error, model, device, layout, tile
 
     def encode(self, buf) -> bytes:
         a = ensure_ndarray(buf)
@@ -68,7 +72,8 @@ class Visemz(Codec):
                 raise UnsupportedFormatError(
                     f"visemz codec: chunk of shape {a.shape} has {a.shape[0]} planes, at most {MAX_CHANNELS} per chunk")
             a = np.moveaxis(a, 0, 2)
-        return api.compress(a, model=self.model, quality=self.quality, max_error=self.max_error, device=self.device)
+        return api.compress(a, model=self.model, quality=self.quality, max_error=self.max_error, device=self.device,
+                            tile=self.tile)
 
     def decode(self, buf, out=None) -> np.ndarray:
         a = api.decompress(ensure_contiguous_ndarray(buf), device=self.device)
@@ -80,11 +85,11 @@ class Visemz(Codec):
 
     def get_config(self) -> dict:
         return {"id": self.codec_id, "quality": self.quality, "max_error": self.max_error, "model": self.model,
-                "device": self.device, "layout": self.layout}
+                "device": self.device, "layout": self.layout, "tile": self.tile}
 
     def __repr__(self) -> str:
         return (f"Visemz(quality={self.quality!r}, max_error={self.max_error!r}, model={self.model!r}, "
-                f"device={self.device!r}, layout={self.layout!r})")
+                f"device={self.device!r}, layout={self.layout!r}, tile={self.tile!r})")
 
 
 # ------------------------------------------------------------------------------ float codecs

@@ -4,8 +4,9 @@ Every failure (unreadable, empty, not an image, unsupported layout) is an ``Inpu
 naming the file, so a folder job can report it and go on.  Inputs are opened read-only.
 
 A multi-page TIFF is read as one stack of pages, (P, H, W) or (P, H, W, C); its pages must
-share one shape and dtype.  Folder jobs compress such a stack into one "pages" file
-(``pages.py``) and restore it whole.
+share one shape and dtype; so is a .npy volume, (Z, H, W) when its last axis is longer than
+an image's channels can be (``pixels.MAX_CHANNELS``), or any 4-D .npy.  Folder jobs compress
+such a stack into one "pages" file (``pages.py``) and restore it whole.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ except ImportError:  # optional: DICOM files are read when it is installed
     pydicom = None
 
 from ..errors import VisemzError
+from ..pixels import MAX_CHANNELS
 
 
 class InputError(VisemzError, ValueError):
@@ -62,6 +64,8 @@ def load(path: Path) -> Picture:
     try:
         if ext == ".npy":
             img = np.load(path, allow_pickle=False)
+            # a volume: (Z, H, W) when the last axis is too long for channels, or (Z, H, W, C)
+            return _checked(path, img, img.ndim == 4 or (img.ndim == 3 and img.shape[2] > MAX_CHANNELS))
         elif ext in (".tif", ".tiff"):
             return _checked(path, *_tiff(path))
         elif ext == ".dcm":

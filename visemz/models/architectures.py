@@ -96,14 +96,19 @@ def _hyper_params(model, z_sym: torch.Tensor, quality: float) -> tuple[torch.Ten
     return scales, means
 
 
-def analyse(model: torch.nn.Module, x: torch.Tensor, quality: float) -> dict[str, torch.Tensor]:
+def analyse(model: torch.nn.Module, x: torch.Tensor, quality: float,
+            crop: tuple[int, int, int, int] | None = None) -> dict[str, torch.Tensor]:
     """Image batch in [0, 1] -> integer symbols {"y": ..., ["z": ...]} (int32, same device).
 
     Factorized: y_sym = round(g * y - median).  Mean-scale hyperprior: z_sym = round(hg * z - median_z)
     with z = h_a(g * y), and y_sym = round(g * y - mean), the mean predicted from the dequantised z.
+    ``crop`` (y0, y1, x0, x1) in latent positions keeps that part of g_a's output, and the hyperprior
+    sees only it: a tile's core analysed with a halo of pixels around it (``tiling.py``).
     """
     g, _ = model.gain.at(quality, x.dtype, x.device)
     y = model.g_a(x) * g
+    if crop is not None:
+        y = y[:, :, crop[0]:crop[1], crop[2]:crop[3]]
     if not has_hyperprior(model):
         return {"y": torch.round(y - medians(model.entropy_bottleneck).to(y.dtype)).to(torch.int32)}
     hg, _ = model.hyper_gain.at(quality, x.dtype, x.device)
@@ -112,9 +117,9 @@ def analyse(model: torch.nn.Module, x: torch.Tensor, quality: float) -> dict[str
     return {"y": torch.round(y - means).to(torch.int32), "z": z_sym.to(torch.int32)}
 
 
-def synthesise(model: torch.nn.Module, symbols: dict[str, torch.Tensor], quality: float,
+def dequantise(model: torch.nn.Module, symbols: dict[str, torch.Tensor], quality: float,
                dtype=torch.float32) -> torch.Tensor:
-    """Integer symbols -> reconstructed image batch (unclipped), computed in ``dtype``."""
+    """Integer symbols -> the latent g_s takes (the decoded y times the inverse gain), in ``dtype``."""
     y_sym = symbols["y"].to(dtype)
     if not has_hyperprior(model):
         y_hat = y_sym + medians(model.entropy_bottleneck).to(dtype)
@@ -122,7 +127,13 @@ def synthesise(model: torch.nn.Module, symbols: dict[str, torch.Tensor], quality
         _, means = _hyper_params(model, symbols["z"].to(dtype), quality)
         y_hat = y_sym + means
     _, inv = model.gain.at(quality, dtype, y_sym.device)
-    return model.g_s(y_hat * inv)
+    return y_hat * inv
+
+
+def synthesise(model: torch.nn.Module, symbols: dict[str, torch.Tensor], quality: float,
+               dtype=torch.float32) -> torch.Tensor:
+    """Integer symbols -> reconstructed image batch (unclipped), computed in ``dtype``."""
+    return model.g_s(dequantise(model, symbols, quality, dtype))
 
 
 def latent_shapes(model: torch.nn.Module, batch: int, height: int, width: int) -> dict[str, tuple]:

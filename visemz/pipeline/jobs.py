@@ -48,6 +48,7 @@ class CompressConfig:
     streams: int = 0  # compute lanes (CUDA streams on a GPU); 0: VISEMZ_STREAMS or automatic
     resume: bool = True
     loader: str = ""  # "auto", "dali", "kvikio" or "cpu"; "": VISEMZ_LOADER
+    tile: int = 0  # core tile size in pixels (a multiple of 64); 0: VISEMZ_TILE
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class DecompressConfig:
     device: str | None = None
     streams: int = 0
     writer: str = "auto"  # "kvikio" writes .npy from GPU memory; "auto": when on a GPU with kvikio
+    region: tuple[int, int, int, int] | None = None  # (y0, y1, x0, x1): decode only that window
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -137,7 +139,8 @@ def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig()
     gate = _FirstUse(codec.device)
 
     def one(pixels) -> bytes:
-        return codec.compress(pixels, model=cfg.model, quality=cfg.quality, max_error=cfg.max_error)
+        return codec.compress(pixels, model=cfg.model, quality=cfg.quality, max_error=cfg.max_error,
+                              tile=cfg.tile or None)
 
     def compute(lane, i: int, pic: loaders.Picture) -> _Encoded:
         try:
@@ -225,7 +228,7 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
     def compute(lane, i: int, data: bytes) -> _Decoded:
         try:
             with gate.first(_model_key(data)):
-                pixels, paged = pages.decode(data, decode_one)
+                pixels, paged = pages.decode(data, decode_one, cfg.region)
             if gpu_writer:
                 pixels = pixels.contiguous()  # RGB comes out of the network as a permuted view
         except torch.cuda.OutOfMemoryError as e:

@@ -1,0 +1,283 @@
+"""Tiled compression on large 16-bit images: peak GPU memory, throughput, region reads, seams.
+
+    python scripts/bench_tiles.py --out docs/results/bench_tiles_h200.json
+    python scripts/bench_tiles.py --sizes 256 512 --device cpu --kodak-images 1 --qualities 1 8 --out /tmp/t.json
+
+For each size S of ``--sizes``: an S x S uint16 mosaic of the images under ``--data`` (gray; 8-bit
+images scaled by 257; each placement flipped differently so no two neighbours repeat), compressed
+tile by tile and decompressed, with the peak GPU memory of each (torch.cuda.max_memory_allocated
+after a reset) and Mpixel/s (median of ``--repeats`` after a warm-up, synchronised).  Then:
+
+- the untiled path (image format 3, one tile) at doubling sizes from 1024 until it fails (out of
+  memory or a limit), the largest it did with its memory and throughput;
+- per-pixel throughput on the Kodak images (``--kodak``), which fit one tile, and the ratio of the
+  largest mosaic's tiled throughput to it;
+- a 1024 x 1024 region of the largest mosaic's file (off the tile grid) against its full decode;
+- seams: PSNR and bpp of tiled (``--seam-tile``) against untiled compression of Kodak images at each
+  of ``--qualities``;
+- JPEG 2000 and JPEG XL (imagecodecs, lossless) on the same tile-size chunks of the smallest mosaic,
+  beside visemz with max_error 0, when imagecodecs is installed.
+
+Prints the device and writes everything as JSON to ``--out`` (atomically).  Data never ships with the repo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import visemz
+from visemz import container, measure
+from visemz.config import DEFAULTS
+from visemz.errors import LimitExceededError
+from visemz.io.files import IMAGE_EXTENSIONS
+from visemz.io.loaders import load_image
+from visemz.io.writers import write_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "eval"
+
+
+def gray16(img: np.ndarray) -> np.ndarray:
+    x = img.astype(np.float64).mean(axis=2) if img.ndim == 3 else img.astype(np.float64)
+    return np.clip(np.round(x * (257 if img.dtype == np.uint8 else 1)), 0, 65535).astype(np.uint16)
+
+
+def sources(folder: Path) -> list[np.ndarray]:
+    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+    if not paths:
+        sys.exit(f"no images under {folder}")
+    return [gray16(load_image(p)) for p in paths]
+
+
+def mosaic(images: list[np.ndarray], size: int) -> np.ndarray:
+    """An S x S uint16 mosaic of the images, row by row, each placement flipped in turn."""
+    out = np.empty((size, size), np.uint16)
+    y, k = 0, 0
+    while y < size:
+        x, row_h = 0, 0
+        while x < size:
+            img = images[k % len(images)]
+            img = img[:, ::-1] if k % 2 else img
+            img = img[::-1] if (k // len(images)) % 2 else img
+            h, w = min(img.shape[0], size - y), min(img.shape[1], size - x)
+            out[y:y + h, x:x + w] = img[:h, :w]
+            x, row_h, k = x + w, max(row_h, h), k + 1
+        y += row_h
+    return out
+
+
+class Device:
+    def __init__(self, name: str):
+        self.name = name
+        self.cuda = name == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def describe(self) -> str:
+        return torch.cuda.get_device_name() if self.cuda else platform.processor() or "cpu"
+
+    def peak(self, fn):
+        """(result, peak GPU bytes allocated during fn, or None on the CPU)."""
+        if not self.cuda:
+            return fn(), None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        torch.cuda.synchronize()
+        return out, int(torch.cuda.max_memory_allocated())
+
+
+def timed(dev: Device, fn, repeats: int) -> tuple[float, object]:
+    return measure.median_seconds(fn, repeats, warmup=1, sync=dev.sync)
+
+
+def mib(n):
+    return None if n is None else round(n / 2**20, 1)
+
+
+def bench_size(dev: Device, img: np.ndarray, args) -> tuple[dict, bytes]:
+    opts = dict(model=args.model, quality=args.quality, device=dev.name, tile=args.tile)
+    buf, enc_peak = dev.peak(lambda: visemz.compress(img, **opts))
+    _, dec_peak = dev.peak(lambda: visemz.decompress(buf, device=dev.name))
+    t_enc, _ = timed(dev, lambda: visemz.compress(img, **opts), args.repeats)
+    t_dec, out = timed(dev, lambda: visemz.decompress(buf, device=dev.name), args.repeats)
+    mpx = img.size / 1e6
+    tiles = container.unpack(buf).meta["tiles"]
+    row = {"size": img.shape[0], "grid": tiles["grid"], "bytes": len(buf), "bpp": round(measure.bpp(len(buf), img.size), 4),
+           "psnr": round(measure.psnr(img, out), 3), "compress_s": round(t_enc, 4), "decompress_s": round(t_dec, 4),
+           "compress_mpx_s": round(mpx / t_enc, 2), "decompress_mpx_s": round(mpx / t_dec, 2),
+           "compress_peak_mib": mib(enc_peak), "decompress_peak_mib": mib(dec_peak)}
+    print(json.dumps(row), flush=True)
+    return row, buf
+
+
+def bench_untiled(dev: Device, images: list[np.ndarray], args) -> dict:
+    """Format 3 (one tile) at doubling sizes until it fails: the rows it did and why it stopped."""
+    rows, size, stop = [], 1024, None
+    while size <= args.untiled_max:
+        img = mosaic(images, size)
+        try:
+            opts = dict(model=args.model, quality=args.quality, image_format=3)
+            codec = visemz.ImageCodec(dev.name)
+            buf, enc_peak = dev.peak(lambda: codec.compress(img, **opts))
+            _, dec_peak = dev.peak(lambda: codec.decompress(buf))
+            t_enc, _ = timed(dev, lambda: codec.compress(img, **opts), args.repeats)
+            t_dec, _ = timed(dev, lambda: codec.decompress(buf), args.repeats)
+        except (torch.cuda.OutOfMemoryError, LimitExceededError, RuntimeError) as e:
+            stop = f"{size}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            break
+        finally:
+            if dev.cuda:
+                torch.cuda.empty_cache()
+        row = {"size": size, "compress_mpx_s": round(img.size / 1e6 / t_enc, 2),
+               "decompress_mpx_s": round(img.size / 1e6 / t_dec, 2), "compress_peak_mib": mib(enc_peak),
+               "decompress_peak_mib": mib(dec_peak), "bytes": len(buf)}
+        print(json.dumps({"untiled": row}), flush=True)
+        rows.append(row)
+        size *= 2
+    return {"rows": rows, "largest": rows[-1]["size"] if rows else None, "stopped_at": stop}
+
+
+def bench_kodak(dev: Device, kodak: list[np.ndarray], args) -> dict:
+    """Per-pixel throughput on Kodak-size images (one tile each), uint16 as the mosaics."""
+    enc, dec, px = [], [], 0
+    for img in kodak:
+        opts = dict(model=args.model, quality=args.quality, device=dev.name)
+        t_enc, buf = timed(dev, lambda: visemz.compress(img, **opts), args.repeats)
+        t_dec, _ = timed(dev, lambda: visemz.decompress(buf, device=dev.name), args.repeats)
+        enc.append(t_enc)
+        dec.append(t_dec)
+        px += img.size
+    return {"images": len(kodak), "compress_mpx_s": round(px / 1e6 / sum(enc), 2),
+            "decompress_mpx_s": round(px / 1e6 / sum(dec), 2)}
+
+
+def bench_region(dev: Device, buf: bytes, size: int, args) -> dict:
+    side = min(1024, size // 2)
+    y0 = x0 = max(0, size // 2 - side // 2 + 37)  # off the tile grid: it touches four tiles
+    region = (y0, y0 + side, x0, x0 + side)
+    t_region, part = timed(dev, lambda: visemz.decompress(buf, device=dev.name, region=region), args.repeats)
+    t_full, full = timed(dev, lambda: visemz.decompress(buf, device=dev.name), max(1, args.repeats // 2))
+    same = bool(np.array_equal(part, full[y0:y0 + side, x0:x0 + side]))
+    row = {"size": size, "region": list(region), "region_s": round(t_region, 4), "full_s": round(t_full, 4),
+           "speedup": round(t_full / t_region, 1), "region_equals_full_window": same}
+    print(json.dumps({"region": row}), flush=True)
+    return row
+
+
+def bench_seams(dev: Device, kodak: list[np.ndarray], args) -> dict:
+    rows = []
+    for q in args.qualities:
+        d_psnr, d_bpp = [], []
+        for img in kodak[: args.seam_images]:
+            one = visemz.compress(img, model=args.model, quality=q, device=dev.name)
+            tiled = visemz.compress(img, model=args.model, quality=q, device=dev.name, tile=args.seam_tile)
+            p1 = measure.psnr(img, visemz.decompress(one, device=dev.name))
+            pt = measure.psnr(img, visemz.decompress(tiled, device=dev.name))
+            d_psnr.append(pt - p1)
+            d_bpp.append(measure.bpp(len(tiled), img.size) - measure.bpp(len(one), img.size))
+        row = {"quality": q, "tile": args.seam_tile, "images": len(d_psnr), "psnr_tiled_minus_untiled_db":
+               round(statistics.mean(d_psnr), 4), "max_abs_psnr_diff_db": round(max(map(abs, d_psnr)), 4),
+               "bpp_tiled_minus_untiled": round(statistics.mean(d_bpp), 4)}
+        print(json.dumps({"seams": row}), flush=True)
+        rows.append(row)
+    return {"rows": rows}
+
+
+def bench_chunk_codecs(dev: Device, img: np.ndarray, args) -> dict:
+    """Lossless JPEG 2000 and JPEG XL (imagecodecs) on tile-size chunks, beside visemz max_error 0."""
+    try:
+        import imagecodecs
+    except ImportError:
+        msg = "imagecodecs is not installed: JPEG 2000 / JPEG XL skipped"
+        print(msg, flush=True)
+        return {"skipped": msg}
+    t = args.tile
+    chunks = [np.ascontiguousarray(img[y:y + t, x:x + t]) for y in range(0, img.shape[0], t) for x in range(0, img.shape[1], t)]
+    codecs = {"jpeg2000": (lambda c: imagecodecs.jpeg2k_encode(c, reversible=True), imagecodecs.jpeg2k_decode),
+              "jpegxl": (lambda c: imagecodecs.jpegxl_encode(c, lossless=True), imagecodecs.jpegxl_decode),
+              "visemz_max_error_0": (lambda c: visemz.compress(c, model=args.model, quality=args.quality, max_error=0,
+                                                               device=dev.name, tile=t),
+                                     lambda b: visemz.decompress(b, device=dev.name))}
+    out = {"size": img.shape[0], "chunk": t, "chunks": len(chunks), "imagecodecs": imagecodecs.__version__}
+    for name, (enc, dec) in codecs.items():
+        try:
+            t0 = time.perf_counter()
+            bufs = [enc(c) for c in chunks]
+            dev.sync()
+            t1 = time.perf_counter()
+            exact = all(np.array_equal(dec(b), c) for b, c in zip(bufs, chunks))
+            dev.sync()
+            t2 = time.perf_counter()
+        except Exception as e:  # a codec missing from this imagecodecs build
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        n = sum(len(b) for b in bufs)
+        out[name] = {"ratio": round(img.nbytes / n, 3), "bpp": round(measure.bpp(n, img.size), 4), "exact": exact,
+                     "compress_mpx_s": round(img.size / 1e6 / (t1 - t0), 2), "decompress_mpx_s": round(img.size / 1e6 / (t2 - t1), 2)}
+        print(json.dumps({name: out[name]}), flush=True)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=SHARED / "xray", help="images the mosaics are built from")
+    ap.add_argument("--kodak", type=Path, default=SHARED / "kodak")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="mbt2018-mean")
+    ap.add_argument("--quality", type=float, default=4.0)
+    ap.add_argument("--tile", type=int, default=DEFAULTS.tile)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--untiled-max", type=int, default=16384, help="largest size the untiled path is tried at")
+    ap.add_argument("--kodak-images", type=int, default=24)
+    ap.add_argument("--seam-images", type=int, default=8)
+    ap.add_argument("--seam-tile", type=int, default=256)
+    ap.add_argument("--qualities", type=float, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["untiled", "kodak", "region", "seams", "codecs"])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    dev = Device(args.device)
+    print(f"device: {dev.describe()} ({args.device}); tile {args.tile}, tile batch {DEFAULTS.tile_batch}", flush=True)
+    images = sources(args.data)
+    kodak = [gray16(load_image(p)) for p in sorted(args.kodak.glob("*.png"))[: args.kodak_images]]
+    report = {"device": dev.describe(), "torch": torch.__version__, "tile": args.tile, "tile_batch": DEFAULTS.tile_batch,
+              "model": args.model, "quality": args.quality, "data": str(args.data), "sizes": []}
+    buf = None
+    for size in args.sizes:
+        row, buf = bench_size(dev, mosaic(images, size), args)
+        report["sizes"].append(row)
+    peaks = [r["compress_peak_mib"] for r in report["sizes"] if r["compress_peak_mib"] is not None]
+    if peaks:
+        report["compress_peak_spread"] = round(max(peaks) / min(peaks) - 1, 4)
+    if "untiled" not in args.skip:
+        report["untiled"] = bench_untiled(dev, images, args)
+    if "kodak" not in args.skip and kodak:
+        report["kodak"] = bench_kodak(dev, kodak, args)
+        big = report["sizes"][-1]
+        report["tiled_over_kodak_throughput"] = {
+            k: round(big[k] / report["kodak"][k], 3) for k in ("compress_mpx_s", "decompress_mpx_s")}
+    if "region" not in args.skip and buf is not None:
+        report["region"] = bench_region(dev, buf, args.sizes[-1], args)
+    if "seams" not in args.skip and kodak:
+        report["seams"] = bench_seams(dev, kodak, args)
+    if "codecs" not in args.skip:
+        report["chunk_codecs"] = bench_chunk_codecs(dev, mosaic(images, min(args.sizes)), args)
+    write_atomic(args.out, (json.dumps(report, indent=1) + "\n").encode())
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Tiled images (format 4): round trips of odd sizes, region reads, seams, the error bound across tile
+edges, and damaged tile indexes.  Small tiles (64-256 pixels) keep the CPU work small."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from skimage import data
+
+import visemz
+from visemz import container, pages, tile_index, tiling
+from visemz.errors import CorruptStreamError, InvalidArgumentError
+from visemz.measure import psnr
+
+TILE = 128
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return visemz.ImageCodec("cpu")
+
+
+@pytest.fixture(scope="module")
+def coffee(codec):
+    """A 300 x 517 gray image (scikit-image's coffee, green channel) in 3 x 5 tiles of 128, and its decode."""
+    img = np.ascontiguousarray(data.coffee()[:300, :517, 1])
+    buf = codec.compress(img, quality=4, tile=TILE)
+    return img, buf, codec.decompress(buf)
+
+
+def _repack(buf: bytes, meta=None, **sections) -> bytes:
+    c = container.unpack(buf)
+    body = {k: bytes(v) for k, v in c.sections.items()}
+    body.update(sections)
+    return container.pack(c.kind, meta or c.meta, body)
+
+
+def test_round_trip_of_an_odd_size_in_tiles(coffee):
+    img, buf, out = coffee
+    meta = container.unpack(buf).meta
+    assert meta["format"] == 4 and meta["tiles"]["grid"] == [3, 5] and meta["tiles"]["size"] == TILE
+    assert out.shape == img.shape and out.dtype == img.dtype
+    assert psnr(img, out) > 30
+
+
+@pytest.mark.parametrize("region", [(70, 201, 100, 390), (128, 256, 256, 384), (299, 300, 516, 517)])
+def test_a_region_is_the_same_window_of_the_full_decode(codec, coffee, region):
+    """Region reads synthesise the tiles they touch exactly as the full decode does: the same pixels."""
+    _, buf, out = coffee
+    y0, y1, x0, x1 = region
+    got = codec.decompress(buf, region=region)
+    np.testing.assert_array_equal(got, out[y0:y1, x0:x1])
+
+
+def test_tile_boundaries_show_no_step_beyond_the_codec_error(codec, coffee):
+    """Across each tile boundary, the reconstruction's step differs from the original's by no more than
+    the untiled codec's at the same line (within 0.5 levels) and no more than anywhere inside the tiles."""
+    img, _, out = coffee
+    whole = codec.decompress(codec.compress(img, quality=4, tile=1024)).astype(np.float64)
+    x = img.astype(np.float64)
+    for axis in (0, 1):
+        def step_error(rec):  # per line k: mean |(rec[k+1] - rec[k]) - (x[k+1] - x[k])|
+            return np.abs(np.diff(rec, axis=axis) - np.diff(x, axis=axis)).mean(axis=1 - axis)
+
+        tiled, untiled = step_error(out.astype(np.float64)), step_error(whole)
+        edges = [k - 1 for k in range(TILE, img.shape[axis], TILE)]
+        inside = np.delete(tiled, edges)
+        assert (tiled[edges] <= inside.max()).all(), (axis, tiled[edges], inside.max())
+        assert (tiled[edges] <= untiled[edges] + 0.5).all(), (axis, tiled[edges], untiled[edges])
+
+
+def test_tiled_psnr_is_the_untiled_psnr(codec):
+    """scikit-image's camera in 2 x 2 tiles of 256 against one tile, same quality: within 0.05 dB."""
+    img = data.camera()
+    tiled = psnr(img, codec.decompress(codec.compress(img, quality=4, tile=256)))
+    untiled = psnr(img, codec.decompress(codec.compress(img, quality=4)))
+    assert abs(tiled - untiled) < 0.05, (tiled, untiled)
+
+
+def test_tile_windows_give_the_whole_image_latents(codec):
+    """With the factorized model the symbols of every tile (analysed with its halo) are the whole image's,
+    and the windowed synthesis gives the whole image's pixels up to float rounding."""
+    rng = np.random.default_rng(1)
+    img = np.clip(data.camera()[:200, :300].astype(np.int32) + rng.integers(-4, 5, (200, 300)), 0, 255).astype(np.uint8)
+    tiled = codec.compress(img, model="balle2016", quality=3, tile=64)
+    whole = codec.compress(img, model="balle2016", quality=3, tile=1024)
+    assert container.unpack(tiled).meta["tiles"]["grid"] == [4, 5]
+    a, b = codec.decode_symbols(tiled)["y"], codec.decode_symbols(whole)["y"]
+    assert a.shape == b.shape and (a != b).float().mean() < 1e-4
+    diff = np.abs(codec.decompress(tiled).astype(np.int32) - codec.decompress(whole))
+    assert diff.max() <= 1 and (diff > 0).mean() < 1e-3
+
+
+@pytest.mark.parametrize("shape,dtype,model", [((1100, 70), "uint16", "balle2016"), ((150, 200, 3), "uint8", "mbt2018-mean")])
+def test_tall_thin_and_rgb_images(codec, shape, dtype, model):
+    rng = np.random.default_rng(2)
+    base = data.astronaut()[: shape[0], : shape[1]] if len(shape) == 3 else \
+        np.resize(data.camera(), shape).astype(np.uint16) * 200 + rng.integers(0, 50, shape).astype(np.uint16)
+    img = np.ascontiguousarray(base.astype(dtype))
+    buf = codec.compress(img, model=model, quality=5, tile=TILE)
+    out = codec.decompress(buf)
+    assert out.shape == img.shape and out.dtype == img.dtype and psnr(img, out) > 28
+    region = (shape[0] - 130, shape[0] - 1, 3, shape[1] - 5)
+    np.testing.assert_array_equal(codec.decompress(buf, region=region), out[region[0]:region[1], region[2]:region[3]])
+
+
+@pytest.mark.parametrize("dtype,e", [("uint16", 3), ("float32", 0.02)])
+def test_the_error_bound_holds_across_tile_edges(codec, dtype, e):
+    rng = np.random.default_rng(3)
+    img = (data.camera()[:190, :260].astype(np.float64) * 17 + rng.normal(0, 30, (190, 260)))
+    img = np.clip(img, 0, 65535).astype(dtype) if dtype == "uint16" else (img / 1000).astype(np.float32)
+    buf = codec.compress(img, quality=2, max_error=e, tile=64)
+    out = codec.decompress(buf)
+    err = np.abs(out.astype(np.float64) - img.astype(np.float64))
+    assert err.max() <= e
+    for k in range(64, 190, 64):  # the rows on both sides of each tile edge are within the bound too
+        assert err[k - 1:k + 1].max() <= e
+    region = (50, 140, 30, 200)
+    np.testing.assert_array_equal(codec.decompress(buf, region=region), out[50:140, 30:200])
+
+
+@pytest.mark.parametrize("region", [(0, 0, 0, 10), (5, 3, 0, 10), (0, 301, 0, 10), (-1, 10, 0, 10), (0, 10, 0, 518),
+                                    (0, 10, 0), (0, 10.0, 0, 10), "0:10,0:10", (0, 10, True, 10)])
+def test_bad_regions_are_named(coffee, region):
+    _, buf, _ = coffee
+    with pytest.raises(InvalidArgumentError, match="region="):
+        visemz.decompress(buf, region=region, device="cpu")
+
+
+def test_a_bad_tile_size_is_named(codec):
+    for tile in (100, 0, 32, "128", True):
+        with pytest.raises(InvalidArgumentError, match="tile="):
+            codec.compress(np.zeros((70, 70), np.uint8), tile=tile)
+
+
+def test_damaged_tile_indexes_are_corrupt_streams(codec, coffee):
+    _, buf, _ = coffee
+    c = container.unpack(buf)
+    index, meta, tiles = bytes(c.sections[tile_index.INDEX]), c.meta, meta_tiles(buf)
+    n, p = 15, len(tiles["parts"])
+    lengths = np.frombuffer(index, "<u8", n * p).copy()
+    shifted = lengths.copy()
+    shifted[0] += 1
+    shifted[1] -= 1  # the same total: tile 0's parts cut in the wrong place
+    bad_code = bytearray(index)
+    bad_code[-1] = 7
+    cases = [
+        _repack(buf, tile_index=index[:-1]),
+        _repack(buf, tile_index=shifted.tobytes() + index[8 * n * p:]),
+        _repack(buf, tile_index=(lengths + 1).tobytes() + index[8 * n * p:]),
+        _repack(buf, tile_index=bytes(bad_code)),
+        _repack(buf, meta=dict(meta, tiles=dict(tiles, grid=[3, 4]))),
+        _repack(buf, meta=dict(meta, tiles=dict(tiles, size=100))),
+        _repack(buf, meta=dict(meta, tiles=dict(tiles, size=192))),
+        _repack(buf, meta=dict(meta, tiles=dict(tiles, parts=["y", "z"]))),
+        _repack(buf, meta=dict(meta, tiles=dict(tiles, symbols=["y"]))),
+        _repack(buf, meta=dict(meta, tiles=dict(tiles, halo=[-1, 2]))),
+        _repack(buf, meta=dict(meta, tiles=dict(tiles, extra=1))),
+        _repack(buf, meta=dict(meta, tiles=[128])),
+    ]
+    for k, bad in enumerate(cases):
+        with pytest.raises(CorruptStreamError):
+            codec.decompress(bad, region=(0, 10, 0, 10))
+    swapped = container.pack(c.kind, meta, {tile_index.TILES: bytes(c.sections[tile_index.TILES]),
+                                            tile_index.INDEX: index})
+    with pytest.raises(CorruptStreamError, match="sections"):
+        codec.decompress(swapped)
+
+
+def meta_tiles(buf: bytes) -> dict:
+    return container.unpack(buf).meta["tiles"]
+
+
+def test_previous_formats_are_one_tile_and_read_regions(codec, coffee):
+    img, _, _ = coffee
+    buf = codec.compress(img[:100, :150], quality=4, image_format=3)
+    assert container.unpack(buf).meta["format"] == 3
+    out = codec.decompress(buf)
+    np.testing.assert_array_equal(codec.decompress(buf, region=(10, 90, 20, 140)), out[10:90, 20:140])
+
+
+def test_a_stack_of_tiled_planes_reads_a_region_of_every_page(codec):
+    stack = np.stack([np.ascontiguousarray(data.camera()[k * 40:k * 40 + 150, :140]) for k in range(2)])
+    buf = pages.encode(stack, lambda page: codec.compress(page, model="balle2016", quality=3, tile=64, max_error=2))
+    assert meta_tiles(bytes(pages.page_buffers(container.unpack(buf))[0]))["grid"] == [3, 3]
+    whole = visemz.decompress(buf, device="cpu")
+    assert whole.shape == stack.shape and np.abs(whole.astype(int) - stack).max() <= 2
+    np.testing.assert_array_equal(visemz.decompress(buf, device="cpu", region=(60, 130, 10, 100)), whole[:, 60:130, 10:100])
+    with pytest.raises(InvalidArgumentError, match="region="):
+        visemz.decompress(buf, device="cpu", region=(0, 151, 0, 10))
+
+
+def test_the_grid_covers_the_padded_image():
+    g = tiling.Grid(128, 320, 576)
+    assert (g.rows, g.cols, g.count) == (3, 5, 15)
+    assert g.core(14) == (256, 320, 512, 576)
+    assert g.analysis_window(0) == ((0, 144, 0, 144), (0, 8, 0, 8))
+    assert g.analysis_window(6) == ((96, 272, 96, 272), (2, 10, 2, 10))
+    assert g.synthesis_window(6) == ((7, 18, 7, 18), (16, 144, 16, 144))
+    assert g.touching((0, 1, 127, 129)) == [0, 1]

@@ -1,0 +1,79 @@
+"""Tiled images across devices (marker gpu): the same symbols on both, images within rounding, exact
+with an error bound; region reads on the GPU."""
+
+import numpy as np
+import pytest
+from skimage import data
+
+import visemz
+from visemz import container
+
+from .helpers import optional
+
+pytestmark = pytest.mark.gpu
+
+TILE = 128
+
+
+@pytest.fixture(autouse=True)
+def _weights(model_weights):
+    return model_weights
+
+
+@pytest.fixture(scope="module")
+def codecs():
+    optional("nvidia.nvcomp")  # the GPU's entropy stage
+    return visemz.ImageCodec("cuda"), visemz.ImageCodec("cpu")
+
+
+def _images():
+    rng = np.random.default_rng(0)
+    return {"rgb 300x517": np.ascontiguousarray(data.coffee()[:300, :517]),
+            "uint16 400x333": (np.resize(data.camera(), (400, 333)).astype(np.uint16) * 200
+                               + rng.integers(0, 300, (400, 333)).astype(np.uint16))}
+
+
+def _same_symbols(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        for k in x:
+            assert np.array_equal(x[k].cpu().numpy(), y[k].cpu().numpy()), (i, k)
+
+
+@pytest.mark.parametrize("model", ["balle2016", "mbt2018-mean"])
+def test_tiled_files_cross_decode(codecs, model):
+    gpu, cpu = codecs
+    for label, img in _images().items():
+        for enc in (gpu, cpu):
+            buf = enc.compress(img, model=model, quality=3.4, tile=TILE)
+            assert container.unpack(buf).meta["tiles"]["grid"][1] >= 3, label
+            _same_symbols(gpu.decode_tile_symbols(buf)[1], cpu.decode_tile_symbols(buf)[1])
+            on_gpu, on_cpu = gpu.decompress(buf), cpu.decompress(buf)
+            diff = np.abs(on_gpu.astype(np.int64) - on_cpu)
+            assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (label, enc.device, diff.max())
+
+
+def test_region_decode_on_the_gpu(codecs):
+    gpu, _ = codecs
+    for label, img in _images().items():
+        lossy = gpu.compress(img, quality=4, tile=TILE)
+        bounded = gpu.compress(img, quality=4, tile=TILE, max_error=2)
+        for region in ((70, 201, 100, 290), (128, 256, 128, 256), (299, 300, 0, 333)):
+            y0, y1, x0, x1 = region
+            got, full = gpu.decompress(lossy, region=region), gpu.decompress(lossy)[y0:y1, x0:x1]
+            diff = np.abs(got.astype(np.int64) - full)  # other batches of tiles may take other cuDNN kernels
+            assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, (label, region)
+            t = gpu.decompress_tensor(bounded, region=region)
+            assert t.is_cuda
+            np.testing.assert_array_equal(gpu.decompress(bounded, region=region), gpu.decompress(bounded)[y0:y1, x0:x1])
+        assert np.abs(gpu.decompress(bounded).astype(np.int64) - img).max() <= 2
+
+
+def test_error_bounded_tiled_files_decode_alike_on_both_devices(codecs):
+    gpu, cpu = codecs
+    img = _images()["uint16 400x333"]
+    for enc in (gpu, cpu):
+        buf = enc.compress(img, model="mbt2018-mean", quality=2, tile=TILE, max_error=5)
+        a, b = gpu.decompress(buf), cpu.decompress(buf)
+        np.testing.assert_array_equal(a, b)
+        assert np.abs(a.astype(np.int64) - img).max() <= 5

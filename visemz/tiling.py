@@ -1,0 +1,214 @@
+"""Tiles: an image as a grid of core tiles that the network sees one batch of tiles at a time.
+
+Analysis: a tile's latent core (T/16 x T/16 positions) is g_a's output on the tile plus a halo of
+real neighbouring pixels, cropped to the core.  Latent position m depends on pixels 16m - 30 ..
+16m + 30 (four stride-2 5x5 convolutions; GDN works per position), so a halo of 32 pixels before
+and 16 after (rounded up to the stride 16, keeping the window on the latent grid) gives the latent
+of the whole image, up to float rounding; zero padding happens only at the image's own border,
+where the whole image has it too.  The hyperprior then runs on the core alone, so every tile's
+symbols decode on their own.
+
+Synthesis: pixel p depends on latent positions (p - 30) / 16 .. (p + 30) / 16 (four stride-2 5x5
+transposed convolutions), so a tile's pixels need its latent plus 1 position before and 2 after,
+taken from the neighbouring tiles' decoded latents: the whole image's reconstruction of those
+latents, exactly the same computation whichever region asks for the tile.
+
+The image is edge-padded to multiples of 64 (``pixels.PAD``) as a whole, and tiles cut that
+padded image: a grid of ceil(Hp / T) x ceil(Wp / T) cores of T x T, the last row and column
+shorter (still multiples of 64).  One tile of the padded image's size is the untiled codec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from .errors import InvalidArgumentError
+from .models import architectures
+from .pixels import PAD, ImageMeta, to_batch
+
+STRIDE = 16  # pixels per latent position
+ANALYSIS_HALO = (32, 16)  # pixels before / after a core that g_a needs (30 and 14, on the stride grid)
+SYNTHESIS_HALO = (1, 2)  # latent positions before / after a core that g_s needs
+
+Box = tuple[int, int, int, int]  # y0, y1, x0, x1 (ends exclusive)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Core tiles of ``size`` pixels over a padded image of ``height`` x ``width`` (multiples of 64)."""
+
+    size: int
+    height: int
+    width: int
+
+    @property
+    def rows(self) -> int:
+        return -(-self.height // self.size)
+
+    @property
+    def cols(self) -> int:
+        return -(-self.width // self.size)
+
+    @property
+    def count(self) -> int:
+        return self.rows * self.cols
+
+    def core(self, i: int) -> Box:
+        """Tile i's core in padded pixels (tiles in row-major order)."""
+        r, c = divmod(i, self.cols)
+        return (r * self.size, min((r + 1) * self.size, self.height),
+                c * self.size, min((c + 1) * self.size, self.width))
+
+    def analysis_window(self, i: int) -> tuple[Box, Box]:
+        """(pixel window g_a runs on, the core within its output in latent positions)."""
+        y0, y1, x0, x1 = self.core(i)
+        (b, a), h, w = ANALYSIS_HALO, self.height, self.width
+        win = (max(0, y0 - b), min(h, y1 + a), max(0, x0 - b), min(w, x1 + a))
+        return win, _within(self.core(i), win, STRIDE)
+
+    def synthesis_window(self, i: int) -> tuple[Box, Box]:
+        """(latent window g_s runs on, the core within its output in pixels)."""
+        core = tuple(v // STRIDE for v in self.core(i))
+        (b, a), lh, lw = SYNTHESIS_HALO, self.height // STRIDE, self.width // STRIDE
+        win = (max(0, core[0] - b), min(lh, core[1] + a), max(0, core[2] - b), min(lw, core[3] + a))
+        return win, tuple(v * STRIDE for v in _within(core, win, 1))
+
+    def touching(self, box: Box, scale: int = 1) -> list[int]:
+        """Tiles whose core meets ``box`` (in units of ``scale`` pixels), row-major."""
+        y0, y1, x0, x1 = (v * scale for v in box)
+        rows = range(y0 // self.size, -(-y1 // self.size))
+        cols = range(x0 // self.size, -(-x1 // self.size))
+        return [r * self.cols + c for r in rows for c in cols]
+
+
+def _within(inner: Box, outer: Box, unit: int) -> Box:
+    return ((inner[0] - outer[0]) // unit, (inner[1] - outer[0]) // unit,
+            (inner[2] - outer[2]) // unit, (inner[3] - outer[2]) // unit)
+
+
+def grid_for(meta: ImageMeta, tile: int | None) -> Grid:
+    """The grid of an image: cores of ``tile`` pixels, or one tile when ``tile`` is None."""
+    ph, pw = meta.padded
+    return Grid(tile if tile is not None else max(ph, pw), ph, pw)
+
+
+def check_tile(tile) -> int:
+    if isinstance(tile, bool) or not isinstance(tile, int) or tile < PAD or tile % PAD:
+        raise InvalidArgumentError(f"tile={tile!r}: expected a multiple of {PAD} pixels")
+    return tile
+
+
+def check_region(region, shape: tuple[int, ...]) -> Box:
+    """A region (y0, y1, x0, x1) of an image of ``shape``, checked: non-empty, within the image."""
+    if not isinstance(region, (tuple, list)) or len(region) != 4 or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in region):
+        raise InvalidArgumentError(f"region={region!r}: expected four integers (y0, y1, x0, x1)")
+    y0, y1, x0, x1 = region
+    if not (0 <= y0 < y1 <= shape[0] and 0 <= x0 < x1 <= shape[1]):
+        raise InvalidArgumentError(f"region={tuple(region)!r} is empty or outside the {shape[0]} x {shape[1]} image")
+    return (y0, y1, x0, x1)
+
+
+def _batches(tiles: list[int], key: Callable[[int], object], size: int) -> list[list[int]]:
+    """Consecutive tiles with the same window (same ``key``), at most ``size`` per batch."""
+    out: list[list[int]] = []
+    for i in tiles:
+        if out and len(out[-1]) < size and key(out[-1][0]) == key(i):
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _window_key(window: Callable[[int], tuple[Box, Box]]) -> Callable[[int], object]:
+    def key(i: int):
+        (y0, y1, x0, x1), crop = window(i)
+        return (y1 - y0, x1 - x0, crop)
+
+    return key
+
+
+def _split(t: torch.Tensor, n: int) -> list[torch.Tensor]:
+    return list(t.chunk(n)) if n > 1 else [t]
+
+
+def analyse(net, t: torch.Tensor, meta: ImageMeta, quality: float, grid: Grid, batch: int,
+            device: str) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+    """(tile, its symbols) for every tile, in row-major order; the tiles' pixels move to ``device``
+    a batch at a time (``t`` may stay on the host)."""
+    for group in _batches(list(range(grid.count)), _window_key(grid.analysis_window), batch):
+        win, crop = grid.analysis_window(group[0])
+        whole = crop == (0, (win[1] - win[0]) // STRIDE, 0, (win[3] - win[2]) // STRIDE)
+        x = torch.cat([to_batch(t, meta, grid.analysis_window(i)[0], device) for i in group])
+        symbols = architectures.analyse(net, x, quality, None if whole else crop)
+        parts = {k: _split(v, len(group)) for k, v in symbols.items()}
+        for n, i in enumerate(group):
+            yield i, {k: v[n] for k, v in parts.items()}
+
+
+class _Latents:
+    """Decoded latents of tiles, each held from its first use until the last batch that needs it."""
+
+    def __init__(self, latent_of: Callable[[int], torch.Tensor], last_use: dict[int, int]):
+        self.latent_of, self.last_use, self.held = latent_of, last_use, {}
+
+    def get(self, i: int) -> torch.Tensor:
+        if i not in self.held:
+            self.held[i] = self.latent_of(i)
+        return self.held[i]
+
+    def release(self, batch: int) -> None:
+        for i in [i for i in self.held if self.last_use[i] <= batch]:
+            del self.held[i]
+
+
+def assemble(grid: Grid, tile: Callable[[int], torch.Tensor], size: int, win: Box | None = None) -> torch.Tensor:
+    """A window (default: all) of a tensor cut into the grid's tiles, from the tiles it covers;
+    ``tile(i)`` is tile i's part (B, C, h, w), ``size`` the tile size in its units."""
+    rows_end, cols_end = -(-grid.height * size // grid.size), -(-grid.width * size // grid.size)
+    y0, y1, x0, x1 = win or (0, rows_end, 0, cols_end)
+    rows = []
+    for r in range(y0 // size, -(-y1 // size)):
+        pieces = []
+        for c in range(x0 // size, -(-x1 // size)):
+            t = tile(r * grid.cols + c)
+            pieces.append(t[:, :, max(y0 - r * size, 0):y1 - r * size, max(x0 - c * size, 0):x1 - c * size])
+        rows.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces, 3))
+    return rows[0] if len(rows) == 1 else torch.cat(rows, 2)
+
+
+def synthesise(net, grid: Grid, tiles: list[int], latent_of: Callable[[int], torch.Tensor],
+               batch: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """(tile, its core's reconstruction (B, C, h, w), unclipped) for ``tiles``, in their order.
+
+    ``latent_of(i)``: tile i's dequantised latent (``architectures.dequantise``), in the dtype the
+    synthesis runs in; each is computed once and dropped after the last batch that needs it."""
+    groups = _batches(tiles, _window_key(grid.synthesis_window), batch)
+    last_use = {j: b for b, group in enumerate(groups) for i in group
+                for j in grid.touching(grid.synthesis_window(i)[0], STRIDE)}
+    latents = _Latents(latent_of, last_use)
+    for b, group in enumerate(groups):
+        s = grid.size // STRIDE
+        y = torch.cat([assemble(grid, latents.get, s, grid.synthesis_window(i)[0]) for i in group])
+        x = net.g_s(y)
+        y0, y1, x0, x1 = grid.synthesis_window(group[0])[1]
+        if (y0, x0, y1, x1) != (0, 0, x.shape[2], x.shape[3]):
+            x = x[:, :, y0:y1, x0:x1]
+        latents.release(b)
+        for i, part in zip(group, _split(x, len(group))):
+            yield i, part
+
+
+def pixel_box(grid: Grid, i: int, meta: ImageMeta) -> Box:
+    """Tile i's core within the image itself (the padding cut off)."""
+    y0, y1, x0, x1 = grid.core(i)
+    return y0, min(y1, meta.height), x0, min(x1, meta.width)
+
+
+def tile_meta(meta: ImageMeta, box: Box) -> ImageMeta:
+    """The meta of a tile's pixels: the image's dtype and range, the tile's shape."""
+    shape = (box[1] - box[0], box[3] - box[2], *meta.shape[2:])
+    return ImageMeta(meta.dtype, shape, meta.lo, meta.hi)
