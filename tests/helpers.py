@@ -61,6 +61,12 @@ def symbols_of(buf: bytes, device: str = "cpu") -> dict[str, torch.Tensor]:
     return ImageCodec(device).decode_symbols(buf)
 
 
+def cross_device_tolerance(img: np.ndarray) -> float:
+    """How far GPU and CPU decodes of one file may differ (float rounding, then integer levels):
+    one level for uint8, 1e-3 of the image's range for uint16 and float32 (README, codec docs)."""
+    return 1.0 if img.dtype == np.uint8 else 1e-3 * max(1.0, float(np.ptp(img)))
+
+
 def optional(module: str):
     """Import an optional package, or skip the test that needs it (absent, or built for another CUDA)."""
     try:

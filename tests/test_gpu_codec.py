@@ -7,7 +7,7 @@ from skimage import data
 import visemz
 from visemz import codec, container, latents
 
-from .helpers import optional, parity, symbols_of
+from .helpers import cross_device_tolerance, optional, parity, symbols_of
 
 pytestmark = pytest.mark.gpu
 
@@ -64,7 +64,7 @@ def test_files_decode_on_the_other_device_to_the_same_symbols(codecs, model, ima
                         p.same_bytes(f"{at}: section {name} re-encoded on {other}", body, bytes(c.sections[name]))
                 a, b = cpu.decompress(buf), gpu.decompress(buf)
                 p.same(f"{at}: CPU decode dtype and shape", a.dtype == img.dtype and a.shape == img.shape, f"{a.dtype} {a.shape}")
-                tol = 1.0 if img.dtype == np.uint8 else 1e-3 * max(1.0, float(np.ptp(img)))
+                tol = cross_device_tolerance(img)
                 p.same_array(f"{at}: GPU and CPU images within {tol:g}", a, b, atol=tol)
 
 
