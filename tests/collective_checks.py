@@ -268,7 +268,9 @@ def _compile_gpu_kernels() -> None:
     torch.cuda.synchronize()
 
 
-def worker(rank: int, world: int, init_file: str, queue, backend: str = "gloo") -> None:
+def run_checks(body, rank: int, world: int, init_file: str, queue, backend: str = "gloo") -> None:
+    """One rank of a multi-process test: join the group, run body(rank, world), send back its result
+    or its traceback."""
     global DEVICE
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -277,8 +279,12 @@ def worker(rank: int, world: int, init_file: str, queue, backend: str = "gloo") 
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120), **({"device_id": DEVICE} if backend == "nccl" else {}))
     try:
-        queue.put((rank, "ok", checks(rank, world)))
+        queue.put((rank, "ok", body(rank, world)))
     except BaseException:  # noqa: BLE001 (any failure goes back to the parent as a result)
         queue.put((rank, "error", traceback.format_exc()))
     finally:
         dist.destroy_process_group()
+
+
+def worker(rank: int, world: int, init_file: str, queue, backend: str = "gloo") -> None:
+    run_checks(checks, rank, world, init_file, queue, backend)

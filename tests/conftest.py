@@ -5,6 +5,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import visemz
 from visemz import cuda
 from visemz.cli import app
 from visemz.models import all_specs, architectures
@@ -75,3 +76,10 @@ def cli(model_weights):
         return result
 
     return run
+
+
+@pytest.fixture(scope="module")
+def gpu_cpu_codecs(model_weights):
+    """An ImageCodec on the GPU and one on the CPU (GPU tests; skips without nvCOMP)."""
+    optional("nvidia.nvcomp")  # the GPU's entropy stage
+    return visemz.ImageCodec("cuda"), visemz.ImageCodec("cpu")

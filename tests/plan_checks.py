@@ -89,18 +89,7 @@ def plan_checks(rank: int, world: int) -> list[str]:
 
 
 def plan_worker(rank: int, world: int, init_file: str, queue, backend: str = "gloo") -> None:
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        C.DEVICE = torch.device("cuda", rank)
-        C._compile_gpu_kernels()
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120), **({"device_id": C.DEVICE} if backend == "nccl" else {}))
-    try:
-        queue.put((rank, "ok", plan_checks(rank, world)))
-    except BaseException:  # noqa: BLE001 (any failure goes back to the parent as a result)
-        queue.put((rank, "error", traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
+    C.run_checks(plan_checks, rank, world, init_file, queue, backend)
 
 
 def dead_rank_worker(rank: int, world: int, init_file: str, queue, timeout_s: float) -> None:

@@ -9,18 +9,9 @@ from visemz import codec, container, latents
 
 from .helpers import cross_device_tolerance, optional, parity, symbols_of
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("model_weights")]
 
 
-@pytest.fixture(autouse=True)
-def _weights(model_weights):
-    return model_weights
-
-
-@pytest.fixture(scope="module")
-def codecs():
-    optional("nvidia.nvcomp")  # the GPU's entropy stage
-    return visemz.ImageCodec("cuda"), visemz.ImageCodec("cpu")
 
 
 def _images():
@@ -44,11 +35,11 @@ def _reencoded_on(device: str, buf: bytes) -> dict:
 
 @pytest.mark.parametrize("model", ["balle2016", "mbt2018-mean"])
 @pytest.mark.parametrize("image_format", [3, 2])
-def test_files_decode_on_the_other_device_to_the_same_symbols(codecs, model, image_format):
+def test_files_decode_on_the_other_device_to_the_same_symbols(gpu_cpu_codecs, model, image_format):
     """Every shipped model (RGB and gray images), written on either device and read on both: the
     same symbols, images within rounding; format 3's rANS sections re-encoded on the other device
     are the same bytes (the coder's bytes do not depend on the device)."""
-    gpu, cpu = codecs
+    gpu, cpu = gpu_cpu_codecs
     with parity() as p:
         for label, img in _images().items():
             for enc in (gpu, cpu):
@@ -69,8 +60,8 @@ def test_files_decode_on_the_other_device_to_the_same_symbols(codecs, model, ima
 
 
 @pytest.mark.parametrize("model", ["balle2016", "mbt2018-mean"])
-def test_error_bound_holds_across_devices(codecs, model):
-    gpu, cpu = codecs
+def test_error_bound_holds_across_devices(gpu_cpu_codecs, model):
+    gpu, cpu = gpu_cpu_codecs
     with parity() as p:
         for label, img in _images().items():
             for e in (0, 0.01) if img.dtype == np.float32 else (0, 2):
@@ -79,8 +70,8 @@ def test_error_bound_holds_across_devices(codecs, model):
                     p.same_array(f"{label} E={e} written on {enc.device}, read on {dec.device}", out, img, atol=e or 0.0)
 
 
-def test_cupy_input(codecs):
+def test_cupy_input(gpu_cpu_codecs):
     cp = optional("cupy")
-    gpu, _ = codecs
+    gpu, _ = gpu_cpu_codecs
     img = np.random.default_rng(1).integers(0, 256, (64, 80, 3), dtype=np.uint8)
     np.testing.assert_array_equal(gpu.decompress(gpu.compress(cp.asarray(img), max_error=0)), img)

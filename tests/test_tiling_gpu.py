@@ -8,22 +8,13 @@ from skimage import data
 import visemz
 from visemz import container
 
-from .helpers import cross_device_tolerance, optional
+from .helpers import cross_device_tolerance
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("model_weights")]
 
 TILE = 128
 
 
-@pytest.fixture(autouse=True)
-def _weights(model_weights):
-    return model_weights
-
-
-@pytest.fixture(scope="module")
-def codecs():
-    optional("nvidia.nvcomp")  # the GPU's entropy stage
-    return visemz.ImageCodec("cuda"), visemz.ImageCodec("cpu")
 
 
 def _images():
@@ -41,8 +32,8 @@ def _same_symbols(a: list, b: list) -> None:
 
 
 @pytest.mark.parametrize("model", ["balle2016", "mbt2018-mean"])
-def test_tiled_files_cross_decode(codecs, model):
-    gpu, cpu = codecs
+def test_tiled_files_cross_decode(gpu_cpu_codecs, model):
+    gpu, cpu = gpu_cpu_codecs
     for label, img in _images().items():
         for enc in (gpu, cpu):
             buf = enc.compress(img, model=model, quality=3.4, tile=TILE)
@@ -53,8 +44,8 @@ def test_tiled_files_cross_decode(codecs, model):
             assert diff.max() <= cross_device_tolerance(img), (label, enc.device, diff.max())
 
 
-def test_region_decode_on_the_gpu(codecs):
-    gpu, _ = codecs
+def test_region_decode_on_the_gpu(gpu_cpu_codecs):
+    gpu, _ = gpu_cpu_codecs
     for label, img in _images().items():
         lossy = gpu.compress(img, quality=4, tile=TILE)
         bounded = gpu.compress(img, quality=4, tile=TILE, max_error=2)
@@ -69,8 +60,8 @@ def test_region_decode_on_the_gpu(codecs):
         assert np.abs(gpu.decompress(bounded).astype(np.int64) - img).max() <= 2
 
 
-def test_error_bounded_tiled_files_decode_alike_on_both_devices(codecs):
-    gpu, cpu = codecs
+def test_error_bounded_tiled_files_decode_alike_on_both_devices(gpu_cpu_codecs):
+    gpu, cpu = gpu_cpu_codecs
     img = _images()["uint16 400x333"]
     for enc in (gpu, cpu):
         buf = enc.compress(img, model="mbt2018-mean", quality=2, tile=TILE, max_error=5)
