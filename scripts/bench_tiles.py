@@ -107,18 +107,25 @@ def mib(n):
     return None if n is None else round(n / 2**20, 1)
 
 
+def round_trip(dev: Device, img: np.ndarray, compress, decompress, repeats: int) -> tuple[bytes, np.ndarray, dict]:
+    """Peak memory of one compress and one decompress, then their median times: (file, image, figures)."""
+    buf, enc_peak = dev.peak(compress)
+    _, dec_peak = dev.peak(lambda: decompress(buf))
+    t_enc, _ = timed(dev, compress, repeats)
+    t_dec, out = timed(dev, lambda: decompress(buf), repeats)
+    mpx = img.size / 1e6
+    return buf, out, {"compress_s": round(t_enc, 4), "decompress_s": round(t_dec, 4),
+                      "compress_mpx_s": round(mpx / t_enc, 2), "decompress_mpx_s": round(mpx / t_dec, 2),
+                      "compress_peak_mib": mib(enc_peak), "decompress_peak_mib": mib(dec_peak)}
+
+
 def bench_size(dev: Device, img: np.ndarray, args) -> tuple[dict, bytes]:
     opts = dict(model=args.model, quality=args.quality, device=dev.name, tile=args.tile)
-    buf, enc_peak = dev.peak(lambda: visemz.compress(img, **opts))
-    _, dec_peak = dev.peak(lambda: visemz.decompress(buf, device=dev.name))
-    t_enc, _ = timed(dev, lambda: visemz.compress(img, **opts), args.repeats)
-    t_dec, out = timed(dev, lambda: visemz.decompress(buf, device=dev.name), args.repeats)
-    mpx = img.size / 1e6
+    buf, out, figures = round_trip(dev, img, lambda: visemz.compress(img, **opts),
+                                   lambda b: visemz.decompress(b, device=dev.name), args.repeats)
     tiles = container.unpack(buf).meta["tiles"]
     row = {"size": img.shape[0], "grid": tiles["grid"], "bytes": len(buf), "bpp": round(measure.bpp(len(buf), img.size), 4),
-           "psnr": round(measure.psnr(img, out), 3), "compress_s": round(t_enc, 4), "decompress_s": round(t_dec, 4),
-           "compress_mpx_s": round(mpx / t_enc, 2), "decompress_mpx_s": round(mpx / t_dec, 2),
-           "compress_peak_mib": mib(enc_peak), "decompress_peak_mib": mib(dec_peak)}
+           "psnr": round(measure.psnr(img, out), 3), **figures}
     print(json.dumps(row), flush=True)
     return row, buf
 
@@ -126,24 +133,19 @@ def bench_size(dev: Device, img: np.ndarray, args) -> tuple[dict, bytes]:
 def bench_untiled(dev: Device, images: list[np.ndarray], args) -> dict:
     """Format 3 (one tile) at doubling sizes until it fails: the rows it did and why it stopped."""
     rows, size, stop = [], 1024, None
+    codec = visemz.ImageCodec(dev.name)
+    opts = dict(model=args.model, quality=args.quality, image_format=3)
     while size <= args.untiled_max:
         img = mosaic(images, size)
         try:
-            opts = dict(model=args.model, quality=args.quality, image_format=3)
-            codec = visemz.ImageCodec(dev.name)
-            buf, enc_peak = dev.peak(lambda: codec.compress(img, **opts))
-            _, dec_peak = dev.peak(lambda: codec.decompress(buf))
-            t_enc, _ = timed(dev, lambda: codec.compress(img, **opts), args.repeats)
-            t_dec, _ = timed(dev, lambda: codec.decompress(buf), args.repeats)
+            buf, _, figures = round_trip(dev, img, lambda: codec.compress(img, **opts), codec.decompress, args.repeats)
         except (torch.cuda.OutOfMemoryError, LimitExceededError, RuntimeError) as e:
             stop = f"{size}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             break
         finally:
             if dev.cuda:
                 torch.cuda.empty_cache()
-        row = {"size": size, "compress_mpx_s": round(img.size / 1e6 / t_enc, 2),
-               "decompress_mpx_s": round(img.size / 1e6 / t_dec, 2), "compress_peak_mib": mib(enc_peak),
-               "decompress_peak_mib": mib(dec_peak), "bytes": len(buf)}
+        row = {"size": size, **figures, "bytes": len(buf)}
         print(json.dumps({"untiled": row}), flush=True)
         rows.append(row)
         size *= 2
@@ -255,27 +257,35 @@ def main(argv=None) -> None:
     kodak = [gray16(load_image(p)) for p in sorted(args.kodak.glob("*.png"))[: args.kodak_images]]
     report = {"device": dev.describe(), "torch": torch.__version__, "tile": args.tile, "tile_batch": DEFAULTS.tile_batch,
               "model": args.model, "quality": args.quality, "data": str(args.data), "sizes": []}
+    def save() -> None:  # after every part: a run cut off by the end of a GPU job keeps what it measured
+        write_atomic(args.out, (json.dumps(report, indent=1) + "\n").encode())
+
     buf = None
     for size in args.sizes:
         row, buf = bench_size(dev, mosaic(images, size), args)
         report["sizes"].append(row)
+        save()
     peaks = [r["compress_peak_mib"] for r in report["sizes"] if r["compress_peak_mib"] is not None]
     if peaks:
         report["compress_peak_spread"] = round(max(peaks) / min(peaks) - 1, 4)
     if "untiled" not in args.skip:
         report["untiled"] = bench_untiled(dev, images, args)
+        save()
     if "kodak" not in args.skip and kodak:
         report["kodak"] = bench_kodak(dev, kodak, args)
         big = report["sizes"][-1]
         report["tiled_over_kodak_throughput"] = {
             k: round(big[k] / report["kodak"][k], 3) for k in ("compress_mpx_s", "decompress_mpx_s")}
+        save()
     if "region" not in args.skip and buf is not None:
         report["region"] = bench_region(dev, buf, args.sizes[-1], args)
+        save()
     if "seams" not in args.skip and kodak:
         report["seams"] = bench_seams(dev, kodak, args)
+        save()
     if "codecs" not in args.skip:
         report["chunk_codecs"] = bench_chunk_codecs(dev, mosaic(images, min(args.sizes)), args)
-    write_atomic(args.out, (json.dumps(report, indent=1) + "\n").encode())
+    save()
     print(f"wrote {args.out}")
 
 
