@@ -5,11 +5,12 @@ import struct
 import numpy as np
 import pytest
 import torch
+from skimage import data as skdata
 
 from visemz.collectives import ErrorBounded, Lossless, add, gpu
 from visemz.collectives.codecs import LL_HEAD
 from visemz.encoders import stream
-from visemz.errors import InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
+from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -140,8 +141,6 @@ PREDICTED = ("lorenzo", "lorenzo2d")
 
 def _image(seed: int) -> np.ndarray:
     """A real photograph (scikit-image's camera) as float32 in [0, 1], shifted per seed."""
-    from skimage import data as skdata  # noqa: PLC0415 (test-only optional import of scikit-image's images)
-
     img = skdata.camera().astype(np.float32) / 255
     return np.roll(img, 17 * seed, axis=1)[:300, :400].copy()
 
@@ -211,8 +210,6 @@ def test_version_1_streams_still_decode_and_none_writes_them():
 
 @pytest.mark.parametrize("predictor", PREDICTED)
 def test_corrupt_predicted_stream_raises(predictor):
-    from visemz.errors import CorruptStreamError  # noqa: PLC0415
-
     codec = ErrorBounded(1e-3, predictor)
     buf = bytearray(codec.encode(_image(0)))
     for at in (6, 7, 8, 30, 60, len(buf) // 2, len(buf) - 1):  # predictor code, reserved, row, stream header, payload

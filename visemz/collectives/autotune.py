@@ -32,7 +32,7 @@ from ..config import DEFAULTS
 from ..errors import InvalidArgumentError
 from . import algorithms as A
 from . import transport as T
-from .codecs import ErrorBounded
+from .codecs import ErrorBounded, predicts_rows
 from .cost import ALGORITHMS, CostModel
 from .engines import engine_for
 
@@ -124,7 +124,7 @@ def calibrate(flat: torch.Tensor, codec, dtype: str, group) -> CostModel:
     elem = flat.element_size()
     counts = (max(small // elem, 1), max(big // elem, 2))
     src = _tiled(flat, counts[1])
-    if isinstance(codec, ErrorBounded) and codec.predictor == "lorenzo2d":  # tiled copies have no rows: time 1-D Lorenzo
+    if predicts_rows(codec):  # tiled copies have no rows: time 1-D Lorenzo
         codec = ErrorBounded(codec.eb, "lorenzo")
     eng = engine_for(flat, codec)
     seconds: dict[str, list[float]] = {a: [] for a in ALGORITHMS}

@@ -71,10 +71,10 @@ def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1
     return key, name
 
 
-def agree(key: list[float], group, what: str, fields=KEY_FIELDS) -> None:
-    """Raise ``PlanMismatchError`` on every rank when ranks disagree on ``key`` (one field each)."""
+def agree(key: list[float], group, what: str) -> None:
+    """Raise ``PlanMismatchError`` on every rank when ranks disagree on ``key`` (``settings``'s, named by KEY_FIELDS)."""
     with peer_failures(what):
-        T.agree(key, group, f"{what} settings", fields)
+        T.agree(key, group, f"{what} settings", KEY_FIELDS)
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:

@@ -127,8 +127,9 @@ class Prediction:
         self.check_count(r.size)
         if self.predictor == "none":
             return r.astype(np.int64)
-        q = np.cumsum(r, dtype=np.int64)
-        if self.predictor == "lorenzo2d":
+        if self.predictor == "lorenzo":
+            q = np.cumsum(r, dtype=np.int64)
+        else:
             q = np.cumsum(np.cumsum(r.reshape(-1, self.row), axis=1, dtype=np.int64), axis=0).reshape(-1)
         if q.size and np.abs(q).max() >= STEP_LIMIT:
             raise LimitExceededError(f"decoded steps up to {np.abs(q).max()} leave int32: a sum of streams that int32 "
@@ -264,6 +265,11 @@ class ErrorBounded:
     def from_config(cls, config: dict) -> "ErrorBounded":
         """A config without a predictor predates predictors: its streams had none."""
         return cls(config["eb"], config.get("predictor", "none"))
+
+
+def predicts_rows(codec) -> bool:
+    """Whether ``codec`` predicts along rows (2-D Lorenzo): flat chunks of it need a row length."""
+    return isinstance(codec, ErrorBounded) and codec.predictor == "lorenzo2d"
 
 
 # -------------------------------------------------------------------------------- lossless

@@ -13,7 +13,7 @@ import torch
 
 from .. import cuda
 from . import gpu
-from .codecs import ErrorBounded, Lossless, _to_float64
+from .codecs import ErrorBounded, Lossless, _to_float64, predicts_rows
 from .homomorphic import add as host_add
 
 
@@ -27,7 +27,7 @@ def _bytes(p: torch.Tensor) -> bytes:
 
 def _encode_args(codec, row: int) -> dict:
     """Keyword arguments of the codec's encode: lorenzo2d's row length (flat chunks carry no shape)."""
-    return {"row": row} if isinstance(codec, ErrorBounded) and codec.predictor == "lorenzo2d" else {}
+    return {"row": row} if predicts_rows(codec) else {}
 
 
 class HostEngine:

@@ -45,6 +45,11 @@ def kernel(name: str):
     return G.kernel(name, FLOATS_SOURCE)
 
 
+def stride_grid(n: int) -> int:
+    """Blocks of a grid-stride kernel over ``n`` items: one item per thread, at most 8 blocks per SM."""
+    return min(-(-n // G.THREADS), G.sm_count() * 8)
+
+
 @contextlib.contextmanager
 def torch_stream():
     """Run cupy work on torch's current CUDA stream (so NCCL and torch ops see it in order)."""
@@ -196,7 +201,7 @@ def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64", pred=None):
             r = cp.empty(s.n, cp.int64)
             kernel("eb_residuals")(grid, (G.THREADS,), (*args, r, err))
             q = cp.cumsum(r) if pred.row == 0 else cp.cumsum(cp.cumsum(r.reshape(-1, pred.row), axis=1), axis=0).reshape(-1)
-            kernel(f"eb_dequantise_{SUFFIX[dtype]}")((min(-(-s.n // G.THREADS), G.sm_count() * 8),), (G.THREADS,), (
+            kernel(f"eb_dequantise_{SUFFIX[dtype]}")((stride_grid(s.n),), (G.THREADS,), (
                 q, np.int64(s.n), np.float64(2 * eb), out, err))
         code = int(err.get()[0])
     if code & ~STEP_OVERFLOW:
@@ -205,11 +210,6 @@ def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64", pred=None):
     if code:
         raise LimitExceededError("decoded steps leave int32: a sum of streams that int32 cannot hold, or a damaged stream")
     return out
-
-
-def eb_values(s: DeviceStream, eb: float, pred=None):
-    """Exact reconstruction 2 eb q as float64 on the device (NumPy's ``q * (2 eb)``)."""
-    return eb_decode(s, eb, "float64", pred)
 
 
 def stream_bytes(s: DeviceStream) -> bytes:
@@ -306,8 +306,7 @@ def ll_encode(x, floats: dict, head) -> tuple[object, str]:
             raise LimitExceededError(f"{n} values: the lossless codec takes at most 2**31 - 1 per tensor")
         counts = cp.zeros(256, cp.uint64)
         if n:
-            grid = min(-(-n // G.THREADS), G.sm_count() * 8)
-            kernel(f"ll_histogram_{sfx}")((grid,), (G.THREADS,), (u, np.int64(n), counts))
+            kernel(f"ll_histogram_{sfx}")((stride_grid(n),), (G.THREADS,), (u, np.int64(n), counts))
         hist = counts.get().astype(np.int64)
         top = bytes(np.argsort(-hist, kind="stable")[:7].astype(np.uint8))  # codecs.Lossless.encode's rule
         n_esc = n - int(hist[list(top)].sum())
@@ -379,8 +378,7 @@ def ll_decode_wire(buf, n: int, name: str, floats: dict, head_struct: struct.Str
             kernel(f"ll_decode_{sfx}")((-(-n // LL_TILE),), (G.THREADS,), (
                 codes, rest, np.int64(n), _table_word(top), out, cells))
         if pos.size:
-            grid = min(-(-pos.size // G.THREADS), G.sm_count() * 8)
-            kernel(f"ll_escapes_{sfx}")((grid,), (G.THREADS,), (
+            kernel(f"ll_escapes_{sfx}")((stride_grid(pos.size),), (G.THREADS,), (
                 pos, exps, np.int64(pos.size), codes, np.int64(n), out, cells))
         counted, err = (int(v) for v in cells.get())
     if counted != pos.size or err & 1:

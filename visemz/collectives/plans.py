@@ -33,7 +33,7 @@ from . import autotune
 from . import transport as T
 from .algorithms import COMPRESSED, bounds, phase, write_values
 from .calls import ALGORITHMS, DEFAULT_CODEC, agree, flat, peer_failures, run, set_last_algorithm, settings
-from .codecs import ErrorBounded, Lossless
+from .codecs import ErrorBounded, Lossless, predicts_rows
 from .engines import engine_for
 
 CACHE_SIZE = 64  # plans kept for the functional API (each holds an engine and its bounds)
@@ -41,7 +41,7 @@ CACHE_SIZE = 64  # plans kept for the functional API (each holds an engine and i
 
 def _row(like: torch.Tensor, codec) -> int:
     """lorenzo2d's row length for tensors like ``like`` (its last dimension), else 0."""
-    if isinstance(codec, ErrorBounded) and codec.predictor == "lorenzo2d":
+    if predicts_rows(codec):
         return codec.prediction(tuple(like.shape)).row
     return 0
 
@@ -49,8 +49,7 @@ def _row(like: torch.Tensor, codec) -> int:
 class Plan:
     """An all_reduce of tensors like ``like`` over ``group``, made collectively (see the module notes)."""
 
-    def __init__(self, like: torch.Tensor, op: str = "sum", group=None, codec=DEFAULT_CODEC, algorithm: str = "auto",
-                 _agree: bool = True):
+    def __init__(self, like: torch.Tensor, op: str = "sum", group=None, codec=DEFAULT_CODEC, algorithm: str = "auto"):
         flat(like)  # contiguous
         if codec is not None and not isinstance(codec, (ErrorBounded, Lossless)):
             raise InvalidArgumentError(f"codec={codec!r}: expected ErrorBounded(eb), Lossless() or None")
@@ -59,8 +58,7 @@ class Plan:
         self.op, self.group, self.codec, self.algorithm = op, group, codec, algorithm
         self.n, self.torch_dtype, self.device = like.numel(), like.dtype, like.device
         self.world = T.world(group)
-        if _agree:
-            agree(self.key, group, "all_reduce plan")
+        agree(self.key, group, "all_reduce plan")
         self.fixed = self._fixed_algorithm()
         self.engine = engine_for(like, codec, self.row) if codec is not None else None
         unit = self.row or 1  # 2-D prediction: ring chunks are whole rows
@@ -82,12 +80,15 @@ class Plan:
         return flat(tensor)
 
     def __call__(self, tensor: torch.Tensor, async_op: bool = False):
-        self.check(tensor)
-        return run(lambda: self.run(tensor), async_op)
+        values = self.check(tensor)  # on the caller's thread, before the call is queued
+        return run(lambda: self._reduce(tensor, values), async_op)
 
     def run(self, tensor: torch.Tensor) -> torch.Tensor:
         """One all_reduce, now, on this thread (callers order calls: ``calls.run``)."""
-        values = self.check(tensor)
+        return self._reduce(tensor, self.check(tensor))
+
+    def _reduce(self, tensor: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """The all_reduce of ``tensor`` (``values``: its checked flat view)."""
         with peer_failures("all_reduce"):
             chosen = self.fixed or autotune.choose(values, self.codec, self.dtype, self.group)
             set_last_algorithm(chosen)
