@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from visemz import container
 from visemz.codec import ImageCodec
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints
@@ -59,6 +60,14 @@ def damaged_copies(raw: bytes, seed: int):
 def symbols_of(buf: bytes, device: str = "cpu") -> dict[str, torch.Tensor]:
     """The latent symbols an image file holds, decoded on ``device`` (any format the codec reads)."""
     return ImageCodec(device).decode_symbols(buf)
+
+
+def repack(buf: bytes, meta=None, **sections) -> bytes:
+    """A container re-packed (valid checksums) with ``meta`` for its header and ``sections`` replaced."""
+    c = container.unpack(buf)
+    body = {k: bytes(v) for k, v in c.sections.items()}
+    body.update(sections)
+    return container.pack(c.kind, meta or c.meta, body)
 
 
 def cross_device_tolerance(img: np.ndarray) -> float:

@@ -171,6 +171,14 @@ def test_hostile_headers_with_valid_checksums():
         visemz.decompress(container.pack("tensor", dict(c.meta), {}))
 
 
+def test_symbol_shapes_that_do_not_fit_the_image_are_corrupt():
+    """Formats 2 and 3 name their symbol shapes; shapes of another image size are refused before decoding."""
+    buf = visemz.ImageCodec("cpu").compress(_image("uint8", (20, 30)), image_format=3)
+    symbols = container.unpack(buf).meta["symbols"]
+    with pytest.raises(CorruptStreamError, match="do not fit"):
+        visemz.decompress(_rewrite(buf, symbols=dict(symbols, y=[1, 192, 2, 2])))
+
+
 def test_weights_load_without_unpickling(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("weights must not be unpickled")

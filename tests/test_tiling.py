@@ -12,6 +12,8 @@ from visemz import container, pages, tile_index, tiling
 from visemz.errors import CorruptStreamError, InvalidArgumentError
 from visemz.measure import psnr
 
+from .helpers import repack
+
 TILE = 128
 
 
@@ -26,13 +28,6 @@ def coffee(codec):
     img = np.ascontiguousarray(data.coffee()[:300, :517, 1])
     buf = codec.compress(img, quality=4, tile=TILE)
     return img, buf, codec.decompress(buf)
-
-
-def _repack(buf: bytes, meta=None, **sections) -> bytes:
-    c = container.unpack(buf)
-    body = {k: bytes(v) for k, v in c.sections.items()}
-    body.update(sections)
-    return container.pack(c.kind, meta or c.meta, body)
 
 
 def test_round_trip_of_an_odd_size_in_tiles(coffee):
@@ -136,7 +131,7 @@ def test_a_bad_tile_size_is_named(codec):
 def test_damaged_tile_indexes_are_corrupt_streams(codec, coffee):
     _, buf, _ = coffee
     c = container.unpack(buf)
-    index, meta, tiles = bytes(c.sections[tile_index.INDEX]), c.meta, meta_tiles(buf)
+    index, meta, tiles = bytes(c.sections[tile_index.INDEX]), c.meta, c.meta["tiles"]
     n, p = 15, len(tiles["parts"])
     lengths = np.frombuffer(index, "<u8", n * p).copy()
     shifted = lengths.copy()
@@ -145,20 +140,20 @@ def test_damaged_tile_indexes_are_corrupt_streams(codec, coffee):
     bad_code = bytearray(index)
     bad_code[-1] = 7
     cases = [
-        _repack(buf, tile_index=index[:-1]),
-        _repack(buf, tile_index=shifted.tobytes() + index[8 * n * p:]),
-        _repack(buf, tile_index=(lengths + 1).tobytes() + index[8 * n * p:]),
-        _repack(buf, tile_index=bytes(bad_code)),
-        _repack(buf, meta=dict(meta, tiles=dict(tiles, grid=[3, 4]))),
-        _repack(buf, meta=dict(meta, tiles=dict(tiles, size=100))),
-        _repack(buf, meta=dict(meta, tiles=dict(tiles, size=192))),
-        _repack(buf, meta=dict(meta, tiles=dict(tiles, parts=["y", "z"]))),
-        _repack(buf, meta=dict(meta, tiles=dict(tiles, symbols=["y"]))),
-        _repack(buf, meta=dict(meta, tiles=dict(tiles, halo=[-1, 2]))),
-        _repack(buf, meta=dict(meta, tiles=dict(tiles, extra=1))),
-        _repack(buf, meta=dict(meta, tiles=[128])),
+        repack(buf, tile_index=index[:-1]),
+        repack(buf, tile_index=shifted.tobytes() + index[8 * n * p:]),
+        repack(buf, tile_index=(lengths + 1).tobytes() + index[8 * n * p:]),
+        repack(buf, tile_index=bytes(bad_code)),
+        repack(buf, meta=dict(meta, tiles=dict(tiles, grid=[3, 4]))),
+        repack(buf, meta=dict(meta, tiles=dict(tiles, size=100))),
+        repack(buf, meta=dict(meta, tiles=dict(tiles, size=192))),
+        repack(buf, meta=dict(meta, tiles=dict(tiles, parts=["y", "z"]))),
+        repack(buf, meta=dict(meta, tiles=dict(tiles, symbols=["y"]))),
+        repack(buf, meta=dict(meta, tiles=dict(tiles, halo=[-1, 2]))),
+        repack(buf, meta=dict(meta, tiles=dict(tiles, extra=1))),
+        repack(buf, meta=dict(meta, tiles=[128])),
     ]
-    for k, bad in enumerate(cases):
+    for bad in cases:
         with pytest.raises(CorruptStreamError):
             codec.decompress(bad, region=(0, 10, 0, 10))
     swapped = container.pack(c.kind, meta, {tile_index.TILES: bytes(c.sections[tile_index.TILES]),

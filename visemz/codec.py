@@ -59,7 +59,6 @@ META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range"
 META_KEYS_OF = {latents.BLOCK: META_KEYS, latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
                 TILED: META_KEYS - {"symbols"} | {"tiles"}}  # format 4: the grid and its parts instead
 TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
-DTYPES_NP = {"uint8": np.uint8, "uint16": np.uint16, "float32": np.float32}
 
 
 _MATH_LOCK = threading.Lock()
@@ -203,7 +202,7 @@ class ImageCodec:
                 if tbox == box:  # one tile is the whole answer
                     return dev.as_numpy(px) if host else px
                 if out is None:
-                    out = np.empty(shape, DTYPES_NP[meta.dtype]) if host else \
+                    out = np.empty(shape, meta.dtype) if host else \
                         torch.empty(shape, dtype=px.dtype, device=px.device)
                 y0, y1, x0, x1 = max(tbox[0], box[0]), min(tbox[1], box[1]), max(tbox[2], box[2]), min(tbox[3], box[3])
                 part = px[y0 - tbox[0]:y1 - tbox[0], x0 - tbox[2]:x1 - tbox[2]]
@@ -238,28 +237,28 @@ class ImageCodec:
                 f"file was written with weights {h['model_id']} of {spec.name}; this install has {model_id}"
             )
         batch, ph, pw = _batch_and_padded(meta)
-        names = list(architectures.latent_shapes(net, batch, ph, pw))
+        want = architectures.latent_shapes(net, batch, ph, pw)
         if h["format"] == TILED:
+            names = list(want)
             grid = _check_tiles(h, ph, pw, names)
             index = tile_index.TileIndex(c.sections, grid.count, h["tiles"]["parts"], names)
             tile_of = lambda i: (index.sections(i), index.coding(i))  # noqa: E731
             rans = any(v == "rans" for i in range(grid.count) for v in index.coding(i).values())
         else:
             grid = tiling.grid_for(meta, None)
-            want = architectures.latent_shapes(net, batch, ph, pw)
             if {k: list(v) for k, v in want.items()} != h["symbols"]:
                 raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and {spec.name}")
             tile_of = lambda i: (c.sections, h.get("coding"))  # noqa: E731
             rans = bool(latents.rans_sections(h))
         net64 = _model64(spec, self.device) if rans or h["residual"] is not None else None
-        return _File(self, h, meta, grid, net, net64, tile_of)
+        return _File(self.device, h, meta, grid, net, net64, tile_of)
 
 
 @dataclass(frozen=True)
 class _File:
     """An opened image file: what decoding any of its tiles needs."""
 
-    codec: ImageCodec
+    device: str
     header: dict
     meta: ImageMeta
     grid: tiling.Grid
@@ -268,7 +267,7 @@ class _File:
     tile: object  # i -> (sections, coding) of tile i
 
     def symbols(self, i: int) -> dict[str, torch.Tensor]:
-        return _tile_symbols(self.net, self.net64, self.header["quality"], self.codec.device, self.meta, self.grid, i,
+        return _tile_symbols(self.net, self.net64, self.header["quality"], self.device, self.meta, self.grid, i,
                              *self.tile(i))
 
 

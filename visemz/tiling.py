@@ -189,9 +189,8 @@ def synthesise(net, grid: Grid, tiles: list[int], latent_of: Callable[[int], tor
     groups = _batches(tiles, _window_key(grid.synthesis_window), batch)
     last_use = {j: b for b, group in enumerate(groups) for i in group
                 for j in grid.touching(grid.synthesis_window(i)[0], STRIDE)}
-    latents = _Latents(latent_of, last_use)
+    latents, s = _Latents(latent_of, last_use), grid.size // STRIDE
     for b, group in enumerate(groups):
-        s = grid.size // STRIDE
         y = torch.cat([assemble(grid, latents.get, s, grid.synthesis_window(i)[0]) for i in group])
         x = net.g_s(y)
         y0, y1, x0, x1 = grid.synthesis_window(group[0])[1]

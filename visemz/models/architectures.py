@@ -130,12 +130,6 @@ def dequantise(model: torch.nn.Module, symbols: dict[str, torch.Tensor], quality
     return y_hat * inv
 
 
-def synthesise(model: torch.nn.Module, symbols: dict[str, torch.Tensor], quality: float,
-               dtype=torch.float32) -> torch.Tensor:
-    """Integer symbols -> reconstructed image batch (unclipped), computed in ``dtype``."""
-    return model.g_s(dequantise(model, symbols, quality, dtype))
-
-
 def latent_shapes(model: torch.nn.Module, batch: int, height: int, width: int) -> dict[str, tuple]:
     """Shapes of the symbol tensors for a padded image of height x width (multiples of 64)."""
     m = model.g_a[-1].out_channels
