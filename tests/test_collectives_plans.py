@@ -2,6 +2,10 @@
 mismatches refused on every rank at plan creation, a dead rank raising within the group timeout."""
 
 import pytest
+import torch
+
+from visemz.collectives import ErrorBounded, all_reduce, plan
+from visemz.errors import InvalidArgumentError
 
 from .collective_checks import run_ranks
 from .plan_checks import dead_rank_worker, plan_worker
@@ -25,3 +29,12 @@ def test_a_dead_rank_makes_the_others_raise_within_the_timeout(tmp_path):
     assert not errors, "\n".join(errors)
     assert sorted(r for r, _, _ in results) == [0, 1, 2]
     assert all("raised after" in msg[0] for r, _, msg in results if r != world - 1), results
+
+
+@pytest.mark.parametrize("call", [plan, all_reduce], ids=["plan", "functional"])
+@pytest.mark.parametrize("bad", ["bogus", None, "Ring"])
+def test_an_unknown_algorithm_is_refused_naming_it_and_the_allowed_ones(call, bad):
+    """Refused on the caller, before any communication: no process group exists here."""
+    with pytest.raises(InvalidArgumentError, match=r"algorithm=.*expected one of \['auto', 'ring', 'recursive_doubling', 'plain'\]") as e:
+        call(torch.zeros(8), codec=ErrorBounded(1e-3), algorithm=bad)
+    assert repr(bad) in str(e.value)

@@ -44,6 +44,13 @@ def _codec_key(codec) -> list[float]:
     raise InvalidArgumentError(f"codec={codec!r}: expected ErrorBounded(eb), Lossless() or None")
 
 
+def algorithm_code(algorithm: str) -> int:
+    """``algorithm``'s index in ALGORITHMS (a setting every rank agrees on); InvalidArgumentError naming it if it is none of them."""
+    if algorithm not in ALGORITHMS:
+        raise InvalidArgumentError(f"algorithm={algorithm!r}: expected one of {list(ALGORITHMS)}")
+    return ALGORITHMS.index(algorithm)
+
+
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "scatter", "all_to_all")
 KEY_FIELDS = ("collective", "op", "dtype", "codec", "eb", "predictor", "algorithm or root", "tensors", "values", "sizes hash",
               "row length (2-D prediction)")
@@ -58,8 +65,7 @@ def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1
     and are refused there instead of hanging."""
     if op not in OPS:
         raise InvalidArgumentError(f"op={op!r}: expected one of {list(OPS)}")
-    if algorithm not in ALGORITHMS:
-        raise InvalidArgumentError(f"algorithm={algorithm!r}: expected one of {list(ALGORITHMS)}")
+    algorithm_code(algorithm)
     names = {dtype_name(t) for t in tensors}
     if len(names) != 1:
         raise InvalidArgumentError(f"{what}: tensors mix dtypes {sorted(names)}")

@@ -32,7 +32,7 @@ from ..errors import InvalidArgumentError
 from . import autotune
 from . import transport as T
 from .algorithms import COMPRESSED, bounds, phase, write_values
-from .calls import ALGORITHMS, DEFAULT_CODEC, agree, flat, peer_failures, run, set_last_algorithm, settings
+from .calls import DEFAULT_CODEC, agree, algorithm_code, flat, peer_failures, run, set_last_algorithm, settings
 from .codecs import ErrorBounded, Lossless, predicts_rows
 from .engines import engine_for
 
@@ -54,7 +54,7 @@ class Plan:
         if codec is not None and not isinstance(codec, (ErrorBounded, Lossless)):
             raise InvalidArgumentError(f"codec={codec!r}: expected ErrorBounded(eb), Lossless() or None")
         self.row = _row(like, codec)
-        self.key, self.dtype = settings([like], op, codec, algorithm, "all_reduce", ALGORITHMS.index(algorithm), self.row)
+        self.key, self.dtype = settings([like], op, codec, algorithm, "all_reduce", algorithm_code(algorithm), self.row)
         self.op, self.group, self.codec, self.algorithm = op, group, codec, algorithm
         self.n, self.torch_dtype, self.device = like.numel(), like.dtype, like.device
         self.world = T.world(group)
