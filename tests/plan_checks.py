@@ -122,3 +122,36 @@ def dead_rank_worker(rank: int, world: int, init_file: str, queue, timeout_s: fl
             queue.close()
             queue.join_thread()  # the result is out before the process is
             os._exit(0)  # destroying a group with a dead member may itself wait for it
+
+
+def _functional_sum_on_a_new_group(rank: int, world: int, init_file: str, timeout_s: float) -> list[str]:
+    """Join a new default group of ``world`` ranks, all_reduce with the functional API (ring, which a
+    plan for one rank runs as plain), check against the exact sum, leave the group."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    try:
+        t = C.data(rank)
+        all_reduce(t, codec=ErrorBounded(1e-3), algorithm="ring")
+        ran = C.last_algorithm()
+        assert ran == ("plain" if world == 1 else "ring"), (world, ran)  # a plan of another world size would not say so
+        assert C.bounded(t, C.exact_sum(world), world * 1e-3), world
+        assert C.same_everywhere(t), world
+        return [f"functional all_reduce on a new group of {world}: {ran}, within {world} eb of the exact sum"]
+    finally:
+        dist.destroy_process_group()
+
+
+def regroup_worker(rank: int, init_dir: str, queue, timeout_s: float) -> None:
+    """Three processes: ranks 0 and 1 form a default group of 2 and leave it, then all three form one
+    of 3, then rank 0 alone one of 1; the functional all_reduce is called with the same settings in
+    each, so a plan cached for an earlier default group would run (wrong world size) in a later one."""
+    try:
+        done = []
+        if rank < 2:
+            done += _functional_sum_on_a_new_group(rank, 2, os.path.join(init_dir, "two"), timeout_s)
+        done += _functional_sum_on_a_new_group(rank, 3, os.path.join(init_dir, "three"), timeout_s)
+        if rank == 0:
+            done += _functional_sum_on_a_new_group(rank, 1, os.path.join(init_dir, "one"), timeout_s)
+        queue.put((rank, "ok", done))
+    except BaseException:  # noqa: BLE001 (any failure goes back to the parent as a result)
+        queue.put((rank, "error", traceback.format_exc()))

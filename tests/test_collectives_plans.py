@@ -8,7 +8,7 @@ from visemz.collectives import ErrorBounded, all_reduce, plan
 from visemz.errors import InvalidArgumentError
 
 from .collective_checks import run_ranks
-from .plan_checks import dead_rank_worker, plan_worker
+from .plan_checks import dead_rank_worker, plan_worker, regroup_worker
 
 
 @pytest.mark.timeout(300)
@@ -38,3 +38,13 @@ def test_an_unknown_algorithm_is_refused_naming_it_and_the_allowed_ones(call, ba
     with pytest.raises(InvalidArgumentError, match=r"algorithm=.*expected one of \['auto', 'ring', 'recursive_doubling', 'plain'\]") as e:
         call(torch.zeros(8), codec=ErrorBounded(1e-3), algorithm=bad)
     assert repr(bad) in str(e.value)
+
+
+@pytest.mark.timeout(200)
+def test_functional_plans_do_not_outlive_their_default_group(tmp_path):
+    """destroy_process_group, then a new default group of another size: the functional all_reduce
+    makes a plan for the new group, not the cached one of the old (ring chunks for the old world size)."""
+    results = run_ranks(regroup_worker, 3, lambda r, q: (r, str(tmp_path), q, 30), timeout=150)
+    errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
+    assert not errors, "\n".join(errors)
+    assert sorted(len(done) for _, _, done in results) == [1, 2, 3]

@@ -15,14 +15,15 @@ Every rank must call the plans it made in the same order, as with torch.distribu
 A rank that dies, leaves or stalls makes the others raise ``PeerFailedError`` (torch.distributed's
 error inside), within the group's timeout.
 
-The functional ``all_reduce`` keeps one plan per setting (``plan_for``, a small LRU cache per
-process) and still agrees on each call's settings, because a call, unlike a plan, may differ
-between ranks.
+The functional ``all_reduce`` keeps one plan per setting and process group (``plan_for``, a small
+LRU cache per process; a new default group after ``destroy_process_group`` gets plans of its own)
+and still agrees on each call's settings, because a call, unlike a plan, may differ between ranks.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -124,10 +125,22 @@ _PLANS: OrderedDict = OrderedDict()
 _PLANS_LOCK = threading.Lock()
 
 
+def _group_key(group) -> weakref.ref:
+    """The process group a call runs on, as a cache key: a weak reference to ``group``, or for None to
+    the default group now.  After ``destroy_process_group`` and a new ``init_process_group``, None
+    means a new group object, so the old group's plans (its world size, chunk bounds, algorithm) are
+    never found again.  Weak, so a key keeps no group alive (Gloo aborts at interpreter exit on a
+    group kept past ``destroy_process_group``; a default group's plans hold None, not the group),
+    and a dead reference equals no live one."""
+    T.world(group)  # torch.distributed's own error when there is no such group (no init_process_group yet)
+    return weakref.ref(group if group is not None else dist.group.WORLD)
+
+
 def plan_for(like: torch.Tensor, op: str, group, codec, algorithm: str) -> tuple[Plan, bool]:
     """The functional API's cached plan of these settings, and whether this call made it (and so
-    already agreed on its settings).  Keyed by everything the plan fixes, the group included."""
-    key = (group, op, codec, algorithm, like.numel(), like.dtype, like.device, tuple(like.shape) if _row(like, codec) else ())
+    already agreed on its settings).  Keyed by everything the plan fixes, the process group included."""
+    key = (_group_key(group), op, codec, algorithm, like.numel(), like.dtype, like.device,
+           tuple(like.shape) if _row(like, codec) else ())
     with _PLANS_LOCK:
         p = _PLANS.get(key)
         if p is not None:
