@@ -185,6 +185,10 @@ def test_prediction_mismatch_and_ranges():
         ErrorBounded(1e-3, "lorenzo2d").encode(np.zeros(10, np.float32))
     with pytest.raises(InvalidArgumentError, match="whole rows"):
         ErrorBounded(1e-3, "lorenzo2d").encode(np.zeros(10, np.float32), row=3)
+    for row in (0, -2):  # a given row length is used as given: never bent to rows of 1
+        with pytest.raises(InvalidArgumentError, match=f"row length {row} "):
+            ErrorBounded(1e-3, "lorenzo2d").encode(np.zeros(10, np.float32), row=row)
+    assert ErrorBounded(1e-3, "lorenzo2d").prediction((4, 0)).row == 1  # an empty 2-D input: no values to split in rows
     with pytest.raises(InvalidArgumentError, match="predictor="):
         ErrorBounded(1e-3, "delta")
     # steps near the int32 limit: fine without prediction, residuals up to 2x / 4x of them are refused

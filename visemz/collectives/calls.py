@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..errors import InvalidArgumentError, PeerFailedError, UnsupportedFormatError, VisemzError
 from . import transport as T
-from .codecs import FLOATS, PREDICTORS, ErrorBounded, Lossless
+from .codecs import FLOATS, PREDICTORS, ErrorBounded, Lossless, predicts_rows
 
 OPS = ("sum", "avg")
 ALGORITHMS = ("auto", "ring", "recursive_doubling", "plain")
@@ -75,6 +75,21 @@ def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1
            float(extra), float(len(sizes)), float(sum(sizes)), float(hash(sizes) & (2**52 - 1)),  # ints hash alike in every process
            float(row)]
     return key, name
+
+
+def row_length(codec, tensors, what: str) -> int:
+    """lorenzo2d's row length for a call on ``tensors`` (else 0): their last dimension, which they must
+    all share, because flat payloads carry no shape and every rank decodes with this one length (a
+    setting the ranks agree on).  InvalidArgumentError, naming the codec and the collective, for a
+    tensor of fewer than 2 dimensions or tensors whose last dimensions differ."""
+    if not predicts_rows(codec):
+        return 0
+    shapes = [tuple(t.shape) for t in tensors]
+    if any(len(s) < 2 for s in shapes) or len({s[-1] for s in shapes}) != 1:
+        raise InvalidArgumentError(f"{what} with {codec!r}: 2-D Lorenzo prediction runs along rows of the tensors' last "
+                                   "dimension, so every tensor needs 2 or more dimensions and the same last one; got "
+                                   f"shapes {list(dict.fromkeys(shapes))}")
+    return codec.prediction(shapes[0]).row
 
 
 def agree(key: list[float], group, what: str) -> None:

@@ -33,18 +33,12 @@ from ..errors import InvalidArgumentError
 from . import autotune
 from . import transport as T
 from .algorithms import COMPRESSED, bounds, phase, write_values
-from .calls import DEFAULT_CODEC, agree, algorithm_code, flat, peer_failures, run, set_last_algorithm, settings
+from .calls import (DEFAULT_CODEC, agree, algorithm_code, flat, peer_failures, row_length, run, set_last_algorithm,
+                    settings)
 from .codecs import ErrorBounded, Lossless, predicts_rows
 from .engines import engine_for
 
 CACHE_SIZE = 64  # plans kept for the functional API (each holds an engine and its bounds)
-
-
-def _row(like: torch.Tensor, codec) -> int:
-    """lorenzo2d's row length for tensors like ``like`` (its last dimension), else 0."""
-    if predicts_rows(codec):
-        return codec.prediction(tuple(like.shape)).row
-    return 0
 
 
 class Plan:
@@ -54,7 +48,7 @@ class Plan:
         flat(like)  # contiguous
         if codec is not None and not isinstance(codec, (ErrorBounded, Lossless)):
             raise InvalidArgumentError(f"codec={codec!r}: expected ErrorBounded(eb), Lossless() or None")
-        self.row = _row(like, codec)
+        self.row = row_length(codec, [like], "all_reduce")
         self.key, self.dtype = settings([like], op, codec, algorithm, "all_reduce", algorithm_code(algorithm), self.row)
         self.op, self.group, self.codec, self.algorithm = op, group, codec, algorithm
         self.n, self.torch_dtype, self.device = like.numel(), like.dtype, like.device
@@ -140,7 +134,7 @@ def plan_for(like: torch.Tensor, op: str, group, codec, algorithm: str) -> tuple
     """The functional API's cached plan of these settings, and whether this call made it (and so
     already agreed on its settings).  Keyed by everything the plan fixes, the process group included."""
     key = (_group_key(group), op, codec, algorithm, like.numel(), like.dtype, like.device,
-           tuple(like.shape) if _row(like, codec) else ())
+           tuple(like.shape) if predicts_rows(codec) else ())
     with _PLANS_LOCK:
         p = _PLANS.get(key)
         if p is not None:
