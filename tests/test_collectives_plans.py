@@ -1,5 +1,6 @@
-"""Persistent all_reduce plans on Gloo with several processes: the functional API's results,
-mismatches refused on every rank at plan creation, a dead rank raising within the group timeout."""
+"""Persistent all_reduce plans on Gloo with several processes: results against the exact sum,
+mismatches refused on every rank at plan creation, a dead or stalled rank making the others raise
+PeerFailedError (and only then), the functional API's plans per default group, bad algorithms."""
 
 import pytest
 import torch
@@ -21,14 +22,26 @@ def test_plans_match_the_functional_api_and_refuse_mismatches(world, tmp_path, m
 
 
 @pytest.mark.timeout(200)
-def test_a_dead_rank_makes_the_others_raise_within_the_timeout(tmp_path):
-    world, group_timeout = 3, 20
-    results = run_ranks(dead_rank_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q, group_timeout),
-                        timeout=120)
+@pytest.mark.parametrize("how", ["dies", "stalls"])
+def test_a_dead_or_stalled_rank_makes_the_others_raise_peer_failed_error(how, tmp_path):
+    """The survivors raise PeerFailedError caused by torch.distributed's error; a bad tensor's Gloo
+    error stays a RuntimeError.  ``run_ranks``'s deadline is the hang guard: a survivor that neither
+    returns nor raises fails the test there, with the ranks that gave no result."""
+    world, group_timeout = 3, 15
+    results = run_ranks(dead_rank_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q, group_timeout, how),
+                        timeout=group_timeout + 90)
     errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
     assert not errors, "\n".join(errors)
-    assert sorted(r for r, _, _ in results) == [0, 1, 2]
-    assert all("raised after" in msg[0] for r, _, msg in results if r != world - 1), results
+    by_rank = {r: done for r, _, done in results}
+    assert sorted(by_rank) == [0, 1, 2] and by_rank[world - 1] == [f"{how} on purpose"], results
+    for r in range(world - 1):
+        bad_tensor, raised, cause, message = by_rank[r]
+        assert bad_tensor.startswith("bad tensor:"), by_rank[r]
+        assert (raised, cause) == ("PeerFailedError", "RuntimeError"), by_rank[r]
+        assert "another rank of the group failed" in message, message
+    # the transport's own report inside: a closed connection, or the group's timeout running out
+    said = [by_rank[r][3].lower() for r in range(world - 1)]
+    assert any(("closed by peer" if how == "dies" else "timed out") in m for m in said), said
 
 
 @pytest.mark.parametrize("call", [plan, all_reduce], ids=["plan", "functional"])

@@ -21,8 +21,15 @@ from .codecs import FLOATS, PREDICTORS, ErrorBounded, Lossless, predicts_rows
 OPS = ("sum", "avg")
 ALGORITHMS = ("auto", "ring", "recursive_doubling", "plain")
 DEFAULT_CODEC = ErrorBounded(1e-4)  # frozen, so one shared default is safe
-# what torch.distributed raises when a peer dies, closes its connection or a wait times out
-_DIST_ERRORS = (dist.DistError,)
+# What a peer that died, closed or reset its connection, or let a wait run out of time, looks like:
+# torch.distributed's network failures by type, and by their text the plain RuntimeError Gloo raises
+# ("Connection closed by peer [...]", "Timed out waiting 20000ms for recv operation to complete",
+# "Application timeout caused pair closure") and NCCL's DistBackendError ("... ran for 120000
+# milliseconds before timing out", "NCCL communicator was aborted", "remote process exited").  Any
+# other error, one naming Gloo or NCCL for a bad tensor included, is not a peer's failure.
+_PEER_FAILURE_TYPES = (dist.DistNetworkError,)
+_PEER_FAILURE_TEXT = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout",
+                      "timing out", "communicator was aborted", "remote process exited")
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -154,8 +161,9 @@ def run(fn, async_op: bool):
 
 
 class peer_failures:
-    """Turn torch.distributed's failures (a peer that died, closed its connection or timed out)
-    into ``PeerFailedError`` naming the collective; everything else passes through."""
+    """Turn the transport's reports of a peer that died, closed its connection or timed out into
+    ``PeerFailedError`` naming the collective, the transport's error chained as its cause; every
+    other error passes through unchanged."""
 
     def __init__(self, what: str):
         self.what = what
@@ -170,12 +178,12 @@ class peer_failures:
 
 
 def _peer_failure(err: BaseException) -> bool:
-    """torch.distributed's DistError, or the plain RuntimeError Gloo raises for a closed connection or
-    a timed-out wait (recognised by its text: a CUDA or shape error stays what it is)."""
+    """Whether ``err`` is the transport's report of a dead, disconnected or stalled peer
+    (``_PEER_FAILURE_TYPES`` / ``_PEER_FAILURE_TEXT``); a CUDA, shape or argument error stays what it is."""
     if isinstance(err, VisemzError) or not isinstance(err, RuntimeError):
         return False
     text = str(err).lower()
-    return isinstance(err, _DIST_ERRORS) or any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout"))
+    return isinstance(err, _PEER_FAILURE_TYPES) or any(w in text for w in _PEER_FAILURE_TEXT)
 
 
 _LAST = threading.local()
