@@ -14,7 +14,7 @@ from .plan_checks import dead_rank_worker, plan_worker, regroup_worker
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 3])
-def test_plans_match_the_functional_api_and_refuse_mismatches(world, tmp_path, monkeypatch):
+def test_plans_meet_the_exact_sum_and_refuse_mismatches(world, tmp_path, monkeypatch):
     monkeypatch.setenv("VISEMZ_COLLECTIVE_CALIBRATION_KIB", "256,4096")
     results = run_ranks(plan_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q), timeout=240)
     errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
