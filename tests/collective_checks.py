@@ -4,6 +4,7 @@ ranks and collects their results without ever hanging."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from datetime import timedelta
@@ -17,6 +18,7 @@ import torch.multiprocessing as mp
 
 from visemz.collectives import (
     ErrorBounded,
+    transport,
     Lossless,
     all_gather,
     all_reduce,
@@ -27,8 +29,9 @@ from visemz.collectives import (
     reduce_scatter,
     scatter,
 )
+from visemz.collectives.codecs import EB_HEAD2, PREDICTORS
 from visemz.collectives.cost import ALGORITHMS, AlgorithmCost, CostModel
-from visemz.errors import InvalidArgumentError
+from visemz.errors import InvalidArgumentError, PlanMismatchError
 
 N = 10_007
 DEVICE = torch.device("cpu")  # where the tensors under test live; the worker sets it
@@ -114,6 +117,7 @@ def checks(rank: int, world: int) -> list[str]:
         assert all(bounded(o, data(r * world + rank, n=300).cpu().to(torch.float64).numpy(), tol) for r, o in enumerate(outs))
     done.append("reduce_scatter, all_gather, broadcast, scatter, all_to_all (error-bounded and lossless)")
 
+    done += lorenzo2d_checks(rank, world)
     done += auto_checks(rank, world)
     done += ordering_checks(rank, world)
     if world == 1:  # nobody to disagree with
@@ -145,6 +149,97 @@ def checks(rank: int, world: int) -> list[str]:
     except InvalidArgumentError as e:
         assert "ranks disagree on" in str(e)
     done.append("different collectives refused on every rank")
+    return done
+
+
+@contextlib.contextmanager
+def sent_payloads():
+    """The payloads this rank hands to the transport inside the block (the real transport still moves them)."""
+    sent, real = [], {name: getattr(transport, name) for name in ("exchange", "all_gather", "broadcast")}
+
+    def exchange(sends, frm, group):
+        sent.extend(sends.values())
+        return real["exchange"](sends, frm, group)
+
+    def all_gather(payload, group):
+        sent.append(payload)
+        return real["all_gather"](payload, group)
+
+    def broadcast(payload, src, group):
+        sent.extend([payload] if payload is not None else [])
+        return real["broadcast"](payload, src, group)
+
+    transport.exchange, transport.all_gather, transport.broadcast = exchange, all_gather, broadcast
+    try:
+        yield sent
+    finally:
+        for name, fn in real.items():
+            setattr(transport, name, fn)
+
+
+def grid(seed: int, rows: int, row: int = 37) -> torch.Tensor:
+    """``data(seed)`` as a (rows, row) field."""
+    return data(seed, n=rows * row).reshape(rows, row)
+
+
+def lorenzo2d_checks(rank: int, world: int) -> list[str]:
+    """2-D Lorenzo in the collectives other than all_reduce: rows of the tensors' last dimension on the
+    wire and within eb; a 1-D tensor or differing last dimensions refused naming the codec and the
+    collective; ranks that disagree on the row length refused on every rank."""
+    codec, eb = ErrorBounded(1e-3, "lorenzo2d"), 1e-3
+    want = lambda t: t.cpu().to(torch.float64).numpy()  # noqa: E731
+    with sent_payloads() as sent:
+        out = torch.empty(11, 37, device=DEVICE)
+        reduce_scatter(out, [grid(rank, 11) * (j + 1) for j in range(world)], codec=codec)
+        assert bounded(out, sum(want(grid(r, 11) * (rank + 1)) for r in range(world)), world * eb)
+
+        outs = [torch.empty(13, 37, device=DEVICE) for _ in range(world)]
+        all_gather(outs, grid(rank, 13), codec=codec)
+        assert all(bounded(o, want(grid(r, 13)), eb) for r, o in enumerate(outs))
+
+        t = grid(0, 9) if rank == 0 else torch.zeros(9, 37, device=DEVICE)
+        broadcast(t, 0, codec=codec)
+        assert bounded(t, want(grid(0, 9)), eb) and same_everywhere(t)
+
+        root = world - 1
+        t = torch.empty(5, 37, device=DEVICE)
+        scatter(t, [grid(j, 5) for j in range(world)] if rank == root else None, root, codec=codec)
+        assert bounded(t, want(grid(rank, 5)), eb)
+
+        outs = [torch.empty(3, 37, device=DEVICE) for _ in range(world)]
+        all_to_all(outs, [grid(rank * world + j, 3) for j in range(world)], codec=codec)
+        assert all(bounded(o, want(grid(r * world + rank, 3)), eb) for r, o in enumerate(outs))
+    if DEVICE.type == "cpu":  # host payloads carry the stream header (device payloads are headerless block streams)
+        heads = [EB_HEAD2.unpack(bytes(p[: EB_HEAD2.size].cpu().numpy())) for p in sent]
+        assert sent and all(h[3] == PREDICTORS.index("lorenzo2d") and h[5] == 37 for h in heads), heads
+    done = ["2-D Lorenzo in reduce_scatter, all_gather, broadcast, scatter, all_to_all: rows of the last dimension"]
+
+    flat_t = data(rank, n=74)  # 1-D: no rows
+    calls = {
+        "reduce_scatter": lambda: reduce_scatter(torch.empty(74, device=DEVICE), [flat_t] * world, codec=codec),
+        "all_gather": lambda: all_gather([torch.empty(74, device=DEVICE) for _ in range(world)], flat_t, codec=codec),
+        "broadcast": lambda: broadcast(flat_t, 0, codec=codec),
+        "scatter": lambda: scatter(flat_t, [flat_t] * world if rank == 0 else None, 0, codec=codec),
+        "all_to_all": lambda: all_to_all([torch.empty(74, device=DEVICE) for _ in range(world)], [flat_t] * world,
+                                         codec=codec),
+        "all_gather ": lambda: all_gather([torch.empty(37, 2, device=DEVICE) for _ in range(world)], grid(rank, 2),
+                                          codec=codec),  # the last dimensions differ
+    }
+    for what, call in calls.items():
+        try:  # refused on the caller, before any communication, alike on every rank
+            call()
+            raise AssertionError(f"lorenzo2d in {what} without whole rows was accepted")
+        except InvalidArgumentError as e:
+            assert what.strip() in str(e) and "lorenzo2d" in str(e) and "last dimension" in str(e), (what, str(e))
+    done.append("2-D Lorenzo with a 1-D tensor or differing last dimensions refused, naming codec and collective")
+    if world > 1:
+        t = grid(rank, 10).reshape((37, 10) if rank == world - 1 else (10, 37))  # same count, other rows
+        try:
+            broadcast(t, 0, codec=codec)
+            raise AssertionError("ranks with different row lengths were not refused")
+        except PlanMismatchError as e:
+            assert "row length" in str(e), str(e)
+        done.append("ranks disagreeing on the row length refused on every rank")
     return done
 
 

@@ -9,7 +9,7 @@ from skimage import data as skdata
 
 from visemz.collectives import ErrorBounded, Lossless, add, gpu
 from visemz.collectives.codecs import LL_HEAD
-from visemz.encoders import stream
+from visemz.encoders import decode_ints, encode_ints, stream
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -185,6 +185,10 @@ def test_prediction_mismatch_and_ranges():
         ErrorBounded(1e-3, "lorenzo2d").encode(np.zeros(10, np.float32))
     with pytest.raises(InvalidArgumentError, match="whole rows"):
         ErrorBounded(1e-3, "lorenzo2d").encode(np.zeros(10, np.float32), row=3)
+    for row in (0, -2):  # a given row length is used as given: never bent to rows of 1
+        with pytest.raises(InvalidArgumentError, match=f"row length {row} "):
+            ErrorBounded(1e-3, "lorenzo2d").encode(np.zeros(10, np.float32), row=row)
+    assert ErrorBounded(1e-3, "lorenzo2d").prediction((4, 0)).row == 1  # an empty 2-D input: no values to split in rows
     with pytest.raises(InvalidArgumentError, match="predictor="):
         ErrorBounded(1e-3, "delta")
     # steps near the int32 limit: fine without prediction, residuals up to 2x / 4x of them are refused
@@ -203,7 +207,11 @@ def test_prediction_mismatch_and_ranges():
 def test_version_1_streams_still_decode_and_none_writes_them():
     x = _field(5000, 4)
     v1 = ErrorBounded(1e-3, "none").encode(x)
-    assert v1[4] == 1 and len(v1) - len(stream.pack(0, 0, 0, [b""])) > 0
+    # version 1, FORMAT.md 8.1: the 16-byte header, then the ints stream of the steps q themselves, exactly
+    q = np.rint(_f64(x) / 2e-3).astype(np.int32)
+    ints = encode_ints(q, policy="block", bitshuffle=True, entropy="none")
+    assert v1[:16] == struct.pack("<4sBBHd", b"VZEB", 1, 0, 0, 1e-3) and len(v1) == 16 + len(ints) and v1[16:] == ints
+    np.testing.assert_array_equal(decode_ints(v1[16:]), q)
     for reader in (ErrorBounded(1e-3), ErrorBounded(1e-3, "lorenzo2d"), ErrorBounded(1e-3, "none")):
         np.testing.assert_array_equal(reader.decode(v1), ErrorBounded(1e-3, "none").decode(v1))
 

@@ -16,13 +16,20 @@ import torch.distributed as dist
 
 from ..errors import InvalidArgumentError, PeerFailedError, UnsupportedFormatError, VisemzError
 from . import transport as T
-from .codecs import FLOATS, PREDICTORS, ErrorBounded, Lossless
+from .codecs import FLOATS, PREDICTORS, ErrorBounded, Lossless, predicts_rows
 
 OPS = ("sum", "avg")
 ALGORITHMS = ("auto", "ring", "recursive_doubling", "plain")
 DEFAULT_CODEC = ErrorBounded(1e-4)  # frozen, so one shared default is safe
-# what torch.distributed raises when a peer dies, closes its connection or a wait times out
-_DIST_ERRORS = (dist.DistError,)
+# What a peer that died, closed or reset its connection, or let a wait run out of time, looks like:
+# torch.distributed's network failures by type, and by their text the plain RuntimeError Gloo raises
+# ("Connection closed by peer [...]", "Timed out waiting 20000ms for recv operation to complete",
+# "Application timeout caused pair closure") and NCCL's DistBackendError ("... ran for 120000
+# milliseconds before timing out", "NCCL communicator was aborted", "remote process exited").  Any
+# other error, one naming Gloo or NCCL for a bad tensor included, is not a peer's failure.
+_PEER_FAILURE_TYPES = (dist.DistNetworkError,)
+_PEER_FAILURE_TEXT = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout",
+                      "timing out", "communicator was aborted", "remote process exited")
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -44,6 +51,13 @@ def _codec_key(codec) -> list[float]:
     raise InvalidArgumentError(f"codec={codec!r}: expected ErrorBounded(eb), Lossless() or None")
 
 
+def algorithm_code(algorithm: str) -> int:
+    """``algorithm``'s index in ALGORITHMS (a setting every rank agrees on); InvalidArgumentError naming it if it is none of them."""
+    if algorithm not in ALGORITHMS:
+        raise InvalidArgumentError(f"algorithm={algorithm!r}: expected one of {list(ALGORITHMS)}")
+    return ALGORITHMS.index(algorithm)
+
+
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "scatter", "all_to_all")
 KEY_FIELDS = ("collective", "op", "dtype", "codec", "eb", "predictor", "algorithm or root", "tensors", "values", "sizes hash",
               "row length (2-D prediction)")
@@ -58,8 +72,7 @@ def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1
     and are refused there instead of hanging."""
     if op not in OPS:
         raise InvalidArgumentError(f"op={op!r}: expected one of {list(OPS)}")
-    if algorithm not in ALGORITHMS:
-        raise InvalidArgumentError(f"algorithm={algorithm!r}: expected one of {list(ALGORITHMS)}")
+    algorithm_code(algorithm)
     names = {dtype_name(t) for t in tensors}
     if len(names) != 1:
         raise InvalidArgumentError(f"{what}: tensors mix dtypes {sorted(names)}")
@@ -69,6 +82,21 @@ def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1
            float(extra), float(len(sizes)), float(sum(sizes)), float(hash(sizes) & (2**52 - 1)),  # ints hash alike in every process
            float(row)]
     return key, name
+
+
+def row_length(codec, tensors, what: str) -> int:
+    """lorenzo2d's row length for a call on ``tensors`` (else 0): their last dimension, which they must
+    all share, because flat payloads carry no shape and every rank decodes with this one length (a
+    setting the ranks agree on).  InvalidArgumentError, naming the codec and the collective, for a
+    tensor of fewer than 2 dimensions or tensors whose last dimensions differ."""
+    if not predicts_rows(codec):
+        return 0
+    shapes = [tuple(t.shape) for t in tensors]
+    if any(len(s) < 2 for s in shapes) or len({s[-1] for s in shapes}) != 1:
+        raise InvalidArgumentError(f"{what} with {codec!r}: 2-D Lorenzo prediction runs along rows of the tensors' last "
+                                   "dimension, so every tensor needs 2 or more dimensions and the same last one; got "
+                                   f"shapes {list(dict.fromkeys(shapes))}")
+    return codec.prediction(shapes[0]).row
 
 
 def agree(key: list[float], group, what: str) -> None:
@@ -133,8 +161,9 @@ def run(fn, async_op: bool):
 
 
 class peer_failures:
-    """Turn torch.distributed's failures (a peer that died, closed its connection or timed out)
-    into ``PeerFailedError`` naming the collective; everything else passes through."""
+    """Turn the transport's reports of a peer that died, closed its connection or timed out into
+    ``PeerFailedError`` naming the collective, the transport's error chained as its cause; every
+    other error passes through unchanged."""
 
     def __init__(self, what: str):
         self.what = what
@@ -149,12 +178,12 @@ class peer_failures:
 
 
 def _peer_failure(err: BaseException) -> bool:
-    """torch.distributed's DistError, or the plain RuntimeError Gloo raises for a closed connection or
-    a timed-out wait (recognised by its text: a CUDA or shape error stays what it is)."""
+    """Whether ``err`` is the transport's report of a dead, disconnected or stalled peer
+    (``_PEER_FAILURE_TYPES`` / ``_PEER_FAILURE_TEXT``); a CUDA, shape or argument error stays what it is."""
     if isinstance(err, VisemzError) or not isinstance(err, RuntimeError):
         return False
     text = str(err).lower()
-    return isinstance(err, _DIST_ERRORS) or any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout"))
+    return isinstance(err, _PEER_FAILURE_TYPES) or any(w in text for w in _PEER_FAILURE_TEXT)
 
 
 _LAST = threading.local()

@@ -162,8 +162,8 @@ class ErrorBounded:
         if row is None:
             if shape is None or len(shape) < 2:
                 raise InvalidArgumentError(f"predictor 'lorenzo2d' needs a 2-D input (shape {shape}) or a row length")
-            row = int(shape[-1])
-        return Prediction("lorenzo2d", max(int(row), 1))
+            row = max(int(shape[-1]), 1)  # an empty input (last dimension 0) has no values for rows to split
+        return Prediction("lorenzo2d", int(row))  # a given row length < 1 is refused there, never bent to 1
 
     def quantize(self, x) -> tuple[np.ndarray, str]:
         a, name = _as_array(x)

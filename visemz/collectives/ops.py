@@ -14,6 +14,10 @@ values, not only the speed: pass ``codec=None`` for torch.distributed's own sum)
 Each call first checks that all ranks agree on its settings; a mismatch raises on every rank.
 Data-movement collectives (all_gather, broadcast, scatter, all_to_all) leave every copy of a
 tensor, the sender's included, equal to the decoded data, so ranks agree exactly.
+With ``ErrorBounded(eb, "lorenzo2d")`` every collective predicts along rows of its tensors' last
+dimension, which every tensor of the call must have 2 or more dimensions to give and must share
+(``calls.row_length``; else ``InvalidArgumentError`` naming the codec and the collective); the row
+length is one of the settings the ranks agree on.
 
 CUDA tensors are compressed, added and decoded on their GPU (``engines.DeviceEngine``) and on
 an NCCL group the compressed bytes move GPU to GPU; CPU tensors use the NumPy codecs.  Both
@@ -33,7 +37,7 @@ import torch.distributed as dist
 from ..errors import InvalidArgumentError
 from . import transport as T
 from .algorithms import phase_times, ring_reduce_scatter, write_values
-from .calls import ALGORITHMS, DEFAULT_CODEC, OPS, Handle, agree, flat, last_algorithm, run, settings
+from .calls import ALGORITHMS, DEFAULT_CODEC, OPS, Handle, agree, flat, last_algorithm, row_length, run, settings
 from .codecs import Lossless
 from .cost import CostModel
 from .engines import engine_for
@@ -69,7 +73,8 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: str
     w = T.world(group)
     if len(input_list) != w:
         raise InvalidArgumentError(f"reduce_scatter needs {w} inputs (one per rank), got {len(input_list)}")
-    key, name = settings([output, *input_list], op, codec, "auto", "reduce_scatter")
+    row = row_length(codec, [output, *input_list], "reduce_scatter")
+    key, name = settings([output, *input_list], op, codec, "auto", "reduce_scatter", row=row)
     out = flat(output)
 
     def work():
@@ -81,7 +86,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: str
             a = r * out.numel()
             out.copy_(stacked[a : a + out.numel()] / (w if op == "avg" else 1))
             return output
-        eng, n = engine_for(out, codec), out.numel()
+        eng, n = engine_for(out, codec, row), out.numel()
         mine = eng.encode_many([t.reshape(-1) for t in input_list])
         if isinstance(codec, Lossless):  # every rank's part r, summed in rank order
             got = T.exchange({j: mine[j] for j in range(w) if j != r}, [j for j in range(w) if j != r], group)
@@ -99,13 +104,13 @@ def _decode_into(eng, payload: torch.Tensor, out: torch.Tensor, name: str) -> No
     write_values(out, eng.values(payload, out.numel(), name))
 
 
-def _moved(op: str, key, group, codec, like: torch.Tensor, plain, compressed, async_op: bool):
+def _moved(op: str, key, group, codec, like: torch.Tensor, plain, compressed, async_op: bool, row: int = 0):
     """Run a data-movement collective: agree on the settings, then ``plain()`` (torch.distributed's
-    own) when codec is None, else ``compressed(engine)``."""
+    own) when codec is None, else ``compressed(engine)`` (``row``: 2-D prediction's row length)."""
 
     def work():
         agree(key, group, op)
-        return plain() if codec is None else compressed(engine_for(like, codec))
+        return plain() if codec is None else compressed(engine_for(like, codec, row))
 
     return run(work, async_op)
 
@@ -115,7 +120,8 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
     w = T.world(group)
     if len(tensor_list) != w:
         raise InvalidArgumentError(f"all_gather needs {w} outputs (one per rank), got {len(tensor_list)}")
-    key, name = settings([tensor, *tensor_list], "sum", codec, "auto", "all_gather")
+    row = row_length(codec, [tensor, *tensor_list], "all_gather")
+    key, name = settings([tensor, *tensor_list], "sum", codec, "auto", "all_gather", row=row)
 
     def plain():
         dist.all_gather(tensor_list, tensor, group)
@@ -126,11 +132,12 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
             _decode_into(eng, p, flat(out), name)
         return tensor_list
 
-    return _moved("all_gather", key, group, codec, tensor, plain, compressed, async_op)
+    return _moved("all_gather", key, group, codec, tensor, plain, compressed, async_op, row)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None, codec=DEFAULT_CODEC, async_op: bool = False):
-    key, name = settings([tensor], "sum", codec, "auto", "broadcast", src)
+    row = row_length(codec, [tensor], "broadcast")
+    key, name = settings([tensor], "sum", codec, "auto", "broadcast", src, row)
 
     def plain():
         dist.broadcast(tensor, src, group)
@@ -141,7 +148,7 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec=DEFAULT_CODEC, a
         _decode_into(eng, T.broadcast(mine, src, group), flat(tensor), name)
         return tensor
 
-    return _moved("broadcast", key, group, codec, tensor, plain, compressed, async_op)
+    return _moved("broadcast", key, group, codec, tensor, plain, compressed, async_op, row)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int, group=None,
@@ -151,7 +158,8 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: 
     r, w = T.rank(group), T.world(group)
     if r == src and (scatter_list is None or len(scatter_list) != w):
         raise InvalidArgumentError(f"scatter's root needs a list of {w} tensors")
-    key, name = settings([tensor], "sum", codec, "auto", "scatter", src)
+    row = row_length(codec, [tensor, *(scatter_list if r == src else [])], "scatter")  # the root's parts too
+    key, name = settings([tensor], "sum", codec, "auto", "scatter", src, row)
 
     def plain():
         dist.scatter(tensor, scatter_list if r == src else None, src, group)
@@ -166,7 +174,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: 
             _decode_into(eng, T.exchange({}, [src], group)[src], flat(tensor), name)
         return tensor
 
-    return _moved("scatter", key, group, codec, tensor, plain, compressed, async_op)
+    return _moved("scatter", key, group, codec, tensor, plain, compressed, async_op, row)
 
 
 def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], group=None,
@@ -176,7 +184,8 @@ def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], 
     w = T.world(group)
     if len(output_list) != w or len(input_list) != w:
         raise InvalidArgumentError(f"all_to_all needs {w} inputs and {w} outputs")
-    key, name = settings([*input_list, *output_list], "sum", codec, "auto", "all_to_all")
+    row = row_length(codec, [*input_list, *output_list], "all_to_all")
+    key, name = settings([*input_list, *output_list], "sum", codec, "auto", "all_to_all", row=row)
 
     def work():
         agree(key, group, "all_to_all")
@@ -185,7 +194,7 @@ def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], 
             dist.all_to_all(output_list, [t.contiguous() for t in input_list], group)
             return output_list
         # Gloo has no all_to_all: the uncompressed path there is the exact (lossless) exchange
-        eng = engine_for(input_list[0], codec if codec is not None else Lossless())
+        eng = engine_for(input_list[0], codec if codec is not None else Lossless(), row)
         parts = eng.encode_many([flat(t.contiguous()) for t in input_list])
         others = [j for j in range(w) if j != r]
         got = T.exchange({j: parts[j] for j in others}, others, group)

@@ -15,14 +15,15 @@ Every rank must call the plans it made in the same order, as with torch.distribu
 A rank that dies, leaves or stalls makes the others raise ``PeerFailedError`` (torch.distributed's
 error inside), within the group's timeout.
 
-The functional ``all_reduce`` keeps one plan per setting (``plan_for``, a small LRU cache per
-process) and still agrees on each call's settings, because a call, unlike a plan, may differ
-between ranks.
+The functional ``all_reduce`` keeps one plan per setting and process group (``plan_for``, a small
+LRU cache per process; a new default group after ``destroy_process_group`` gets plans of its own)
+and still agrees on each call's settings, because a call, unlike a plan, may differ between ranks.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -32,18 +33,12 @@ from ..errors import InvalidArgumentError
 from . import autotune
 from . import transport as T
 from .algorithms import COMPRESSED, bounds, phase, write_values
-from .calls import ALGORITHMS, DEFAULT_CODEC, agree, flat, peer_failures, run, set_last_algorithm, settings
+from .calls import (DEFAULT_CODEC, agree, algorithm_code, flat, peer_failures, row_length, run, set_last_algorithm,
+                    settings)
 from .codecs import ErrorBounded, Lossless, predicts_rows
 from .engines import engine_for
 
 CACHE_SIZE = 64  # plans kept for the functional API (each holds an engine and its bounds)
-
-
-def _row(like: torch.Tensor, codec) -> int:
-    """lorenzo2d's row length for tensors like ``like`` (its last dimension), else 0."""
-    if predicts_rows(codec):
-        return codec.prediction(tuple(like.shape)).row
-    return 0
 
 
 class Plan:
@@ -53,8 +48,8 @@ class Plan:
         flat(like)  # contiguous
         if codec is not None and not isinstance(codec, (ErrorBounded, Lossless)):
             raise InvalidArgumentError(f"codec={codec!r}: expected ErrorBounded(eb), Lossless() or None")
-        self.row = _row(like, codec)
-        self.key, self.dtype = settings([like], op, codec, algorithm, "all_reduce", ALGORITHMS.index(algorithm), self.row)
+        self.row = row_length(codec, [like], "all_reduce")
+        self.key, self.dtype = settings([like], op, codec, algorithm, "all_reduce", algorithm_code(algorithm), self.row)
         self.op, self.group, self.codec, self.algorithm = op, group, codec, algorithm
         self.n, self.torch_dtype, self.device = like.numel(), like.dtype, like.device
         self.world = T.world(group)
@@ -124,10 +119,22 @@ _PLANS: OrderedDict = OrderedDict()
 _PLANS_LOCK = threading.Lock()
 
 
+def _group_key(group) -> weakref.ref:
+    """The process group a call runs on, as a cache key: a weak reference to ``group``, or for None to
+    the default group now.  After ``destroy_process_group`` and a new ``init_process_group``, None
+    means a new group object, so the old group's plans (its world size, chunk bounds, algorithm) are
+    never found again.  Weak, so a key keeps no group alive (Gloo aborts at interpreter exit on a
+    group kept past ``destroy_process_group``; a default group's plans hold None, not the group),
+    and a dead reference equals no live one."""
+    T.world(group)  # torch.distributed's own error when there is no such group (no init_process_group yet)
+    return weakref.ref(group if group is not None else dist.group.WORLD)
+
+
 def plan_for(like: torch.Tensor, op: str, group, codec, algorithm: str) -> tuple[Plan, bool]:
     """The functional API's cached plan of these settings, and whether this call made it (and so
-    already agreed on its settings).  Keyed by everything the plan fixes, the group included."""
-    key = (group, op, codec, algorithm, like.numel(), like.dtype, like.device, tuple(like.shape) if _row(like, codec) else ())
+    already agreed on its settings).  Keyed by everything the plan fixes, the process group included."""
+    key = (_group_key(group), op, codec, algorithm, like.numel(), like.dtype, like.device,
+           tuple(like.shape) if predicts_rows(codec) else ())
     with _PLANS_LOCK:
         p = _PLANS.get(key)
         if p is not None:
