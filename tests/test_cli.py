@@ -215,3 +215,13 @@ def test_large_tiff_and_volume_tiled_and_a_region_decoded(cli, tmp_path):
     assert r.exit_code == 2 and "10:60;20:120" in r.stderr
     r = cli("compress", src, dst, "--tile", "100")
     assert r.exit_code == 2 and "tile=100" in r.stderr
+
+
+@pytest.mark.parametrize("tile", ["65536", "100"])
+def test_a_tile_the_reader_refuses_is_a_usage_error(cli, tmp_path, tile):
+    """Before any output: exit 2, the value named, no traceback, no output folder."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _write(src / "gray8.png", data.camera()[:40, :52])
+    r = cli("compress", src, dst, "--tile", tile, "--device", "cpu")
+    assert r.exit_code == 2 and f"--tile={tile}: expected a multiple of 64 pixels in 64..32768" in r.stderr
+    assert "Traceback" not in r.stdout + r.stderr and not dst.exists()

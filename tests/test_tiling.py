@@ -3,6 +3,10 @@ edges, and damaged tile indexes.  Small tiles (64-256 pixels) keep the CPU work 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from skimage import data
@@ -123,9 +127,31 @@ def test_bad_regions_are_named(coffee, region):
 
 
 def test_a_bad_tile_size_is_named(codec):
-    for tile in (100, 0, 32, "128", True):
-        with pytest.raises(InvalidArgumentError, match="tile="):
+    for tile in (100, 0, 32, "128", True, tiling.MAX_TILE + 64, 1 << 16):
+        with pytest.raises(InvalidArgumentError, match=f"tile={tile!r}"):
             codec.compress(np.zeros((70, 70), np.uint8), tile=tile)
+
+
+def test_every_tile_the_writer_takes_the_reader_takes(codec):
+    """The largest tile is written and read; one step above it is refused on write (it used to write
+    files that the reader refused) and, in a header, on read, with the value named."""
+    img = np.ascontiguousarray(data.camera()[:70, :70])
+    buf = visemz.compress(img, quality=3, tile=tiling.MAX_TILE, device="cpu")
+    assert meta_tiles(buf)["size"] == tiling.MAX_TILE and visemz.decompress(buf, device="cpu").shape == img.shape
+    with pytest.raises(InvalidArgumentError, match="tile=65536"):
+        visemz.compress(img, quality=3, tile=65536, device="cpu")
+    meta = container.unpack(buf).meta
+    for size in (65536, tiling.MAX_TILE + 64, 100, 0):
+        bad = repack(buf, meta=dict(meta, tiles=dict(meta["tiles"], size=size)))
+        with pytest.raises(CorruptStreamError, match=f"tiles.size={size}"):
+            codec.decompress(bad)
+
+
+@pytest.mark.parametrize("value", ["65536", "100"])
+def test_a_bad_visemz_tile_is_named_at_import(value):
+    env = dict(os.environ, VISEMZ_TILE=value)
+    r = subprocess.run([sys.executable, "-c", "import visemz"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and f"InvalidArgumentError: VISEMZ_TILE={value}: expected a multiple of 64" in r.stderr
 
 
 def test_damaged_tile_indexes_are_corrupt_streams(codec, coffee):

@@ -113,7 +113,7 @@ def compress(
     """Compress images into .vsz files, mirroring the source tree (a large TIFF or .npy: tile by tile)."""
     rank, world = _torchrun_group(device)
     if tile:
-        check_tile(tile)
+        check_tile(tile, "--tile")  # before any output: a bad size is a usage error, not a failure per image
     cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "", tile)
     summary = _run_with_progress("compress", as_json or rank > 0,
                                  lambda p: compress_folder(src, dst, cfg, progress=p, rank=rank, world=world))

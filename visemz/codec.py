@@ -27,7 +27,7 @@ import torch
 
 from . import container, latents, residual, tile_index, tiling
 from . import device as dev
-from .config import DEFAULTS, MAX_TILE
+from .config import DEFAULTS
 from .encoders import encode_ints
 from .errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 from .models import architectures, registry
@@ -126,7 +126,7 @@ class ImageCodec:
         if image_format not in FORMATS_READ:
             raise InvalidArgumentError(f"image_format={image_format!r}: this build writes {list(FORMATS_READ)}")
         q = registry.check_quality(quality)
-        tile = tiling.check_tile(DEFAULTS.tile if tile is None else tile)
+        tile = DEFAULTS.tile if tile is None else tiling.check_tile(tile)
         t = as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
         meta = describe(t)
         e = check_max_error(max_error, meta.dtype)
@@ -344,8 +344,7 @@ def _check_tiles(h: dict, height: int, width: int, symbols: list[str]) -> tiling
     if not isinstance(t, dict) or set(t) != TILE_KEYS:
         raise CorruptStreamError(f"image header tiles {t!r} do not hold exactly {sorted(TILE_KEYS)}")
     size, halo, rows_cols = t["size"], t["halo"], t["grid"]
-    if type(size) is not int or size < PAD or size % PAD or size > MAX_TILE:
-        raise CorruptStreamError(f"image tile size {size!r} is not a multiple of {PAD} in {PAD}..{MAX_TILE}")
+    tiling.check_tile(size, "image header tiles.size", CorruptStreamError)
     if not (isinstance(halo, list) and len(halo) == 2 and all(type(v) is int and 0 <= v <= size for v in halo)):
         raise CorruptStreamError(f"image tile halo {halo!r} is not two sizes in 0..{size}")
     grid = tiling.Grid(size, height, width)

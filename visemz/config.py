@@ -41,8 +41,9 @@ class Defaults:
     rans_lane_bytes: int = 512  # VISEMZ_RANS_LANE_BYTES
     #: Conditional rANS: at most this many symbols per lane (bounds the sequential steps of a lane).
     rans_lane_symbols: int = 16384  # VISEMZ_RANS_LANE_SYMBOLS
-    #: Image codec: core tile size in pixels (a multiple of 64).  An image larger than one tile is
-    #: compressed tile by tile (image format 4), so GPU memory follows the tile batch, not the image.
+    #: Image codec: core tile size in pixels (a multiple of 64 in 64..32768: ``tiling.check_tile``).  An
+    #: image larger than one tile is compressed tile by tile (image format 4), so GPU memory follows the
+    #: tile batch, not the image.
     #: 4096 because every tile carries its own hyperprior and coding (measured, CPU, mbt2018-mean,
     #: a 1538x2493 X-ray: tiles of 1024 took 1.12-1.46x the bytes of one tile) and the network runs
     #: faster on large windows (H200, scripts/bench_tiles.py: 48 Mpx/s in tiles of 1024, 127 Mpx/s
@@ -54,7 +55,6 @@ class Defaults:
 
 
 LOADERS = ("auto", "dali", "kvikio", "cpu")
-MAX_TILE = 1 << 15
 
 _ENV = {f.name: "VISEMZ_" + f.name.upper() for f in fields(Defaults)}
 
@@ -80,9 +80,8 @@ def _from_env() -> Defaults:
     if d.rans_lane_bytes < 1 or not 1 <= d.rans_lane_symbols <= (1 << 20):
         raise InvalidArgumentError(f"VISEMZ_RANS_LANE_BYTES={d.rans_lane_bytes} must be >= 1 and "
                                    f"VISEMZ_RANS_LANE_SYMBOLS={d.rans_lane_symbols} in 1..1048576")
-    if d.tile < 64 or d.tile % 64 or d.tile > MAX_TILE or d.tile_batch < 1:
-        raise InvalidArgumentError(f"VISEMZ_TILE={d.tile} must be a multiple of 64 in 64..{MAX_TILE} "
-                                   f"and VISEMZ_TILE_BATCH={d.tile_batch} >= 1")
+    if d.tile_batch < 1:  # VISEMZ_TILE is checked by tiling.check_tile, the tile rule of writers and readers
+        raise InvalidArgumentError(f"VISEMZ_TILE_BATCH={d.tile_batch}: expected >= 1")
     if not (4096 <= d.entropy_chunk <= (16 << 20)):
         raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
     return d

@@ -25,10 +25,12 @@ from typing import Callable, Iterator
 
 import torch
 
-from .errors import InvalidArgumentError
+from .config import DEFAULTS
+from .errors import InvalidArgumentError, VisemzError
 from .models import architectures
 from .pixels import PAD, ImageMeta, to_batch
 
+MAX_TILE = 1 << 15  # the largest core tile in pixels, written or read (docs/FORMAT.md, section 4.3)
 STRIDE = 16  # pixels per latent position
 ANALYSIS_HALO = (32, 16)  # pixels before / after a core that g_a needs (30 and 14, on the stride grid)
 SYNTHESIS_HALO = (1, 2)  # latent positions before / after a core that g_s needs
@@ -95,10 +97,18 @@ def grid_for(meta: ImageMeta, tile: int | None) -> Grid:
     return Grid(tile if tile is not None else max(ph, pw), ph, pw)
 
 
-def check_tile(tile) -> int:
-    if isinstance(tile, bool) or not isinstance(tile, int) or tile < PAD or tile % PAD:
-        raise InvalidArgumentError(f"tile={tile!r}: expected a multiple of {PAD} pixels")
+def check_tile(tile, name: str = "tile", error: type[VisemzError] = InvalidArgumentError) -> int:
+    """``tile`` if it is a core tile size, a multiple of 64 pixels in 64..MAX_TILE, else ``error`` naming
+    ``name`` and the value: the one rule of the writer (an argument: ``InvalidArgumentError``), the reader
+    (a header: ``CorruptStreamError``) and ``VISEMZ_TILE``, so that every file written is read back."""
+    if isinstance(tile, bool) or not isinstance(tile, int) or tile % PAD or not PAD <= tile <= MAX_TILE:
+        raise error(f"{name}={tile!r}: expected a multiple of {PAD} pixels in {PAD}..{MAX_TILE}")
     return tile
+
+
+# config.py reads VISEMZ_TILE; the rule is this module's (config cannot import it: this module's imports
+# import config), so the default is checked here, when visemz is imported, as config checks the others.
+check_tile(DEFAULTS.tile, "VISEMZ_TILE")
 
 
 def check_region(region, shape: tuple[int, ...]) -> Box:
