@@ -136,17 +136,28 @@ class ImageCodec:
         coded = latents.RANS if image_format == TILED else image_format
         with exact_math():
             net64 = _model64(spec, self.device) if e is not None or coded == latents.RANS else None
-            tiles, shapes = [], {}
-            for i, symbols in tiling.analyse(net, t, meta, q, grid, DEFAULTS.tile_batch, self.device):
-                tiles.append(latents.encode(coded, net, net64, symbols, q, self.enc))
-                shapes = {k: list(v.shape) for k, v in symbols.items()}
+            analysed = tiling.analyse(net, t, meta, q, grid, DEFAULTS.tile_batch, self.device)
+            tiles, waiting = [], {}  # each tile's (sections, coding); symbols coded, not yet synthesised
+
+            def symbols_of(i: int) -> dict[str, torch.Tensor]:
+                """Tile i's symbols: tiles are analysed and coded in order up to it.  The residual's synthesis
+                asks for each tile's once, when it first needs the tile's latent (after the tiles before it, a
+                neighbour row ahead), so only a band of tiles' symbols waits here, not the whole image's."""
+                while i not in waiting:
+                    j, symbols = next(analysed)
+                    tiles.append(latents.encode(coded, net, net64, symbols, q, self.enc))
+                    waiting[j] = symbols
+                return waiting.pop(i)
+
             mode = None if e is None else residual.mode_for(meta, e)
             if e is not None:
-                pixels = self._tile_pixels(net, net64, q, meta, grid, range(grid.count), lambda i: tiles[i], True)
+                pixels = self._tile_pixels(net, net64, q, meta, grid, range(grid.count), symbols_of, True)
                 for i, box, x01 in pixels:
                     x = t[box[0]:box[1], box[2]:box[3]].to(self.device)
                     extra, _ = residual.encode(x, x01, tiling.tile_meta(meta, box), e, **self.enc)
                     tiles[i][0].update(extra)
+            for i in range(len(tiles), grid.count):  # without max_error: every tile, coded and dropped
+                symbols_of(i)
         header = {
             "format": image_format, "model": spec.name, "model_id": model_id, "quality": q, "dtype": meta.dtype,
             "shape": list(meta.shape), "range": [meta.lo, meta.hi],
@@ -154,7 +165,8 @@ class ImageCodec:
         }
         if image_format != TILED:
             sections, coding = tiles[0]
-            header["symbols"] = shapes
+            shapes = architectures.latent_shapes(net, *_batch_and_padded(meta))
+            header["symbols"] = {k: list(v) for k, v in shapes.items()}
             if coding is not None:
                 header["coding"] = coding
             return container.pack(KIND, header, sections)
@@ -195,7 +207,7 @@ class ImageCodec:
         out = None
         with exact_math():
             pixels = self._tile_pixels(f.net, f.net64, h["quality"], meta, f.grid, f.grid.touching(box),
-                                       f.tile, mode is not None)
+                                       f.symbols, mode is not None)
             for i, tbox, x01 in pixels:
                 tm = tiling.tile_meta(meta, tbox)
                 px = denormalise(x01, tm) if mode is None else residual.decode(f.tile(i)[0], x01, tm, e, mode)
@@ -209,15 +221,14 @@ class ImageCodec:
                 out[y0 - box[0]:y1 - box[0], x0 - box[2]:x1 - box[2]] = dev.as_numpy(part) if host else part
         return out
 
-    def _tile_pixels(self, net, net64, q: float, meta: ImageMeta, grid: tiling.Grid, tiles, tile_of, f64: bool):
-        """(tile, its box in the image, its pixels in [0, 1] in image layout) for ``tiles``: their symbols
-        decoded from ``tile_of(i)`` = (sections, coding), synthesised in float64 (``f64``, the error-bound
-        path) or float32."""
+    def _tile_pixels(self, net, net64, q: float, meta: ImageMeta, grid: tiling.Grid, tiles, symbols_of, f64: bool):
+        """(tile, its box in the image, its pixels in [0, 1] in image layout) for ``tiles``, synthesised in
+        float64 (``f64``, the error-bound path) or float32 from ``symbols_of(i)``, tile i's symbols (asked
+        for once per tile whose latent the synthesis needs, the tiles around ``tiles`` included)."""
         model, dtype = (net64, torch.float64) if f64 else (net, torch.float32)
 
         def latent_of(i: int) -> torch.Tensor:
-            symbols = _tile_symbols(net, net64, q, self.device, meta, grid, i, *tile_of(i))
-            return architectures.dequantise(model, symbols, q, dtype)
+            return architectures.dequantise(model, symbols_of(i), q, dtype)
 
         for i, x in tiling.synthesise(model, grid, list(tiles), latent_of, DEFAULTS.tile_batch):
             box = tiling.pixel_box(grid, i, meta)
