@@ -191,6 +191,46 @@ def test_damaged_tile_indexes_are_corrupt_streams(codec, coffee):
         codec.decompress(swapped)
 
 
+@pytest.fixture
+def checksums(monkeypatch):
+    """Counts container unpacks and the bytes the container's checksums read, for the calls under test."""
+    seen = {"unpacks": 0, "hashed": 0}
+    real_unpack, real_hash = container.unpack, container.xxh64
+
+    def unpack(buf):
+        seen["unpacks"] += 1
+        return real_unpack(buf)
+
+    def xxh64(*parts):
+        seen["hashed"] += sum(memoryview(p).nbytes for p in parts)
+        return real_hash(*parts)
+
+    monkeypatch.setattr(container, "unpack", unpack)
+    monkeypatch.setattr(container, "xxh64", xxh64)
+    return seen
+
+
+def test_a_decode_checks_each_checksum_once(coffee, checksums):
+    """A full decode and a region read unpack the file once and hash each of its bytes once (all but the
+    stored header checksum): the region read checks the whole file, not twice."""
+    _, buf, out = coffee
+    for region in (None, (0, 10, 0, 10)):
+        checksums.update(unpacks=0, hashed=0)
+        got = visemz.decompress(buf, device="cpu", region=region)
+        assert got.shape == (out.shape if region is None else (10, 10))
+        assert checksums == {"unpacks": 1, "hashed": len(buf) - 8}, region
+
+
+def test_a_stack_checks_each_checksum_once(codec, checksums):
+    stack = np.stack([np.ascontiguousarray(data.camera()[k * 40:k * 40 + 70, :90]) for k in range(3)])
+    buf = pages.encode(stack, lambda page: codec.compress(page, model="balle2016", quality=3, tile=64))
+    page_bytes = [len(p) for p in pages.page_buffers(container.unpack(buf))]
+    for region in (None, (5, 60, 10, 80)):
+        checksums.update(unpacks=0, hashed=0)
+        visemz.decompress(buf, device="cpu", region=region)
+        assert checksums == {"unpacks": 4, "hashed": len(buf) - 8 + sum(n - 8 for n in page_bytes)}, region
+
+
 def meta_tiles(buf: bytes) -> dict:
     return container.unpack(buf).meta["tiles"]
 

@@ -177,25 +177,32 @@ class ImageCodec:
 
     # ---------------------------------------------------------------- decompress
     def decode_symbols(self, buf) -> dict[str, torch.Tensor]:
-        """.vsz bytes -> the latent symbols it holds ({"y": ..., ["z": ...]}, int32 on this codec's device);
-        a tiled file's tiles assembled into the whole image's latents."""
+        """.vsz bytes (or the ``container.Container`` unpacked from them) -> the latent symbols it holds
+        ({"y": ..., ["z": ...]}, int32 on this codec's device); a tiled file's tiles assembled into the whole
+        image's latents."""
         grid, tiles = self.decode_tile_symbols(buf)
         return {k: tiling.assemble(grid, lambda i: tiles[i][k], grid.size // stride)
                 for k, stride in (("y", tiling.STRIDE), ("z", PAD)) if k in tiles[0]}
 
     def decode_tile_symbols(self, buf) -> tuple[tiling.Grid, list[dict[str, torch.Tensor]]]:
-        """.vsz bytes -> (its tile grid, each tile's symbols); files of formats 2 and 3 are one tile."""
+        """.vsz bytes or container -> (its tile grid, each tile's symbols); files of formats 2 and 3 are one tile."""
         f = self._open(buf)
         with exact_math():
             return f.grid, [f.symbols(i) for i in range(f.grid.count)]
 
     def decompress_tensor(self, buf, region=None) -> torch.Tensor:
-        """.vsz bytes -> the image (or its ``region``, (y0, y1, x0, x1)) as a torch tensor on this codec's device."""
+        """.vsz bytes or container -> the image (or its ``region``, (y0, y1, x0, x1)) as a torch tensor on this
+        codec's device."""
         return self._decode(buf, region, host=False)
 
     def decompress(self, buf, region=None) -> np.ndarray:
         """.vsz bytes -> the image as a NumPy array of the original dtype and shape, or only its ``region``
-        (y0, y1, x0, x1): then only the tiles that region needs are decoded."""
+        (y0, y1, x0, x1): then only the tiles that region needs are decoded.
+
+        ``buf`` may be the ``container.Container`` already unpacked from the bytes (``pages.decode`` passes
+        it), whose checksums ``container.unpack`` checked: they are not checked again.  Bytes are unpacked
+        here, each checksum checked once; a region read checks them all too (the header's and every
+        section's, the tiles it does not decode included: damage anywhere is ``CorruptStreamError``)."""
         return self._decode(buf, region, host=True)
 
     def _decode(self, buf, region, host: bool):
@@ -235,8 +242,9 @@ class ImageCodec:
             yield i, box, from_batch(x, tiling.tile_meta(meta, box))
 
     def _open(self, buf) -> "_File":
-        """Parse and check a file: its header, image meta, grid, weights and where each tile's parts lie."""
-        c = container.unpack(buf)
+        """Parse and check a file (bytes, or a container unpacked from them): its header, image meta, grid,
+        weights and where each tile's parts lie."""
+        c = buf if isinstance(buf, container.Container) else container.unpack(buf)
         if c.kind != KIND:
             raise UnsupportedFormatError(f"container holds {c.kind!r}, not an image")
         h = _check_header(c.meta, c.sections)

@@ -8,12 +8,14 @@ container holds them back to back, with an index of their lengths (docs/FORMAT.m
     kind "pages", meta {"format": 1, "shape": [P, H, W] or [P, H, W, C], "dtype": "uint8"}
     sections "index" (P little-endian u64 lengths), then "pages" (the page containers, in order)
 
-Decoding checks the outer container's checksums, then every page as the codec does, and that
-every page decodes to ``shape[1:]`` and ``dtype``; so the stack comes back exactly.
+Decoding unpacks the file once (``unpack``: the outer container's checksums, then each page
+container's), hands the codec the unpacked image containers, which it checks as for any image,
+and checks that every page decodes to ``shape[1:]`` and ``dtype``; so the stack comes back exactly.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -46,20 +48,38 @@ def encode(stack, compress_page: Callable[[object], bytes]) -> bytes:
     return container.pack(KIND, meta, {"index": index, "pages": b"".join(bufs)})
 
 
+@dataclass(frozen=True)
+class Unpacked:
+    """A .vsz file unpacked once, each of its checksums checked once: its image containers."""
+
+    images: list[container.Container]  # the file itself (any kind but "pages": the codec judges it), or its pages
+    stack: tuple[tuple[int, ...], str] | None = None  # a page stack's (shape, dtype); None for one image
+
+
+def unpack(buf) -> Unpacked:
+    """.vsz bytes (an image file or a pages file) -> its image containers, checked as containers."""
+    c = container.unpack(buf)
+    if c.kind != KIND:
+        return Unpacked([c])
+    shape, dtype, page_bufs = _parse(c)
+    return Unpacked([container.unpack(page) for page in page_bufs], (shape, dtype))
+
+
 def decode(buf, decode_image: Callable, region=None) -> tuple[object, bool]:
-    """An image file or a pages file -> (pixels, paged), with ``decode_image`` (bytes, region -> array).
+    """An image file or a pages file (bytes, or ``unpack``'s result) -> (pixels, paged), with
+    ``decode_image`` (an unpacked image container, region -> array).
 
     ``decode_image`` may return NumPy arrays or torch tensors; the stack is of the same kind.
     ``region`` (y0, y1, x0, x1), when given, is decoded from every page."""
-    c = container.unpack(buf)
-    if c.kind != KIND:
-        return decode_image(buf, region), False  # the codec validates image files (and refuses other kinds)
-    shape, dtype, page_bufs = _parse(c)
+    f = buf if isinstance(buf, Unpacked) else unpack(buf)
+    if f.stack is None:
+        return decode_image(f.images[0], region), False  # the codec validates image files (and refuses other kinds)
+    shape, dtype = f.stack
     if region is not None:
         y0, y1, x0, x1 = tiling.check_region(region, shape[1:])
         shape = (shape[0], y1 - y0, x1 - x0, *shape[3:])
     stack = None
-    for k, page in enumerate(page_bufs):
+    for k, page in enumerate(f.images):
         img = decode_image(page, region)
         if tuple(img.shape) != shape[1:] or dtype_name(img) != dtype:
             raise CorruptStreamError(f"page {k} decodes to {tuple(img.shape)} {dtype_name(img)}, "
