@@ -70,6 +70,24 @@ def repack(buf: bytes, meta=None, **sections) -> bytes:
     return container.pack(c.kind, meta or c.meta, body)
 
 
+def count_checksums(monkeypatch) -> dict:
+    """Counts, from now on, container unpacks and the bytes the container's checksums read."""
+    seen = {"unpacks": 0, "hashed": 0}
+    real_unpack, real_hash = container.unpack, container.xxh64
+
+    def unpack(buf):
+        seen["unpacks"] += 1
+        return real_unpack(buf)
+
+    def xxh64(*parts):
+        seen["hashed"] += sum(memoryview(p).nbytes for p in parts)
+        return real_hash(*parts)
+
+    monkeypatch.setattr(container, "unpack", unpack)
+    monkeypatch.setattr(container, "xxh64", xxh64)
+    return seen
+
+
 def cross_device_tolerance(img: np.ndarray) -> float:
     """How far GPU and CPU decodes of one file may differ (float rounding, then integer levels):
     one level for uint8, 1e-3 of the image's range for uint16 and float32 (README, codec docs)."""

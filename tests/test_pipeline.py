@@ -16,8 +16,11 @@ import visemz
 from visemz import ImageCodec, container, pages
 from visemz.pipeline import executor, probe, sources
 from visemz.pipeline.kvikio_io import npy_header
+from visemz.pipeline.jobs import DecompressConfig, decompress_folder
 from visemz.pipeline.results import ItemResult
 from visemz.pipeline.sources import LoaderPlan, plan_loaders
+
+from .helpers import count_checksums
 
 
 # ------------------------------------------------------------------ executor
@@ -270,6 +273,17 @@ def test_page_stacks_round_trip_and_reject_damage(model_weights):
         pages.decode(repack(meta=dict(c.meta, extra=1)), codec.decompress)
     with pytest.raises(VisemzError, match="format"):
         pages.decode(repack(meta=dict(c.meta, format=2)), codec.decompress)
+
+
+def test_a_folder_decode_unpacks_each_file_once(model_weights, tmp_path, monkeypatch):
+    """The first-use gate's key and the decode read one unpacking of the file (an image: one container)."""
+    buf = ImageCodec("cpu").compress(np.random.default_rng(3).integers(0, 256, (40, 30), dtype=np.uint8), quality=2)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.png.vsz").write_bytes(buf)
+    seen = count_checksums(monkeypatch)
+    summary = decompress_folder(tmp_path / "src", tmp_path / "out", DecompressConfig(fmt="npy", device="cpu"))
+    assert not summary.failed and np.load(tmp_path / "out" / "a.png.npy").shape == (40, 30)
+    assert seen == {"unpacks": 1, "hashed": len(buf) - 8}
 
 
 # ------------------------------------------------------------------ writers

@@ -19,7 +19,7 @@ from visemz.config import DEFAULTS, Defaults
 from visemz.errors import CorruptStreamError, InvalidArgumentError
 from visemz.measure import psnr
 
-from .helpers import repack
+from .helpers import count_checksums, repack
 
 TILE = 128
 
@@ -193,21 +193,7 @@ def test_damaged_tile_indexes_are_corrupt_streams(codec, coffee):
 
 @pytest.fixture
 def checksums(monkeypatch):
-    """Counts container unpacks and the bytes the container's checksums read, for the calls under test."""
-    seen = {"unpacks": 0, "hashed": 0}
-    real_unpack, real_hash = container.unpack, container.xxh64
-
-    def unpack(buf):
-        seen["unpacks"] += 1
-        return real_unpack(buf)
-
-    def xxh64(*parts):
-        seen["hashed"] += sum(memoryview(p).nbytes for p in parts)
-        return real_hash(*parts)
-
-    monkeypatch.setattr(container, "unpack", unpack)
-    monkeypatch.setattr(container, "xxh64", xxh64)
-    return seen
+    return count_checksums(monkeypatch)
 
 
 def test_a_decode_checks_each_checksum_once(coffee, checksums):

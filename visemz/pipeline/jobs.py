@@ -201,11 +201,9 @@ def _restored_name(ext: str):
     return to_name
 
 
-def _model_key(data) -> frozenset:
+def _model_key(f: pages.Unpacked) -> frozenset:
     """The models (and error-bound modes) a file's images use: the first-use gate's key."""
-    c = container.unpack(data)
-    metas = [c.meta] if c.kind != pages.KIND else [container.unpack(p).meta for p in pages.page_buffers(c)]
-    return frozenset((str(m.get("model")), m.get("residual") is not None) for m in metas)
+    return frozenset((str(c.meta.get("model")), c.meta.get("residual") is not None) for c in f.images)
 
 
 def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressConfig(), progress=None) -> Summary:
@@ -227,8 +225,9 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
 
     def compute(lane, i: int, data: bytes) -> _Decoded:
         try:
-            with gate.first(_model_key(data)):
-                pixels, paged = pages.decode(data, decode_one, cfg.region)
+            f = pages.unpack(data)  # once: the gate's key and the decode read the same containers
+            with gate.first(_model_key(f)):
+                pixels, paged = pages.decode(f, decode_one, cfg.region)
             if gpu_writer:
                 pixels = pixels.contiguous()  # RGB comes out of the network as a permuted view
         except torch.cuda.OutOfMemoryError as e:
