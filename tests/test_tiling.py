@@ -93,6 +93,24 @@ def test_tile_windows_give_the_whole_image_latents(codec):
     assert diff.max() <= 1 and (diff > 0).mean() < 1e-3
 
 
+def test_a_small_region_is_synthesised_alone_and_equals_that_window_of_the_full_decode(coffee, codec, monkeypatch):
+    """A region no larger than a tile runs g_s on its own latents (and halo), not on the tiles it touches:
+    off the latent grid across four tiles, at the image's corner and at its padded bottom-right edge."""
+    img, buf, out = coffee
+    shapes, real = [], tiling.synthesise_box
+
+    def counted(*args):
+        x = real(*args)
+        shapes.append(tuple(x.shape))
+        return x
+
+    monkeypatch.setattr(tiling, "synthesise_box", counted)
+    regions = [(100, 180, 90, 200), (0, 37, 0, 41), (250, 300, 400, 517)]
+    for y0, y1, x0, x1 in regions:
+        np.testing.assert_array_equal(codec.decompress(buf, region=(y0, y1, x0, x1)), out[y0:y1, x0:x1])
+    assert shapes == [(1, 1, y1 - y0, x1 - x0) for y0, y1, x0, x1 in regions]
+
+
 @pytest.mark.parametrize("shape,dtype,model", [((1100, 70), "uint16", "balle2016"), ((150, 200, 3), "uint8", "mbt2018-mean")])
 def test_tall_thin_and_rgb_images(codec, shape, dtype, model):
     rng = np.random.default_rng(2)

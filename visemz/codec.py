@@ -213,6 +213,9 @@ class ImageCodec:
         e, mode = h["max_error"], h["residual"]
         out = None
         with exact_math():
+            if region is not None and mode is None and tiling.fits_one_synthesis(f.grid, box):
+                px = self._box_pixels(f, box)
+                return dev.as_numpy(px) if host else px
             pixels = self._tile_pixels(f.net, f.net64, h["quality"], meta, f.grid, f.grid.touching(box),
                                        f.symbols, mode is not None)
             for i, tbox, x01 in pixels:
@@ -227,6 +230,15 @@ class ImageCodec:
                 part = px[y0 - tbox[0]:y1 - tbox[0], x0 - tbox[2]:x1 - tbox[2]]
                 out[y0 - box[0]:y1 - box[0], x0 - box[2]:x1 - box[2]] = dev.as_numpy(part) if host else part
         return out
+
+    def _box_pixels(self, f: "_File", box) -> torch.Tensor:
+        """A region of a lossy file (no residual) from a synthesis of the region alone (float32)."""
+        q, tm = f.header["quality"], tiling.tile_meta(f.meta, box)
+
+        def latent_of(i: int) -> torch.Tensor:
+            return architectures.dequantise(f.net, f.symbols(i), q, torch.float32)
+
+        return denormalise(from_batch(tiling.synthesise_box(f.net, f.grid, box, latent_of), tm), tm)
 
     def _tile_pixels(self, net, net64, q: float, meta: ImageMeta, grid: tiling.Grid, tiles, symbols_of, f64: bool):
         """(tile, its box in the image, its pixels in [0, 1] in image layout) for ``tiles``, synthesised in

@@ -211,6 +211,40 @@ def synthesise(net, grid: Grid, tiles: list[int], latent_of: Callable[[int], tor
             yield i, part
 
 
+def box_window(grid: Grid, box: Box) -> tuple[Box, Box]:
+    """(latent window g_s runs on for a pixel ``box`` of the padded image, the box within its output).
+
+    The latent positions under the box, widened to whole positions, plus the synthesis halo: each
+    of those pixels sees exactly the latents it sees in its own tile's synthesis window."""
+    core = (box[0] // STRIDE, -(-box[1] // STRIDE), box[2] // STRIDE, -(-box[3] // STRIDE))
+    (b, a), lh, lw = SYNTHESIS_HALO, grid.height // STRIDE, grid.width // STRIDE
+    win = (max(0, core[0] - b), min(lh, core[1] + a), max(0, core[2] - b), min(lw, core[3] + a))
+    y, x = win[0] * STRIDE, win[2] * STRIDE
+    return win, (box[0] - y, box[1] - y, box[2] - x, box[3] - x)
+
+
+def fits_one_synthesis(grid: Grid, box: Box) -> bool:
+    """Whether a pixel box is at most one tile high and wide: its own synthesis costs no more GPU
+    memory than a tile's, and less work than the (up to four) tiles it touches."""
+    return box[1] - box[0] <= grid.size and box[3] - box[2] <= grid.size
+
+
+def synthesise_box(net, grid: Grid, box: Box, latent_of: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """The reconstruction (B, C, h, w), unclipped, of a pixel ``box`` alone: g_s on the latents under it
+    and their halo, cut from the tiles they lie in (``latent_of`` as in ``synthesise``), so that
+    a small region of a large file costs a synthesis of its own size, not of whole tiles."""
+    win, (y0, y1, x0, x1) = box_window(grid, box)
+    held: dict[int, torch.Tensor] = {}
+
+    def latent(i: int) -> torch.Tensor:
+        if i not in held:
+            held[i] = latent_of(i)
+        return held[i]
+
+    x = net.g_s(assemble(grid, latent, grid.size // STRIDE, win))
+    return x[:, :, y0:y1, x0:x1]
+
+
 def pixel_box(grid: Grid, i: int, meta: ImageMeta) -> Box:
     """Tile i's core within the image itself (the padding cut off)."""
     y0, y1, x0, x1 = grid.core(i)
