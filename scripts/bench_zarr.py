@@ -210,7 +210,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--model", default="mbt2018-mean")
     ap.add_argument("--quality", type=float, default=4.0)
     ap.add_argument("--codecs", nargs="+", choices=CODECS, default=list(CODECS))
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="imagecodecs' numthreads inside a chunk")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="imagecodecs' numthreads inside a chunk")
     ap.add_argument("--repeats", type=int, default=3, help="timed region reads, after a warm-up")
     ap.add_argument("--read-repeats", type=int, default=1, help="timed whole-array reads")
     ap.add_argument("--calib-chunks", type=int, default=4, help="chunks sampled to match JPEG 2000's bpp to visemz's")
@@ -233,8 +233,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if int(zarr.__version__.split(".")[0]) != 2:
         sys.exit(f"zarr {zarr.__version__}: this benchmark writes Zarr v2 through zarr 2 (tested with 2.18.3)")
-    dev = Device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                 "cpu" if args.device == "auto" else args.device)
+    dev = Device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     print(f"device: {dev.describe()} ({dev.name}); zarr {zarr.__version__}, numcodecs {numcodecs.__version__}, "
           f"imagecodecs {getattr(imagecodecs, '__version__', None)}, visemz {visemz.__version__}", flush=True)
     if imagecodecs is not None:

@@ -72,8 +72,8 @@ def sources(folder: Path) -> list[np.ndarray]:
 
 def mosaic(images: list[np.ndarray], size: int) -> np.ndarray:
     """An S x S uint16 mosaic of the images, row by row, each placement flipped in turn (so no two
-    neighbours repeat)."""
-    out = np.empty((size, size), np.uint16)
+    neighbours repeat); a row is as tall as its tallest image, and the gaps under shorter ones are 0."""
+    out = np.zeros((size, size), np.uint16)  # not np.empty: the gaps would hold whatever memory held
     y, k = 0, 0
     while y < size:
         x, row_h = 0, 0

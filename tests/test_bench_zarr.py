@@ -59,6 +59,14 @@ def test_calibration_windows_spread_over_the_grid():
     assert len(bench_zarr.calibration_windows(img, 256, 9, 1024)) == 4  # no more windows than chunks
 
 
+def test_mosaic_gaps_are_zero():
+    # a row is as tall as its tallest image: under a shorter one the mosaic is 0, never stale memory
+    a, b = np.full((3, 5), 7, np.uint16), np.full((2, 4), 9, np.uint16)
+    out = evalkit.mosaic([a, b], 8)
+    assert out[:3, :5].tolist() == [[7] * 5] * 3 and (out[:2, 5:] == 9).all() and (out[2, 5:] == 0).all()
+    assert set(np.unique(out)) <= {0, 7, 9}
+
+
 def test_tiny_cpu_run(tmp_path, model_weights):
     data, work, out = _data(tmp_path / "data"), tmp_path / "work", tmp_path / "bench.json"
     bench_zarr.main(["--data", str(data), "--size", "256", "--chunk", "128", "--device", "cpu", "--repeats", "1",
