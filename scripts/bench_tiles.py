@@ -14,9 +14,9 @@ after a reset) and Mpixel/s (median of ``--repeats`` after a warm-up, synchronis
   largest mosaic's tiled throughput to it;
 - a 1024 x 1024 region of the largest mosaic's file (off the tile grid) against its full decode;
 - seams: PSNR and bpp of tiled (``--seam-tile``) against untiled compression of Kodak images at each
-  of ``--qualities``;
-- JPEG 2000 and JPEG XL (imagecodecs, lossless) on the same tile-size chunks of the smallest mosaic,
-  beside visemz with max_error 0, when imagecodecs is installed.
+  of ``--qualities``.
+
+visemz against JPEG 2000 and JPEG XL on chunks of such a mosaic, through Zarr: scripts/bench_zarr.py.
 
 Prints the device and writes everything as JSON to ``--out`` (atomically).  Data never ships with the repo.
 """
@@ -25,20 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 import visemz
+from evalkit import Device, gray16, mib, mosaic, sources
 from visemz import container, measure
 from visemz.config import DEFAULTS
 from visemz.errors import LimitExceededError
-from visemz.io.files import IMAGE_EXTENSIONS
 from visemz.io.loaders import load_image
 from visemz.io.writers import write_atomic
 
@@ -46,73 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "eval"
 
 
-def gray16(img: np.ndarray) -> np.ndarray:
-    x = img.astype(np.float64).mean(axis=2) if img.ndim == 3 else img.astype(np.float64)
-    return np.clip(np.round(x * (257 if img.dtype == np.uint8 else 1)), 0, 65535).astype(np.uint16)
-
-
-def sources(folder: Path) -> list[np.ndarray]:
-    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
-    if not paths:
-        sys.exit(f"no images under {folder}")
-    return [gray16(load_image(p)) for p in paths]
-
-
-def mosaic(images: list[np.ndarray], size: int) -> np.ndarray:
-    """An S x S uint16 mosaic of the images, row by row, each placement flipped in turn."""
-    out = np.empty((size, size), np.uint16)
-    y, k = 0, 0
-    while y < size:
-        x, row_h = 0, 0
-        while x < size:
-            img = images[k % len(images)]
-            img = img[:, ::-1] if k % 2 else img
-            img = img[::-1] if (k // len(images)) % 2 else img
-            h, w = min(img.shape[0], size - y), min(img.shape[1], size - x)
-            out[y:y + h, x:x + w] = img[:h, :w]
-            x, row_h, k = x + w, max(row_h, h), k + 1
-        y += row_h
-    return out
-
-
-class Device:
-    def __init__(self, name: str):
-        self.name = name
-        self.cuda = name == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def describe(self) -> str:
-        return torch.cuda.get_device_name() if self.cuda else platform.processor() or "cpu"
-
-    def peak(self, fn):
-        """(result, peak GPU bytes allocated during fn, or None on the CPU)."""
-        if not self.cuda:
-            return fn(), None
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        out = fn()
-        torch.cuda.synchronize()
-        return out, int(torch.cuda.max_memory_allocated())
-
-
-def timed(dev: Device, fn, repeats: int) -> tuple[float, object]:
-    return measure.median_seconds(fn, repeats, warmup=1, sync=dev.sync)
-
-
-def mib(n):
-    return None if n is None else round(n / 2**20, 1)
-
-
 def round_trip(dev: Device, img: np.ndarray, compress, decompress, repeats: int) -> tuple[bytes, np.ndarray, dict]:
     """Peak memory of one compress and one decompress, then their median times: (file, image, figures)."""
     buf, enc_peak = dev.peak(compress)
     _, dec_peak = dev.peak(lambda: decompress(buf))
-    t_enc, _ = timed(dev, compress, repeats)
-    t_dec, out = timed(dev, lambda: decompress(buf), repeats)
+    t_enc, _ = dev.timed(compress, repeats)
+    t_dec, out = dev.timed(lambda: decompress(buf), repeats)
     mpx = img.size / 1e6
     return buf, out, {"compress_s": round(t_enc, 4), "decompress_s": round(t_dec, 4),
                       "compress_mpx_s": round(mpx / t_enc, 2), "decompress_mpx_s": round(mpx / t_dec, 2),
@@ -157,8 +93,8 @@ def bench_kodak(dev: Device, kodak: list[np.ndarray], args) -> dict:
     enc, dec, px = [], [], 0
     for img in kodak:
         opts = dict(model=args.model, quality=args.quality, device=dev.name)
-        t_enc, buf = timed(dev, lambda: visemz.compress(img, **opts), args.repeats)
-        t_dec, _ = timed(dev, lambda: visemz.decompress(buf, device=dev.name), args.repeats)
+        t_enc, buf = dev.timed(lambda: visemz.compress(img, **opts), args.repeats)
+        t_dec, _ = dev.timed(lambda: visemz.decompress(buf, device=dev.name), args.repeats)
         enc.append(t_enc)
         dec.append(t_dec)
         px += img.size
@@ -170,8 +106,8 @@ def bench_region(dev: Device, buf: bytes, size: int, args) -> dict:
     side = min(1024, size // 2)
     y0 = x0 = max(0, size // 2 - side // 2 + 37)  # off the tile grid: it touches four tiles
     region = (y0, y0 + side, x0, x0 + side)
-    t_region, part = timed(dev, lambda: visemz.decompress(buf, device=dev.name, region=region), args.repeats)
-    t_full, full = timed(dev, lambda: visemz.decompress(buf, device=dev.name), max(1, args.repeats // 2))
+    t_region, part = dev.timed(lambda: visemz.decompress(buf, device=dev.name, region=region), args.repeats)
+    t_full, full = dev.timed(lambda: visemz.decompress(buf, device=dev.name), max(1, args.repeats // 2))
     window = full[y0:y0 + side, x0:x0 + side]
     diff = np.abs(part.astype(np.float64) - window.astype(np.float64))
     row = {"size": size, "region": list(region), "region_s": round(t_region, 4), "full_s": round(t_full, 4),
@@ -201,41 +137,6 @@ def bench_seams(dev: Device, kodak: list[np.ndarray], args) -> dict:
     return {"rows": rows}
 
 
-def bench_chunk_codecs(dev: Device, img: np.ndarray, args) -> dict:
-    """Lossless JPEG 2000 and JPEG XL (imagecodecs) on tile-size chunks, beside visemz max_error 0."""
-    try:
-        import imagecodecs
-    except ImportError:
-        msg = "imagecodecs is not installed: JPEG 2000 / JPEG XL skipped"
-        print(msg, flush=True)
-        return {"skipped": msg}
-    t = args.tile
-    chunks = [np.ascontiguousarray(img[y:y + t, x:x + t]) for y in range(0, img.shape[0], t) for x in range(0, img.shape[1], t)]
-    codecs = {"jpeg2000": (lambda c: imagecodecs.jpeg2k_encode(c, reversible=True), imagecodecs.jpeg2k_decode),
-              "jpegxl": (lambda c: imagecodecs.jpegxl_encode(c, lossless=True), imagecodecs.jpegxl_decode),
-              "visemz_max_error_0": (lambda c: visemz.compress(c, model=args.model, quality=args.quality, max_error=0,
-                                                               device=dev.name, tile=t),
-                                     lambda b: visemz.decompress(b, device=dev.name))}
-    out = {"size": img.shape[0], "chunk": t, "chunks": len(chunks), "imagecodecs": imagecodecs.__version__}
-    for name, (enc, dec) in codecs.items():
-        try:
-            t0 = time.perf_counter()
-            bufs = [enc(c) for c in chunks]
-            dev.sync()
-            t1 = time.perf_counter()
-            exact = all(np.array_equal(dec(b), c) for b, c in zip(bufs, chunks))
-            dev.sync()
-            t2 = time.perf_counter()
-        except Exception as e:  # a codec missing from this imagecodecs build
-            out[name] = {"error": f"{type(e).__name__}: {e}"}
-            continue
-        n = sum(len(b) for b in bufs)
-        out[name] = {"ratio": round(img.nbytes / n, 3), "bpp": round(measure.bpp(n, img.size), 4), "exact": exact,
-                     "compress_mpx_s": round(img.size / 1e6 / (t1 - t0), 2), "decompress_mpx_s": round(img.size / 1e6 / (t2 - t1), 2)}
-        print(json.dumps({name: out[name]}), flush=True)
-    return out
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=SHARED / "xray", help="images the mosaics are built from")
@@ -251,6 +152,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seam-images", type=int, default=8)
     ap.add_argument("--seam-tile", type=int, default=256)
     ap.add_argument("--qualities", type=float, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
+    # "codecs" named a part now in scripts/bench_zarr.py: still accepted, so recorded commands run as they were
     ap.add_argument("--skip", nargs="*", default=[], choices=["untiled", "kodak", "region", "seams", "codecs"])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -286,8 +188,6 @@ def main(argv=None) -> None:
     if "seams" not in args.skip and kodak:
         report["seams"] = bench_seams(dev, kodak, args)
         save()
-    if "codecs" not in args.skip:
-        report["chunk_codecs"] = bench_chunk_codecs(dev, mosaic(images, min(args.sizes)), args)
     save()
     print(f"wrote {args.out}")
 

@@ -1,7 +1,9 @@
-"""Shared pieces of the evaluation scripts: eval images, metrics, timing."""
+"""Shared pieces of the evaluation scripts: eval images, 16-bit mosaics, metrics, timing, the device."""
 
 from __future__ import annotations
 
+import platform
+import sys
 from pathlib import Path
 
 import cv2
@@ -10,6 +12,8 @@ import torch
 
 from visemz import measure
 from visemz.evaluation import metrics
+from visemz.io.files import IMAGE_EXTENSIONS
+from visemz.io.loaders import load_image
 
 
 def load_folder(folder: Path, gray: bool, limit: int | None = None) -> list[tuple[str, np.ndarray]]:
@@ -41,10 +45,80 @@ def bpp(nbytes: int, img: np.ndarray) -> float:
     return measure.bpp(nbytes, measure.pixel_count(img.shape))
 
 
-def timed(fn, sync=None, repeat: int = 3):
-    """(median seconds, last result) of fn(), with sync() (e.g. torch.cuda.synchronize) around each call."""
-    return measure.median_seconds(fn, repeat, sync=sync)
+def timed(fn, sync=None, repeat: int = 3, warmup: int = 0):
+    """(median seconds, last result) of fn(), after ``warmup`` untimed calls, with sync() (e.g.
+    torch.cuda.synchronize) around each call."""
+    return measure.median_seconds(fn, repeat, warmup=warmup, sync=sync)
 
 
 def mean(values) -> float:
     return float(np.mean(list(values)))
+
+
+# ------------------------------------------------------------------------- large 16-bit mosaics
+def gray16(img: np.ndarray) -> np.ndarray:
+    """One gray uint16 plane of an image: channels averaged, 8-bit values scaled by 257 (0..65535)."""
+    x = img.astype(np.float64).mean(axis=2) if img.ndim == 3 else img.astype(np.float64)
+    return np.clip(np.round(x * (257 if img.dtype == np.uint8 else 1)), 0, 65535).astype(np.uint16)
+
+
+def sources(folder: Path) -> list[np.ndarray]:
+    """The images under ``folder`` (sorted by name) as gray uint16 planes; exits when there are none."""
+    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+    if not paths:
+        sys.exit(f"no images under {folder}")
+    return [gray16(load_image(p)) for p in paths]
+
+
+def mosaic(images: list[np.ndarray], size: int) -> np.ndarray:
+    """An S x S uint16 mosaic of the images, row by row, each placement flipped in turn (so no two
+    neighbours repeat); a row is as tall as its tallest image, and the gaps under shorter ones are 0."""
+    out = np.zeros((size, size), np.uint16)  # not np.empty: the gaps would hold whatever memory held
+    y, k = 0, 0
+    while y < size:
+        x, row_h = 0, 0
+        while x < size:
+            img = images[k % len(images)]
+            img = img[:, ::-1] if k % 2 else img
+            img = img[::-1] if (k // len(images)) % 2 else img
+            h, w = min(img.shape[0], size - y), min(img.shape[1], size - x)
+            out[y:y + h, x:x + w] = img[:h, :w]
+            x, row_h, k = x + w, max(row_h, h), k + 1
+        y += row_h
+    return out
+
+
+# ---------------------------------------------------------------------------------- the device
+class Device:
+    """The device a benchmark runs on ("cuda" or "cpu"): synchronisation, its name, peak GPU memory."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.cuda = name == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def describe(self) -> str:
+        return torch.cuda.get_device_name() if self.cuda else platform.processor() or "cpu"
+
+    def timed(self, fn, repeats: int, warmup: int = 1) -> tuple[float, object]:
+        """(median seconds of ``repeats`` synchronised calls after ``warmup`` untimed ones, last result)."""
+        return timed(fn, self.sync, repeats, warmup)
+
+    def peak(self, fn):
+        """(result, peak GPU bytes allocated during fn, or None on the CPU)."""
+        if not self.cuda:
+            return fn(), None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        torch.cuda.synchronize()
+        return out, int(torch.cuda.max_memory_allocated())
+
+
+def mib(n):
+    """Bytes as MiB to 0.1, None stays None."""
+    return None if n is None else round(n / 2**20, 1)
