@@ -51,10 +51,15 @@ class Defaults:
     #: Image codec: tiles per batch through the network (peak GPU memory grows with it: one tile
     #: of 4096 peaked at 6.3 GB on the H200).
     tile_batch: int = 1  # VISEMZ_TILE_BATCH
+    #: Image codec: encoder-side latent refinement steps (``refine.py``; 0: off).  Each step is a
+    #: forward and backward pass of the synthesis (and hyper-synthesis) on the image: encoding costs
+    #: far more, decoding nothing, and the file format is unchanged.
+    refine: int = 0  # VISEMZ_REFINE
 
 
 LOADERS = ("auto", "dali", "kvikio", "cpu")
 MAX_TILE = 1 << 15
+MAX_REFINE = 10_000  # refinement steps: beyond this an encode would run for hours, a mistake rather than a wish
 
 _ENV = {f.name: "VISEMZ_" + f.name.upper() for f in fields(Defaults)}
 
@@ -83,6 +88,8 @@ def _from_env() -> Defaults:
     if d.tile < 64 or d.tile % 64 or d.tile > MAX_TILE or d.tile_batch < 1:
         raise InvalidArgumentError(f"VISEMZ_TILE={d.tile} must be a multiple of 64 in 64..{MAX_TILE} "
                                    f"and VISEMZ_TILE_BATCH={d.tile_batch} >= 1")
+    if not 0 <= d.refine <= MAX_REFINE:
+        raise InvalidArgumentError(f"VISEMZ_REFINE={d.refine}: expected 0..{MAX_REFINE} refinement steps")
     if not (4096 <= d.entropy_chunk <= (16 << 20)):
         raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
     return d

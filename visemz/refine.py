@@ -1,0 +1,180 @@
+"""Encoder-side latent refinement: better symbols for the same decoder and file format.
+
+The analysis transform is trained to give good latents on average; for one image, a few
+steps of gradient descent on the latents themselves lower that image's rate-distortion cost
+(Campos et al., "Content Adaptive Optimization for Neural Image Compression", CVPRW 2019;
+Yang et al., "Improving Inference for Neural Image Compression", NeurIPS 2020).  Starting from
+the gained latents of ``architectures.analysis_latents`` (y, and the hyper-latent z of the
+mean-scale model), Adam minimises the loss the model was trained with at that quality
+(``scripts/train.py``: bpp + lambda * 255^2 * MSE on [0, 1] pixels, lambda interpolated on the
+ladder as the gains are): the rate from the model's own likelihoods (the EntropyBottleneck's for
+z or the factorized y, the GaussianConditional's with the scales and means h_s predicts from the
+rounded z for y), the distortion from g_s's reconstruction, both through rounding with a
+straight-through estimator.  With it the loss of each step is the cost of the symbols that
+rounding would write, so the best step's latents are the ones kept (never worse, by the model's
+own estimate, than the analysis's).  ``architectures.quantise`` then turns them into symbols
+exactly as ``analyse`` does, the means recomputed from the integer z the decoder will see.
+Any integer symbols are a valid file: the decoder is unchanged.
+
+Tiles (``tiling.analyse``): each tile's core latents are refined against the tile's core pixels,
+synthesised from that tile's latents alone, so near tile borders (where the decoder also reads
+the neighbours' latents) the distortion the refinement sees is approximate; the decoder is
+unaffected.  Only real pixels count: the edge padding to multiples of 64 is left out of the
+distortion.  The refined symbols depend on the device's float arithmetic along the way, so a
+GPU and a CPU may write different (equally valid) files; every file still decodes alike everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from .config import MAX_REFINE
+from .errors import InvalidArgumentError
+from .models import architectures, registry
+
+PIXEL_PEAK = 255  # the training loss weighs MSE on [0, 1] pixels by lambda * 255^2
+
+
+@dataclass(frozen=True)
+class RefineSettings:
+    """How latents are refined: ``steps`` Adam steps at ``lr`` (in latent units, where the quantisation
+    step is 1), decaying along a half cosine to ``lr * lr_floor`` at the last step."""
+
+    steps: int
+    lr: float = 1e-2
+    lr_floor: float = 0.1
+
+    def lr_at(self, step: int) -> float:
+        frac = step / max(self.steps - 1, 1)
+        return self.lr * (self.lr_floor + (1 - self.lr_floor) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def check_steps(refine) -> int:
+    """A refinement step count as an int in 0..MAX_REFINE, or InvalidArgumentError naming the bad value."""
+    if isinstance(refine, bool) or not isinstance(refine, numbers.Integral) or not 0 <= refine <= MAX_REFINE:
+        raise InvalidArgumentError(f"refine={refine!r}: expected a whole number of steps in 0..{MAX_REFINE}")
+    return int(refine)
+
+
+def settings_for(refine) -> RefineSettings | None:
+    """The settings for ``refine`` steps (checked), or None for 0 (the analysis's own symbols)."""
+    steps = check_steps(refine)
+    return RefineSettings(steps) if steps else None
+
+
+def refine_symbols(net, x: torch.Tensor, quality: float, crop, valid: list[tuple[int, int]],
+                   settings: RefineSettings) -> dict[str, torch.Tensor]:
+    """``architectures.analyse``'s symbols for the batch ``x``, after refining its latents.
+
+    ``crop``: as in ``analyse`` (the core of a tile's window, in latent positions; None: all);
+    ``valid``: for each sample of the batch, the (height, width) of real pixels at the top left of
+    its core.  Runs with autograd on whatever the caller's mode (no_grad, inference_mode); the
+    model's parameters and mode are left as they are (gradients are taken for the latents only)."""
+    with torch.inference_mode(False), torch.enable_grad():
+        x = x.clone()  # an inference-mode tensor cannot be saved for backward; a clone made here can
+        with torch.no_grad():
+            start = architectures.analysis_latents(net, x, quality, crop)
+        target = _core(x, crop)
+        mask = _valid_mask(target, valid)
+        cost = _Cost(net, quality, target, mask)
+        best = _optimise(cost, start, settings)
+        with torch.no_grad():
+            return architectures.quantise(net, best, quality)
+
+
+def _core(x: torch.Tensor, crop) -> torch.Tensor:
+    """The pixels a window's latent core stands for (the whole window when ``crop`` is None)."""
+    if crop is None:
+        return x
+    y0, y1, x0, x1 = (v * architectures.STRIDE for v in crop)
+    return x[:, :, y0:y1, x0:x1]
+
+
+def _valid_mask(target: torch.Tensor, valid: list[tuple[int, int]]) -> torch.Tensor:
+    """(B, 1, H, W) float mask: 1 on each sample's real pixels, 0 on the edge padding."""
+    if len(valid) != target.shape[0]:
+        raise ValueError(f"{len(valid)} valid sizes for a batch of {target.shape[0]}")
+    mask = torch.zeros(target.shape[0], 1, *target.shape[2:], dtype=target.dtype, device=target.device)
+    for b, (h, w) in enumerate(valid):
+        mask[b, :, :h, :w] = 1
+    return mask
+
+
+class _Cost:
+    """The training loss of one batch's latents: (bits + lambda * 255^2 * SSE / channels) / real pixels,
+    i.e. bpp + lambda * 255^2 * MSE over the real pixels, through straight-through rounding."""
+
+    def __init__(self, net, quality: float, target: torch.Tensor, mask: torch.Tensor):
+        self.net, self.quality, self.target, self.mask = net, quality, target, mask
+        self.weight = registry.lam(quality) * PIXEL_PEAK**2 / target.shape[1]
+        self.pixels = float(mask.sum())
+        _, self.inv = net.gain.at(quality, target.dtype, target.device)
+
+    def __call__(self, latents: dict[str, torch.Tensor]) -> torch.Tensor:
+        bits, y_hat = _bits_and_latent(self.net, latents, self.quality)
+        x_hat = self.net.g_s(y_hat * self.inv)
+        sse = ((x_hat - self.target) ** 2 * self.mask).sum()
+        return (bits + self.weight * sse) / self.pixels
+
+
+def _ste_round(v: torch.Tensor) -> torch.Tensor:
+    """round(v) forward, identity backward."""
+    return v + (torch.round(v) - v).detach()
+
+
+def _bits_and_latent(net, latents: dict[str, torch.Tensor], quality: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bits of the rounded latents under the model's priors, the dequantised y), differentiable.
+
+    The same path as ``architectures.quantise`` + ``dequantise``: z rounded about its medians, y
+    about the means h_s predicts from that rounded z."""
+    y, eb = latents["y"], net.entropy_bottleneck
+    if not architectures.has_hyperprior(net):
+        med = architectures.medians(eb).to(y.dtype)
+        y_hat = _ste_round(y - med) + med
+        return _bits(architectures.bottleneck_likelihood(eb, y_hat)), y_hat
+    z = latents["z"]
+    med = architectures.medians(eb).to(z.dtype)
+    z_sym = _ste_round(z - med)
+    scales, means = architectures._hyper_params(net, z_sym, quality)
+    y_hat = _ste_round(y - means) + means
+    gc = net.gaussian_conditional
+    y_lik = gc._likelihood(y_hat, scales, means)
+    if gc.use_likelihood_bound:
+        y_lik = gc.likelihood_lower_bound(y_lik)
+    return _bits(architectures.bottleneck_likelihood(eb, z_sym + med)) + _bits(y_lik), y_hat
+
+
+def _bits(likelihood: torch.Tensor) -> torch.Tensor:
+    return torch.log2(likelihood).sum().neg()
+
+
+def _optimise(cost: _Cost, start: dict[str, torch.Tensor], settings: RefineSettings) -> dict[str, torch.Tensor]:
+    """Adam on the latents for ``settings.steps`` steps; the latents of the lowest cost seen (start included).
+
+    The best is tracked on the device (no host sync per step)."""
+    latents = {k: v.detach().clone().requires_grad_(True) for k, v in start.items()}
+    params = list(latents.values())
+    opt = torch.optim.Adam(params, lr=settings.lr)
+    best = {k: v.detach().clone() for k, v in start.items()}
+    best_cost = None
+    for step in range(settings.steps + 1):
+        loss = cost(latents)
+        detached = loss.detach()
+        if best_cost is None:
+            best_cost = detached
+        else:
+            better = detached < best_cost
+            best = {k: torch.where(better, latents[k].detach(), best[k]) for k in best}
+            best_cost = torch.minimum(detached, best_cost)
+        if step == settings.steps:
+            break
+        grads = torch.autograd.grad(loss, params)  # the latents' only: the model's parameters get no .grad
+        for p, g in zip(params, grads):
+            p.grad = g
+        opt.param_groups[0]["lr"] = settings.lr_at(step)
+        opt.step()
+    return best
