@@ -42,15 +42,27 @@ PIXEL_PEAK = 255  # the training loss weighs MSE on [0, 1] pixels by lambda * 25
 @dataclass(frozen=True)
 class RefineSettings:
     """How latents are refined: ``steps`` Adam steps at ``lr`` (in latent units, where the quantisation
-    step is 1), decaying along a half cosine to ``lr * lr_floor`` at the last step."""
+    step is 1), decaying along a half cosine to ``lr * lr_floor`` at the last step.
+
+    ``rounding``: "ste" rounds with a straight-through estimator; "sga" rounds softly (stochastic
+    Gumbel annealing, Yang et al. 2020) at a temperature falling from ``tau_start`` to ``tau_end``
+    geometrically over the steps, from a generator seeded with ``seed`` (the same file every run)."""
 
     steps: int
-    lr: float = 1e-2
+    lr: float = 2e-2
     lr_floor: float = 0.1
+    rounding: str = "sga"
+    tau_start: float = 0.5
+    tau_end: float = 0.05
+    seed: int = 0
 
     def lr_at(self, step: int) -> float:
         frac = step / max(self.steps - 1, 1)
         return self.lr * (self.lr_floor + (1 - self.lr_floor) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    def tau_at(self, step: int) -> float:
+        frac = step / max(self.steps - 1, 1)
+        return self.tau_start * (self.tau_end / self.tau_start) ** frac
 
 
 def check_steps(refine) -> int:
@@ -106,7 +118,7 @@ def _valid_mask(target: torch.Tensor, valid: list[tuple[int, int]]) -> torch.Ten
 
 class _Cost:
     """The training loss of one batch's latents: (bits + lambda * 255^2 * SSE / channels) / real pixels,
-    i.e. bpp + lambda * 255^2 * MSE over the real pixels, through straight-through rounding."""
+    i.e. bpp + lambda * 255^2 * MSE over the real pixels, with the latents rounded by ``rounder``."""
 
     def __init__(self, net, quality: float, target: torch.Tensor, mask: torch.Tensor):
         self.net, self.quality, self.target, self.mask = net, quality, target, mask
@@ -114,8 +126,8 @@ class _Cost:
         self.pixels = float(mask.sum())
         _, self.inv = net.gain.at(quality, target.dtype, target.device)
 
-    def __call__(self, latents: dict[str, torch.Tensor]) -> torch.Tensor:
-        bits, y_hat = _bits_and_latent(self.net, latents, self.quality)
+    def __call__(self, latents: dict[str, torch.Tensor], rounder) -> torch.Tensor:
+        bits, y_hat = _bits_and_latent(self.net, latents, self.quality, rounder)
         x_hat = self.net.g_s(y_hat * self.inv)
         sse = ((x_hat - self.target) ** 2 * self.mask).sum()
         return (bits + self.weight * sse) / self.pixels
@@ -126,21 +138,40 @@ def _ste_round(v: torch.Tensor) -> torch.Tensor:
     return v + (torch.round(v) - v).detach()
 
 
-def _bits_and_latent(net, latents: dict[str, torch.Tensor], quality: float) -> tuple[torch.Tensor, torch.Tensor]:
+class _SoftRound:
+    """Stochastic Gumbel annealing (Yang et al. 2020): v becomes a random mix of floor(v) and
+    floor(v) + 1 that favours the nearer, harder as the temperature ``tau`` falls; differentiable."""
+
+    EPS = 1e-5
+
+    def __init__(self, tau: float, generator: torch.Generator):
+        self.tau, self.generator = tau, generator
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        low = torch.floor(v.detach())
+        dist = torch.stack([v - low, low + 1 - v], -1).clamp(0, 1 - self.EPS)
+        logits = -torch.atanh(dist) / self.tau
+        u = torch.rand(dist.shape, generator=self.generator, dtype=v.dtype, device=v.device)
+        gumbel = -torch.log(-torch.log(u.clamp(self.EPS, 1 - self.EPS)))
+        return low + torch.softmax((logits + gumbel) / self.tau, -1)[..., 1]
+
+
+def _bits_and_latent(net, latents: dict[str, torch.Tensor], quality: float,
+                     rounder) -> tuple[torch.Tensor, torch.Tensor]:
     """(bits of the rounded latents under the model's priors, the dequantised y), differentiable.
 
     The same path as ``architectures.quantise`` + ``dequantise``: z rounded about its medians, y
-    about the means h_s predicts from that rounded z."""
+    about the means h_s predicts from that rounded z; ``rounder`` rounds (hard, straight-through or soft)."""
     y, eb = latents["y"], net.entropy_bottleneck
     if not architectures.has_hyperprior(net):
         med = architectures.medians(eb).to(y.dtype)
-        y_hat = _ste_round(y - med) + med
+        y_hat = rounder(y - med) + med
         return _bits(architectures.bottleneck_likelihood(eb, y_hat)), y_hat
     z = latents["z"]
     med = architectures.medians(eb).to(z.dtype)
-    z_sym = _ste_round(z - med)
+    z_sym = rounder(z - med)
     scales, means = architectures._hyper_params(net, z_sym, quality)
-    y_hat = _ste_round(y - means) + means
+    y_hat = rounder(y - means) + means
     gc = net.gaussian_conditional
     y_lik = gc._likelihood(y_hat, scales, means)
     if gc.use_likelihood_bound:
@@ -152,29 +183,39 @@ def _bits(likelihood: torch.Tensor) -> torch.Tensor:
     return torch.log2(likelihood).sum().neg()
 
 
-def _optimise(cost: _Cost, start: dict[str, torch.Tensor], settings: RefineSettings) -> dict[str, torch.Tensor]:
-    """Adam on the latents for ``settings.steps`` steps; the latents of the lowest cost seen (start included).
+class _Best:
+    """The latents of the lowest cost offered, kept on the device (no host sync per offer)."""
 
-    The best is tracked on the device (no host sync per step)."""
+    def __init__(self, latents: dict[str, torch.Tensor], cost: torch.Tensor):
+        self.latents = {k: v.detach().clone() for k, v in latents.items()}
+        self.cost = cost.detach()
+
+    def offer(self, latents: dict[str, torch.Tensor], cost: torch.Tensor) -> None:
+        better = cost.detach() < self.cost
+        self.latents = {k: torch.where(better, latents[k].detach(), v) for k, v in self.latents.items()}
+        self.cost = torch.minimum(cost.detach(), self.cost)
+
+
+def _optimise(cost: _Cost, start: dict[str, torch.Tensor], settings: RefineSettings) -> dict[str, torch.Tensor]:
+    """Adam on the latents for ``settings.steps`` steps; the latents whose rounded cost is the lowest
+    of those measured: the start, the end and, with straight-through rounding, every step (whose loss
+    is that cost)."""
     latents = {k: v.detach().clone().requires_grad_(True) for k, v in start.items()}
     params = list(latents.values())
     opt = torch.optim.Adam(params, lr=settings.lr)
-    best = {k: v.detach().clone() for k, v in start.items()}
-    best_cost = None
-    for step in range(settings.steps + 1):
-        loss = cost(latents)
-        detached = loss.detach()
-        if best_cost is None:
-            best_cost = detached
-        else:
-            better = detached < best_cost
-            best = {k: torch.where(better, latents[k].detach(), best[k]) for k in best}
-            best_cost = torch.minimum(detached, best_cost)
-        if step == settings.steps:
-            break
+    generator = torch.Generator(device=params[0].device).manual_seed(settings.seed)
+    with torch.no_grad():
+        best = _Best(start, cost(start, torch.round))
+    for step in range(settings.steps):
+        ste = settings.rounding == "ste"
+        loss = cost(latents, _ste_round if ste else _SoftRound(settings.tau_at(step), generator))
+        if ste:
+            best.offer(latents, loss)
         grads = torch.autograd.grad(loss, params)  # the latents' only: the model's parameters get no .grad
         for p, g in zip(params, grads):
             p.grad = g
         opt.param_groups[0]["lr"] = settings.lr_at(step)
         opt.step()
-    return best
+    with torch.no_grad():
+        best.offer(latents, cost(latents, torch.round))
+    return best.latents
