@@ -22,11 +22,14 @@ def _codec(device: str | None) -> ImageCodec:
 
 
 def compress(image, *, model: str = DEFAULT_MODEL, quality: float = DEFAULT_QUALITY, max_error=None,
-             device: str | None = None, tile: int | None = None) -> bytes:
+             device: str | None = None, tile: int | None = None, refine: int | None = None) -> bytes:
     """Compress an HxW or HxWxC image (uint8, uint16 or float32; NumPy, cupy or torch) to .vsz bytes;
     ``quality`` is a float in [1, 8] on CompressAI's lambda ladder.  An image larger than ``tile``
-    pixels (a multiple of 64; default ``VISEMZ_TILE``) is compressed tile by tile."""
-    return _codec(device).compress(image, model=model, quality=quality, max_error=max_error, tile=tile)
+    pixels (a multiple of 64; default ``VISEMZ_TILE``) is compressed tile by tile.  ``refine``: steps
+    of encoder-side latent refinement (default ``VISEMZ_REFINE``, 0: none), slower encoding for
+    a lower rate-distortion cost, decoded as ever (``visemz/refine.py``)."""
+    return _codec(device).compress(image, model=model, quality=quality, max_error=max_error, tile=tile,
+                                   refine=refine)
 
 
 def decompress(buf, *, device: str | None = None, region=None) -> np.ndarray:

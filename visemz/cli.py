@@ -32,6 +32,7 @@ from .models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
 from .evaluation.runner import EvalConfig, evaluate
 from .pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
 from .pipeline.jobs import verify as verify_folder
+from .refine import check_steps as check_refine
 from .tiling import check_tile
 
 
@@ -108,13 +109,20 @@ def compress(
     no_resume: bool = typer.Option(False, "--no-resume", help="recompress outputs that are already complete"),
     tile: int = typer.Option(0, min=0, help="core tile size in pixels, a multiple of 64 (0: VISEMZ_TILE); "
                                             "larger images are compressed tile by tile"),
+    refine: Optional[int] = typer.Option(None, "--refine",
+                                         help="encoder-side latent refinement steps, 0-10000 (default: "
+                                              "VISEMZ_REFINE, else 0): slower encoding, smaller files at "
+                                              "the same quality, the same decoder"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
 ) -> None:
     """Compress images into .vsz files, mirroring the source tree (a large TIFF or .npy: tile by tile)."""
     rank, world = _torchrun_group(device)
     if tile:
         check_tile(tile, "--tile")  # before any output: a bad size is a usage error, not a failure per image
-    cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "", tile)
+    if refine is not None:
+        check_refine(refine)
+    cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "", tile,
+                         refine)
     summary = _run_with_progress("compress", as_json or rank > 0,
                                  lambda p: compress_folder(src, dst, cfg, progress=p, rank=rank, world=world))
     if rank > 0:  # rank 0 prints the whole run; the others only signal their own failures

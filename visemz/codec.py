@@ -43,6 +43,7 @@ from .pixels import (
     describe,
     from_batch,
 )
+from .refine import RefineSettings, settings_for
 
 KIND = "image"
 # 1: fixed-rate N=64/M=96 models, one per integer quality 1-4 (sessions 1-4), no longer decoded;
@@ -118,15 +119,22 @@ class ImageCodec:
 
     # ------------------------------------------------------------------ compress
     def compress(self, image, *, model: str = registry.DEFAULT_MODEL, quality: float = registry.DEFAULT_QUALITY,
-                 max_error=None, image_format: int = FORMAT, tile: int | None = None) -> bytes:
+                 max_error=None, image_format: int = FORMAT, tile: int | None = None,
+                 refine: int | RefineSettings | None = None) -> bytes:
         """``tile``: the core tile size in pixels (a multiple of 64; default ``VISEMZ_TILE``): an image
         larger than one tile is compressed tile by tile, a batch of tiles at a time on the device, so
         a NumPy image stays in host memory.  ``image_format=2`` or ``3`` writes a previous format (one
-        tile, block-coded or rANS-coded symbols), for comparisons and compatibility tests."""
+        tile, block-coded or rANS-coded symbols), for comparisons and compatibility tests.
+        ``refine``: steps of encoder-side latent refinement (0..10000; default ``VISEMZ_REFINE``, 0:
+        none; or a ``refine.RefineSettings``): each step costs a forward and backward pass of the
+        synthesis on the image, and the decoder and the format are unchanged (``refine.py``).  With
+        ``max_error`` the residual is taken against the refined symbols' reconstruction, so the
+        bound holds as ever."""
         if image_format not in FORMATS_READ:
             raise InvalidArgumentError(f"image_format={image_format!r}: this build writes {list(FORMATS_READ)}")
         q = registry.check_quality(quality)
         tile = DEFAULTS.tile if tile is None else tiling.check_tile(tile)
+        refining = settings_for(DEFAULTS.refine if refine is None else refine)
         t = as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
         meta = describe(t)
         e = check_max_error(max_error, meta.dtype)
@@ -136,7 +144,7 @@ class ImageCodec:
         coded = latents.RANS if image_format == TILED else image_format
         with exact_math():
             net64 = _model64(spec, self.device) if e is not None or coded == latents.RANS else None
-            analysed = tiling.analyse(net, t, meta, q, grid, DEFAULTS.tile_batch, self.device)
+            analysed = tiling.analyse(net, t, meta, q, grid, DEFAULTS.tile_batch, self.device, refining)
             tiles, waiting = [], {}  # each tile's (sections, coding); symbols coded, not yet synthesised
 
             def symbols_of(i: int) -> dict[str, torch.Tensor]:

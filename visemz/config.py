@@ -52,9 +52,14 @@ class Defaults:
     #: Image codec: tiles per batch through the network (peak GPU memory grows with it: one tile
     #: of 4096 peaked at 6.3 GB on the H200).
     tile_batch: int = 1  # VISEMZ_TILE_BATCH
+    #: Image codec: encoder-side latent refinement steps (``refine.py``; 0: off).  Each step is a
+    #: forward and backward pass of the synthesis (and hyper-synthesis) on the image: encoding costs
+    #: far more, decoding nothing, and the file format is unchanged.
+    refine: int = 0  # VISEMZ_REFINE
 
 
 LOADERS = ("auto", "dali", "kvikio", "cpu")
+MAX_REFINE = 10_000  # refinement steps: beyond this an encode would run for hours, a mistake rather than a wish
 
 _ENV = {f.name: "VISEMZ_" + f.name.upper() for f in fields(Defaults)}
 
@@ -82,6 +87,8 @@ def _from_env() -> Defaults:
                                    f"VISEMZ_RANS_LANE_SYMBOLS={d.rans_lane_symbols} in 1..1048576")
     if d.tile_batch < 1:  # VISEMZ_TILE is checked by tiling.check_tile, the tile rule of writers and readers
         raise InvalidArgumentError(f"VISEMZ_TILE_BATCH={d.tile_batch}: expected >= 1")
+    if not 0 <= d.refine <= MAX_REFINE:
+        raise InvalidArgumentError(f"VISEMZ_REFINE={d.refine}: expected 0..{MAX_REFINE} refinement steps")
     if not (4096 <= d.entropy_chunk <= (16 << 20)):
         raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
     return d

@@ -29,9 +29,10 @@ from .config import DEFAULTS
 from .errors import InvalidArgumentError, VisemzError
 from .models import architectures
 from .pixels import PAD, ImageMeta, to_batch
+from .refine import RefineSettings, refine_symbols
 
 MAX_TILE = 1 << 15  # the largest core tile in pixels, written or read (docs/FORMAT.md, section 4.3)
-STRIDE = 16  # pixels per latent position
+STRIDE = architectures.STRIDE  # pixels per latent position
 ANALYSIS_HALO = (32, 16)  # pixels before / after a core that g_a needs (30 and 14, on the stride grid)
 SYNTHESIS_HALO = (1, 2)  # latent positions before / after a core that g_s needs
 
@@ -145,18 +146,31 @@ def _split(t: torch.Tensor, n: int) -> list[torch.Tensor]:
     return list(t.chunk(n)) if n > 1 else [t]
 
 
-def analyse(net, t: torch.Tensor, meta: ImageMeta, quality: float, grid: Grid, batch: int,
-            device: str) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+def analyse(net, t: torch.Tensor, meta: ImageMeta, quality: float, grid: Grid, batch: int, device: str,
+            refine: RefineSettings | None = None) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
     """(tile, its symbols) for every tile, in row-major order; the tiles' pixels move to ``device``
-    a batch at a time (``t`` may stay on the host)."""
+    a batch at a time (``t`` may stay on the host).  ``refine``: refine each batch's core latents
+    against the tiles' core pixels first (``refine.py``; None: the analysis's own symbols)."""
     for group in _batches(list(range(grid.count)), _window_key(grid.analysis_window), batch):
         win, crop = grid.analysis_window(group[0])
         whole = crop == (0, (win[1] - win[0]) // STRIDE, 0, (win[3] - win[2]) // STRIDE)
         x = torch.cat([to_batch(t, meta, grid.analysis_window(i)[0], device) for i in group])
-        symbols = architectures.analyse(net, x, quality, None if whole else crop)
+        crop = None if whole else crop
+        if refine is None:
+            symbols = architectures.analyse(net, x, quality, crop)
+        else:
+            planes = x.shape[0] // len(group)
+            valid = [_real_size(grid, i, meta) for i in group for _ in range(planes)]
+            symbols = refine_symbols(net, x, quality, crop, valid, refine)
         parts = {k: _split(v, len(group)) for k, v in symbols.items()}
         for n, i in enumerate(group):
             yield i, {k: v[n] for k, v in parts.items()}
+
+
+def _real_size(grid: Grid, i: int, meta: ImageMeta) -> tuple[int, int]:
+    """(height, width) of tile i's core that lies in the image, not in its edge padding."""
+    y0, y1, x0, x1 = pixel_box(grid, i, meta)
+    return y1 - y0, x1 - x0
 
 
 class _Latents:

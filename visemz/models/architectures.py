@@ -28,6 +28,7 @@ _CLASSES = {"balle2016": FactorizedPrior, "mbt2018-mean": MeanScaleHyperprior}
 # lambda of the middle of the ladder: gains start at sqrt(lambda / this), so that the latent's
 # quantisation step starts out roughly where each lambda wants it (step ~ lambda^-1/2)
 _LAMBDA_REF = COMPRESSAI_LAMBDAS[3]
+STRIDE = 16  # pixels per position of the latent y (g_a: four stride-2 convolutions)
 
 
 class GainUnits(torch.nn.Module):
@@ -88,6 +89,21 @@ def medians(bottleneck) -> torch.Tensor:
     return bottleneck.quantiles[:, 0, 1].detach().view(1, -1, 1, 1)
 
 
+def bottleneck_likelihood(bottleneck, values: torch.Tensor) -> torch.Tensor:
+    """A CompressAI EntropyBottleneck's likelihood of each of ``values`` (B, C, ...), lower bound applied;
+    differentiable in ``values``, which it takes as they are (noised, rounded or relaxed by the caller).
+
+    What EntropyBottleneck.forward computes after its quantisation, with the channel permutation as
+    Python ints (CompressAI builds it as a device tensor, a host-to-device copy that a CUDA graph
+    cannot capture).  Swapping the first two axes is its own inverse."""
+    perm = (1, 0, *range(2, values.ndim))
+    v = values.permute(*perm).contiguous()
+    likelihood, _, _ = bottleneck._likelihood(v.reshape(v.shape[0], 1, -1))
+    if bottleneck.use_likelihood_bound:
+        likelihood = bottleneck.likelihood_lower_bound(likelihood)
+    return likelihood.reshape(v.shape).permute(*perm).contiguous()
+
+
 def _hyper_params(model, z_sym: torch.Tensor, quality: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer hyper-latent symbols -> (scales, means) of the gained latent."""
     _, inv = model.hyper_gain.at(quality, z_sym.dtype, z_sym.device)
@@ -96,25 +112,44 @@ def _hyper_params(model, z_sym: torch.Tensor, quality: float) -> tuple[torch.Ten
     return scales, means
 
 
+def analysis_latents(model: torch.nn.Module, x: torch.Tensor, quality: float,
+                     crop: tuple[int, int, int, int] | None = None) -> dict[str, torch.Tensor]:
+    """Image batch in [0, 1] -> the gained latents before rounding: {"y": g * y, ["z": hg * h_a(g * y)]}.
+
+    ``crop`` (y0, y1, x0, x1) in latent positions keeps that part of g_a's output, and the hyperprior
+    sees only it: a tile's core analysed with a halo of pixels around it (``tiling.py``)."""
+    g, _ = model.gain.at(quality, x.dtype, x.device)
+    y = model.g_a(x) * g
+    if crop is not None:
+        y = y[:, :, crop[0]:crop[1], crop[2]:crop[3]]
+    if not has_hyperprior(model):
+        return {"y": y}
+    hg, _ = model.hyper_gain.at(quality, x.dtype, x.device)
+    return {"y": y, "z": model.h_a(y) * hg}
+
+
+def quantise(model: torch.nn.Module, latents: dict[str, torch.Tensor], quality: float) -> dict[str, torch.Tensor]:
+    """Gained latents (``analysis_latents``, or refined ones, ``refine.py``) -> integer symbols (int32).
+
+    Factorized: y_sym = round(y - median).  Mean-scale hyperprior: z_sym = round(z - median_z), and
+    y_sym = round(y - mean), the mean predicted from the dequantised z_sym as the decoder predicts it."""
+    y = latents["y"]
+    if not has_hyperprior(model):
+        return {"y": torch.round(y - medians(model.entropy_bottleneck).to(y.dtype)).to(torch.int32)}
+    z_sym = torch.round(latents["z"] - medians(model.entropy_bottleneck).to(y.dtype))
+    _, means = _hyper_params(model, z_sym, quality)
+    return {"y": torch.round(y - means).to(torch.int32), "z": z_sym.to(torch.int32)}
+
+
 def analyse(model: torch.nn.Module, x: torch.Tensor, quality: float,
             crop: tuple[int, int, int, int] | None = None) -> dict[str, torch.Tensor]:
     """Image batch in [0, 1] -> integer symbols {"y": ..., ["z": ...]} (int32, same device).
 
     Factorized: y_sym = round(g * y - median).  Mean-scale hyperprior: z_sym = round(hg * z - median_z)
     with z = h_a(g * y), and y_sym = round(g * y - mean), the mean predicted from the dequantised z.
-    ``crop`` (y0, y1, x0, x1) in latent positions keeps that part of g_a's output, and the hyperprior
-    sees only it: a tile's core analysed with a halo of pixels around it (``tiling.py``).
+    ``crop``: see ``analysis_latents``.
     """
-    g, _ = model.gain.at(quality, x.dtype, x.device)
-    y = model.g_a(x) * g
-    if crop is not None:
-        y = y[:, :, crop[0]:crop[1], crop[2]:crop[3]]
-    if not has_hyperprior(model):
-        return {"y": torch.round(y - medians(model.entropy_bottleneck).to(y.dtype)).to(torch.int32)}
-    hg, _ = model.hyper_gain.at(quality, x.dtype, x.device)
-    z_sym = torch.round(model.h_a(y) * hg - medians(model.entropy_bottleneck).to(y.dtype))
-    _, means = _hyper_params(model, z_sym, quality)
-    return {"y": torch.round(y - means).to(torch.int32), "z": z_sym.to(torch.int32)}
+    return quantise(model, analysis_latents(model, x, quality, crop), quality)
 
 
 def dequantise(model: torch.nn.Module, symbols: dict[str, torch.Tensor], quality: float,

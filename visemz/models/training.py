@@ -10,26 +10,18 @@ import math
 
 import torch
 
-from .architectures import has_hyperprior, interpolate_ladder
+from .architectures import bottleneck_likelihood, has_hyperprior, interpolate_ladder
 from .registry import COMPRESSAI_LAMBDAS
 
 
 def bottleneck_train(bottleneck, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """CompressAI's EntropyBottleneck.forward in training mode (noise, likelihoods), same result.
-
-    CompressAI builds its channel permutation as a device tensor, a host-to-device copy that
-    a CUDA graph cannot capture; here the permutation is Python ints.  Swapping the first two
-    axes is its own inverse.
-    """
+    """CompressAI's EntropyBottleneck.forward in training mode (noise, likelihoods), same result,
+    capturable in a CUDA graph (``architectures.bottleneck_likelihood`` says why)."""
     perm = (1, 0, *range(2, x.ndim))
     v = x.permute(*perm).contiguous()
-    shape = v.shape
     values = bottleneck.quantize(v.reshape(v.shape[0], 1, -1), "noise", bottleneck._get_medians())
-    likelihood, _, _ = bottleneck._likelihood(values)
-    if bottleneck.use_likelihood_bound:
-        likelihood = bottleneck.likelihood_lower_bound(likelihood)
-    return (values.reshape(shape).permute(*perm).contiguous(),
-            likelihood.reshape(shape).permute(*perm).contiguous())
+    values = values.reshape(v.shape).permute(*perm).contiguous()
+    return values, bottleneck_likelihood(bottleneck, values)
 
 
 def log_lambda_table(device) -> torch.Tensor:

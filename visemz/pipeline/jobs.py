@@ -49,6 +49,7 @@ class CompressConfig:
     resume: bool = True
     loader: str = ""  # "auto", "dali", "kvikio" or "cpu"; "": VISEMZ_LOADER
     tile: int = 0  # core tile size in pixels (a multiple of 64); 0: VISEMZ_TILE
+    refine: int | None = None  # encoder-side latent refinement steps; None: VISEMZ_REFINE
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig()
 
     def one(pixels) -> bytes:
         return codec.compress(pixels, model=cfg.model, quality=cfg.quality, max_error=cfg.max_error,
-                              tile=cfg.tile or None)
+                              tile=cfg.tile or None, refine=cfg.refine)
 
     def compute(lane, i: int, pic: loaders.Picture) -> _Encoded:
         try:
