@@ -115,7 +115,9 @@ def test_model_untouched_and_grad_modes(cpu):
     """Refinement under the caller's no_grad or inference_mode works, gives the same bytes each time, and
     leaves the model's weights, requires_grad flags, .grad and eval mode as they were."""
     img = _gray()[:64, :64]
-    nets = [W.load(registry.spec(arch, "gray"), "cpu")[0] for arch in ARCHS]
+    W.load.cache_clear()
+    with torch.inference_mode():  # a model first loaded in inference mode is still one autograd can use
+        nets = [W.load(registry.spec(arch, "gray"), "cpu")[0] for arch in ARCHS]
     before = [{k: v.clone() for k, v in net.state_dict().items()} for net in nets]
     flags = [[p.requires_grad for p in net.parameters()] for net in nets]
     outs = []

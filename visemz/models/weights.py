@@ -124,8 +124,10 @@ _LOAD_LOCK = threading.Lock()
 def load(spec: ModelSpec, device: str = "cpu") -> tuple[torch.nn.Module, str]:
     """The model for ``spec`` with its shipped weights, in eval mode, and its model id (cached).
 
-    Thread-safe: several pipeline streams asking at once get one model, fully on the device."""
-    with _LOAD_LOCK:
+    Thread-safe: several pipeline streams asking at once get one model, fully on the device.  Built
+    outside inference mode whatever the caller's, so the cached model's tensors are ordinary ones that
+    autograd may use later (encoder-side refinement differentiates through the model, ``refine.py``)."""
+    with _LOAD_LOCK, torch.inference_mode(False):
         return _load(spec, device)
 
 
