@@ -241,11 +241,8 @@ class ImageCodec:
 
     def _box_pixels(self, f: "_File", box) -> torch.Tensor:
         """A region of a lossy file (no residual) from a synthesis of the region alone (float32)."""
-        q, tm = f.header["quality"], tiling.tile_meta(f.meta, box)
-
-        def latent_of(i: int) -> torch.Tensor:
-            return architectures.dequantise(f.net, f.symbols(i), q, torch.float32)
-
+        tm = tiling.tile_meta(f.meta, box)
+        latent_of = _dequantiser(f.net, f.symbols, f.header["quality"], torch.float32)
         return denormalise(from_batch(tiling.synthesise_box(f.net, f.grid, box, latent_of), tm), tm)
 
     def _tile_pixels(self, net, net64, q: float, meta: ImageMeta, grid: tiling.Grid, tiles, symbols_of, f64: bool):
@@ -253,10 +250,7 @@ class ImageCodec:
         float64 (``f64``, the error-bound path) or float32 from ``symbols_of(i)``, tile i's symbols (asked
         for once per tile whose latent the synthesis needs, the tiles around ``tiles`` included)."""
         model, dtype = (net64, torch.float64) if f64 else (net, torch.float32)
-
-        def latent_of(i: int) -> torch.Tensor:
-            return architectures.dequantise(model, symbols_of(i), q, dtype)
-
+        latent_of = _dequantiser(model, symbols_of, q, dtype)
         for i, x in tiling.synthesise(model, grid, list(tiles), latent_of, DEFAULTS.tile_batch):
             box = tiling.pixel_box(grid, i, meta)
             yield i, box, from_batch(x, tiling.tile_meta(meta, box))
@@ -291,6 +285,11 @@ class ImageCodec:
             rans = bool(latents.rans_sections(h))
         net64 = _model64(spec, self.device) if rans or h["residual"] is not None else None
         return _File(self.device, h, meta, grid, net, net64, tile_of)
+
+
+def _dequantiser(model, symbols_of, q: float, dtype):
+    """i -> tile i's latent as g_s takes it (``symbols_of(i)`` dequantised in ``dtype``)."""
+    return lambda i: architectures.dequantise(model, symbols_of(i), q, dtype)
 
 
 @dataclass(frozen=True)

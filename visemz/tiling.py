@@ -248,14 +248,8 @@ def synthesise_box(net, grid: Grid, box: Box, latent_of: Callable[[int], torch.T
     and their halo, cut from the tiles they lie in (``latent_of`` as in ``synthesise``), so that
     a small region of a large file costs a synthesis of its own size, not of whole tiles."""
     win, (y0, y1, x0, x1) = box_window(grid, box)
-    held: dict[int, torch.Tensor] = {}
-
-    def latent(i: int) -> torch.Tensor:
-        if i not in held:
-            held[i] = latent_of(i)
-        return held[i]
-
-    x = net.g_s(assemble(grid, latent, grid.size // STRIDE, win))
+    latents = _Latents(latent_of, {})  # each touched tile's latent computed once, all dropped on return
+    x = net.g_s(assemble(grid, latents.get, grid.size // STRIDE, win))
     return x[:, :, y0:y1, x0:x1]
 
 
