@@ -104,10 +104,10 @@ def bound_table(curves: dict[str, list[dict]]) -> list[str]:
 
 
 def refine_costs(rows: list[dict]) -> dict[str, dict[str, dict]]:
-    """{dataset: {visemz-<arch>-refine<N>: its encode cost}}: the mean encode seconds of the refined
-    points, and, over the (image, setting) points that visemz-<arch> also has on the same device
-    (column ``device``), the mean extra seconds per image scaled to 100 steps: what refinement adds
-    to an encode.  Without such points the whole encode, scaled to 100 steps, stands as an upper bound."""
+    """{dataset: {visemz-<arch>-refine<N>: its encode cost}}: over the (image, setting) points that
+    visemz-<arch> also has on the same device (column ``device``), the mean encode seconds of both and
+    the mean extra seconds per image scaled to 100 steps: what refinement adds to an encode.  Without
+    such points, over all the refined points, the whole encode scaled to 100 steps: an upper bound."""
     by_key = {(r["dataset"], r["codec"], r["image"], r["setting"]): r for r in rows}
     out: dict[str, dict[str, dict]] = defaultdict(dict)
     for ds, codec in dict.fromkeys((r["dataset"], r["codec"]) for r in rows):
@@ -121,12 +121,14 @@ def refine_costs(rows: list[dict]) -> dict[str, dict[str, dict]]:
             b = by_key.get((ds, f"visemz-{arch}", r["image"], r["setting"]))
             if b is not None and b["device"] == r["device"]:
                 pairs.append((float(r["encode_s"]), float(b["encode_s"])))
-        encode_s = float(np.mean([float(r["encode_s"]) for r in mine]))
-        extra = float(np.mean([a - b for a, b in pairs])) if pairs else encode_s
-        out[ds][codec] = {"steps": steps, "points": len(mine), "paired": len(pairs),
+        if pairs:
+            encode_s, base = (float(np.mean(v)) for v in zip(*pairs))
+        else:
+            encode_s, base = float(np.mean([float(r["encode_s"]) for r in mine])), None
+        out[ds][codec] = {"steps": steps, "points": len(pairs) or len(mine),
                           "devices": sorted({r["device"] for r in mine}), "encode_s": encode_s,
-                          "unrefined_encode_s": float(np.mean([b for _, b in pairs])) if pairs else None,
-                          "s_per_100_steps": extra * 100 / steps, "upper_bound": not pairs}
+                          "unrefined_encode_s": base, "s_per_100_steps": (encode_s - (base or 0)) * 100 / steps,
+                          "upper_bound": not pairs}
     return dict(out)
 
 
@@ -135,7 +137,8 @@ def refine_cost_table(costs: dict[str, dict], device: str) -> list[str]:
     if not costs:
         return []
     lines = ["Encode cost of refinement: extra seconds per image for 100 steps, over the points the unrefined "
-             "codec has on the same device (the whole encode, an upper bound, where it has none).", "",
+             "codec also has on the same device (the whole encode over all points, an upper bound, where it has "
+             "none).", "",
              "| codec | steps | points | encode s | unrefined encode s | s per image per 100 steps | device |",
              "|---|---|---|---|---|---|---|"]
     for codec, c in costs.items():
