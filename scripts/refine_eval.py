@@ -10,7 +10,9 @@ loss measured on them (bpp + lambda * 255^2 * MSE on [0, 1]) and the encode seco
 synchronised; each model is warmed up on the first image first).  Then per model, on the mean
 curves over the images (as the rd report averages them): the BD-rate (PSNR) of each refined curve
 against steps 0, and against JPEG 2000 on the same images when ``--points`` (the rd report's
-points.csv) holds JPEG 2000 points for every one of them.  The JSON is rewritten after every
+points.csv) holds JPEG 2000 points for every one of them; and the encode cost: the seconds per
+image that 100 steps add, against steps 0 of the same run (the whole encode, an upper bound, when
+steps 0 is not measured), on the device the JSON names.  The JSON is rewritten after every
 (model, steps) curve, so a run cut short keeps what it finished.
 """
 
@@ -116,8 +118,19 @@ def anchor_curve(points_csv: Path, dataset: str, images: list[str]) -> list[dict
     return sorted(curve, key=lambda p: p["bpp"]) if len(curve) >= 2 else None
 
 
+def step_cost(curve: list[dict], base: list[dict] | None, steps: int) -> dict:
+    """Encode seconds per image, and what 100 refinement steps add to them: the mean encode seconds less
+    steps 0's over the same images and qualities of this run, or without steps 0 the whole encode (an
+    upper bound); none for 0 steps."""
+    encode_s = float(np.mean([p["encode_s"] for p in curve]))
+    extra = encode_s - float(np.mean([p["encode_s"] for p in base])) if base is not None else encode_s
+    return {"encode_s_per_image": encode_s,
+            "s_per_image_per_100_steps": extra * 100 / steps if steps else None,
+            "per_100_steps_is_upper_bound": base is None if steps else None}
+
+
 def summarise(points: list[dict], anchor: list[dict] | None) -> dict:
-    """Per model: each step count's mean curve, its BD-rate against steps 0 and against the anchor."""
+    """Per model: each step count's mean curve, its BD-rate against steps 0 and against the anchor, its encode cost."""
     out = {}
     for model in dict.fromkeys(p["model"] for p in points):
         curves = {s: mean_curve([p for p in points if p["model"] == model and p["steps"] == s])
@@ -125,21 +138,25 @@ def summarise(points: list[dict], anchor: list[dict] | None) -> dict:
         base = curves.get(0)
         out[model] = {str(s): {"curve": c,
                                "bd_rate_vs_steps0": bd(base, c) if base is not None and s != 0 else None,
-                               f"bd_rate_vs_{ANCHOR}": bd(anchor, c) if anchor is not None else None}
+                               f"bd_rate_vs_{ANCHOR}": bd(anchor, c) if anchor is not None else None,
+                               **step_cost(c, base, s)}
                       for s, c in curves.items()}
     return out
 
 
-def table(summary: dict) -> str:
-    lines = [f"{'model':14} {'steps':>5} {'bpp':>7} {'PSNR':>7} {'RD cost':>8} {'enc s':>7} "
+def table(summary: dict, device: str) -> str:
+    lines = [f"on {device}; s/100: encode seconds per image that 100 steps add (* the whole encode: no steps 0 run)",
+             f"{'model':14} {'steps':>5} {'bpp':>7} {'PSNR':>7} {'RD cost':>8} {'enc s':>7} {'s/100':>8} "
              f"{'BD vs 0':>9} {'BD vs ' + ANCHOR:>16}"]
     for model, by_steps in summary.items():
         for s, r in by_steps.items():
             c = r["curve"]
             cells = [_pct(r["bd_rate_vs_steps0"]), _pct(r[f"bd_rate_vs_{ANCHOR}"])]
+            per100 = r["s_per_image_per_100_steps"]
+            per100 = "-" if per100 is None else f"{per100:.3f}" + ("*" if r["per_100_steps_is_upper_bound"] else "")
             lines.append(f"{model:14} {s:>5} {np.mean([p['bpp'] for p in c]):7.4f} "
                          f"{np.mean([p['psnr'] for p in c]):7.3f} {np.mean([p['rd_cost'] for p in c]):8.4f} "
-                         f"{np.mean([p['encode_s'] for p in c]):7.3f} {cells[0]:>9} {cells[1]:>16}")
+                         f"{r['encode_s_per_image']:7.3f} {per100:>8} {cells[0]:>9} {cells[1]:>16}")
     return "\n".join(lines)
 
 
@@ -172,7 +189,7 @@ def main(argv=None) -> None:
                   f"{time.perf_counter() - t0:.1f} s", flush=True)
             result["summary"] = summarise(result["points"], anchor)
             write_atomic(args.out, json.dumps(result, indent=1).encode())
-    print(table(result["summary"]))
+    print(table(result["summary"], name))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,6 +94,14 @@ def cross_device_tolerance(img: np.ndarray) -> float:
     """How far GPU and CPU decodes of one file may differ (float rounding, then integer levels):
     one level for uint8, 1e-3 of the image's range for uint16 and float32 (README, codec docs)."""
     return 1.0 if img.dtype == np.uint8 else 1e-3 * max(1.0, float(np.ptp(img)))
+
+
+def load_script(name: str):
+    """scripts/NAME.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def optional(module: str):

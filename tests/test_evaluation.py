@@ -12,11 +12,11 @@ import pytest
 from visemz.errors import DeviceUnavailableError, InvalidArgumentError, UnsupportedFormatError
 from visemz.evaluation import bjontegaard as bd
 from visemz.evaluation import metrics, report
-from visemz.evaluation.codecs import NAMES, Layout, build, default_names
+from visemz.evaluation.codecs import NAMES, Layout, build, default_names, parse_refined, with_refined
 from visemz.evaluation.report import mean_curves, summary_markdown
 from visemz.evaluation.runner import EvalConfig, read_points, run_points, write_points
 
-from .helpers import optional
+from .helpers import load_script, optional
 
 
 @pytest.fixture(autouse=True)
@@ -143,6 +143,24 @@ def test_codec_registry_rejects_bad_names_and_devices():
     assert "nvjpeg" not in default_names("cpu") and "nvjpeg" in default_names("cuda")
 
 
+def test_refined_codec_names():
+    codec = build("visemz-balle2016-refine3", "cpu")
+    assert (codec.name, codec.refine, codec.arch) == ("visemz-balle2016-refine3", 3, "balle2016")
+    assert parse_refined("visemz-mbt2018-mean-refine100") == ("mbt2018-mean", 100)
+    assert parse_refined("visemz-mbt2018-mean") is None and parse_refined("jpeg") is None
+    for bad in ("visemz-balle2016-refine0", "visemz-balle2016-refine10001", "visemz-balle2016-refine02",
+                "visemz-other-refine5", "visemz-balle2016-maxerr-refine5"):
+        with pytest.raises(InvalidArgumentError, match=bad):
+            build(bad, "cpu")
+    names = ("jpeg", "visemz-mbt2018-mean", "visemz-balle2016-maxerr")
+    assert with_refined(names, 0) == names
+    assert with_refined(names, 7) == (*names, "visemz-mbt2018-mean-refine7")
+    assert EvalConfig(codecs=("webp", "visemz-balle2016"), refine_steps=4).codec_names() == (
+        "webp", "visemz-balle2016", "visemz-balle2016-refine4")
+    with pytest.raises(InvalidArgumentError, match="-1"):
+        EvalConfig(refine_steps=-1)
+
+
 def test_rate_codecs_spend_more_bits_for_higher_settings():
     img = tiny(3)
     for name in ("jpeg", "webp", "jpeg2000"):
@@ -185,6 +203,60 @@ def test_run_is_resumable(folder, tmp_path):
     assert third.computed == 1 and third.skipped == 14
 
 
+def test_refined_rows_join_a_finished_run(folder, tmp_path, model_weights):
+    """--refine-steps on a finished run computes only the refined codec's points (same loop, same
+    measurement); the report puts it in the BD tables and states what its steps cost per image."""
+    ladders = (("visemz-balle2016", (2, 6)), ("jpeg", (30, 90)))
+    cfg = EvalConfig(codecs=("jpeg", "visemz-balle2016"), ladders=ladders)
+    first = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
+    assert first.computed == 3 * 4
+    before = (tmp_path / "out/points.csv").read_text()
+    cfg = EvalConfig(codecs=("jpeg", "visemz-balle2016"), refine_steps=2,
+                     ladders=(*ladders, ("visemz-balle2016-refine2", (2, 6))))
+    second = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
+    assert second.computed == 3 * 2 and second.skipped == 3 * 4
+    after = (tmp_path / "out/points.csv").read_text()
+    assert after.startswith(before)  # the rows already there are left as they were
+    rows = read_points(tmp_path / "out/points.csv")
+    refined = [r for r in rows if r["codec"] == "visemz-balle2016-refine2"]
+    assert {(r["dataset"], r["image"], r["setting"]) for r in refined} == {
+        (d, i, q) for d, i in (("rgb", "a.png"), ("rgb", "b.png"), ("gray", "c.png")) for q in ("q=2", "q=6")}
+    assert all(float(r["bpp"]) > 0 and float(r["encode_s"]) > 0 for r in refined)
+    costs = report.refine_costs(rows)
+    c = costs["rgb"]["visemz-balle2016-refine2"]
+    assert (c["steps"], c["points"], c["upper_bound"], c["devices"]) == (2, 4, False, ["cpu"])
+    extra = np.mean([float(r["encode_s"]) - float(b["encode_s"]) for r in refined if r["dataset"] == "rgb"
+                     for b in rows if b["codec"] == "visemz-balle2016" and (b["image"], b["setting"]) == (r["image"], r["setting"])])
+    assert c["s_per_100_steps"] == pytest.approx(extra * 50)
+    md = summary_markdown(mean_curves(rows), [], "test", costs, "cpu")
+    assert md.count("| visemz-balle2016-refine2 | 2 | 4 |") == 1 and "| visemz-balle2016-refine2 | 2 | 2 |" in md
+    assert "| visemz-balle2016-refine2 | +" in md or "| visemz-balle2016-refine2 | -" in md  # a BD-rate vs JPEG
+    # refined points alone (no unrefined ones on their device): the whole encode, flagged as an upper bound
+    alone = report.refine_costs([dict(r, device="cuda") if r["codec"] == "visemz-balle2016-refine2" else r for r in rows])
+    assert alone["gray"]["visemz-balle2016-refine2"]["upper_bound"] is True
+
+
+def test_rd_eval_script_with_refinement(folder, tmp_path, model_weights, capsys):
+    """scripts/rd_eval.py --refine-steps with --ladder and --datasets: the refined rows in points.csv and
+    summary.md, their cost printed; a bad --ladder is refused naming it."""
+    rd_eval = load_script("rd_eval")
+    out = tmp_path / "report"
+    rd_eval.main(["--data", str(folder), "--out", str(out), "--device", "cpu", "--datasets", "gray",
+                  "--codecs", "jpeg,visemz-mbt2018-mean", "--refine-steps", "2", "--no-crops",
+                  "--ladder", "jpeg=40,90", "--ladder", "visemz-mbt2018-mean=1,4.5",
+                  "--ladder", "visemz-mbt2018-mean-refine2=1,4.5"])
+    rows = read_points(out / "points.csv")
+    assert sorted((r["codec"], r["setting"]) for r in rows) == [
+        ("jpeg", "q=40"), ("jpeg", "q=90"), ("visemz-mbt2018-mean", "q=1"), ("visemz-mbt2018-mean", "q=4.5"),
+        ("visemz-mbt2018-mean-refine2", "q=1"), ("visemz-mbt2018-mean-refine2", "q=4.5")]
+    assert "gray visemz-mbt2018-mean-refine2: " in capsys.readouterr().out
+    assert "| visemz-mbt2018-mean-refine2 | 2 | 2 |" in (out / "summary.md").read_text()
+    assert rd_eval.parse_ladder("webp=5,50") == ("webp", (5, 50))
+    for bad in ("webp", "webp=", "=5", "webp=5,x"):
+        with pytest.raises(InvalidArgumentError, match=repr(bad)):
+            rd_eval.parse_ladder(bad)
+
+
 def test_report_tables(folder, tmp_path):
     cfg = EvalConfig(codecs=("jpeg", "webp", "sz3"), datasets=("rgb",))
     res = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
@@ -224,6 +296,8 @@ def test_cli_eval_rejects_bad_arguments(folder, tmp_path, cli):
     assert r.exit_code == 2 and "'jpg'" in r.stderr
     r = run(folder, "--datasets", "kodak")
     assert r.exit_code == 2 and "kodak" in r.stderr
+    r = run(folder, "--refine-steps", "-3")
+    assert r.exit_code == 2 and "refine=-3" in r.stderr
     assert not (tmp_path / "o" / "points.csv").exists()
 
 

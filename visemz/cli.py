@@ -295,12 +295,16 @@ def eval_cmd(
     limit: Optional[int] = typer.Option(None, help="first N images of each dataset"),
     datasets: Optional[str] = typer.Option(None, help="comma-separated sub-folder names (default: all)"),
     no_crops: bool = typer.Option(False, "--no-crops", help="skip the matched-bpp crop figures"),
+    refine_steps: int = typer.Option(0, "--refine-steps",
+                                     help="also run visemz-<arch>-refine<N> (N steps of encoder-side latent "
+                                          "refinement) beside each visemz-<arch> codec (default 0: none)"),
 ) -> None:
     """Rate-distortion evaluation against JPEG, JPEG 2000, WebP, nvJPEG, SZ3, ZFP and CompressAI (resumable)."""
     def names(s: Optional[str]):
         return tuple(n.strip() for n in s.split(",") if n.strip()) if s else None
 
-    cfg = EvalConfig(codecs=names(codecs), device=resolve(device), limit=limit, datasets=names(datasets), crops=not no_crops)
+    cfg = EvalConfig(codecs=names(codecs), device=resolve(device), limit=limit, datasets=names(datasets),
+                     crops=not no_crops, refine_steps=refine_steps)
     result = evaluate(folder, out, cfg, log=lambda m: typer.echo(m, err=True))
     typer.echo(f"{result.computed} points computed, {result.skipped} already in {result.csv}, {len(result.failures)} failed; "
                f"report in {out}")

@@ -13,6 +13,7 @@ import torch
 from ..io.writers import write_atomic
 from . import plots
 from .bjontegaard import BDError, bd_quality, bd_rate
+from .codecs import parse_refined
 
 ANCHORS = ("jpeg", "jpeg2000", "webp")
 MEAN_FIELDS = ("bpp", "psnr", "ssim", "ms_ssim", "gmsd", "encode_s", "decode_s")
@@ -102,7 +103,58 @@ def bound_table(curves: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
-def summary_markdown(curves: dict, failures: list[str], device_name: str) -> str:
+def refine_costs(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    """{dataset: {visemz-<arch>-refine<N>: its encode cost}}: over the (image, setting) points that
+    visemz-<arch> also has on the same device (column ``device``), the mean encode seconds of both and
+    the mean extra seconds per image scaled to 100 steps: what refinement adds to an encode.  Without
+    such points, over all the refined points, the whole encode scaled to 100 steps: an upper bound."""
+    by_key = {(r["dataset"], r["codec"], r["image"], r["setting"]): r for r in rows}
+    out: dict[str, dict[str, dict]] = defaultdict(dict)
+    for ds, codec in dict.fromkeys((r["dataset"], r["codec"]) for r in rows):
+        refined = parse_refined(codec)
+        if refined is None:
+            continue
+        arch, steps = refined
+        mine = [r for r in rows if r["dataset"] == ds and r["codec"] == codec]
+        pairs = []  # (refined, unrefined) encode seconds of one image at one setting
+        for r in mine:
+            b = by_key.get((ds, f"visemz-{arch}", r["image"], r["setting"]))
+            if b is not None and b["device"] == r["device"]:
+                pairs.append((float(r["encode_s"]), float(b["encode_s"])))
+        if pairs:
+            encode_s, base = (float(np.mean(v)) for v in zip(*pairs))
+        else:
+            encode_s, base = float(np.mean([float(r["encode_s"]) for r in mine])), None
+        out[ds][codec] = {"steps": steps, "points": len(pairs) or len(mine),
+                          "devices": sorted({r["device"] for r in mine}), "encode_s": encode_s,
+                          "unrefined_encode_s": base, "s_per_100_steps": (encode_s - (base or 0)) * 100 / steps,
+                          "upper_bound": not pairs}
+    return dict(out)
+
+
+def refine_cost_table(costs: dict[str, dict], device: str) -> list[str]:
+    """The encode cost of each refined codec of one dataset, its device named as far as the CSV tells."""
+    if not costs:
+        return []
+    lines = ["Encode cost of refinement: extra seconds per image for 100 steps, over the points the unrefined "
+             "codec also has on the same device (the whole encode over all points, an upper bound, where it has "
+             "none).", "",
+             "| codec | steps | points | encode s | unrefined encode s | s per image per 100 steps | device |",
+             "|---|---|---|---|---|---|---|"]
+    for codec, c in costs.items():
+        base = "-" if c["unrefined_encode_s"] is None else f"{c['unrefined_encode_s']:.3f}"
+        per100 = f"{c['s_per_100_steps']:.3f}" + (" (upper bound)" if c["upper_bound"] else "")
+        lines.append(f"| {codec} | {c['steps']} | {c['points']} | {c['encode_s']:.3f} | {base} | {per100} | {_where(c, device)} |")
+    return lines
+
+
+def _where(cost: dict, device: str) -> str:
+    """The refined points' device: this run's by name when they all came from its kind, else the CSV's column."""
+    return device_name(device) if cost["devices"] == [device] else ", ".join(cost["devices"])
+
+
+def summary_markdown(curves: dict, failures: list[str], device_name: str, refine: dict | None = None,
+                     device: str = "cpu") -> str:
     out = ["# Rate-distortion evaluation", "",
            f"Device: {device_name}. bpp = output bytes x 8 / pixels; PSNR against the bit depth's range; "
            "metrics are means over each dataset's images. BD: Bjontegaard deltas with PCHIP interpolation "
@@ -110,6 +162,9 @@ def summary_markdown(curves: dict, failures: list[str], device_name: str) -> str
            "non-dominated points (a point with more bits and no better quality is left out).", ""]
     for ds, by_codec in curves.items():
         out += [f"## {ds}", "", *bd_table(by_codec), ""]
+        rc = refine_cost_table((refine or {}).get(ds, {}), device)
+        if rc:
+            out += [*rc, ""]
         bt = bound_table(by_codec)
         if bt:
             out += ["Error-bounded codecs: bits at the same guaranteed maximum error (8-bit levels).", "", *bt, ""]
@@ -143,5 +198,11 @@ def write_report(folder: Path, out: Path, cfg, rows: list[dict], failures: list[
         plots.rd_plot(ds, by_codec, out / f"rd_{ds}.png")
         if cfg.crops:
             plots.crop_figure(folder, ds, rows, cfg, out / f"crops_{ds}.png")
-    write_atomic(out / "summary.md", summary_markdown(curves, failures, devices_line(rows, cfg.device)).encode())
+    refine = refine_costs(rows)
+    for ds, costs in refine.items():
+        for codec, c in costs.items():
+            log(f"{ds} {codec}: {c['s_per_100_steps']:.3f} s per image per 100 steps"
+                f"{' (upper bound)' if c['upper_bound'] else ''} on {_where(c, cfg.device)} ({c['points']} points)")
+    write_atomic(out / "summary.md",
+                 summary_markdown(curves, failures, devices_line(rows, cfg.device), refine, cfg.device).encode())
     log(f"report: {out / 'summary.md'}")

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, VisemzError
 from ..io.loaders import load_image
 from ..io.writers import write_atomic
+from ..refine import check_steps as check_refine
 from . import codecs as codec_registry
 from . import metrics, report
 from .codecs import Codec, Layout
@@ -39,9 +40,16 @@ class EvalConfig:
     datasets: tuple[str, ...] | None = None  # None: every dataset found
     ladders: tuple[tuple[str, tuple], ...] = ()  # per-codec ladder overrides, e.g. (("jpeg", (10, 50)),)
     crops: bool = True  # draw the matched-bpp crop figure per dataset
+    #: with N > 0, codec visemz-<arch>-refine<N> (N steps of encoder-side latent refinement) runs
+    #: beside each visemz-<arch> of the selection
+    refine_steps: int = 0
+
+    def __post_init__(self):
+        check_refine(self.refine_steps)
 
     def codec_names(self) -> tuple[str, ...]:
-        return self.codecs if self.codecs is not None else codec_registry.default_names(self.device)
+        names = self.codecs if self.codecs is not None else codec_registry.default_names(self.device)
+        return codec_registry.with_refined(names, self.refine_steps)
 
 
 @dataclass
@@ -120,9 +128,9 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
                 result.skipped += len(codec.ladder) - len(todo)
                 if not todo:
                     continue
-                if codec.name not in warmed:  # first use loads models and libraries: keep it out of the timings
-                    codec.decode(codec.encode(image, todo[0]), todo[0], layout)
-                    warmed.add(codec.name)
+                if (codec.name, layout.channels) not in warmed:  # keep loading (a model per variant) out of the timings
+                    codec.warm_up(image, todo[0])
+                    warmed.add((codec.name, layout.channels))
                 t0 = time.perf_counter()
                 for s in todo:
                     try:

@@ -59,6 +59,10 @@ class Codec(ABC):
     @abstractmethod
     def decode(self, data: bytes, setting, layout: Layout) -> np.ndarray: ...
 
+    def warm_up(self, image: np.ndarray, setting) -> None:
+        """Code ``image`` once, untimed: a first use loads models and libraries."""
+        self.decode(self.encode(image, setting), setting, Layout.of(image))
+
     def sync(self) -> None:
         """Wait for queued device work, so timings include it (no-op on the CPU)."""
 

@@ -13,6 +13,12 @@ from .scientific import _scale
 QUALITIES = (1, 2, 3, 4, 5, 6, 7, 8)  # CompressAI's ladder; the variable-rate models take any float in [1, 8]
 MAX_ERRORS = (1, 2, 4, 8, 16)
 EB_QUALITY = 4  # the model quality under visemz's error-bounded ladder (the library's default)
+WARM_UP_STEPS = 2  # refinement steps of a refined codec's untimed first encode
+
+
+def refined_name(arch: str, steps: int) -> str:
+    """The codec name of visemz's ``arch`` with ``steps`` refinement steps."""
+    return f"visemz-{arch}-refine{steps}"
 
 
 def _variant(layout: Layout) -> str:
@@ -117,16 +123,26 @@ class CompressAIRans(LearnedCodec):
 
 
 class Visemz(LearnedCodec):
-    """visemz's learned codec at qualities 1-8 (``max_error=None``)."""
+    """visemz's learned codec at qualities 1-8 (``max_error=None``) with ``refine`` steps of encoder-side
+    latent refinement (0: none, whatever ``VISEMZ_REFINE`` says, so the row is what its name claims)."""
 
-    def __init__(self, arch: str, device: str):
+    def __init__(self, arch: str, device: str, refine: int = 0):
         super().__init__(arch, device)
         from ...codec import ImageCodec
 
-        self.name, self._codec = f"visemz-{arch}", ImageCodec(device)
+        self.refine, self._codec = refine, ImageCodec(device)
+        self.name = refined_name(arch, refine) if refine else f"visemz-{arch}"
 
     def encode(self, image, setting) -> bytes:
-        return self._codec.compress(image, model=self.arch, quality=float(setting))
+        return self._codec.compress(image, model=self.arch, quality=float(setting), refine=self.refine)
+
+    def warm_up(self, image, setting) -> None:
+        """Untimed; a refined codec's with WARM_UP_STEPS steps, which load the model and run every kernel
+        of refinement once as well as all its steps would."""
+        if not self.refine:
+            return super().warm_up(image, setting)
+        data = self._codec.compress(image, model=self.arch, quality=float(setting), refine=WARM_UP_STEPS)
+        self.decode(data, setting, Layout.of(image))
 
     def decode(self, data, setting, layout) -> np.ndarray:
         return self._codec.decompress(data)
@@ -144,4 +160,4 @@ class VisemzBounded(Visemz):
 
     def encode(self, image, setting) -> bytes:
         e = int(round(float(setting) * _scale(image.dtype.name)))
-        return self._codec.compress(image, model=self.arch, quality=EB_QUALITY, max_error=e)
+        return self._codec.compress(image, model=self.arch, quality=EB_QUALITY, max_error=e, refine=self.refine)
