@@ -46,7 +46,7 @@ from visemz.config import DEFAULTS
 from visemz.errors import LimitExceededError
 from visemz.io.loaders import load_image
 from visemz.io.writers import write_atomic
-from visemz.evaluation.bjontegaard import bd_psnr, bd_rate
+from visemz.evaluation.bjontegaard import BDError, bd_psnr, bd_rate
 from visemz.models import architectures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,15 +192,25 @@ def bench_seams(dev: Device, kodak: list[np.ndarray], args) -> dict:
         print(json.dumps({"seams": row}), flush=True)
     out = {"tile": args.seam_tile, "images": len(images), "shapes": sorted({f"{i.shape[0]}x{i.shape[1]}" for i in images}),
            "rows": rows}
-    if len(args.qualities) >= 2:
-        bd = [(bd_psnr(*_curves(p)), bd_rate(*_curves(p))) for p in points]
-        out["bd_psnr_db"] = round(statistics.mean(b for b, _ in bd), 4)
-        out["bd_rate_percent"] = round(statistics.mean(r for _, r in bd), 3)
+    bd = [_bd(p) for p in points]
+    bd = [b for b in bd if b is not None]
+    out["bd_psnr_db"] = round(statistics.mean(b for b, _ in bd), 4) if bd else None
+    out["bd_rate_percent"] = round(statistics.mean(r for _, r in bd), 3) if bd else None
+    out["images_with_bd"] = len(bd)
     equal = [r["psnr_diff_at_equal_bpp_db"] for r in rows if r["psnr_diff_at_equal_bpp_db"] is not None]
     out["max_abs_psnr_diff_at_equal_bpp_db"] = round(max(map(abs, equal)), 4) if equal else None
     out["within_0_05_db"] = bool(equal) and out["max_abs_psnr_diff_at_equal_bpp_db"] <= 0.05
     print(json.dumps({"seams_summary": {k: v for k, v in out.items() if k != "rows"}}), flush=True)
     return out
+
+
+def _bd(curve: dict) -> tuple[float, float] | None:
+    """(BD-PSNR dB, BD-rate %) of an image's tiled curve against its untiled one; None where the curves
+    allow none (fewer than two qualities, a curve not increasing, no shared interval)."""
+    try:
+        return bd_psnr(*_curves(curve)), bd_rate(*_curves(curve))
+    except BDError:
+        return None
 
 
 def _curves(curve: dict) -> tuple[list, list, list, list]:
