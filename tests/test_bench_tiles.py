@@ -27,14 +27,14 @@ def test_psnr_at_equal_bpp_reads_the_untiled_curve_at_the_tiled_rate():
 def test_seams_mode_runs_only_the_seams(tmp_path, model_weights):
     kodak = tmp_path / "kodak"
     kodak.mkdir()
-    cv2.imwrite(str(kodak / "a.png"), np.ascontiguousarray(data.astronaut()[:128, :192, ::-1]))
+    cv2.imwrite(str(kodak / "a.png"), np.ascontiguousarray(data.astronaut()[:64, :128, ::-1]))
     out = tmp_path / "seams.json"
     bench_tiles.main(["--seams", "--device", "cpu", "--kodak", str(kodak), "--data", str(tmp_path / "none"),
                       "--seam-tile", "64", "--qualities", "2", "6", "--out", str(out)])
     report = json.loads(out.read_text())
     assert report["sizes"] == [] and not {"untiled", "kodak", "region"} & set(report)
     seams = report["seams"]
-    assert (seams["tile"], seams["images"], seams["shapes"]) == (64, 1, ["128x192"])
+    assert (seams["tile"], seams["images"], seams["shapes"]) == (64, 1, ["64x128"])
     assert [r["quality"] for r in seams["rows"]] == [2, 6]
     for r in seams["rows"]:
         assert r["bpp_tiled"] > 0 and r["psnr_tiled"] > 20 and abs(r["psnr_tiled_minus_untiled_db"]) < 1
