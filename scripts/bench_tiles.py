@@ -6,7 +6,10 @@
 For each size S of ``--sizes``: an S x S uint16 mosaic of the images under ``--data`` (gray; 8-bit
 images scaled by 257; each placement flipped differently so no two neighbours repeat), compressed
 tile by tile and decompressed, with the peak GPU memory of each (torch.cuda.max_memory_allocated
-after a reset) and Mpixel/s (median of ``--repeats`` after a warm-up, synchronised).  Then:
+after a reset; also max_memory_reserved and what cupy's pool took: ``*_memory_mib``), the spread of
+each peak over the sizes, where a decompress's memory goes (entropy decoding one tile against g_s on
+one tile's window: ``decompress_parts_mib``, printed with the part that dominates) and Mpixel/s
+(median of ``--repeats`` after a warm-up, synchronised).  Then:
 
 - the untiled path (image format 3, one tile) at doubling sizes from 1024 until it fails (out of
   memory or a limit), the largest it did with its memory and throughput;
@@ -14,7 +17,10 @@ after a reset) and Mpixel/s (median of ``--repeats`` after a warm-up, synchronis
   largest mosaic's tiled throughput to it;
 - a 1024 x 1024 region of the largest mosaic's file (off the tile grid) against its full decode;
 - seams: PSNR and bpp of tiled (``--seam-tile``) against untiled compression of Kodak images at each
-  of ``--qualities``.
+  of ``--qualities``, and PSNR at equal bpp (the untiled curve read at the tiled bpp), BD-PSNR and
+  BD-rate; ``--seams`` runs this part alone:
+
+    python scripts/bench_tiles.py --seams --kodak ../shared/data/eval/kodak --seam-tile 256 --out seams.json
 
 visemz against JPEG 2000 and JPEG XL on chunks of such a mosaic, through Zarr: scripts/bench_zarr.py.
 
@@ -30,14 +36,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy.interpolate import PchipInterpolator
 
 import visemz
 from evalkit import Device, gray16, mib, mosaic, sources
 from visemz import container, measure
+from visemz.codec import exact_math
 from visemz.config import DEFAULTS
 from visemz.errors import LimitExceededError
 from visemz.io.loaders import load_image
 from visemz.io.writers import write_atomic
+from visemz.evaluation.bjontegaard import BDError, bd_psnr, bd_rate
+from visemz.models import architectures
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "eval"
@@ -45,14 +55,50 @@ SHARED = ROOT.parent / "shared" / "data" / "eval"
 
 def round_trip(dev: Device, img: np.ndarray, compress, decompress, repeats: int) -> tuple[bytes, np.ndarray, dict]:
     """Peak memory of one compress and one decompress, then their median times: (file, image, figures)."""
-    buf, enc_peak = dev.peak(compress)
-    _, dec_peak = dev.peak(lambda: decompress(buf))
+    buf, enc_mem = dev.memory(compress)
+    _, dec_mem = dev.memory(lambda: decompress(buf))
     t_enc, _ = dev.timed(compress, repeats)
     t_dec, out = dev.timed(lambda: decompress(buf), repeats)
     mpx = img.size / 1e6
     return buf, out, {"compress_s": round(t_enc, 4), "decompress_s": round(t_dec, 4),
                       "compress_mpx_s": round(mpx / t_enc, 2), "decompress_mpx_s": round(mpx / t_dec, 2),
-                      "compress_peak_mib": mib(enc_peak), "decompress_peak_mib": mib(dec_peak)}
+                      "compress_peak_mib": enc_mem and enc_mem["allocated_peak"],
+                      "decompress_peak_mib": dec_mem and dec_mem["allocated_peak"],
+                      "compress_memory_mib": enc_mem, "decompress_memory_mib": dec_mem}
+
+
+def decompress_parts(dev: Device, buf: bytes) -> dict | None:
+    """Where a tiled decompress's GPU memory goes (MiB, torch's allocator, peaks above what it held before):
+    entropy decoding and dequantising the tile with the largest synthesis window, g_s on that window (its
+    halo included, as the decode runs it), and the whole decompress; which of the two parts is the larger.
+    The parts run apart, so the whole can exceed the larger by what the decode holds beside it (the
+    window's latent, the tile's pixels on their way to the host)."""
+    if not dev.cuda:
+        return None
+    codec = visemz.ImageCodec(dev.name)
+    f = codec._open(buf)  # the decoder's own opened file: its grid, networks and per-tile symbol decoding
+    tile = max(range(f.grid.count), key=lambda i: _window_area(f.grid, i))
+    (y0, y1, x0, x1), _ = f.grid.synthesis_window(tile)
+    with exact_math():
+        latent, entropy = dev.memory(
+            lambda: architectures.dequantise(f.net, f.symbols(tile), f.header["quality"], torch.float32))
+        window = torch.zeros((latent.shape[0], latent.shape[1], y1 - y0, x1 - x0), device=latent.device)
+        del latent
+        _, synthesis = dev.memory(lambda: f.net.g_s(window))
+        del window
+        _, whole = dev.memory(lambda: codec.decompress(buf))
+    parts = {"entropy_decode_tile": entropy["allocated_peak"] - entropy["before"],
+             "g_s_tile_window": synthesis["allocated_peak"] - synthesis["before"],
+             "decompress": whole["allocated_peak"] - whole["before"]}
+    part = max(("entropy_decode_tile", "g_s_tile_window"), key=parts.get)
+    return {"tile": tile, "window_latent": [y1 - y0, x1 - x0], **{k: round(v, 1) for k, v in parts.items()},
+            "held_before_mib": whole["before"], "cupy_pool_mib": whole["cupy_pool"], "dominant": part,
+            "dominant_share_of_decompress": round(parts[part] / parts["decompress"], 3)}
+
+
+def _window_area(grid, i: int) -> int:
+    (y0, y1, x0, x1), _ = grid.synthesis_window(i)
+    return (y1 - y0) * (x1 - x0)
 
 
 def bench_size(dev: Device, img: np.ndarray, args) -> tuple[dict, bytes]:
@@ -62,7 +108,15 @@ def bench_size(dev: Device, img: np.ndarray, args) -> tuple[dict, bytes]:
     tiles = container.unpack(buf).meta["tiles"]
     row = {"size": img.shape[0], "grid": tiles["grid"], "bytes": len(buf), "bpp": round(measure.bpp(len(buf), img.size), 4),
            "psnr": round(measure.psnr(img, out), 3), **figures}
+    parts = decompress_parts(dev, buf)
+    if parts is not None:
+        row["decompress_parts_mib"] = parts
     print(json.dumps(row), flush=True)
+    if parts is not None:
+        print(f"  decompress of {img.shape[0]}: {parts['decompress']} MiB above the {parts['held_before_mib']} MiB "
+              f"held before; g_s on one tile window {parts['g_s_tile_window']} MiB, entropy decoding one tile "
+              f"{parts['entropy_decode_tile']} MiB: {parts['dominant']} dominates "
+              f"({parts['dominant_share_of_decompress']:.0%} of it)", flush=True)
     return row, buf
 
 
@@ -119,22 +173,79 @@ def bench_region(dev: Device, buf: bytes, size: int, args) -> dict:
 
 
 def bench_seams(dev: Device, kodak: list[np.ndarray], args) -> dict:
-    rows = []
-    for q in args.qualities:
-        d_psnr, d_bpp = [], []
-        for img in kodak[: args.seam_images]:
+    """Tiled (``--seam-tile``) against untiled (one tile) files of the Kodak images at each quality: PSNR
+    and bpp at the same quality, and PSNR at equal bpp (the untiled curve of the image, PCHIP in log bpp
+    over ``--qualities``, read at the tiled file's bpp; None where that bpp lies beyond the curve), whose
+    mean the aim holds within 0.05 dB; BD-PSNR and BD-rate of tiled against untiled per image."""
+    images = kodak[: args.seam_images]
+    points = []  # per image: {quality: (untiled bpp, psnr, tiled bpp, psnr)}
+    for img in images:
+        curve = {}
+        for q in args.qualities:
             one = visemz.compress(img, model=args.model, quality=q, device=dev.name)
             tiled = visemz.compress(img, model=args.model, quality=q, device=dev.name, tile=args.seam_tile)
-            p1 = measure.psnr(img, visemz.decompress(one, device=dev.name))
-            pt = measure.psnr(img, visemz.decompress(tiled, device=dev.name))
-            d_psnr.append(pt - p1)
-            d_bpp.append(measure.bpp(len(tiled), img.size) - measure.bpp(len(one), img.size))
-        row = {"quality": q, "tile": args.seam_tile, "images": len(d_psnr), "psnr_tiled_minus_untiled_db":
-               round(statistics.mean(d_psnr), 4), "max_abs_psnr_diff_db": round(max(map(abs, d_psnr)), 4),
-               "bpp_tiled_minus_untiled": round(statistics.mean(d_bpp), 4)}
+            curve[q] = (measure.bpp(len(one), img.size), measure.psnr(img, visemz.decompress(one, device=dev.name)),
+                        measure.bpp(len(tiled), img.size), measure.psnr(img, visemz.decompress(tiled, device=dev.name)))
+        points.append(curve)
+    rows = [_seam_row(q, points, args.seam_tile) for q in args.qualities]
+    for row in rows:
         print(json.dumps({"seams": row}), flush=True)
-        rows.append(row)
-    return {"rows": rows}
+    out = {"tile": args.seam_tile, "images": len(images), "shapes": sorted({f"{i.shape[0]}x{i.shape[1]}" for i in images}),
+           "rows": rows}
+    bd = [_bd(p) for p in points]
+    bd = [b for b in bd if b is not None]
+    out["bd_psnr_db"] = round(statistics.mean(b for b, _ in bd), 4) if bd else None
+    out["bd_rate_percent"] = round(statistics.mean(r for _, r in bd), 3) if bd else None
+    out["images_with_bd"] = len(bd)
+    equal = [r["psnr_diff_at_equal_bpp_db"] for r in rows if r["psnr_diff_at_equal_bpp_db"] is not None]
+    out["max_abs_psnr_diff_at_equal_bpp_db"] = round(max(map(abs, equal)), 4) if equal else None
+    out["within_0_05_db"] = bool(equal) and out["max_abs_psnr_diff_at_equal_bpp_db"] <= 0.05
+    print(json.dumps({"seams_summary": {k: v for k, v in out.items() if k != "rows"}}), flush=True)
+    return out
+
+
+def _bd(curve: dict) -> tuple[float, float] | None:
+    """(BD-PSNR dB, BD-rate %) of an image's tiled curve against its untiled one; None where the curves
+    allow none (fewer than two qualities, a curve not increasing, no shared interval)."""
+    try:
+        return bd_psnr(*_curves(curve)), bd_rate(*_curves(curve))
+    except BDError:
+        return None
+
+
+def _curves(curve: dict) -> tuple[list, list, list, list]:
+    """(untiled bpp, untiled PSNR, tiled bpp, tiled PSNR) over the qualities, as bjontegaard takes them."""
+    cols = list(zip(*curve.values()))
+    return list(cols[0]), list(cols[1]), list(cols[2]), list(cols[3])
+
+
+def _seam_row(q: float, points: list[dict], tile: int) -> dict:
+    d_psnr = [p[q][3] - p[q][1] for p in points]
+    d_bpp = [p[q][2] - p[q][0] for p in points]
+    at_equal = [d for d in (_psnr_at_equal_bpp(p, q) for p in points) if d is not None]
+    return {"quality": q, "tile": tile, "images": len(points),
+            "bpp_untiled": round(statistics.mean(p[q][0] for p in points), 4),
+            "bpp_tiled": round(statistics.mean(p[q][2] for p in points), 4),
+            "psnr_untiled": round(statistics.mean(p[q][1] for p in points), 4),
+            "psnr_tiled": round(statistics.mean(p[q][3] for p in points), 4),
+            "psnr_tiled_minus_untiled_db": round(statistics.mean(d_psnr), 4),
+            "max_abs_psnr_diff_db": round(max(map(abs, d_psnr)), 4),
+            "bpp_tiled_minus_untiled": round(statistics.mean(d_bpp), 4),
+            "bpp_tiled_over_untiled": round(statistics.mean(p[q][2] / p[q][0] for p in points), 4),
+            "psnr_diff_at_equal_bpp_db": round(statistics.mean(at_equal), 4) if at_equal else None,
+            "images_at_equal_bpp": len(at_equal)}
+
+
+def _psnr_at_equal_bpp(curve: dict, q: float) -> float | None:
+    """Tiled PSNR at quality q minus the untiled curve's PSNR at the tiled bpp (PCHIP in log bpp), or None
+    where the tiled bpp lies outside the untiled curve (or the curve is not increasing)."""
+    bpp, psnr = (np.array(v) for v in _curves(curve)[:2])
+    order = np.argsort(bpp)
+    bpp, psnr = bpp[order], psnr[order]
+    x = curve[q][2]
+    if len(bpp) < 2 or np.any(np.diff(bpp) <= 0) or np.any(np.diff(psnr) <= 0) or not bpp[0] <= x <= bpp[-1]:
+        return None
+    return float(curve[q][3] - PchipInterpolator(np.log10(bpp), psnr)(np.log10(x)))
 
 
 def main(argv=None) -> None:
@@ -154,11 +265,14 @@ def main(argv=None) -> None:
     ap.add_argument("--qualities", type=float, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
     # "codecs" named a part now in scripts/bench_zarr.py: still accepted, so recorded commands run as they were
     ap.add_argument("--skip", nargs="*", default=[], choices=["untiled", "kodak", "region", "seams", "codecs"])
+    ap.add_argument("--seams", action="store_true", help="only the seams part (tiles of --seam-tile on the Kodak images)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if args.seams:
+        args.sizes, args.skip = [], ["untiled", "kodak", "region"]
     dev = Device(args.device)
     print(f"device: {dev.describe()} ({args.device}); tile {args.tile}, tile batch {DEFAULTS.tile_batch}", flush=True)
-    images = sources(args.data)
+    images = sources(args.data) if args.sizes else []
     kodak = [gray16(load_image(p)) for p in sorted(args.kodak.glob("*.png"))[: args.kodak_images]]
     report = {"device": dev.describe(), "torch": torch.__version__, "tile": args.tile, "tile_batch": DEFAULTS.tile_batch,
               "model": args.model, "quality": args.quality, "data": str(args.data), "sizes": []}
@@ -170,9 +284,12 @@ def main(argv=None) -> None:
         row, buf = bench_size(dev, mosaic(images, size), args)
         report["sizes"].append(row)
         save()
-    peaks = [r["compress_peak_mib"] for r in report["sizes"] if r["compress_peak_mib"] is not None]
-    if peaks:
-        report["compress_peak_spread"] = round(max(peaks) / min(peaks) - 1, 4)
+    for part in ("compress", "decompress"):  # the largest size's peak over the smallest's (the aim: within 10%)
+        peaks = [r[f"{part}_peak_mib"] for r in report["sizes"] if r[f"{part}_peak_mib"] is not None]
+        if peaks:
+            report[f"{part}_peak_spread"] = round(max(peaks) / min(peaks) - 1, 4)
+            print(f"{part} peak {min(peaks)}..{max(peaks)} MiB over the sizes: spread {report[f'{part}_peak_spread']:.1%}",
+                  flush=True)
     if "untiled" not in args.skip:
         report["untiled"] = bench_untiled(dev, images, args)
         save()

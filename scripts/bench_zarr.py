@@ -16,10 +16,16 @@ end, by default).  The codecs (``--codecs``), in this order:
 - ``visemz_lossy``: ``{"id": "visemz"}`` at ``--quality``;
 - ``jpeg2k_lossless``: imagecodecs' ``imagecodecs_jpeg2k``, reversible (OpenJPEG, 5-3 wavelet);
 - ``jpegxl_lossless``: imagecodecs' ``imagecodecs_jpegxl``, ``lossless=True`` (libjxl, default effort);
-- ``jpeg2k_lossy``: ``imagecodecs_jpeg2k``, irreversible, at the OpenJPEG fixed-quality ``level``
-  (a PSNR target in dB) whose bpp on sample windows of the mosaic (the central
-  ``--calib-window`` square of ``--calib-chunks`` chunks spread over the grid) is visemz_lossy's
-  bpp, found by bisection: the same rate, roughly, to compare PSNR at.
+- ``jpeg2k_lossy``: imagecodecs' JPEG 2000, irreversible, at the OpenJPEG fixed-quality ``level`` (a
+  PSNR target in dB for each chunk; through ``Jpeg2kFractional``, imagecodecs' codec class keeping the
+  level fractional, id ``bench_zarr_jpeg2k``);
+- ``jpegxl_lossy``: ``imagecodecs_jpegxl``, ``lossless=False``, at a Butteraugli ``distance``.
+
+The lossy rows are put at visemz_lossy's rate: their setting is searched (``match_rate``: steps from a
+start, then regula falsi on log bpp; at most ``--calib-steps`` trials, stopping within ``--calib-tol``)
+on the bpp of the whole array, every chunk coded as Zarr stores it, so the row reports the rate the
+search reached (``bpp_over_target``); the trials are in the report's ``calibration``.  Calibration
+costs a few whole-array encodes per row.
 
 visemz codes on ``--device`` (its codec's ``device`` option: cuda when there is one); imagecodecs
 on the CPU, with ``--threads`` threads inside each chunk.  Zarr 2 codes the chunks one after
@@ -45,6 +51,7 @@ import math
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numcodecs
@@ -64,23 +71,38 @@ try:  # optional: without it the JPEG 2000 / JPEG XL rows are skipped
 except ImportError as e:
     imagecodecs, IMAGECODECS_MISSING = None, f"imagecodecs is not installed ({e})"
 
+JPEG2K_FRACTIONAL = "bench_zarr_jpeg2k"  # the jpeg2k_lossy row's codec id (registered below, in this process)
+
+if imagecodecs is not None:
+    class Jpeg2kFractional(imagecodecs.numcodecs.Jpeg2k):
+        """imagecodecs' JPEG 2000 numcodecs codec with a fractional fixed-quality ``level``: the codec class of
+        imagecodecs 2026 rounds ``level`` down to an integer, and one dB moves this mosaic's rate by 10-20%,
+        while ``imagecodecs.jpeg2k_encode`` itself takes a float.  Encoding and decoding are imagecodecs'."""
+
+        codec_id = JPEG2K_FRACTIONAL
+
+        def __init__(self, *, level=None, **kwargs):
+            super().__init__(level=level, **kwargs)
+            self.level = None if level is None else float(level)
+
+    numcodecs.register_codec(Jpeg2kFractional)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "eval"
-CODECS = ("visemz_lossless", "visemz_lossy", "jpeg2k_lossless", "jpegxl_lossless", "jpeg2k_lossy")
+CODECS = ("visemz_lossless", "visemz_lossy", "jpeg2k_lossless", "jpegxl_lossless", "jpeg2k_lossy", "jpegxl_lossy")
 # the imagecodecs feature each of its codecs needs (imagecodecs.<NAME>.available)
-FEATURES = {"imagecodecs_jpeg2k": "JPEG2K", "imagecodecs_jpegxl": "JPEGXL"}
-# OpenJPEG's fixed-quality levels searched for jpeg2k_lossy (PSNR in dB; below 1 would be lossless)
-LEVELS = (20.0, 120.0)
+FEATURES = {"imagecodecs_jpeg2k": "JPEG2K", JPEG2K_FRACTIONAL: "JPEG2K", "imagecodecs_jpegxl": "JPEGXL"}
 
 
 def configs(args, device: str) -> dict[str, dict]:
-    """numcodecs configs of the codecs; jpeg2k_lossy's ``level`` is added once it is calibrated."""
+    """numcodecs configs of the codecs; the lossy rows' rate settings (``KNOBS``) are added once calibrated."""
     vz = {"id": "visemz", "quality": args.quality, "model": args.model, "device": device}
     ic = {"numthreads": args.threads}
     return {"visemz_lossless": {**vz, "max_error": 0}, "visemz_lossy": vz,
             "jpeg2k_lossless": {"id": "imagecodecs_jpeg2k", "reversible": True, **ic},
             "jpegxl_lossless": {"id": "imagecodecs_jpegxl", "lossless": True, **ic},
-            "jpeg2k_lossy": {"id": "imagecodecs_jpeg2k", "reversible": False, **ic}}
+            "jpeg2k_lossy": {"id": JPEG2K_FRACTIONAL, "reversible": False, **ic},
+            "jpegxl_lossy": {"id": "imagecodecs_jpegxl", "lossless": False, **ic}}
 
 
 def unavailable(config: dict) -> str | None:
@@ -166,38 +188,98 @@ def bench_codec(dev: Device, img: np.ndarray, name: str, config: dict, work: Pat
     return row
 
 
-# ------------------------------------------------------------------- JPEG 2000 at visemz's rate
-def calibration_windows(img: np.ndarray, chunk: int, count: int, side: int) -> list[np.ndarray]:
-    """The central ``side`` square of ``count`` chunks spread evenly over the chunk grid (row-major)."""
-    grid = [(y, x) for y in range(0, img.shape[0], chunk) for x in range(0, img.shape[1], chunk)]
-    n = min(count, len(grid))
-    picks = [round(i * (len(grid) - 1) / max(n - 1, 1)) for i in range(n)]
-    out = []
-    for y, x in (grid[i] for i in picks):
-        h, w = min(chunk, img.shape[0] - y), min(chunk, img.shape[1] - x)
-        s = min(side, h, w)
-        cy, cx = y + (h - s) // 2, x + (w - s) // 2
-        out.append(np.ascontiguousarray(img[cy:cy + s, cx:cx + s]))
-    return out
+# ------------------------------------------------------------- lossy rows at visemz's rate
+@dataclass(frozen=True)
+class RateKnob:
+    """The setting a lossy codec's rate is matched by: its config key, searched as x in [lo, hi] (the value
+    is ``exp(x)`` where ``log``), from ``start`` (None: visemz's PSNR, for a PSNR target) in first steps
+    of ``step``; ``increasing``: whether bpp grows with x."""
+
+    key: str
+    lo: float
+    hi: float
+    step: float
+    increasing: bool
+    start: float | None = None
+    log: bool = False
+
+    def value(self, x: float) -> float:
+        return round(math.exp(x) if self.log else x, 6)
 
 
-def calibrate_jpeg2k(img: np.ndarray, config: dict, target_bpp: float, args) -> dict:
-    """The fixed-quality level whose bpp on the calibration windows is ``target_bpp`` (bisection:
-    bpp grows with the level)."""
-    windows = calibration_windows(img, args.chunk, args.calib_chunks, args.calib_window)
-    pixels = sum(w.size for w in windows)
+KNOBS = {
+    # OpenJPEG's fixed-quality mode: a PSNR target in dB for each chunk (below 20 nothing is left; 100 is lossless)
+    "jpeg2k_lossy": RateKnob("level", 20.0, 99.0, 2.0, increasing=True),
+    # libjxl's Butteraugli distance (0.05 near lossless .. 25), searched in log(distance)
+    "jpegxl_lossy": RateKnob("distance", math.log(0.05), math.log(25.0), 0.7, increasing=False, start=0.0, log=True),
+}
 
-    def bpp_at(level: float) -> float:
-        codec = numcodecs.get_codec({**config, "level": level})
-        return measure.bpp(sum(len(codec.encode(w)) for w in windows), pixels)
 
-    lo, hi = LEVELS
-    for _ in range(args.calib_steps):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if bpp_at(mid) > target_bpp else (mid, hi)
-    level = round((lo + hi) / 2, 3)
-    return {"level": level, "target_bpp": target_bpp, "windows": len(windows), "window": windows[0].shape[0],
-            "window_bpp": round(bpp_at(level), 4), "steps": args.calib_steps}
+def array_bpp(img: np.ndarray, chunk: int, codec) -> float:
+    """Bits per pixel of the whole array coded chunk by chunk as Zarr stores it (edge chunks padded with
+    the fill value 0 to the chunk shape): the bpp its row will report."""
+    total = 0
+    for y in range(0, img.shape[0], chunk):
+        for x in range(0, img.shape[1], chunk):
+            block = img[y:y + chunk, x:x + chunk]
+            if block.shape != (chunk, chunk):
+                block = np.pad(block, ((0, chunk - block.shape[0]), (0, chunk - block.shape[1])))
+            total += len(codec.encode(np.ascontiguousarray(block)))
+    return measure.bpp(total, img.size)
+
+
+def match_rate(bpp_at, target: float, knob: RateKnob, start: float, tol: float, steps: int) -> dict:
+    """The x whose ``bpp_at(x)`` is ``target`` within ``tol`` (relative), in at most ``steps`` calls:
+    steps of growing size from ``start`` until the bpp crosses the target (or x meets a bound), then
+    regula falsi (Illinois) on log(bpp / target).  Returns the trial nearest the target, and all trials."""
+    trials: list[tuple[float, float]] = []
+
+    def f(x: float) -> float:
+        bpp = bpp_at(x)
+        trials.append((x, bpp))
+        return math.log(max(bpp, 1e-12) / target)
+
+    def done() -> bool:
+        return len(trials) >= steps or abs(math.exp(f_best()) - 1) <= tol
+
+    def f_best() -> float:
+        return min((math.log(max(b, 1e-12) / target) for _, b in trials), key=abs)
+
+    a = min(max(start, knob.lo), knob.hi)
+    fa = f(a)
+    toward = (-1 if fa > 0 else 1) * (1 if knob.increasing else -1)  # the way x moves bpp toward the target
+    b, fb, size = a, fa, knob.step
+    while not done():
+        b = min(max(a + toward * size, knob.lo), knob.hi)
+        fb = f(b)
+        if fa * fb <= 0 or b in (knob.lo, knob.hi):
+            break
+        a, fa, size = b, fb, size * 2
+    while not done() and fa * fb < 0:
+        c = b - fb * (b - a) / (fb - fa)
+        fc = f(c)
+        if fc * fb < 0:
+            a, fa = b, fb
+        else:
+            fa /= 2
+        b, fb = c, fc
+    x, bpp = min(trials, key=lambda t: abs(math.log(max(t[1], 1e-12) / target)))
+    return {"key": knob.key, "value": knob.value(x), "target_bpp": target, "bpp": round(bpp, 5),
+            "bpp_over_target": round(bpp / target, 4), "within_tol": abs(bpp / target - 1) <= tol,
+            "trials": [[knob.value(t), round(v, 5)] for t, v in trials]}
+
+
+def calibrate(img: np.ndarray, name: str, config: dict, visemz_row: dict, args) -> dict:
+    """``config``'s rate setting that gives the whole array visemz_lossy's bpp (``match_rate`` over
+    ``array_bpp``, each trial coding every chunk)."""
+    knob = KNOBS[name]
+    start = knob.start if knob.start is not None else visemz_row["psnr"]
+
+    def bpp_at(x: float) -> float:
+        return array_bpp(img, args.chunk, numcodecs.get_codec({**config, knob.key: knob.value(x)}))
+
+    target = measure.bpp(visemz_row["stored_bytes"], img.size)  # not the row's rounded bpp
+    return match_rate(bpp_at, target, knob, start, args.calib_tol, args.calib_steps)
 
 
 # ------------------------------------------------------------------------------------- main
@@ -213,13 +295,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="imagecodecs' numthreads inside a chunk")
     ap.add_argument("--repeats", type=int, default=3, help="timed region reads, after a warm-up")
     ap.add_argument("--read-repeats", type=int, default=1, help="timed whole-array reads")
-    ap.add_argument("--calib-chunks", type=int, default=4, help="chunks sampled to match JPEG 2000's bpp to visemz's")
-    ap.add_argument("--calib-window", type=int, default=1024, help="side of the window taken from each sampled chunk")
-    ap.add_argument("--calib-steps", type=int, default=10, help="bisection steps over the JPEG 2000 level (20-120 dB)")
+    ap.add_argument("--calib-steps", type=int, default=8, help="most trials (each codes the whole array) to match a lossy "
+                    "row's bpp to visemz_lossy's")
+    ap.add_argument("--calib-tol", type=float, default=0.02, help="relative bpp difference a lossy row's calibration stops at")
     ap.add_argument("--work", type=Path, help="folder for the Zarr stores (kept); default: a temporary folder")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    for key in ("size", "chunk", "threads", "repeats", "read_repeats", "calib_chunks", "calib_window", "calib_steps"):
+    if not 0 < args.calib_tol < 1:
+        ap.error(f"--calib-tol {args.calib_tol}: must lie in (0, 1)")
+    for key in ("size", "chunk", "threads", "repeats", "read_repeats", "calib_steps"):
         if getattr(args, key) < 1:
             ap.error(f"--{key.replace('_', '-')} {getattr(args, key)}: must be at least 1")
     if args.size < 2 * args.chunk:
@@ -260,13 +344,19 @@ def main(argv=None) -> None:
             if name not in args.codecs:
                 continue
             reason = unavailable(config)
-            if reason is None and name == "jpeg2k_lossy":
+            calibration = None
+            if reason is None and name in KNOBS:
                 if "bpp" not in rows.get("visemz_lossy", {}):
                     reason = "needs the visemz_lossy row's bpp as its target (add visemz_lossy to --codecs)"
                 else:
-                    report["jpeg2k_calibration"] = calibrate_jpeg2k(img, config, rows["visemz_lossy"]["bpp"], args)
-                    config = {**config, "level": report["jpeg2k_calibration"]["level"]}
+                    calibration = calibrate(img, name, config, rows["visemz_lossy"], args)
+                    report.setdefault("calibration", {})[name] = calibration
+                    print(json.dumps({f"{name}_calibration": calibration}), flush=True)
+                    config = {**config, calibration["key"]: calibration["value"]}
             rows[name] = {"skipped": reason} if reason else bench_codec(dev, img, name, config, work, args)
+            if calibration is not None:  # the rate the row reached, from its stored bytes
+                rows[name]["target_bpp"] = calibration["target_bpp"]
+                rows[name]["bpp_over_target"] = round(measure.bpp(rows[name]["stored_bytes"], img.size) / calibration["target_bpp"], 4)
             print(json.dumps({name: {k: v for k, v in rows[name].items() if k != "config"}}), flush=True)
             save()
     save()

@@ -118,6 +118,36 @@ class Device:
         torch.cuda.synchronize()
         return out, int(torch.cuda.max_memory_allocated())
 
+    def memory(self, fn) -> tuple[object, dict | None]:
+        """(result, GPU memory of fn in MiB, or None on the CPU): torch's allocator from a reset of its peak
+        statistics (``allocated_peak``: the most its tensors held at once; ``reserved_peak``: the most it took
+        from the driver, fragmentation included; ``before``: what it held when fn began, the cached weights
+        among it) and cupy's default pool (nvCOMP's buffers; ``cupy_pool``: what the pool holds after fn,
+        started empty: its high-water mark, cached blocks included; None without cupy)."""
+        if not self.cuda:
+            return fn(), None
+        pool = _cupy_pool()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        if pool is not None:
+            pool.free_all_blocks()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = fn()
+        torch.cuda.synchronize()
+        figures = {"allocated_peak": int(torch.cuda.max_memory_allocated()), "reserved_peak": int(torch.cuda.max_memory_reserved()),
+                   "before": int(before), "cupy_pool": None if pool is None else int(pool.total_bytes())}
+        return out, {k: mib(v) for k, v in figures.items()}
+
+
+def _cupy_pool():
+    """cupy's default device memory pool, or None where cupy is not installed (optional, GPU only)."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy.get_default_memory_pool()
+
 
 def mib(n):
     """Bytes as MiB to 0.1, None stays None."""

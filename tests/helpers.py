@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import types
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -11,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from visemz import container
+from visemz import codec as codec_module
+from visemz import container, tiling
 from visemz.codec import ImageCodec
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints
@@ -167,3 +170,35 @@ def parity():
         shown = "\n  ".join(p.mismatches[:50])
         more = f"\n  ... and {len(p.mismatches) - 50} more" if len(p.mismatches) > 50 else ""
         pytest.fail(f"{len(p.mismatches)} of {p.cases} cases differ:\n  {shown}{more}", pytrace=False)
+
+
+class _RecordingSynthesis(torch.nn.Module):
+    """g_s, counting before each call the tile latents still alive where they were computed."""
+
+    def __init__(self, g_s: torch.nn.Module, alive):
+        super().__init__()
+        self.inner, self.alive, self.counts = g_s, alive, []
+
+    def forward(self, y):
+        self.counts.append(self.alive())
+        return self.inner(y)
+
+
+def tiled_synthesis(codec: ImageCodec, buf: bytes, park) -> tuple[list, list[int]]:
+    """Every tile's reconstruction of a lossy tiled file through ``tiling.synthesise`` with ``park``, and,
+    at each g_s call, how many of the latents it computed were still alive as computed (not dropped or
+    parked elsewhere): what the device holds besides the batch's own window."""
+    f = codec._open(buf)
+    refs = []
+    dequantise = codec_module._dequantiser(f.net, f.symbols, f.header["quality"], torch.float32)
+
+    def latent_of(i):
+        t = dequantise(i)
+        refs.append(weakref.ref(t))
+        return t
+
+    g_s = _RecordingSynthesis(f.net.g_s, lambda: sum(r() is not None for r in refs))
+    net = types.SimpleNamespace(g_s=g_s)
+    with codec_module.exact_math():
+        parts = [(i, as_numpy(x)) for i, x in tiling.synthesise(net, f.grid, list(range(f.grid.count)), latent_of, 1, park)]
+    return parts, g_s.counts

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import cv2
+import numcodecs
 import numpy as np
 import pytest
 import torch
@@ -18,7 +19,7 @@ import evalkit  # noqa: E402
 
 from .helpers import optional  # noqa: E402
 
-IMAGECODECS_ROWS = ("jpeg2k_lossless", "jpegxl_lossless", "jpeg2k_lossy")
+IMAGECODECS_ROWS = ("jpeg2k_lossless", "jpegxl_lossless", "jpeg2k_lossy", "jpegxl_lossy")
 
 
 def _data(folder: Path) -> Path:
@@ -34,7 +35,8 @@ def test_arguments():
     args = bench_zarr.parse_args(["--out", "x.json"])
     assert (args.size, args.chunk, args.quality, args.codecs) == (16384, 4096, 4.0, list(bench_zarr.CODECS))
     assert bench_zarr.parse_args(["--out", "x.json", "--chunk", "2048"]).chunk == 2048
-    bad = [["--size", "256", "--chunk", "256"], ["--repeats", "0"], ["--codecs", "jpeg"], ["--calib-steps", "0"]]
+    bad = [["--size", "256", "--chunk", "256"], ["--repeats", "0"], ["--codecs", "jpeg"], ["--calib-steps", "0"],
+           ["--calib-tol", "0"], ["--calib-tol", "1"]]
     if not torch.cuda.is_available():
         bad.append(["--device", "cuda"])
     for argv in bad:
@@ -50,14 +52,32 @@ def test_region_crosses_a_chunk_corner_off_the_grid(size, chunk):
     assert y0 % chunk and y0 // chunk != (y1 - 1) // chunk  # off the grid, across a chunk edge: four chunks
 
 
-def test_calibration_windows_spread_over_the_grid():
-    img = np.arange(512 * 512, dtype=np.uint16).reshape(512, 512)
-    windows = bench_zarr.calibration_windows(img, 128, 4, 64)
-    firsts = [int(w[0, 0]) for w in windows]
-    # chunks 0, 5, 10 and 15 of the 4 x 4 grid, each window centred in its chunk
-    assert [w.shape for w in windows] == [(64, 64)] * 4
-    assert firsts == [int(img[32 + 128 * i, 32 + 128 * i]) for i in range(4)]
-    assert len(bench_zarr.calibration_windows(img, 256, 9, 1024)) == 4  # no more windows than chunks
+@pytest.mark.parametrize("name", sorted(bench_zarr.KNOBS))
+@pytest.mark.parametrize("target", [0.0215, 0.196, 3.0])
+def test_the_rate_search_reaches_the_target_within_its_tolerance(name, target):
+    """On smooth monotone rate curves of either direction (bpp exponential in a PSNR-like setting, a power of a
+    distance) the search ends within 2% of the target in at most 8 trials, from a start on either side."""
+    knob = bench_zarr.KNOBS[name]
+    curve = (lambda x: 0.01 * math.exp(0.17 * (x - 20))) if knob.increasing else (lambda x: 0.4 * math.exp(-1.1 * x))
+    for start in (knob.lo + 0.3 * (knob.hi - knob.lo), knob.lo + 0.7 * (knob.hi - knob.lo)):
+        got = bench_zarr.match_rate(curve, target, knob, start, 0.02, 8)
+        assert got["within_tol"] and abs(got["bpp"] / target - 1) <= 0.02 and len(got["trials"]) <= 8, got
+        assert got["key"] == knob.key and [got["value"], got["bpp"]] in got["trials"]
+
+
+def test_the_rate_search_stops_at_a_bound_it_cannot_pass():
+    knob = bench_zarr.KNOBS["jpeg2k_lossy"]
+    got = bench_zarr.match_rate(lambda x: 1.0, 0.2, knob, 40.0, 0.02, 8)  # a codec whose rate does not move
+    assert not got["within_tol"] and got["bpp_over_target"] == 5.0 and got["trials"][-1][0] == knob.lo
+
+
+def test_array_bpp_counts_every_chunk_as_zarr_stores_it(tmp_path):
+    img = (np.arange(200 * 130, dtype=np.uint16) * 37).reshape(200, 130)
+    codec = numcodecs.get_codec({"id": "zlib", "level": 5})
+    arr = bench_zarr.create(tmp_path / "a.ome.zarr", img.shape, 64, codec)
+    arr[...] = img
+    stored, files = bench_zarr.chunk_bytes(tmp_path / "a.ome.zarr")
+    assert files == 4 * 3 and bench_zarr.array_bpp(img, 64, codec) == pytest.approx(stored * 8 / img.size, abs=1e-12)
 
 
 def test_mosaic_gaps_are_zero():
@@ -74,7 +94,7 @@ def test_tiny_run(tmp_path, model_weights, device):
         optional("nvidia.nvcomp")  # the GPU's entropy stage
     data, work, out = _data(tmp_path / "data"), tmp_path / "work", tmp_path / "bench.json"
     bench_zarr.main(["--data", str(data), "--size", "128", "--chunk", "64", "--device", device, "--repeats", "1",
-                     "--calib-steps", "4", "--calib-window", "32", "--work", str(work), "--out", str(out)])
+                     "--calib-steps", "6", "--work", str(work), "--out", str(out)])
     report = json.loads(out.read_text())
     img = evalkit.mosaic(evalkit.sources(data), 128)
     assert (report["device_kind"], report["size"], report["chunk"], report["raw_bytes"]) == (device, 128, 64, img.nbytes)
@@ -112,7 +132,11 @@ def test_tiny_run(tmp_path, model_weights, device):
             assert row["exact"] and row["ratio"] > 1
         else:
             assert not row["exact"] and math.isfinite(row["psnr"])
-            assert report["jpeg2k_calibration"]["target_bpp"] == lossy["bpp"]
+            calibration = report["calibration"][name]
+            assert calibration["target_bpp"] == pytest.approx(lossy["stored_bytes"] * 8 / img.size)
+            # the row stores exactly the bytes its calibration's chosen setting coded
+            assert row["bpp_over_target"] == pytest.approx(calibration["bpp_over_target"], abs=1e-3)
+            assert row["config"][calibration["key"]] == calibration["value"] and len(calibration["trials"]) <= 6
 
 
 def test_missing_imagecodecs_rows_are_skipped(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from visemz.config import DEFAULTS, Defaults
 from visemz.errors import CorruptStreamError, InvalidArgumentError
 from visemz.measure import psnr
 
-from .helpers import count_checksums, repack
+from .helpers import count_checksums, repack, tiled_synthesis
 
 TILE = 128
 
@@ -315,3 +315,22 @@ def test_error_bounded_files_keep_their_bytes(codec, case):
     if container.unpack(buf).meta["model_id"] != model_id:
         pytest.skip(f"{case} was pinned with weights {model_id}; the shipped weights differ")
     assert hashlib.sha256(buf).hexdigest() == digest
+
+
+def test_latents_wait_off_the_device_between_batches_and_the_pixels_are_the_same(codec, coffee):
+    """Tile latents that later batches need are parked (on a GPU: in host memory) before each g_s call,
+    so that only the batch's own window is held where the synthesis runs, however wide the image; the
+    pixels are those of a synthesis that keeps every latent where it was computed (the behaviour before)."""
+    _, buf, _ = coffee  # 3 x 5 tiles
+    kept, kept_counts = tiled_synthesis(codec, buf, None)
+    parked, parked_counts = tiled_synthesis(codec, buf, lambda t: t.clone())
+    assert [i for i, _ in parked] == [i for i, _ in kept] == list(range(15))
+    for (i, a), (_, b) in zip(kept, parked):
+        np.testing.assert_array_equal(a, b, err_msg=f"tile {i}")
+    assert max(kept_counts) >= 7  # without parking: about a row and a half of tiles waits beside g_s
+    assert parked_counts == [0] * 15
+
+
+def test_parking_on_the_host_leaves_host_tensors_as_they_are():
+    t = torch.arange(6.0).reshape(1, 1, 2, 3)
+    assert tiling.park_on_host(t) is t

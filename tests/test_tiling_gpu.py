@@ -6,9 +6,9 @@ import pytest
 from skimage import data
 
 import visemz
-from visemz import container
+from visemz import container, tiling
 
-from .helpers import cross_device_tolerance
+from .helpers import cross_device_tolerance, tiled_synthesis
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("model_weights")]
 
@@ -67,3 +67,23 @@ def test_error_bounded_tiled_files_decode_alike_on_both_devices(gpu_cpu_codecs):
         a, b = gpu.decompress(buf), cpu.decompress(buf)
         np.testing.assert_array_equal(a, b)
         assert np.abs(a.astype(np.int64) - img).max() <= 5
+
+
+def test_tile_latents_wait_in_pinned_host_memory(gpu_cpu_codecs):
+    """On the GPU the latents later batches need wait in pinned host memory (tiling.park_on_host), not on
+    the device, during every g_s call; the pixels are those of a synthesis that keeps them on the device."""
+    gpu, _ = gpu_cpu_codecs
+    buf = gpu.compress(_images()["uint16 400x333"], model="mbt2018-mean", quality=3, tile=TILE)  # 4 x 3 tiles
+    parked_kinds = []
+
+    def park(t):
+        out = tiling.park_on_host(t)
+        parked_kinds.append((t.device.type, out.device.type, out.is_pinned()))
+        return out
+
+    kept, kept_counts = tiled_synthesis(gpu, buf, None)
+    parked, parked_counts = tiled_synthesis(gpu, buf, park)
+    for (i, a), (_, b) in zip(kept, parked):
+        np.testing.assert_array_equal(a, b, err_msg=f"tile {i}")
+    assert max(kept_counts) > 1 and parked_counts == [0] * len(parked)
+    assert parked_kinds and set(parked_kinds) == {("cuda", "cpu", True)}

@@ -173,11 +173,24 @@ def _real_size(grid: Grid, i: int, meta: ImageMeta) -> tuple[int, int]:
     return y1 - y0, x1 - x0
 
 
-class _Latents:
-    """Decoded latents of tiles, each held from its first use until the last batch that needs it."""
+def park_on_host(t: torch.Tensor) -> torch.Tensor:
+    """A latent waiting between batches: a device tensor copied to pinned host memory (copies both ways run
+    at the link's full speed), a host tensor as it is."""
+    if t.device.type == "cpu":
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
 
-    def __init__(self, latent_of: Callable[[int], torch.Tensor], last_use: dict[int, int]):
-        self.latent_of, self.last_use, self.held = latent_of, last_use, {}
+
+class _Latents:
+    """Decoded latents of tiles, each computed once, at its first use, and held until the last batch that
+    needs it.  ``release(b)`` after batch b's latents are assembled drops those no later batch needs and
+    hands the others to ``park`` (``park_on_host``: host memory), so that the device holds one batch's
+    latents at a time, not the band of about two rows of tiles that waits for later batches."""
+
+    def __init__(self, latent_of: Callable[[int], torch.Tensor], last_use: dict[int, int],
+                 park: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        self.latent_of, self.last_use, self.park, self.held = latent_of, last_use, park, {}
+        self.parked: set[int] = set()
 
     def get(self, i: int) -> torch.Tensor:
         if i not in self.held:
@@ -185,13 +198,21 @@ class _Latents:
         return self.held[i]
 
     def release(self, batch: int) -> None:
-        for i in [i for i in self.held if self.last_use[i] <= batch]:
-            del self.held[i]
+        for i in list(self.held):
+            if self.last_use[i] <= batch:
+                del self.held[i]
+                self.parked.discard(i)
+            elif self.park is not None and i not in self.parked:
+                self.held[i] = self.park(self.held[i])
+                self.parked.add(i)
 
 
-def assemble(grid: Grid, tile: Callable[[int], torch.Tensor], size: int, win: Box | None = None) -> torch.Tensor:
+def assemble(grid: Grid, tile: Callable[[int], torch.Tensor], size: int, win: Box | None = None,
+             device: torch.device | None = None) -> torch.Tensor:
     """A window (default: all) of a tensor cut into the grid's tiles, from the tiles it covers;
-    ``tile(i)`` is tile i's part (B, C, h, w), ``size`` the tile size in its units."""
+    ``tile(i)`` is tile i's part (B, C, h, w), ``size`` the tile size in its units.  ``device``: where
+    the window is put together (each tile's piece is copied there, so a tile held in host memory moves
+    only the part the window takes); None: where the tiles are."""
     rows_end, cols_end = -(-grid.height * size // grid.size), -(-grid.width * size // grid.size)
     y0, y1, x0, x1 = win or (0, rows_end, 0, cols_end)
     rows = []
@@ -199,28 +220,32 @@ def assemble(grid: Grid, tile: Callable[[int], torch.Tensor], size: int, win: Bo
         pieces = []
         for c in range(x0 // size, -(-x1 // size)):
             t = tile(r * grid.cols + c)
-            pieces.append(t[:, :, max(y0 - r * size, 0):y1 - r * size, max(x0 - c * size, 0):x1 - c * size])
+            piece = t[:, :, max(y0 - r * size, 0):y1 - r * size, max(x0 - c * size, 0):x1 - c * size]
+            pieces.append(piece if device is None else piece.to(device))
         rows.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces, 3))
     return rows[0] if len(rows) == 1 else torch.cat(rows, 2)
 
 
-def synthesise(net, grid: Grid, tiles: list[int], latent_of: Callable[[int], torch.Tensor],
-               batch: int) -> Iterator[tuple[int, torch.Tensor]]:
+def synthesise(net, grid: Grid, tiles: list[int], latent_of: Callable[[int], torch.Tensor], batch: int,
+               park: Callable[[torch.Tensor], torch.Tensor] | None = park_on_host) -> Iterator[tuple[int, torch.Tensor]]:
     """(tile, its core's reconstruction (B, C, h, w), unclipped) for ``tiles``, in their order.
 
     ``latent_of(i)``: tile i's dequantised latent (``architectures.dequantise``), in the dtype the
-    synthesis runs in; each is computed once and dropped after the last batch that needs it."""
+    synthesis runs in; each is computed once and dropped after the last batch that needs it.  Between
+    the batches that need it, it waits where ``park`` puts it (default: host memory), so that GPU memory
+    follows the tile batch, not the width of the image; the pixels are the same wherever it waits."""
     groups = _batches(tiles, _window_key(grid.synthesis_window), batch)
     last_use = {j: b for b, group in enumerate(groups) for i in group
                 for j in grid.touching(grid.synthesis_window(i)[0], STRIDE)}
-    latents, s = _Latents(latent_of, last_use), grid.size // STRIDE
+    latents, s = _Latents(latent_of, last_use, park), grid.size // STRIDE
+    device = next(net.g_s.parameters()).device
     for b, group in enumerate(groups):
-        y = torch.cat([assemble(grid, latents.get, s, grid.synthesis_window(i)[0]) for i in group])
+        y = torch.cat([assemble(grid, latents.get, s, grid.synthesis_window(i)[0], device) for i in group])
+        latents.release(b)  # before g_s: its activations are the peak, and no held latent need sit beside them
         x = net.g_s(y)
         y0, y1, x0, x1 = grid.synthesis_window(group[0])[1]
         if (y0, x0, y1, x1) != (0, 0, x.shape[2], x.shape[3]):
             x = x[:, :, y0:y1, x0:x1]
-        latents.release(b)
         for i, part in zip(group, _split(x, len(group))):
             yield i, part
 

@@ -1,0 +1,41 @@
+"""scripts/bench_tiles.py: the seams part's figures (PSNR at equal bpp) and a tiny --seams run on the CPU."""
+
+import json
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from skimage import data
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import bench_tiles  # noqa: E402
+
+
+def test_psnr_at_equal_bpp_reads_the_untiled_curve_at_the_tiled_rate():
+    # untiled points (bpp, PSNR) on PSNR = 30 + 10 log10(bpp): a tiled file at 1.1x the bits and the same PSNR
+    # lies 10 log10(1.1) = 0.414 dB below the untiled curve
+    curve = {q: (b, 30 + 10 * np.log10(b), 1.1 * b, 30 + 10 * np.log10(b)) for q, b in ((1, 0.25), (2, 0.5), (3, 1.0), (4, 2.0))}
+    assert bench_tiles._psnr_at_equal_bpp(curve, 2) == pytest.approx(-10 * np.log10(1.1), abs=1e-9)
+    assert bench_tiles._psnr_at_equal_bpp(curve, 4) is None  # 2.2 bpp: beyond the untiled curve
+    row = bench_tiles._seam_row(2, [curve, curve], 256)
+    assert row["psnr_tiled_minus_untiled_db"] == 0 and row["bpp_tiled_over_untiled"] == pytest.approx(1.1)
+    assert row["psnr_diff_at_equal_bpp_db"] == pytest.approx(-0.4139, abs=1e-4) and row["images_at_equal_bpp"] == 2
+
+
+def test_seams_mode_runs_only_the_seams(tmp_path, model_weights):
+    kodak = tmp_path / "kodak"
+    kodak.mkdir()
+    cv2.imwrite(str(kodak / "a.png"), np.ascontiguousarray(data.astronaut()[:64, :128, ::-1]))
+    out = tmp_path / "seams.json"
+    bench_tiles.main(["--seams", "--device", "cpu", "--kodak", str(kodak), "--data", str(tmp_path / "none"),
+                      "--seam-tile", "64", "--qualities", "2", "6", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["sizes"] == [] and not {"untiled", "kodak", "region"} & set(report)
+    seams = report["seams"]
+    assert (seams["tile"], seams["images"], seams["shapes"]) == (64, 1, ["64x128"])
+    assert [r["quality"] for r in seams["rows"]] == [2, 6]
+    for r in seams["rows"]:
+        assert r["bpp_tiled"] > 0 and r["psnr_tiled"] > 20 and abs(r["psnr_tiled_minus_untiled_db"]) < 1
+    assert isinstance(seams["within_0_05_db"], bool) and "bd_psnr_db" in seams
