@@ -23,7 +23,7 @@ import math
 import torch
 
 from . import device as dev
-from .encoders import encode_ints
+from .encoders import EncoderConfig, encode_ints_many
 from .encoders.rans import decode_conditional, encode_conditional
 from .encoders.scale_indexes import decode_and_apply_scale_exceptions, encode_scale_exceptions, scale_indexes
 from .errors import CorruptStreamError, UnsupportedFormatError
@@ -58,7 +58,8 @@ def encode(fmt: int, net, net64, symbols: dict[str, torch.Tensor], quality: floa
     image badly (a factorized prior on flat X-ray backgrounds, a quality far from those it
     was trained at).  ``coding`` records the choice per section ("rans" / "ints"; None: format 2).
     """
-    ints = {k: encode_ints(dev.torch_to_ints(s), policy=SYMBOL_POLICY, **enc) for k, s in symbols.items()}
+    cfg = EncoderConfig(SYMBOL_POLICY, **enc)
+    ints = dict(zip(symbols, encode_ints_many([(dev.torch_to_ints(s), cfg) for s in symbols.values()])))
     if fmt == BLOCK:
         return ints, None
     sections = _encode_rans(net, net64, symbols, quality)

@@ -13,11 +13,12 @@ import numpy as np
 
 from .. import cuda
 from ..config import DEFAULTS
+from ..errors import InvalidArgumentError
 from . import entropy as E
 from . import layout as L
 from . import gpu, reference, stream
 
-__all__ = ["encode_ints", "decode_ints", "EncoderConfig", "POLICIES", "ENTROPIES"]
+__all__ = ["encode_ints", "encode_ints_many", "decode_ints", "EncoderConfig", "POLICIES", "ENTROPIES"]
 
 POLICIES = tuple(L.POLICIES)
 ENTROPIES = tuple(E.KINDS)
@@ -43,9 +44,31 @@ def encode_ints(arr, *, policy: str = "global", bitshuffle: bool = True, entropy
     sparse latents) or "block" (a width per block of 32; best for dense data).
     entropy: "zstd" (CPU or GPU), "ans" (nvCOMP, GPU only) or "none".
     """
-    cfg = EncoderConfig(policy, bitshuffle, entropy)
-    if cuda.is_gpu_array(arr):
-        return gpu.encode_ints(arr, cfg)
+    return encode_ints_many([(arr, EncoderConfig(policy, bitshuffle, entropy))])[0]
+
+
+def encode_ints_many(items) -> list[bytes]:
+    """Encode several arrays, each with its own ``EncoderConfig``: ``[(array, cfg), ...]`` -> their ints
+    streams, each the bytes ``encode_ints(array, **asdict(cfg))`` writes.
+
+    The GPU arrays among them share their host synchronisations and one entropy launch (nvCOMP
+    compresses each chunk alone, so only the launch grouping changes); the CPU ones are encoded
+    one by one as ever."""
+    items = list(items)
+    for _, cfg in items:
+        if not isinstance(cfg, EncoderConfig):
+            raise InvalidArgumentError(f"encode_ints_many takes (array, EncoderConfig) pairs, not a {type(cfg).__name__}")
+    out: list = [None] * len(items)
+    on_gpu = [i for i, (a, _) in enumerate(items) if cuda.is_gpu_array(a)]
+    for i, b in zip(on_gpu, gpu.encode_ints_many([items[i] for i in on_gpu]) if on_gpu else []):
+        out[i] = b
+    for i, (a, cfg) in enumerate(items):
+        if out[i] is None:
+            out[i] = _encode_cpu(a, cfg)
+    return out
+
+
+def _encode_cpu(arr, cfg: EncoderConfig) -> bytes:
     a = np.asarray(arr)
     L.check_dtype(a.dtype.name)
     L.check_count(a.size)

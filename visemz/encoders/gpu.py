@@ -21,6 +21,7 @@ from ..errors import CorruptStreamError, DeviceUnavailableError, VisemzError
 from . import entropy as E
 from . import layout as L
 from . import stream
+from .grouping import Grouped
 
 THREADS = 256
 
@@ -103,7 +104,14 @@ def _as_int32(arr):
 
 def sm_count() -> int:
     cp = cuda.require_cupy()
-    return cp.cuda.Device().attributes["MultiProcessorCount"]
+    return _sm_count(cp.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id: int) -> int:
+    """Cached: cupy's ``Device.attributes`` queries every attribute of the device on each call."""
+    cp = cuda.require_cupy()
+    return cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
 
 
 def global_stats(v, stats) -> None:
@@ -139,11 +147,20 @@ def encode_block_stream(arr, policy: int, bitshuffle: bool):
 
 def encode_raw(arr, policy: int, bitshuffle: bool):
     """The block stream as a cupy uint8 array (reads its size: one host sync)."""
-    out, size = encode_block_stream(arr, policy, bitshuffle)
-    nbytes = int(size.get()[0])
-    if nbytes > out.size:  # the kernel's look-back gave up (see look_back in block.cuh)
-        raise VisemzError(f"GPU block encoder failed (reported size {nbytes:#x})")
-    return out[:nbytes]
+    return encode_raws([(arr, policy, bitshuffle)])[0]
+
+
+def encode_raws(items) -> list:
+    """[(array, policy, bitshuffle)] -> their block streams (cupy uint8), all sizes read in one host sync."""
+    cp = cuda.require_cupy()
+    outs, sizes = zip(*(encode_block_stream(*it) for it in items)) if items else ((), ())
+    if not outs:
+        return []
+    nbytes = (cp.concatenate(sizes) if len(sizes) > 1 else sizes[0]).get().tolist()
+    for out, n in zip(outs, nbytes):
+        if n > out.size:  # the kernel's look-back gave up (see look_back in block.cuh)
+            raise VisemzError(f"GPU block encoder failed (reported size {n:#x})")
+    return [out[:n] for out, n in zip(outs, nbytes)]
 
 
 def decode_block_stream(raw):
@@ -232,16 +249,81 @@ def _entropy_codec(kind: int):
 
 
 def compress_frames(raw, kind: int, chunk: int) -> list:
-    """Block stream on the GPU -> list of compressed frames (cupy uint8 views), one per chunk."""
+    """Block stream on the GPU -> list of compressed frames (cupy uint8 views), one per chunk (one nvCOMP call)."""
     cp = cuda.require_cupy()
-    nv = _nvcomp()
-    s = cp.cuda.get_current_stream().ptr
-    pieces = [nv.as_array(raw[a:b], cuda_stream=s) for a, b in E.chunk_bounds(raw.size, chunk)]
+    return _encode_pieces(cp, kind, [raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)])
+
+
+def _encode_pieces(cp, kind: int, pieces: list) -> list:
+    """Chunks (cupy uint8) -> their frames (cupy uint8), in one nvCOMP launch on the current stream."""
     if not pieces:
         return []
-    frames = _entropy_codec(kind).encode(pieces)
+    nv = _nvcomp()
+    s = cp.cuda.get_current_stream().ptr
+    frames = _entropy_codec(kind).encode([nv.as_array(p, cuda_stream=s) for p in pieces])
     _wait(cp)
     return [cp.asarray(f).view(cp.uint8).reshape(-1) for f in frames]
+
+
+def _to_host(cp, frames: list) -> list[bytes]:
+    """Device frames -> host bytes, in one copy."""
+    if not frames:
+        return []
+    host = (cp.concatenate(frames) if len(frames) > 1 else frames[0]).get().tobytes()
+    ends = np.cumsum([f.size for f in frames]).tolist()
+    return [host[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+class _Chunks(NamedTuple):
+    """One thread's request to the grouped entropy stage: its chunks, ready once ``ready`` has passed."""
+
+    pieces: list  # cupy uint8 views of block streams
+    ready: object  # cupy Event recorded on the submitter's stream after the block encoder
+    stream_ptr: int
+
+
+def _run_group(kind: int, requests: list) -> list[list[bytes]]:
+    """The grouped requests' chunks in one nvCOMP launch on the leading thread's stream, which first
+    waits for every other submitter's block encoder; one copy of every frame to the host."""
+    cp = cuda.require_cupy()
+    stream = cp.cuda.get_current_stream()
+    for r in requests:
+        if r.stream_ptr != stream.ptr:
+            stream.wait_event(r.ready)
+    host = _to_host(cp, _encode_pieces(cp, kind, [p for r in requests for p in r.pieces]))
+    out, pos = [], 0
+    for r in requests:
+        out.append(host[pos : pos + len(r.pieces)])
+        pos += len(r.pieces)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _group(device_id: int, kind: int) -> Grouped:
+    """The entropy stage's group commit for one device and entropy kind (process-wide)."""
+    return Grouped(functools.partial(_run_group, kind))
+
+
+def compress_many(raws: list, kind: int, chunk: int) -> list[list[bytes]]:
+    """Block streams on the GPU -> each one's frames (host bytes), one frame per chunk of ``chunk`` bytes.
+
+    Every chunk of ``raws`` goes into one nvCOMP call, together with the chunks that other threads
+    (pipeline lanes, on their own streams) submit meanwhile (``grouping.Grouped``): nvCOMP compresses
+    each chunk alone, so a frame's bytes do not depend on the launch it was in.  With
+    ``VISEMZ_ENTROPY_BATCH=0``, one call per block stream on this thread's stream (the per-section path)."""
+    cp = cuda.require_cupy()
+    pieces = [[raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)] for raw in raws]
+    if not DEFAULTS.entropy_batch:
+        return [_to_host(cp, _encode_pieces(cp, kind, p)) for p in pieces]
+    stream = cp.cuda.get_current_stream()
+    ready = cp.cuda.Event(block=False, disable_timing=True)
+    ready.record(stream)
+    host = _group(cp.cuda.Device().id, kind).submit(_Chunks([p for ps in pieces for p in ps], ready, stream.ptr))
+    out, pos = [], 0
+    for p in pieces:
+        out.append(host[pos : pos + len(p)])
+        pos += len(p)
+    return out
 
 
 def decompress_frames(frames: list, kind: int, sizes: list[int]):
@@ -270,18 +352,24 @@ def decompress_frames(frames: list, kind: int, sizes: list[int]):
 
 # ---------------------------------------------------------------- public
 def encode_ints(arr, cfg) -> bytes:
-    raw = encode_raw(arr, L.POLICIES[cfg.policy], cfg.bitshuffle)
-    kind = E.KINDS[cfg.entropy]
-    if kind == E.KINDS["none"]:
-        return stream.pack(raw.size, kind, DEFAULTS.entropy_chunk, [raw.get().tobytes()])
-    frames = compress_frames(raw, kind, DEFAULTS.entropy_chunk)
-    cp = cuda.require_cupy()
-    host = cp.concatenate(frames).get().tobytes() if frames else b""
-    parts, pos = [], 0
-    for f in frames:
-        parts.append(host[pos : pos + f.size])
-        pos += f.size
-    return stream.pack(raw.size, kind, DEFAULTS.entropy_chunk, parts)
+    return encode_ints_many([(arr, cfg)])[0]
+
+
+def encode_ints_many(items) -> list[bytes]:
+    """[(GPU integer array, EncoderConfig)] -> their ints streams: the block encoder per array, one host
+    sync for every size, and every chunk of every array in one grouped entropy launch per kind."""
+    raws = encode_raws([(a, L.POLICIES[cfg.policy], cfg.bitshuffle) for a, cfg in items])
+    kinds = [E.KINDS[cfg.entropy] for _, cfg in items]
+    frames: list = [None] * len(items)
+    for kind in sorted(set(kinds) - {E.KINDS["none"]}):
+        mine = [i for i, k in enumerate(kinds) if k == kind]
+        for i, f in zip(mine, compress_many([raws[i] for i in mine], kind, DEFAULTS.entropy_chunk)):
+            frames[i] = f
+    plain = [i for i, k in enumerate(kinds) if k == E.KINDS["none"]]
+    for i, b in zip(plain, _to_host(cuda.require_cupy(), [raws[i] for i in plain])):
+        frames[i] = [b]
+    chunk = DEFAULTS.entropy_chunk
+    return [stream.pack(raw.size, kind, chunk, f) for raw, kind, f in zip(raws, kinds, frames)]
 
 
 def decode_ints(parsed: stream.Frames):
