@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import threading
 from importlib import resources
 from typing import NamedTuple
 
@@ -227,7 +228,7 @@ def _wait(cp) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _codec(algorithm: str, device_id: int, stream_ptr: int, options: tuple):
+def _codec(algorithm: str, device_id: int, stream_ptr: int, thread: int, options: tuple):
     nv = _nvcomp()
     return nv.Codec(
         algorithm=algorithm,
@@ -239,9 +240,11 @@ def _codec(algorithm: str, device_id: int, stream_ptr: int, options: tuple):
 
 
 def codec(algorithm: str, **options):
-    """An nvCOMP RAW-bitstream codec bound to the current device and stream (cached)."""
+    """An nvCOMP RAW-bitstream codec bound to the current device and stream (cached per thread too:
+    nvCOMP's codecs hold scratch state and must not be called from two threads at once)."""
     cp = cuda.require_cupy()
-    return _codec(algorithm, cp.cuda.Device().id, cp.cuda.get_current_stream().ptr, tuple(sorted(options.items())))
+    return _codec(algorithm, cp.cuda.Device().id, cp.cuda.get_current_stream().ptr, threading.get_ident(),
+                  tuple(sorted(options.items())))
 
 
 def _entropy_codec(kind: int):
@@ -298,10 +301,23 @@ def _run_group(kind: int, requests: list) -> list[list[bytes]]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+_GROUPS: dict[tuple[int, int], Grouped] = {}
+_GROUPS_LOCK = threading.Lock()
+
+
 def _group(device_id: int, kind: int) -> Grouped:
     """The entropy stage's group commit for one device and entropy kind (process-wide)."""
-    return Grouped(functools.partial(_run_group, kind))
+    with _GROUPS_LOCK:
+        if (device_id, kind) not in _GROUPS:
+            _GROUPS[device_id, kind] = Grouped(functools.partial(_run_group, kind))
+        return _GROUPS[device_id, kind]
+
+
+def group_counts() -> dict[str, tuple[int, int]]:
+    """{"cuda:<device>:<entropy>": (launches, requests)} of the grouped entropy stage so far in this process:
+    requests / launches is how many ints-stream calls (sections, images) shared a launch on average."""
+    with _GROUPS_LOCK:
+        return {f"cuda:{dev}:{E.NAMES[kind]}": (g.batches, g.payloads) for (dev, kind), g in _GROUPS.items()}
 
 
 def compress_many(raws: list, kind: int, chunk: int) -> list[list[bytes]]:

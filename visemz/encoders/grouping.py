@@ -43,6 +43,11 @@ class Grouped(Generic[P, R]):
         self.batches = 0  # batches run so far, and the payloads they held (what the grouping achieved)
         self.payloads = 0
 
+    def pending(self) -> int:
+        """Requests queued for the next batch (not counting the batch that runs)."""
+        with self._lock:
+            return len(self._queue) if self._busy else 0
+
     def submit(self, payload: P) -> R:
         req: _Request = _Request(payload)
         with self._lock:
