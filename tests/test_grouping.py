@@ -1,12 +1,13 @@
 """The entropy stage's group commit (encoders/grouping.py) and encode_ints_many on the CPU."""
 
+import contextlib
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from visemz.encoders import EncoderConfig, decode_ints, encode_ints, encode_ints_many
+from visemz.encoders import EncoderConfig, decode_ints, encode_ints, encode_ints_many, start_encode_ints
 from visemz.encoders.grouping import Grouped
 from visemz.errors import CorruptStreamError, InvalidArgumentError
 
@@ -102,6 +103,31 @@ def test_an_error_reaches_every_thread_of_its_batch_and_the_group_goes_on():
     assert g.submit(7) == 7 and g.pending() == 0
 
 
+def test_submit_async_returns_while_the_batch_runs():
+    rec = Recorder()
+    g = Grouped(rec)
+    fut = g.submit_async(2)
+    assert rec.started.wait(WAIT)
+    assert not fut.done()
+    rec.release.set()
+    assert fut.result(WAIT) == 20
+
+
+def test_a_worker_context_that_fails_fails_its_callers_and_the_next_request_retries():
+    tries = []
+
+    def context():
+        tries.append(1)
+        if len(tries) == 1:
+            raise CorruptStreamError("no device here")
+        return contextlib.nullcontext()
+
+    g = Grouped(lambda payloads: list(payloads), context=context)
+    with pytest.raises(CorruptStreamError, match="no device"):
+        g.submit(1)
+    assert g.submit(2) == 2 and len(tries) == 2
+
+
 def test_a_run_returning_the_wrong_count_is_an_error():
     g = Grouped(lambda payloads: [])
     with pytest.raises(RuntimeError, match="0 results for 1"):
@@ -123,6 +149,7 @@ def test_encode_ints_many_writes_what_encode_ints_writes():
         assert b == encode_ints(a, policy=cfg.policy, bitshuffle=cfg.bitshuffle, entropy=cfg.entropy)
         np.testing.assert_array_equal(decode_ints(b), a.reshape(-1))
     assert encode_ints_many([]) == []
+    assert start_encode_ints(items[:3])() == got[:3]
 
 
 def test_encode_ints_many_names_a_bad_pair():

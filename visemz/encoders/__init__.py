@@ -8,6 +8,7 @@ tensors run on the GPU (:mod:`gpu`).  Both write identical block streams.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from . import entropy as E
 from . import layout as L
 from . import gpu, reference, stream
 
-__all__ = ["encode_ints", "encode_ints_many", "decode_ints", "EncoderConfig", "POLICIES", "ENTROPIES"]
+__all__ = ["encode_ints", "encode_ints_many", "start_encode_ints", "decode_ints", "EncoderConfig", "POLICIES", "ENTROPIES"]
 
 POLICIES = tuple(L.POLICIES)
 ENTROPIES = tuple(E.KINDS)
@@ -54,18 +55,28 @@ def encode_ints_many(items) -> list[bytes]:
     The GPU arrays among them share their host synchronisations and one entropy launch (nvCOMP
     compresses each chunk alone, so only the launch grouping changes); the CPU ones are encoded
     one by one as ever."""
+    return start_encode_ints(items)()
+
+
+def start_encode_ints(items) -> Callable[[], list[bytes]]:
+    """``encode_ints_many`` in two steps: this starts the work and returns a function that gives the bytes.
+
+    For GPU arrays the entropy launch is under way when this returns (on the entropy stage's own
+    stream), so the caller's stream can do other work before asking for the bytes: the latent
+    sections' rANS coding runs meanwhile.  CPU arrays are encoded before this returns."""
     items = list(items)
     for _, cfg in items:
         if not isinstance(cfg, EncoderConfig):
             raise InvalidArgumentError(f"encode_ints_many takes (array, EncoderConfig) pairs, not a {type(cfg).__name__}")
-    out: list = [None] * len(items)
     on_gpu = [i for i, (a, _) in enumerate(items) if cuda.is_gpu_array(a)]
-    for i, b in zip(on_gpu, gpu.encode_ints_many([items[i] for i in on_gpu]) if on_gpu else []):
-        out[i] = b
-    for i, (a, cfg) in enumerate(items):
-        if out[i] is None:
-            out[i] = _encode_cpu(a, cfg)
-    return out
+    done = {i: _encode_cpu(a, cfg) for i, (a, cfg) in enumerate(items) if not cuda.is_gpu_array(a)}
+    gpu_part = gpu.start_encode_ints([items[i] for i in on_gpu]) if on_gpu else list
+
+    def finish() -> list[bytes]:
+        done.update(zip(on_gpu, gpu_part()))
+        return [done[i] for i in range(len(items))]
+
+    return finish
 
 
 def _encode_cpu(arr, cfg: EncoderConfig) -> bytes:

@@ -8,9 +8,6 @@ is cut into chunks of ``chunk`` bytes; each chunk becomes one frame.
 
 from __future__ import annotations
 
-import functools
-import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import zstandard
@@ -32,18 +29,12 @@ def chunk_bounds(size: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk, size)) for s in range(0, size, chunk)]
 
 
-@functools.lru_cache(maxsize=4)
-def _pool(pid: int) -> ThreadPoolExecutor:
-    """One pool per process (a forked child gets its own) for the frames (zstandard releases the GIL): no
-    pool made and torn down per ints stream, and the pipeline's lanes share cpu_threads() workers."""
-    return ThreadPoolExecutor(cpu_threads(), thread_name_prefix="visemz-zstd")
-
-
 def _map(fn, items):
     items = list(items)
-    if len(items) <= 1 or threading.current_thread().name.startswith("visemz-zstd"):
+    if len(items) <= 1:
         return [fn(x) for x in items]
-    return list(_pool(os.getpid()).map(fn, items))
+    with ThreadPoolExecutor(min(cpu_threads(), len(items))) as pool:  # zstandard releases the GIL
+        return list(pool.map(fn, items))
 
 
 def compress_cpu(raw, kind: int, chunk: int = DEFAULTS.entropy_chunk) -> list[bytes]:

@@ -8,11 +8,13 @@ equal the NumPy reference's for every input (tests/test_gpu_encoder.py).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
+import os
 import threading
 from importlib import resources
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -280,19 +282,18 @@ def _to_host(cp, frames: list) -> list[bytes]:
 class _Chunks(NamedTuple):
     """One thread's request to the grouped entropy stage: its chunks, ready once ``ready`` has passed."""
 
-    pieces: list  # cupy uint8 views of block streams
+    pieces: list  # cupy uint8 views of block streams (the submitter keeps them until it has the frames)
     ready: object  # cupy Event recorded on the submitter's stream after the block encoder
-    stream_ptr: int
 
 
 def _run_group(kind: int, requests: list) -> list[list[bytes]]:
-    """The grouped requests' chunks in one nvCOMP launch on the leading thread's stream, which first
-    waits for every other submitter's block encoder; one copy of every frame to the host."""
+    """The grouped requests' chunks in one nvCOMP launch on the group worker's stream, which first waits
+    for each submitter's block encoder (an event on the submitter's stream); one copy of every frame to
+    the host."""
     cp = cuda.require_cupy()
     stream = cp.cuda.get_current_stream()
     for r in requests:
-        if r.stream_ptr != stream.ptr:
-            stream.wait_event(r.ready)
+        stream.wait_event(r.ready)
     host = _to_host(cp, _encode_pieces(cp, kind, [p for r in requests for p in r.pieces]))
     out, pos = [], 0
     for r in requests:
@@ -301,45 +302,65 @@ def _run_group(kind: int, requests: list) -> list[list[bytes]]:
     return out
 
 
-_GROUPS: dict[tuple[int, int], Grouped] = {}
+@contextlib.contextmanager
+def _worker_stream(device_id: int):
+    """The group worker's device and its own non-blocking CUDA stream, current for cupy in its thread."""
+    cp = cuda.require_cupy()
+    cp.cuda.Device(device_id).use()
+    with cp.cuda.Stream(non_blocking=True):
+        yield
+
+
+_GROUPS: dict[tuple[int, int, int], Grouped] = {}
 _GROUPS_LOCK = threading.Lock()
 
 
 def _group(device_id: int, kind: int) -> Grouped:
-    """The entropy stage's group commit for one device and entropy kind (process-wide)."""
+    """The entropy stage's group commit for one device and entropy kind (per process: a forked child
+    gets its own worker)."""
+    key = (os.getpid(), device_id, kind)
     with _GROUPS_LOCK:
-        if (device_id, kind) not in _GROUPS:
-            _GROUPS[device_id, kind] = Grouped(functools.partial(_run_group, kind))
-        return _GROUPS[device_id, kind]
+        if key not in _GROUPS:
+            _GROUPS[key] = Grouped(functools.partial(_run_group, kind), f"visemz-service-entropy-{device_id}-{E.NAMES[kind]}",
+                                   functools.partial(_worker_stream, device_id))
+        return _GROUPS[key]
 
 
 def group_counts() -> dict[str, tuple[int, int]]:
     """{"cuda:<device>:<entropy>": (launches, requests)} of the grouped entropy stage so far in this process:
     requests / launches is how many ints-stream calls (sections, images) shared a launch on average."""
     with _GROUPS_LOCK:
-        return {f"cuda:{dev}:{E.NAMES[kind]}": (g.batches, g.payloads) for (dev, kind), g in _GROUPS.items()}
+        return {f"cuda:{dev}:{E.NAMES[kind]}": (g.batches, g.payloads)
+                for (pid, dev, kind), g in _GROUPS.items() if pid == os.getpid()}
 
 
-def compress_many(raws: list, kind: int, chunk: int) -> list[list[bytes]]:
-    """Block streams on the GPU -> each one's frames (host bytes), one frame per chunk of ``chunk`` bytes.
+def compress_many(raws: list, kind: int, chunk: int) -> Callable[[], list[list[bytes]]]:
+    """Block streams on the GPU -> a function giving each one's frames (host bytes), one frame per chunk
+    of ``chunk`` bytes; the launch is under way when this returns, the function waits for it.
 
-    Every chunk of ``raws`` goes into one nvCOMP call, together with the chunks that other threads
-    (pipeline lanes, on their own streams) submit meanwhile (``grouping.Grouped``): nvCOMP compresses
-    each chunk alone, so a frame's bytes do not depend on the launch it was in.  With
-    ``VISEMZ_ENTROPY_BATCH=0``, one call per block stream on this thread's stream (the per-section path)."""
+    Every chunk of ``raws`` goes into one nvCOMP launch, together with the chunks that other threads
+    (pipeline lanes) submit meanwhile, on the group worker's stream (``grouping.Grouped``): nvCOMP
+    compresses each chunk alone, so a frame's bytes do not depend on the launch it was in.  The caller
+    keeps ``raws`` until it has the frames.  With ``VISEMZ_ENTROPY_BATCH=0``: one launch per block stream
+    on the caller's stream, done before this returns (the per-section path)."""
     cp = cuda.require_cupy()
     pieces = [[raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)] for raw in raws]
     if not DEFAULTS.entropy_batch:
-        return [_to_host(cp, _encode_pieces(cp, kind, p)) for p in pieces]
+        frames = [_to_host(cp, _encode_pieces(cp, kind, p)) for p in pieces]
+        return lambda: frames
     stream = cp.cuda.get_current_stream()
     ready = cp.cuda.Event(block=False, disable_timing=True)
     ready.record(stream)
-    host = _group(cp.cuda.Device().id, kind).submit(_Chunks([p for ps in pieces for p in ps], ready, stream.ptr))
-    out, pos = [], 0
-    for p in pieces:
-        out.append(host[pos : pos + len(p)])
-        pos += len(p)
-    return out
+    future = _group(cp.cuda.Device().id, kind).submit_async(_Chunks([p for ps in pieces for p in ps], ready))
+
+    def frames() -> list[list[bytes]]:
+        host, out, pos = future.result(), [], 0
+        for p in pieces:
+            out.append(host[pos : pos + len(p)])
+            pos += len(p)
+        return out
+
+    return frames
 
 
 def decompress_frames(frames: list, kind: int, sizes: list[int]):
@@ -368,24 +389,33 @@ def decompress_frames(frames: list, kind: int, sizes: list[int]):
 
 # ---------------------------------------------------------------- public
 def encode_ints(arr, cfg) -> bytes:
-    return encode_ints_many([(arr, cfg)])[0]
+    return start_encode_ints([(arr, cfg)])()[0]
 
 
-def encode_ints_many(items) -> list[bytes]:
-    """[(GPU integer array, EncoderConfig)] -> their ints streams: the block encoder per array, one host
-    sync for every size, and every chunk of every array in one grouped entropy launch per kind."""
+def start_encode_ints(items) -> Callable[[], list[bytes]]:
+    """[(GPU integer array, EncoderConfig)] -> a function giving their ints streams.  The block encoder runs
+    per array, one host sync reads every size, and every chunk of every array goes into one grouped
+    entropy launch per kind, under way when this returns: the caller's stream may work meanwhile."""
     raws = encode_raws([(a, L.POLICIES[cfg.policy], cfg.bitshuffle) for a, cfg in items])
     kinds = [E.KINDS[cfg.entropy] for _, cfg in items]
-    frames: list = [None] * len(items)
+    launched = []
     for kind in sorted(set(kinds) - {E.KINDS["none"]}):
         mine = [i for i, k in enumerate(kinds) if k == kind]
-        for i, f in zip(mine, compress_many([raws[i] for i in mine], kind, DEFAULTS.entropy_chunk)):
-            frames[i] = f
+        launched.append((mine, compress_many([raws[i] for i in mine], kind, DEFAULTS.entropy_chunk)))
     plain = [i for i, k in enumerate(kinds) if k == E.KINDS["none"]]
-    for i, b in zip(plain, _to_host(cuda.require_cupy(), [raws[i] for i in plain])):
-        frames[i] = [b]
-    chunk = DEFAULTS.entropy_chunk
-    return [stream.pack(raw.size, kind, chunk, f) for raw, kind, f in zip(raws, kinds, frames)]
+    plain_bytes = _to_host(cuda.require_cupy(), [raws[i] for i in plain])
+
+    def finish() -> list[bytes]:
+        frames: list = [None] * len(items)
+        for i, b in zip(plain, plain_bytes):
+            frames[i] = [b]
+        for mine, result in launched:
+            for i, f in zip(mine, result()):
+                frames[i] = f
+        chunk = DEFAULTS.entropy_chunk
+        return [stream.pack(raw.size, kind, chunk, f) for raw, kind, f in zip(raws, kinds, frames)]
+
+    return finish
 
 
 def decode_ints(parsed: stream.Frames):
