@@ -288,8 +288,8 @@ class _Chunks(NamedTuple):
 
 def _run_group(kind: int, requests: list) -> list[list[bytes]]:
     """The grouped requests' chunks in one nvCOMP launch on the group worker's stream, which first waits
-    for each submitter's block encoder (an event on the submitter's stream); one copy of every frame to
-    the host."""
+    for each submitter's block encoder (an event on the submitter's stream); one copy of every frame
+    to the host."""
     cp = cuda.require_cupy()
     stream = cp.cuda.get_current_stream()
     for r in requests:
@@ -311,53 +311,65 @@ def _worker_stream(device_id: int):
         yield
 
 
-_GROUPS: dict[tuple[int, int, int], Grouped] = {}
+_GROUPS: dict[tuple, Grouped] = {}
 _GROUPS_LOCK = threading.Lock()
 
 
-def _group(device_id: int, kind: int) -> Grouped:
-    """The entropy stage's group commit for one device and entropy kind (per process: a forked child
-    gets its own worker)."""
-    key = (os.getpid(), device_id, kind)
+def _group(device_id: int, kind: int, chunk: int) -> Grouped:
+    """The entropy stage's group commit for one device, entropy kind and frame size (per process: a
+    forked child gets its own worker)."""
+    key = (os.getpid(), device_id, kind, chunk)
     with _GROUPS_LOCK:
         if key not in _GROUPS:
-            _GROUPS[key] = Grouped(functools.partial(_run_group, kind), f"visemz-service-entropy-{device_id}-{E.NAMES[kind]}",
+            _GROUPS[key] = Grouped(functools.partial(_run_group, kind),
+                                   f"visemz-service-entropy-{device_id}-{E.NAMES[kind]}-{chunk}",
                                    functools.partial(_worker_stream, device_id))
         return _GROUPS[key]
 
 
 def group_counts() -> dict[str, tuple[int, int]]:
-    """{"cuda:<device>:<entropy>": (launches, requests)} of the grouped entropy stage so far in this process:
-    requests / launches is how many ints-stream calls (sections, images) shared a launch on average."""
+    """{"cuda:<device>:<entropy>:<frame size>": (launches, requests)} of the grouped entropy stage so far in
+    this process: requests / launches is how many ints-stream calls (images, tiles) shared a launch."""
     with _GROUPS_LOCK:
-        return {f"cuda:{dev}:{E.NAMES[kind]}": (g.batches, g.payloads)
-                for (pid, dev, kind), g in _GROUPS.items() if pid == os.getpid()}
+        return {f"cuda:{dev}:{E.NAMES[kind]}:{chunk}": (g.batches, g.payloads)
+                for (pid, dev, kind, chunk), g in _GROUPS.items() if pid == os.getpid()}
 
 
 def compress_many(raws: list, kind: int, chunk: int) -> Callable[[], list[list[bytes]]]:
     """Block streams on the GPU -> a function giving each one's frames (host bytes), one frame per chunk
-    of ``chunk`` bytes; the launch is under way when this returns, the function waits for it.
+    of ``chunk`` bytes.
 
-    Every chunk of ``raws`` goes into one nvCOMP launch, together with the chunks that other threads
-    (pipeline lanes) submit meanwhile, on the group worker's stream (``grouping.Grouped``): nvCOMP
-    compresses each chunk alone, so a frame's bytes do not depend on the launch it was in.  The caller
-    keeps ``raws`` until it has the frames.  With ``VISEMZ_ENTROPY_BATCH=0``: one launch per block stream
-    on the caller's stream, done before this returns (the per-section path)."""
+    The streams of one frame or more (a latent's symbols, a residual) go, together with those that
+    other threads (pipeline lanes) submit meanwhile, into one nvCOMP launch on the group worker's own
+    stream (``grouping.Grouped``), under way when this returns; the function waits for it.  nvCOMP
+    compresses each chunk alone, and every chunk of such a launch is compressed with the launch's
+    largest chunk (a parameter of nvCOMP's batched API) equal to the frame size, as when its stream was
+    launched alone: the bytes are those of one launch per stream.  A stream shorter than one frame
+    (a hyperprior's few symbols, an exception list) had its own length as that parameter, so it is
+    launched alone, on the caller's stream, as ever (while the grouped launch runs).  The caller keeps
+    ``raws`` until it has the frames.  ``VISEMZ_ENTROPY_BATCH=0``: every stream alone on the caller's
+    stream, done before this returns (the per-stream path)."""
     cp = cuda.require_cupy()
     pieces = [[raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)] for raw in raws]
-    if not DEFAULTS.entropy_batch:
-        frames = [_to_host(cp, _encode_pieces(cp, kind, p)) for p in pieces]
-        return lambda: frames
-    stream = cp.cuda.get_current_stream()
-    ready = cp.cuda.Event(block=False, disable_timing=True)
-    ready.record(stream)
-    future = _group(cp.cuda.Device().id, kind).submit_async(_Chunks([p for ps in pieces for p in ps], ready))
+    grouped = [i for i, raw in enumerate(raws) if DEFAULTS.entropy_batch and raw.size >= chunk]
+    future = None
+    if grouped:
+        stream = cp.cuda.get_current_stream()
+        ready = cp.cuda.Event(block=False, disable_timing=True)
+        ready.record(stream)
+        future = _group(cp.cuda.Device().id, kind, chunk).submit_async(
+            _Chunks([p for i in grouped for p in pieces[i]], ready))
+    alone = {i: _to_host(cp, _encode_pieces(cp, kind, pieces[i])) for i in sorted(set(range(len(raws))) - set(grouped))}
 
     def frames() -> list[list[bytes]]:
-        host, out, pos = future.result(), [], 0
-        for p in pieces:
-            out.append(host[pos : pos + len(p)])
-            pos += len(p)
+        host, pos = (future.result() if future is not None else []), 0
+        out = []
+        for i, p in enumerate(pieces):
+            if i in alone:
+                out.append(alone[i])
+            else:
+                out.append(host[pos : pos + len(p)])
+                pos += len(p)
         return out
 
     return frames
