@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from visemz import config
 from visemz.encoders import EncoderConfig, decode_ints, encode_ints, encode_ints_many, start_encode_ints
 from visemz.encoders.grouping import Grouped
 from visemz.errors import CorruptStreamError, InvalidArgumentError
@@ -155,3 +156,13 @@ def test_encode_ints_many_writes_what_encode_ints_writes():
 def test_encode_ints_many_names_a_bad_pair():
     with pytest.raises(InvalidArgumentError, match="EncoderConfig"):
         encode_ints_many([(np.zeros(3, np.int32), {"policy": "block"})])
+
+
+def test_entropy_batch_environment_setting(monkeypatch):
+    for value, want in (("0", 0), ("1", 1)):
+        monkeypatch.setenv("VISEMZ_ENTROPY_BATCH", value)
+        assert config._from_env().entropy_batch == want
+    for bad in ("2", "-1", "yes"):
+        monkeypatch.setenv("VISEMZ_ENTROPY_BATCH", bad)
+        with pytest.raises(InvalidArgumentError, match="VISEMZ_ENTROPY_BATCH"):
+            config._from_env()
