@@ -17,6 +17,9 @@ Every run compresses the whole folder from files to files (load, compress, atomi
   loaders: DALI against the CPU loader (PNG), kvikio against the CPU loader (.npy copies);
   decompression (to .npy, kvikio writer when present) for (b) and (c).
 
+Each compress row says how many ints-stream calls shared an nvCOMP launch on average (the grouped
+entropy stage; run again with VISEMZ_ENTROPY_BATCH=0 for one launch per stream).
+
 Each setting is warmed up on the distinct images first; times are medians of --repeat runs with
 torch.cuda.synchronize() around each.  images/s counts files, MB/s the decoded input bytes, bpp
 is bits per pixel of the outputs, PSNR (dB) is the mean over the distinct images.  Ratios
@@ -48,6 +51,8 @@ import evalkit  # noqa: E402
 
 from visemz import measure  # noqa: E402
 from visemz import pixels as px  # noqa: E402
+from visemz.config import DEFAULTS  # noqa: E402
+from visemz.encoders import gpu  # noqa: E402
 from visemz.errors import InvalidArgumentError  # noqa: E402
 from visemz.io import files, loaders, writers  # noqa: E402
 from visemz.models import architectures, registry  # noqa: E402
@@ -184,9 +189,18 @@ def compress_row(label: str, src: Path, distinct: Path, out: Path, cfg: Compress
     """Compress the repeated folder ``src`` (after a warm-up on ``distinct``, kept in out/warm-<label>)."""
     dst = out / slug(label)
     compress_folder(distinct, out / f"warm-{slug(label)}", cfg)  # warm-up: weights, kernels, streams' workspaces
+    before = launches()
     seconds, summary = timed(lambda: compress_folder(src, dst, cfg), lambda: shutil.rmtree(dst, ignore_errors=True),
                              repeat, _device(cfg.device))
-    return row(label, seconds, summary, streams=cfg.streams, loader=cfg.loader), dst
+    n, calls = (a - b for a, b in zip(launches(), before))
+    return row(label, seconds, summary, streams=cfg.streams, loader=cfg.loader,
+               calls_per_nvcomp_launch=round(calls / n, 2) if n else None), dst
+
+
+def launches() -> tuple[int, int]:
+    """(grouped nvCOMP launches, ints-stream calls they served) so far in this process (encoders/grouping.py)."""
+    counts = gpu.group_counts().values()
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
 def decompress_row(label: str, compressed: Path, out: Path, cfg: DecompressConfig, repeat: int) -> dict:
@@ -325,6 +339,7 @@ def single_gpu(args, work: Path) -> dict:
     folder = build_folder(args.data, work, args.repeat_to, with_npy=plan.kvikio and not args.no_kvikio)
     out = work / "out"
     report = {"device": device_name(device), "torch": torch.__version__, "cpus": os.cpu_count(),
+              "entropy_batch": DEFAULTS.entropy_batch,
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "folder": {"distinct": len(folder.images), "files": folder.files}, "runs": []}
     if plan.kvikio:
@@ -447,10 +462,11 @@ def multi_gpu(args, work: Path) -> dict | None:
 # ------------------------------------------------------------------ main
 def print_table(report: dict) -> None:
     print(f"\n{report['device']}: {report.get('folder', {})}")
-    print("| run | images/s | MB/s | bpp | failed | loaders |")
-    print("|---|---|---|---|---|---|")
+    print("| run | images/s | MB/s | bpp | failed | loaders | calls per nvCOMP launch |")
+    print("|---|---|---|---|---|---|---|")
     for r in report["runs"]:
-        print(f"| {r['label']} | {r['images_per_s']} | {r['MB_per_s']} | {r['bpp']} | {r['failed']} | {r['loaders']} |")
+        print(f"| {r['label']} | {r['images_per_s']} | {r['MB_per_s']} | {r['bpp']} | {r['failed']} | {r['loaders']} "
+              f"| {r.get('calls_per_nvcomp_launch', '')} |")
     print("quality:", json.dumps(report.get("quality", {})))
     print("ratios:", json.dumps(report.get("ratios", {})))
 

@@ -5,7 +5,9 @@
 Prints, after a warm-up: the median milliseconds of compress and of decompress (each bracketed
 by device synchronisation), and the images/s of the same compress run in 1, 2, 4... threads at
 once, each thread with its own CUDA stream (as the folder pipeline's lanes), which tells whether
-the per-image path is bound by the GPU or by the host.  Writes under --out: cProfile listings
+the per-image path is bound by the GPU or by the host, with how many ints-stream calls shared each
+nvCOMP launch meanwhile (the grouped entropy stage; ``VISEMZ_ENTROPY_BATCH=0`` gives the
+one-launch-per-stream path to compare with).  Writes under --out: cProfile listings
 of compress and decompress (by cumulative and by own time) and a torch.profiler table of CPU
 and CUDA time per operator and kernel, with a Chrome trace (gzip) for a closer look.
 """
@@ -29,6 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from visemz import ImageCodec, cuda, measure
 from visemz.config import DEFAULTS
+from visemz.encoders import gpu
 from visemz.io import loaders
 from visemz.io.writers import write_atomic
 
@@ -54,8 +57,9 @@ def own_stream(device: str):
         s.synchronize()
 
 
-def threaded_rate(codec: ImageCodec, image, kwargs: dict, threads: int, per_thread: int) -> float:
-    """Images/s of ``threads`` threads each compressing ``per_thread`` times on its own stream."""
+def threaded_rate(codec: ImageCodec, image, kwargs: dict, threads: int, per_thread: int) -> tuple[float, float | None]:
+    """Images/s of ``threads`` threads each compressing ``per_thread`` times on its own stream, and how many
+    ints-stream calls shared each nvCOMP launch on average (None without grouped launches)."""
     barrier = threading.Barrier(threads + 1)
 
     def work():
@@ -70,12 +74,20 @@ def threaded_rate(codec: ImageCodec, image, kwargs: dict, threads: int, per_thre
     for t in pool:
         t.start()
     barrier.wait()
+    before = _launches()
     t0 = time.perf_counter()
     barrier.wait()
     seconds = time.perf_counter() - t0
+    launches, requests = (a - b for a, b in zip(_launches(), before))
     for t in pool:
         t.join()
-    return threads * per_thread / seconds
+    return threads * per_thread / seconds, (round(requests / launches, 2) if launches else None)
+
+
+def _launches() -> tuple[int, int]:
+    """(grouped nvCOMP launches, ints-stream calls they served) so far, over every device and entropy kind."""
+    counts = gpu.group_counts().values()
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
 def cprofile(fn, reps: int, out: Path) -> str:
@@ -133,8 +145,10 @@ def main() -> None:
               "entropy_chunk": DEFAULTS.entropy_chunk,
               "compress_ms": median_ms(lambda: codec.compress(image, **kwargs), args.device, args.reps),
               "decompress_ms": median_ms(lambda: codec.decompress_tensor(buf), args.device, args.reps)}
-    report["threaded_images_per_s"] = {
-        n: threaded_rate(codec, image, kwargs, n, args.reps) for n in map(int, args.threads.split(","))}
+    report["entropy_batch"] = DEFAULTS.entropy_batch
+    rates = {n: threaded_rate(codec, image, kwargs, n, args.reps) for n in map(int, args.threads.split(","))}
+    report["threaded_images_per_s"] = {n: r for n, (r, _) in rates.items()}
+    report["calls_per_nvcomp_launch"] = {n: c for n, (_, c) in rates.items()}
     print(json.dumps(report, indent=1), flush=True)
     write_atomic(args.out / "summary.json", (json.dumps(report, indent=1) + "\n").encode())
     if args.summary_only:

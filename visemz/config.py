@@ -20,6 +20,11 @@ class Defaults:
     #: frame serially, so its time grows with the frame: on an H100, 16 KiB frames made a Kodak
     #: image's compress 2.2x faster than 64 KiB ones for 0.7% more bytes (scripts/profile_codec.py).
     entropy_chunk: int = 1 << 14  # VISEMZ_ENTROPY_CHUNK
+    #: 1: on a GPU, the entropy stage puts the zstd/ANS chunks of every ints stream of a frame or more of a
+    #: call, and of the calls other threads (pipeline lanes) make meanwhile, into one nvCOMP launch on a
+    #: stream of its own (``encoders/grouping.py``); 0: one launch per ints stream on the caller's stream.
+    #: The bytes are the same either way.
+    entropy_batch: int = 1  # VISEMZ_ENTROPY_BATCH
     #: zstd level on the CPU (nvCOMP's GPU zstd has no level).
     zstd_level: int = 3  # VISEMZ_ZSTD_LEVEL
     #: CPU threads for zstd and loaders; 0 means os.cpu_count().
@@ -89,6 +94,8 @@ def _from_env() -> Defaults:
         raise InvalidArgumentError(f"VISEMZ_TILE_BATCH={d.tile_batch}: expected >= 1")
     if not 0 <= d.refine <= MAX_REFINE:
         raise InvalidArgumentError(f"VISEMZ_REFINE={d.refine}: expected 0..{MAX_REFINE} refinement steps")
+    if d.entropy_batch not in (0, 1):
+        raise InvalidArgumentError(f"VISEMZ_ENTROPY_BATCH={d.entropy_batch}: expected 0 or 1")
     if not (4096 <= d.entropy_chunk <= (16 << 20)):
         raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
     return d

@@ -23,7 +23,7 @@ import math
 import torch
 
 from . import device as dev
-from .encoders import encode_ints
+from .encoders import EncoderConfig, start_encode_ints
 from .encoders.rans import decode_conditional, encode_conditional
 from .encoders.scale_indexes import decode_and_apply_scale_exceptions, encode_scale_exceptions, scale_indexes
 from .errors import CorruptStreamError, UnsupportedFormatError
@@ -58,10 +58,13 @@ def encode(fmt: int, net, net64, symbols: dict[str, torch.Tensor], quality: floa
     image badly (a factorized prior on flat X-ray backgrounds, a quality far from those it
     was trained at).  ``coding`` records the choice per section ("rans" / "ints"; None: format 2).
     """
-    ints = {k: encode_ints(dev.torch_to_ints(s), policy=SYMBOL_POLICY, **enc) for k, s in symbols.items()}
+    cfg = EncoderConfig(SYMBOL_POLICY, **enc)
+    # on a GPU the ints streams' entropy launch runs on its own stream while the rANS coder runs on ours
+    ints_of = start_encode_ints([(dev.torch_to_ints(s), cfg) for s in symbols.values()])
     if fmt == BLOCK:
-        return ints, None
+        return dict(zip(symbols, ints_of())), None
     sections = _encode_rans(net, net64, symbols, quality)
+    ints = dict(zip(symbols, ints_of()))
     coding = {}
     for k in symbols:
         coding[k] = "rans" if len(sections[k]) <= len(ints[k]) else "ints"

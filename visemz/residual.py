@@ -14,10 +14,12 @@ a sparse mask and take floor() on both sides.  Then:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .device import ints_to_torch, torch_to_ints
-from .encoders import encode_ints
+from .encoders import EncoderConfig, encode_ints_many
 from .errors import CorruptStreamError
 from .pixels import ImageMeta
 
@@ -76,7 +78,8 @@ def encode(x: torch.Tensor, x01_hat: torch.Tensor, meta: ImageMeta, e: float, **
     base = _base(k, meta).reshape(-1)
     xf = (x.to(torch.int32) if meta.dtype == "uint16" else x).reshape(-1)
     mode = mode_for(meta, e)
-    sections = {"mask": encode_ints(_indices_to_ints(torch.nonzero(amb.reshape(-1)).reshape(-1)), **enc)}
+    cfg = EncoderConfig(**enc)
+    arrays = {"mask": _indices_to_ints(torch.nonzero(amb.reshape(-1)).reshape(-1))}
     if mode == "int":
         q = torch.div(xf.to(torch.int64) - base + int(e), 2 * int(e) + 1, rounding_mode="floor")
     elif mode == "bits":
@@ -85,9 +88,12 @@ def encode(x: torch.Tensor, x01_hat: torch.Tensor, meta: ImageMeta, e: float, **
         q = torch.round((xf.to(torch.float64) - base) / (2 * e))
         approx = (base + q * (2 * e)).to(torch.float32).to(torch.float64)
         bad = torch.nonzero((approx - xf.to(torch.float64)).abs() > e).reshape(-1)
-        sections["exceptions"] = encode_ints(_indices_to_ints(bad), **enc)
-        sections["exception_bits"] = encode_ints(torch_to_ints(_bits(xf[bad])), **enc)
-    sections["residual"] = encode_ints(torch_to_ints(q), policy="block", **{k: v for k, v in enc.items() if k != "policy"})
+        arrays["exceptions"] = _indices_to_ints(bad)
+        arrays["exception_bits"] = torch_to_ints(_bits(xf[bad]))
+    arrays["residual"] = torch_to_ints(q)
+    # the sections go to the entropy stage together (on a GPU they share launches); the residual is dense: widths per block
+    cfgs = {k: replace(cfg, policy="block") if k == "residual" else cfg for k in arrays}
+    sections = dict(zip(arrays, encode_ints_many([(a, cfgs[k]) for k, a in arrays.items()])))
     return sections, mode
 
 

@@ -8,16 +8,18 @@ tensors run on the GPU (:mod:`gpu`).  Both write identical block streams.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from .. import cuda
 from ..config import DEFAULTS
+from ..errors import InvalidArgumentError
 from . import entropy as E
 from . import layout as L
 from . import gpu, reference, stream
 
-__all__ = ["encode_ints", "decode_ints", "EncoderConfig", "POLICIES", "ENTROPIES"]
+__all__ = ["encode_ints", "encode_ints_many", "start_encode_ints", "decode_ints", "EncoderConfig", "POLICIES", "ENTROPIES"]
 
 POLICIES = tuple(L.POLICIES)
 ENTROPIES = tuple(E.KINDS)
@@ -43,9 +45,41 @@ def encode_ints(arr, *, policy: str = "global", bitshuffle: bool = True, entropy
     sparse latents) or "block" (a width per block of 32; best for dense data).
     entropy: "zstd" (CPU or GPU), "ans" (nvCOMP, GPU only) or "none".
     """
-    cfg = EncoderConfig(policy, bitshuffle, entropy)
-    if cuda.is_gpu_array(arr):
-        return gpu.encode_ints(arr, cfg)
+    return encode_ints_many([(arr, EncoderConfig(policy, bitshuffle, entropy))])[0]
+
+
+def encode_ints_many(items) -> list[bytes]:
+    """Encode several arrays, each with its own ``EncoderConfig``: ``[(array, cfg), ...]`` -> their ints
+    streams, each the bytes ``encode_ints(array, **asdict(cfg))`` writes.
+
+    The GPU arrays among them share their host synchronisations and one entropy launch (nvCOMP
+    compresses each chunk alone, so only the launch grouping changes); the CPU ones are encoded
+    one by one as ever."""
+    return start_encode_ints(items)()
+
+
+def start_encode_ints(items) -> Callable[[], list[bytes]]:
+    """``encode_ints_many`` in two steps: this starts the work and returns a function that gives the bytes.
+
+    For GPU arrays the entropy launch is under way when this returns (on the entropy stage's own
+    stream), so the caller's stream can do other work before asking for the bytes: the latent
+    sections' rANS coding runs meanwhile.  CPU arrays are encoded before this returns."""
+    items = list(items)
+    for _, cfg in items:
+        if not isinstance(cfg, EncoderConfig):
+            raise InvalidArgumentError(f"encode_ints_many takes (array, EncoderConfig) pairs, not a {type(cfg).__name__}")
+    on_gpu = [i for i, (a, _) in enumerate(items) if cuda.is_gpu_array(a)]
+    done = {i: _encode_cpu(a, cfg) for i, (a, cfg) in enumerate(items) if not cuda.is_gpu_array(a)}
+    gpu_part = gpu.start_encode_ints([items[i] for i in on_gpu]) if on_gpu else list
+
+    def finish() -> list[bytes]:
+        done.update(zip(on_gpu, gpu_part()))
+        return [done[i] for i in range(len(items))]
+
+    return finish
+
+
+def _encode_cpu(arr, cfg: EncoderConfig) -> bytes:
     a = np.asarray(arr)
     L.check_dtype(a.dtype.name)
     L.check_count(a.size)

@@ -8,10 +8,13 @@ equal the NumPy reference's for every input (tests/test_gpu_encoder.py).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
+import os
+import threading
 from importlib import resources
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -21,6 +24,7 @@ from ..errors import CorruptStreamError, DeviceUnavailableError, VisemzError
 from . import entropy as E
 from . import layout as L
 from . import stream
+from .grouping import Grouped
 
 THREADS = 256
 
@@ -103,7 +107,14 @@ def _as_int32(arr):
 
 def sm_count() -> int:
     cp = cuda.require_cupy()
-    return cp.cuda.Device().attributes["MultiProcessorCount"]
+    return _sm_count(cp.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id: int) -> int:
+    """Cached: cupy's ``Device.attributes`` queries every attribute of the device on each call."""
+    cp = cuda.require_cupy()
+    return cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
 
 
 def global_stats(v, stats) -> None:
@@ -139,11 +150,20 @@ def encode_block_stream(arr, policy: int, bitshuffle: bool):
 
 def encode_raw(arr, policy: int, bitshuffle: bool):
     """The block stream as a cupy uint8 array (reads its size: one host sync)."""
-    out, size = encode_block_stream(arr, policy, bitshuffle)
-    nbytes = int(size.get()[0])
-    if nbytes > out.size:  # the kernel's look-back gave up (see look_back in block.cuh)
-        raise VisemzError(f"GPU block encoder failed (reported size {nbytes:#x})")
-    return out[:nbytes]
+    return encode_raws([(arr, policy, bitshuffle)])[0]
+
+
+def encode_raws(items) -> list:
+    """[(array, policy, bitshuffle)] -> their block streams (cupy uint8), all sizes read in one host sync."""
+    cp = cuda.require_cupy()
+    outs, sizes = zip(*(encode_block_stream(*it) for it in items)) if items else ((), ())
+    if not outs:
+        return []
+    nbytes = (cp.concatenate(sizes) if len(sizes) > 1 else sizes[0]).get().tolist()
+    for out, n in zip(outs, nbytes):
+        if n > out.size:  # the kernel's look-back gave up (see look_back in block.cuh)
+            raise VisemzError(f"GPU block encoder failed (reported size {n:#x})")
+    return [out[:n] for out, n in zip(outs, nbytes)]
 
 
 def decode_block_stream(raw):
@@ -210,7 +230,7 @@ def _wait(cp) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _codec(algorithm: str, device_id: int, stream_ptr: int, options: tuple):
+def _codec(algorithm: str, device_id: int, stream_ptr: int, thread: int, options: tuple):
     nv = _nvcomp()
     return nv.Codec(
         algorithm=algorithm,
@@ -222,9 +242,11 @@ def _codec(algorithm: str, device_id: int, stream_ptr: int, options: tuple):
 
 
 def codec(algorithm: str, **options):
-    """An nvCOMP RAW-bitstream codec bound to the current device and stream (cached)."""
+    """An nvCOMP RAW-bitstream codec bound to the current device and stream (cached per thread too:
+    nvCOMP's codecs hold scratch state and must not be called from two threads at once)."""
     cp = cuda.require_cupy()
-    return _codec(algorithm, cp.cuda.Device().id, cp.cuda.get_current_stream().ptr, tuple(sorted(options.items())))
+    return _codec(algorithm, cp.cuda.Device().id, cp.cuda.get_current_stream().ptr, threading.get_ident(),
+                  tuple(sorted(options.items())))
 
 
 def _entropy_codec(kind: int):
@@ -232,16 +254,125 @@ def _entropy_codec(kind: int):
 
 
 def compress_frames(raw, kind: int, chunk: int) -> list:
-    """Block stream on the GPU -> list of compressed frames (cupy uint8 views), one per chunk."""
+    """Block stream on the GPU -> list of compressed frames (cupy uint8 views), one per chunk (one nvCOMP call)."""
     cp = cuda.require_cupy()
-    nv = _nvcomp()
-    s = cp.cuda.get_current_stream().ptr
-    pieces = [nv.as_array(raw[a:b], cuda_stream=s) for a, b in E.chunk_bounds(raw.size, chunk)]
+    return _encode_pieces(cp, kind, [raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)])
+
+
+def _encode_pieces(cp, kind: int, pieces: list) -> list:
+    """Chunks (cupy uint8) -> their frames (cupy uint8), in one nvCOMP launch on the current stream."""
     if not pieces:
         return []
-    frames = _entropy_codec(kind).encode(pieces)
+    nv = _nvcomp()
+    s = cp.cuda.get_current_stream().ptr
+    frames = _entropy_codec(kind).encode([nv.as_array(p, cuda_stream=s) for p in pieces])
     _wait(cp)
     return [cp.asarray(f).view(cp.uint8).reshape(-1) for f in frames]
+
+
+def _to_host(cp, frames: list) -> list[bytes]:
+    """Device frames -> host bytes, in one copy."""
+    if not frames:
+        return []
+    host = (cp.concatenate(frames) if len(frames) > 1 else frames[0]).get().tobytes()
+    ends = np.cumsum([f.size for f in frames]).tolist()
+    return [host[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+class _Chunks(NamedTuple):
+    """One thread's request to the grouped entropy stage: its chunks, ready once ``ready`` has passed."""
+
+    pieces: list  # cupy uint8 views of block streams (the submitter keeps them until it has the frames)
+    ready: object  # cupy Event recorded on the submitter's stream after the block encoder
+
+
+def _run_group(kind: int, requests: list) -> list[list[bytes]]:
+    """The grouped requests' chunks in one nvCOMP launch on the group worker's stream, which first waits
+    for each submitter's block encoder (an event on the submitter's stream); one copy of every frame
+    to the host."""
+    cp = cuda.require_cupy()
+    stream = cp.cuda.get_current_stream()
+    for r in requests:
+        stream.wait_event(r.ready)
+    host = _to_host(cp, _encode_pieces(cp, kind, [p for r in requests for p in r.pieces]))
+    out, pos = [], 0
+    for r in requests:
+        out.append(host[pos : pos + len(r.pieces)])
+        pos += len(r.pieces)
+    return out
+
+
+@contextlib.contextmanager
+def _worker_stream(device_id: int):
+    """The group worker's device and its own non-blocking CUDA stream, current for cupy in its thread."""
+    cp = cuda.require_cupy()
+    cp.cuda.Device(device_id).use()
+    with cp.cuda.Stream(non_blocking=True):
+        yield
+
+
+_GROUPS: dict[tuple, Grouped] = {}
+_GROUPS_LOCK = threading.Lock()
+
+
+def _group(device_id: int, kind: int, chunk: int) -> Grouped:
+    """The entropy stage's group commit for one device, entropy kind and frame size (per process: a
+    forked child gets its own worker)."""
+    key = (os.getpid(), device_id, kind, chunk)
+    with _GROUPS_LOCK:
+        if key not in _GROUPS:
+            _GROUPS[key] = Grouped(functools.partial(_run_group, kind),
+                                   f"visemz-service-entropy-{device_id}-{E.NAMES[kind]}-{chunk}",
+                                   functools.partial(_worker_stream, device_id))
+        return _GROUPS[key]
+
+
+def group_counts() -> dict[str, tuple[int, int]]:
+    """{"cuda:<device>:<entropy>:<frame size>": (launches, requests)} of the grouped entropy stage so far in
+    this process: requests / launches is how many ints-stream calls (images, tiles) shared a launch."""
+    with _GROUPS_LOCK:
+        return {f"cuda:{dev}:{E.NAMES[kind]}:{chunk}": (g.batches, g.payloads)
+                for (pid, dev, kind, chunk), g in _GROUPS.items() if pid == os.getpid()}
+
+
+def compress_many(raws: list, kind: int, chunk: int) -> Callable[[], list[list[bytes]]]:
+    """Block streams on the GPU -> a function giving each one's frames (host bytes), one frame per chunk
+    of ``chunk`` bytes.
+
+    The streams of one frame or more (a latent's symbols, a residual) go, together with those that
+    other threads (pipeline lanes) submit meanwhile, into one nvCOMP launch on the group worker's own
+    stream (``grouping.Grouped``), under way when this returns; the function waits for it.  nvCOMP
+    compresses each chunk alone, and every chunk of such a launch is compressed with the launch's
+    largest chunk (a parameter of nvCOMP's batched API) equal to the frame size, as when its stream was
+    launched alone: the bytes are those of one launch per stream.  A stream shorter than one frame
+    (a hyperprior's few symbols, an exception list) had its own length as that parameter, so it is
+    launched alone, on the caller's stream, as ever (while the grouped launch runs).  The caller keeps
+    ``raws`` until it has the frames.  ``VISEMZ_ENTROPY_BATCH=0``: every stream alone on the caller's
+    stream, done before this returns (the per-stream path)."""
+    cp = cuda.require_cupy()
+    pieces = [[raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)] for raw in raws]
+    grouped = [i for i, raw in enumerate(raws) if DEFAULTS.entropy_batch and raw.size >= chunk]
+    future = None
+    if grouped:
+        stream = cp.cuda.get_current_stream()
+        ready = cp.cuda.Event(block=False, disable_timing=True)
+        ready.record(stream)
+        future = _group(cp.cuda.Device().id, kind, chunk).submit_async(
+            _Chunks([p for i in grouped for p in pieces[i]], ready))
+    alone = {i: _to_host(cp, _encode_pieces(cp, kind, pieces[i])) for i in sorted(set(range(len(raws))) - set(grouped))}
+
+    def frames() -> list[list[bytes]]:
+        host, pos = (future.result() if future is not None else []), 0
+        out = []
+        for i, p in enumerate(pieces):
+            if i in alone:
+                out.append(alone[i])
+            else:
+                out.append(host[pos : pos + len(p)])
+                pos += len(p)
+        return out
+
+    return frames
 
 
 def decompress_frames(frames: list, kind: int, sizes: list[int]):
@@ -270,18 +401,33 @@ def decompress_frames(frames: list, kind: int, sizes: list[int]):
 
 # ---------------------------------------------------------------- public
 def encode_ints(arr, cfg) -> bytes:
-    raw = encode_raw(arr, L.POLICIES[cfg.policy], cfg.bitshuffle)
-    kind = E.KINDS[cfg.entropy]
-    if kind == E.KINDS["none"]:
-        return stream.pack(raw.size, kind, DEFAULTS.entropy_chunk, [raw.get().tobytes()])
-    frames = compress_frames(raw, kind, DEFAULTS.entropy_chunk)
-    cp = cuda.require_cupy()
-    host = cp.concatenate(frames).get().tobytes() if frames else b""
-    parts, pos = [], 0
-    for f in frames:
-        parts.append(host[pos : pos + f.size])
-        pos += f.size
-    return stream.pack(raw.size, kind, DEFAULTS.entropy_chunk, parts)
+    return start_encode_ints([(arr, cfg)])()[0]
+
+
+def start_encode_ints(items) -> Callable[[], list[bytes]]:
+    """[(GPU integer array, EncoderConfig)] -> a function giving their ints streams.  The block encoder runs
+    per array, one host sync reads every size, and every chunk of every array goes into one grouped
+    entropy launch per kind, under way when this returns: the caller's stream may work meanwhile."""
+    raws = encode_raws([(a, L.POLICIES[cfg.policy], cfg.bitshuffle) for a, cfg in items])
+    kinds = [E.KINDS[cfg.entropy] for _, cfg in items]
+    launched = []
+    for kind in sorted(set(kinds) - {E.KINDS["none"]}):
+        mine = [i for i, k in enumerate(kinds) if k == kind]
+        launched.append((mine, compress_many([raws[i] for i in mine], kind, DEFAULTS.entropy_chunk)))
+    plain = [i for i, k in enumerate(kinds) if k == E.KINDS["none"]]
+    plain_bytes = _to_host(cuda.require_cupy(), [raws[i] for i in plain])
+
+    def finish() -> list[bytes]:
+        frames: list = [None] * len(items)
+        for i, b in zip(plain, plain_bytes):
+            frames[i] = [b]
+        for mine, result in launched:
+            for i, f in zip(mine, result()):
+                frames[i] = f
+        chunk = DEFAULTS.entropy_chunk
+        return [stream.pack(raw.size, kind, chunk, f) for raw, kind, f in zip(raws, kinds, frames)]
+
+    return finish
 
 
 def decode_ints(parsed: stream.Frames):

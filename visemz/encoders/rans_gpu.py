@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import device as dev
 from ..errors import CorruptStreamError, InvalidArgumentError
+from . import gpu
 from . import layout as L
 from . import rans
 from . import rans_layout as RL
@@ -54,8 +55,7 @@ def _tables(tables: CdfTables) -> dict:
 
 
 def _grid(n: int) -> int:
-    cp = dev.require_cupy()
-    return max(1, min(-(-n // THREADS), cp.cuda.Device().attributes["MultiProcessorCount"] * 8))
+    return max(1, min(-(-n // THREADS), gpu.sm_count() * 8))
 
 
 def _flat_int32(a, what: str):
