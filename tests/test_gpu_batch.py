@@ -41,7 +41,7 @@ def _grouped_kinds(cp, items) -> int:
     """Entropy kinds of ``items`` with a block stream of at least one frame (those go to the grouped launch)."""
     big = {cfg.entropy for a, cfg in items
            if gpu.encode_raw(cp.asarray(a), L.POLICIES[cfg.policy], cfg.bitshuffle).size >= DEFAULTS.entropy_chunk}
-    return len(big - {"none"})
+    return len(big & {"zstd"})  # ANS streams are always launched alone
 
 
 # (policy, entropy, distribution, values): streams of many frames, of one frame or more, and shorter than a frame
@@ -59,13 +59,16 @@ def _items(seed: int) -> list:
 def _check(p, label: str, got: list, items: list, want: list) -> None:
     for k, (b, w, (a, cfg)) in enumerate(zip(got, want, items)):
         case = f"{label} item {k} ({a.size} values, {cfg.policy}, {cfg.entropy})"
-        p.same_bytes(case, b, w)
+        if cfg.entropy == "ans":  # nvCOMP's ANS frames differ between launches of the same stream
+            p.same_bytes(f"{case} length", len(b).to_bytes(8, "little"), len(w).to_bytes(8, "little"))
+        else:
+            p.same_bytes(case, b, w)
         p.same_array(f"{case} decoded", decode_ints(b, device="cuda"), a.reshape(-1))
 
 
 def test_one_launch_for_many_streams_writes_the_per_stream_bytes(cp):
     items = [(cp.asarray(a), cfg) for a, cfg in _items(0) + _items(1)]
-    assert _grouped_kinds(cp, items) == 2  # zstd and ANS streams of several frames share their launches
+    assert _grouped_kinds(cp, items) == 1  # zstd streams of several frames share their launches
     want = [per_stream(cp, a, cfg) for a, cfg in items]
     with parity() as p:
         _check(p, "grouped", encode_ints_many(items), [(a.get(), c) for a, c in items], want)

@@ -10,7 +10,7 @@ import torch
 from skimage import data
 
 import visemz
-from visemz import config, measure, refine
+from visemz import config, measure, refine, tiling
 from visemz.errors import InvalidArgumentError
 from visemz.models import architectures, registry
 from visemz.models import weights as W
@@ -109,10 +109,20 @@ def test_error_bound_tiles_and_planes_with_refine(cpu):
     np.testing.assert_array_equal(out, rgb)
 
 
-def test_model_untouched_and_grad_modes(cpu):
-    """Refinement under the caller's no_grad or inference_mode works, gives the same bytes each time, and
-    leaves the model's weights, requires_grad flags, .grad and eval mode as they were."""
+def test_model_untouched_and_grad_modes(cpu, monkeypatch):
+    """Refinement under the caller's no_grad or inference_mode works (gradients reach the latents at
+    every step), gives the same bytes each time, and leaves the model's weights, requires_grad flags,
+    .grad and eval mode as they were."""
     img = _gray()[:64, :64]
+    nonzero_grads = []
+    real_grad = torch.autograd.grad
+
+    def grad_spy(outputs, inputs, *args, **kwargs):
+        grads = real_grad(outputs, inputs, *args, **kwargs)
+        nonzero_grads.append(any(bool(g.abs().sum() > 0) for g in grads))
+        return grads
+
+    monkeypatch.setattr(torch.autograd, "grad", grad_spy)
     W.load.cache_clear()
     with torch.inference_mode():  # a model first loaded in inference mode is still one autograd can use
         nets = [W.load(registry.spec(arch, "gray"), "cpu")[0] for arch in ARCHS]
@@ -132,7 +142,9 @@ def test_model_untouched_and_grad_modes(cpu):
         assert all(p.grad is None for p in net.parameters())
         for k, v in net.state_dict().items():
             assert torch.equal(v, state[k]), k
-    assert all(buf != cpu.compress(img, model=arch, quality=4) for buf, arch in zip(outs, ARCHS))
+    # The refined symbols may equal the analysis's own (the start is kept when no step beats it), so
+    # what shows that refinement ran is that every step's gradient reached the latents.
+    assert nonzero_grads == [True] * (len(ARCHS) * 2 * 3)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "3", True, None, config.MAX_REFINE + 1, 10**12])
@@ -166,17 +178,27 @@ def test_settings_schedules():
         s.steps = 3  # frozen
 
 
-def test_cli_refine(cli, tmp_path):
-    """--refine reaches the codec (a different, decodable file); a bad value is a usage error naming it."""
+def test_cli_refine(cli, tmp_path, monkeypatch):
+    """--refine reaches the codec (the refinement runs with that many steps and the file decodes); a bad
+    value is a usage error naming it."""
     import cv2
 
+    steps_seen = []
+    real_refine = tiling.refine_symbols
+
+    def refine_spy(net, x, quality, crop, valid, settings):
+        steps_seen.append(settings.steps)
+        return real_refine(net, x, quality, crop, valid, settings)
+
+    monkeypatch.setattr(tiling, "refine_symbols", refine_spy)
     src, dst = tmp_path / "src", tmp_path / "dst"
     src.mkdir()
     cv2.imwrite(str(src / "a.png"), _gray()[:64, :64])
     assert cli("compress", src, dst / "r0", "--device", "cpu", "--refine", "0").exit_code == 0
+    assert steps_seen == []
     assert cli("compress", src, dst / "r3", "--device", "cpu", "--refine", "3").exit_code == 0
-    a, b = (dst / "r0" / "a.png.vsz").read_bytes(), (dst / "r3" / "a.png.vsz").read_bytes()
-    assert a != b
+    assert steps_seen == [3]
+    b = (dst / "r3" / "a.png.vsz").read_bytes()
     assert visemz.decompress(b, device="cpu").shape == (64, 64)
     r = cli("compress", src, dst / "bad", "--refine", "-2")
     assert r.exit_code == 2 and "refine=-2" in r.stderr

@@ -71,7 +71,7 @@ def test_error_bounded_tiled_files_decode_alike_on_both_devices(gpu_cpu_codecs):
 
 def test_tile_latents_wait_in_pinned_host_memory(gpu_cpu_codecs):
     """On the GPU the latents later batches need wait in pinned host memory (tiling.park_on_host), not on
-    the device, during every g_s call; the pixels are those of a synthesis that keeps them on the device."""
+    the device, during every g_s call; the pixels are those of a synthesis that keeps them on the device (within float rounding)."""
     gpu, _ = gpu_cpu_codecs
     buf = gpu.compress(_images()["uint16 400x333"], model="mbt2018-mean", quality=3, tile=TILE)  # 4 x 3 tiles
     parked_kinds = []
@@ -83,7 +83,9 @@ def test_tile_latents_wait_in_pinned_host_memory(gpu_cpu_codecs):
 
     kept, kept_counts = tiled_synthesis(gpu, buf, None)
     parked, parked_counts = tiled_synthesis(gpu, buf, park)
+    # Not bit for bit: cuDNN may pick another convolution algorithm for the same shapes when the free
+    # memory differs (measured on an H200: 2.4e-7 at most, far below one level of 16-bit output, 1.5e-5).
     for (i, a), (_, b) in zip(kept, parked):
-        np.testing.assert_array_equal(a, b, err_msg=f"tile {i}")
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=f"tile {i}")
     assert max(kept_counts) > 1 and parked_counts == [0] * len(parked)
     assert parked_kinds and set(parked_kinds) == {("cuda", "cpu", True)}

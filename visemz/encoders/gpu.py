@@ -346,12 +346,16 @@ def compress_many(raws: list, kind: int, chunk: int) -> Callable[[], list[list[b
     largest chunk (a parameter of nvCOMP's batched API) equal to the frame size, as when its stream was
     launched alone: the bytes are those of one launch per stream.  A stream shorter than one frame
     (a hyperprior's few symbols, an exception list) had its own length as that parameter, so it is
-    launched alone, on the caller's stream, as ever (while the grouped launch runs).  The caller keeps
+    launched alone, on the caller's stream, as ever (while the grouped launch runs); so is every ANS
+    stream (zstd only is grouped).  The caller keeps
     ``raws`` until it has the frames.  ``VISEMZ_ENTROPY_BATCH=0``: every stream alone on the caller's
     stream, done before this returns (the per-stream path)."""
     cp = cuda.require_cupy()
     pieces = [[raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)] for raw in raws]
-    grouped = [i for i, raw in enumerate(raws) if DEFAULTS.entropy_batch and raw.size >= chunk]
+    # Only zstd is grouped: nvCOMP's ANS frames were measured (H200, session 8) to differ from byte 24
+    # between two launches of the same stream, so grouping could not be checked to keep its bytes.
+    groupable = DEFAULTS.entropy_batch and kind == E.KINDS["zstd"]
+    grouped = [i for i, raw in enumerate(raws) if groupable and raw.size >= chunk]
     future = None
     if grouped:
         stream = cp.cuda.get_current_stream()
