@@ -16,7 +16,7 @@ import visemz
 from visemz import ImageCodec, container, pages
 from visemz.pipeline import executor, probe, sources
 from visemz.pipeline.kvikio_io import npy_header
-from visemz.pipeline.jobs import DecompressConfig, decompress_folder
+from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
 from visemz.pipeline.results import ItemResult
 from visemz.pipeline.sources import LoaderPlan, plan_loaders
 
@@ -306,3 +306,24 @@ def test_atomic_file_leaves_nothing_behind_on_failure(tmp_path):
     assert target.read_bytes() == b"whole"
     assert target.stat().st_mode & 0o777 == writers.FILE_MODE  # as open() makes it, not mkstemp's 0600
     assert writers.FILE_MODE & 0o044  # others can read it under the usual umasks (022, 002)
+
+
+def test_tiled_images_through_several_lanes_match_the_codec(model_weights, tmp_path):
+    """Images larger than a tile go through the folder pipeline's lanes tile by tile: 1 and 3 lanes
+    write the codec's own bytes."""
+    rng = np.random.default_rng(5)
+    src = tmp_path / "src"
+    src.mkdir()
+    base = cv2.GaussianBlur(rng.integers(0, 256, (150, 200), np.uint8), (0, 0), 3)
+    images = {f"{k}.png": np.roll(base, 23 * k, axis=1) for k in range(3)}
+    for name, img in images.items():
+        cv2.imwrite(str(src / name), img)
+    codec = ImageCodec("cpu")
+    for lanes in (1, 3):
+        dst = tmp_path / f"out{lanes}"
+        summary = compress_folder(src, dst, CompressConfig(device="cpu", streams=lanes, loader="cpu", tile=64))
+        assert summary.count("done") == len(images), summary.to_dict()
+        for name, img in images.items():
+            buf = (dst / f"{name}.vsz").read_bytes()
+            assert buf == codec.compress(img, tile=64)
+            assert container.unpack(buf)  # a whole file

@@ -72,12 +72,14 @@ def _digests(folder) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "visemz-manifest.json"}
 
 
-@pytest.mark.parametrize("max_error", [None, 1])
-def test_several_streams_write_the_same_bytes_as_one(tree, tmp_path, model_weights, nvcomp, max_error):
+@pytest.mark.parametrize("max_error, tile", [(None, 0), (1, 0), (None, 64)])
+def test_several_streams_write_the_same_bytes_as_one(tree, tmp_path, model_weights, nvcomp, max_error, tile):
+    """tile=64: every image is a grid of tiles, so several lanes' tiles are in flight at once."""
     outs = {}
     for streams in (1, 4):
         dst = tmp_path / f"s{streams}"
-        summary = compress_folder(tree, dst, CompressConfig(device="cuda", streams=streams, loader="cpu", max_error=max_error))
+        cfg = CompressConfig(device="cuda", streams=streams, loader="cpu", max_error=max_error, tile=tile)
+        summary = compress_folder(tree, dst, cfg)
         assert summary.count("done") == sum(p.is_file() for p in tree.rglob("*")), summary.to_dict()
         outs[streams] = _digests(dst)
         back = tmp_path / f"r{streams}"
