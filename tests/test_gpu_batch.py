@@ -28,6 +28,29 @@ def cp():
     return optional("cupy")
 
 
+def _on_lanes(task) -> None:
+    """task(t) in THREADS threads at once, each on its own torch/cupy CUDA stream (as the pipeline's
+    lanes), after a common start; any thread's exception fails the test with its number."""
+    errors = []
+    start = threading.Barrier(THREADS)
+
+    def lane(t: int):
+        try:
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s), cuda.external_stream(s.cuda_stream, s.device.index):
+                task(t, lambda: start.wait(WAIT))
+                s.synchronize()
+        except BaseException as e:  # noqa: BLE001 - reported below with the thread's number
+            errors.append((t, e))
+
+    threads = [threading.Thread(target=lane, args=(t,)) for t in range(THREADS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(WAIT)
+    assert not errors, errors
+
+
 def per_stream(cp, arr, cfg: EncoderConfig) -> bytes:
     """The ints stream as the entropy stage wrote it before grouping: one nvCOMP launch for it alone."""
     raw = gpu.encode_raw(cp.asarray(arr), L.POLICIES[cfg.policy], cfg.bitshuffle)
@@ -82,26 +105,15 @@ def test_threads_on_their_own_streams_share_launches_and_keep_their_bytes(cp):
     their calls are grouped into shared launches, and every stream keeps its per-stream bytes."""
     work = {t: _items(10 + t) for t in range(THREADS)}
     want = {t: [per_stream(cp, a, cfg) for a, cfg in items] for t, items in work.items()}
-    got, errors = {}, []
-    start = threading.Barrier(THREADS)
+    got = {}
     before = gpu.group_counts()
 
-    def lane(t: int):
-        try:
-            s = torch.cuda.Stream()
-            with torch.cuda.stream(s), cuda.external_stream(s.cuda_stream, s.device.index):
-                items = [(torch.as_tensor(a).cuda(), cfg) for a, cfg in work[t]]  # uploaded on this lane's stream
-                start.wait(WAIT)
-                got[t] = [encode_ints_many(items) for _ in range(5)]
-        except BaseException as e:  # noqa: BLE001 - reported below with the thread's number
-            errors.append((t, e))
+    def task(t: int, start):
+        items = [(torch.as_tensor(a).cuda(), cfg) for a, cfg in work[t]]  # uploaded on this lane's stream
+        start()
+        got[t] = [encode_ints_many(items) for _ in range(5)]
 
-    threads = [threading.Thread(target=lane, args=(t,)) for t in range(THREADS)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(WAIT)
-    assert not errors, errors
+    _on_lanes(task)
     with parity() as p:
         for t in range(THREADS):
             for r, out in enumerate(got[t]):
@@ -124,26 +136,14 @@ def test_codec_in_several_threads_writes_the_bytes_of_one(cp, model_weights):
                 (("mbt2018-mean", 4.0, None), ("balle2016", 2.5, None), ("mbt2018-mean", 6.0, 2))]
     want = {(i, k): codec.compress(img, **s) for i, img in enumerate(images) for k, s in enumerate(settings)}
     jobs = sorted(want)
-    got, errors = {}, []
-    start = threading.Barrier(THREADS)
+    got = {}
 
-    def lane(t: int):
-        try:
-            s = torch.cuda.Stream()
-            with torch.cuda.stream(s), cuda.external_stream(s.cuda_stream, s.device.index):
-                start.wait(WAIT)
-                for i, k in jobs[t::THREADS]:
-                    got[i, k] = codec.compress(images[i], **settings[k])
-                s.synchronize()
-        except BaseException as e:  # noqa: BLE001
-            errors.append((t, e))
+    def task(t: int, start):
+        start()
+        for i, k in jobs[t::THREADS]:
+            got[i, k] = codec.compress(images[i], **settings[k])
 
-    threads = [threading.Thread(target=lane, args=(t,)) for t in range(THREADS)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(WAIT)
-    assert not errors, errors
+    _on_lanes(task)
     with parity() as p:
         for key in jobs:
             p.same_bytes(f"image {key[0]} setting {settings[key[1]]}", got[key], want[key])

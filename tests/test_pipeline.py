@@ -324,6 +324,4 @@ def test_tiled_images_through_several_lanes_match_the_codec(model_weights, tmp_p
         summary = compress_folder(src, dst, CompressConfig(device="cpu", streams=lanes, loader="cpu", tile=64))
         assert summary.count("done") == len(images), summary.to_dict()
         for name, img in images.items():
-            buf = (dst / f"{name}.vsz").read_bytes()
-            assert buf == codec.compress(img, tile=64)
-            assert container.unpack(buf)  # a whole file
+            assert (dst / f"{name}.vsz").read_bytes() == codec.compress(img, tile=64)

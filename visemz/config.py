@@ -20,10 +20,10 @@ class Defaults:
     #: frame serially, so its time grows with the frame: on an H100, 16 KiB frames made a Kodak
     #: image's compress 2.2x faster than 64 KiB ones for 0.7% more bytes (scripts/profile_codec.py).
     entropy_chunk: int = 1 << 14  # VISEMZ_ENTROPY_CHUNK
-    #: 1: on a GPU, the entropy stage puts the zstd/ANS chunks of every ints stream of a frame or more of a
+    #: 1: on a GPU, the entropy stage puts the zstd chunks of every ints stream of a frame or more of a
     #: call, and of the calls other threads (pipeline lanes) make meanwhile, into one nvCOMP launch on a
-    #: stream of its own (``encoders/grouping.py``); 0: one launch per ints stream on the caller's stream.
-    #: The bytes are the same either way.
+    #: stream of its own (``encoders/grouping.py``; ANS streams are always launched alone); 0: one
+    #: launch per ints stream on the caller's stream.  The zstd bytes are the same either way.
     entropy_batch: int = 1  # VISEMZ_ENTROPY_BATCH
     #: zstd level on the CPU (nvCOMP's GPU zstd has no level).
     zstd_level: int = 3  # VISEMZ_ZSTD_LEVEL

@@ -9,7 +9,7 @@ once, alone: a single caller pays no waiting.  Requests that arrive while a batc
 the next batch takes every one queued by then, so batches grow with the load (one request per
 pipeline lane in flight) and no request waits for more than the batch before it.
 
-The GPU entropy stage uses it to put the zstd/ANS chunks of every image in flight into one nvCOMP
+The GPU entropy stage uses it to put the zstd chunks of every image in flight into one nvCOMP
 launch (``gpu.compress_many``), on the worker's own CUDA stream, so that it overlaps the callers'
 other work (the rANS coder, the next image's network).  An exception of ``run`` is raised in every
 caller of its batch.
