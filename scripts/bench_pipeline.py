@@ -116,14 +116,6 @@ class Folder:
     files: int
 
 
-def _link_or_copy(a: Path, b: Path) -> None:
-    b.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(a, b)
-    except OSError:  # another file system, or links to files we do not own are refused
-        shutil.copyfile(a, b)
-
-
 def build_folder(data: Path, work: Path, repeat_to: int, with_npy: bool) -> Folder:
     originals = files.discover(data, files.IMAGE_EXTENSIONS)
     if not originals:
@@ -134,23 +126,10 @@ def build_folder(data: Path, work: Path, repeat_to: int, with_npy: bool) -> Fold
     shutil.rmtree(src, ignore_errors=True)
     for r in range(copies):
         for p, rel in zip(originals, rels):
-            _link_or_copy(p if r == 0 else src / "rep000" / rel, src / f"rep{r:03d}" / rel)
+            evalkit.link_or_copy(p if r == 0 else src / "rep000" / rel, src / f"rep{r:03d}" / rel)
     images = [(rel, loaders.load(src / "rep000" / rel).pixels) for rel in rels]
-    npy = converted_folder(images, work / "npy", copies, ".npy", np.save) if with_npy else None
+    npy = evalkit.converted_folder(images, work / "npy", copies, ".npy", np.save) if with_npy else None
     return Folder(src / "rep000", src, npy, images, copies * len(originals))
-
-
-def converted_folder(images: list, root: Path, copies: int, ext: str, save) -> Path:
-    """The distinct images written once each by ``save(path, pixels)`` (as ``rel + ext``), then
-    linked ``copies`` times: the same folder in another file format."""
-    shutil.rmtree(root, ignore_errors=True)
-    for rel, img in images:
-        (root / "rep000" / rel).parent.mkdir(parents=True, exist_ok=True)
-        save(root / "rep000" / (rel + ext), img)
-    for r in range(1, copies):
-        for rel, _ in images:
-            _link_or_copy(root / "rep000" / (rel + ext), root / f"rep{r:03d}" / (rel + ext))
-    return root
 
 
 def save_jpeg(path: Path, img: np.ndarray) -> None:
@@ -400,7 +379,7 @@ def loader_rows(args, folder: Folder, out: Path, cfg, n: int, report: dict) -> N
         ratios["dali_over_cpu_loader"] = round(d["images_per_s"] / c["images_per_s"], 3)
         # the formats DALI decodes on the GPU: the same folder as JPEG files
         copies = folder.files // len(folder.images)
-        jpg = converted_folder(folder.images, folder.src.parent / "jpg", copies, ".jpg", save_jpeg)
+        jpg = evalkit.converted_folder(folder.images, folder.src.parent / "jpg", copies, ".jpg", save_jpeg)
         d, _ = compress_row(f"jpeg dali {n} streams", jpg, jpg / "rep000", out, cfg(n, "dali"), args.repeat)
         c, _ = compress_row(f"jpeg cpu {n} streams", jpg, jpg / "rep000", out, cfg(n, "cpu"), args.repeat)
         runs += [d, c]

@@ -22,6 +22,17 @@ one tile's window: ``decompress_parts_mib``, printed with the part that dominate
 
     python scripts/bench_tiles.py --seams --kodak ../shared/data/eval/kodak --seam-tile 256 --out seams.json
 
+- the folder pipeline (``compress_folder``, configured as ``visemz compress`` configures it): for each
+  of ``--pipeline-sizes``, ``--pipeline-images`` mosaics written as uint16 TIFF files into a scratch folder
+  (``--work``, kept; else a temporary one, removed), compressed with 1 lane and with each of ``--lanes``
+  (warm-up run with its peak GPU memory, then the median of ``--repeats``), in Mpx/s and images/s with the
+  bytes and bpp; the same for the Kodak images (gray uint16 TIFF, linked as often as it takes to reach the
+  largest size's pixel count) through the same pipeline and lanes; each lane count over one lane (do lanes
+  overlap tiles?) and the mosaics' per-pixel rate over Kodak's (at least 0.9?); ``--pipeline`` runs this
+  part alone:
+
+    python scripts/bench_tiles.py --pipeline --pipeline-images 8 --pipeline-sizes 8192 --lanes 4 --out pipe.json
+
 visemz against JPEG 2000 and JPEG XL on chunks of such a mosaic, through Zarr: scripts/bench_zarr.py.
 
 Prints the device and writes everything as JSON to ``--out`` (atomically).  Data never ships with the repo.
@@ -31,23 +42,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
 import statistics
+import tempfile
 from pathlib import Path
 
 import numpy as np
+import tifffile
 import torch
 from scipy.interpolate import PchipInterpolator
 
 import visemz
-from evalkit import Device, gray16, mib, mosaic, sources
+from evalkit import Device, converted_folder, gray16, mib, mosaic, sources
 from visemz import container, measure
 from visemz.codec import exact_math
 from visemz.config import DEFAULTS
 from visemz.errors import LimitExceededError
+from visemz.io import files
 from visemz.io.loaders import load_image
 from visemz.io.writers import write_atomic
 from visemz.evaluation.bjontegaard import BDError, bd_psnr, bd_rate
 from visemz.models import architectures
+from visemz.pipeline.jobs import CompressConfig, compress_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "eval"
@@ -172,6 +189,112 @@ def bench_region(dev: Device, buf: bytes, size: int, args) -> dict:
     return row
 
 
+# ------------------------------------------------------------------ large images through the folder pipeline
+def pipeline_folders(images: list[np.ndarray], kodak: list[np.ndarray], args, work: Path) -> tuple[dict, Path]:
+    """The pipeline part's source folders under ``work``: for each size, ``--pipeline-images`` uint16 mosaics
+    as TIFF files (mosaic k from the sources rotated by k, so neighbouring files differ), and the Kodak images
+    (gray uint16 TIFF) linked as many times as it takes to reach the largest size's total pixel count."""
+    folders = {}
+    for size in args.pipeline_sizes:
+        folder = work / f"mosaics-{size}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for k in range(args.pipeline_images):  # one at a time: K large mosaics need not fit in memory together
+            turn = k % len(images)
+            tifffile.imwrite(folder / f"mosaic{k}.tif", mosaic(images[turn:] + images[:turn], size))
+        folders[size] = folder
+    target = args.pipeline_images * max(args.pipeline_sizes) ** 2
+    copies = math.ceil(target / sum(img.size for img in kodak))
+    named = [(f"kodak{i:02d}", img) for i, img in enumerate(kodak)]
+    return folders, converted_folder(named, work / "kodak", copies, ".tif", tifffile.imwrite)
+
+
+def pipeline_run(dev: Device, src: Path, dst: Path, lanes: int, args) -> dict:
+    """The folder ``src`` compressed into ``dst`` by ``compress_folder`` with ``lanes`` lanes, as the CLI
+    configures it: a warm-up run (the lanes' first use; its peak GPU memory is the row's), then the median of
+    ``--repeats`` synchronised runs, each into an emptied ``dst``; the last run's files stay in ``dst``."""
+    cfg = CompressConfig(model=args.model, quality=args.quality, device=dev.name, streams=lanes, resume=False,
+                         tile=args.tile)
+    clear = lambda: shutil.rmtree(dst, ignore_errors=True)  # noqa: E731
+    run = lambda: _all_done(compress_folder(src, dst, cfg))  # noqa: E731
+    clear()
+    _, memory = dev.memory(run)
+    seconds, summary = measure.median_seconds(run, args.repeats, sync=dev.sync, reset=clear)
+    s = summary.to_dict()
+    return {"lanes": lanes, "images": s["done"], "pixels": sum(r.pixels for r in summary.results),
+            "seconds": round(seconds, 4), "mpx_s": round(sum(r.pixels for r in summary.results) / 1e6 / seconds, 2),
+            "images_per_s": round(s["done"] / seconds, 3), "bytes": s["bytes_out"], "bpp": s["bpp"],
+            "loaders": s["loaders"], "compress_peak_mib": memory and memory["allocated_peak"], "memory_mib": memory}
+
+
+def _all_done(summary):
+    """A run whose every item was compressed; a failed item makes the figures meaningless: raise."""
+    if summary.failed:
+        raise RuntimeError(f"the folder pipeline failed items: {summary.to_dict()['errors'][:3]}")
+    return summary
+
+
+def decoded_check(dev: Device, src: Path, dst: Path) -> dict:
+    """The first output of ``dst`` decoded against its source: shape, dtype and PSNR (untimed)."""
+    out = sorted(dst.rglob("*" + files.SUFFIX))[0]
+    source = tifffile.imread(src / out.relative_to(dst).as_posix()[: -len(files.SUFFIX)])
+    img = visemz.decompress(out.read_bytes(), device=dev.name)
+    return {"file": out.relative_to(dst).as_posix(), "shape": list(img.shape), "dtype": str(img.dtype),
+            "matches_source_shape": img.shape == source.shape and img.dtype == source.dtype,
+            "psnr": round(measure.psnr(source, img), 3)}
+
+
+def bench_pipeline(dev: Device, images: list[np.ndarray], kodak: list[np.ndarray], args, part: dict, save) -> None:
+    """Large tiled images through the folder pipeline's lanes (1 lane and each of ``--lanes``) against
+    Kodak-size images (one tile each) through the same pipeline and lanes, per pixel.  Fills ``part`` and
+    calls ``save()`` after each folder.  Scratch files go under ``--work`` (kept) or a temporary folder."""
+    lanes = sorted({1, *args.lanes})
+    temp = args.work is None
+    work = Path(tempfile.mkdtemp(prefix="bench_tiles_pipeline_")) if temp else args.work / "pipeline"
+    try:
+        folders, kodak_src = pipeline_folders(images, kodak, args, work)
+        part.update({"lanes": lanes, "images": args.pipeline_images, "sizes": [], "work": None if temp else str(work)})
+        runs = [pipeline_run(dev, kodak_src, work / "out" / f"kodak-{n}", n, args) for n in lanes]
+        part["kodak"] = {"distinct": len(kodak), "runs": runs, **_lane_ratios(runs),
+                         "decoded": decoded_check(dev, kodak_src, work / "out" / f"kodak-{lanes[-1]}")}
+        print(json.dumps({"pipeline_kodak": part["kodak"]}), flush=True)
+        save()
+        for size, folder in folders.items():
+            runs = [pipeline_run(dev, folder, work / "out" / f"{size}-{n}", n, args) for n in lanes]
+            first = work / "out" / f"{size}-1" / ("mosaic0.tif" + files.SUFFIX)
+            row = {"size": size, "grid": container.unpack(first.read_bytes()).meta["tiles"]["grid"], "runs": runs,
+                   **_lane_ratios(runs), "decoded": decoded_check(dev, folder, work / "out" / f"{size}-{lanes[-1]}")}
+            over = {str(a["lanes"]): round(_rate(a) / _rate(b), 3) for a, b in zip(runs, part["kodak"]["runs"])}
+            row["over_kodak_per_pixel"] = over
+            row["at_least_0_9_of_kodak"] = {n: r >= 0.9 for n, r in over.items()}
+            part["sizes"].append(row)
+            print(json.dumps({"pipeline": row}), flush=True)
+            print(f"  {size}x{size} x {args.pipeline_images}: " + ", ".join(
+                f"{r['lanes']} lane(s) {r['mpx_s']} Mpx/s ({over[str(r['lanes'])]:.0%} of Kodak's)" for r in runs)
+                + f"; lanes over one lane {row['lanes_over_one_lane']}", flush=True)
+            save()
+    finally:
+        if temp:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _lane_ratios(runs: list[dict]) -> dict:
+    """Each lane count's throughput over one lane's, and whether the lanes overlap: the best of them more
+    than 5% (beyond run-to-run spread) faster than one lane.  On a GPU also each lane count's peak memory
+    above what was held before (the weights) over one lane's: near N when N lanes hold their tiles at once."""
+    ratios = {str(r["lanes"]): round(_rate(r) / _rate(runs[0]), 3) for r in runs[1:]}
+    out = {"lanes_over_one_lane": ratios, "lanes_overlap": bool(ratios) and max(ratios.values()) > 1.05}
+    if runs[0]["memory_mib"] is not None:
+        working = [r["memory_mib"]["allocated_peak"] - r["memory_mib"]["before"] for r in runs]
+        out["working_memory_over_one_lane"] = {str(r["lanes"]): round(w / working[0], 2) for r, w in zip(runs[1:], working[1:])}
+    return out
+
+
+def _rate(run: dict) -> float:
+    """Pixels per second of a pipeline run, unrounded."""
+    return run["pixels"] / run["seconds"]
+
+
 def bench_seams(dev: Device, kodak: list[np.ndarray], args) -> dict:
     """Tiled (``--seam-tile``) against untiled (one tile) files of the Kodak images at each quality: PSNR
     and bpp at the same quality, and PSNR at equal bpp (the untiled curve of the image, PCHIP in log bpp
@@ -264,16 +387,30 @@ def main(argv=None) -> None:
     ap.add_argument("--seam-tile", type=int, default=256)
     ap.add_argument("--qualities", type=float, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
     # "codecs" named a part now in scripts/bench_zarr.py: still accepted, so recorded commands run as they were
-    ap.add_argument("--skip", nargs="*", default=[], choices=["untiled", "kodak", "region", "seams", "codecs"])
+    ap.add_argument("--pipeline-sizes", type=int, nargs="+", default=[8192], help="mosaic sizes of the pipeline part")
+    ap.add_argument("--pipeline-images", type=int, default=8, help="mosaics per size in the pipeline part's folder")
+    ap.add_argument("--lanes", type=int, nargs="+", default=[4], help="lane counts the pipeline part compares with 1")
+    ap.add_argument("--work", type=Path, default=None, help="the pipeline part's scratch folder (kept; default: "
+                                                            "a temporary one, removed)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["untiled", "kodak", "region", "seams", "pipeline", "codecs"])
     ap.add_argument("--seams", action="store_true", help="only the seams part (tiles of --seam-tile on the Kodak images)")
+    ap.add_argument("--pipeline", action="store_true", help="only the pipeline part (mosaics and Kodak through the lanes)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if args.seams and args.pipeline:
+        ap.error("--seams and --pipeline each run one part alone: give one of them")
+    if args.pipeline_images < 1 or min(args.lanes) < 1 or min(args.pipeline_sizes) < 1:
+        ap.error("--pipeline-images, --lanes and --pipeline-sizes must be positive")
     if args.seams:
-        args.sizes, args.skip = [], ["untiled", "kodak", "region"]
+        args.sizes, args.skip = [], ["untiled", "kodak", "region", "pipeline"]
+    if args.pipeline:
+        args.sizes, args.skip = [], ["untiled", "kodak", "region", "seams"]
     dev = Device(args.device)
     print(f"device: {dev.describe()} ({args.device}); tile {args.tile}, tile batch {DEFAULTS.tile_batch}", flush=True)
-    images = sources(args.data) if args.sizes else []
+    images = sources(args.data) if args.sizes or "pipeline" not in args.skip else []
     kodak = [gray16(load_image(p)) for p in sorted(args.kodak.glob("*.png"))[: args.kodak_images]]
+    if args.pipeline and not kodak:
+        raise SystemExit(f"no PNG images under --kodak {args.kodak}: the pipeline part compares with them")
     report = {"device": dev.describe(), "torch": torch.__version__, "tile": args.tile, "tile_batch": DEFAULTS.tile_batch,
               "model": args.model, "quality": args.quality, "data": str(args.data), "sizes": []}
     def save() -> None:  # after every part: a run cut off by the end of a GPU job keeps what it measured
@@ -305,6 +442,9 @@ def main(argv=None) -> None:
     if "seams" not in args.skip and kodak:
         report["seams"] = bench_seams(dev, kodak, args)
         save()
+    if "pipeline" not in args.skip and kodak:
+        report["pipeline"] = {}
+        bench_pipeline(dev, images, kodak, args, report["pipeline"], save)
     save()
     print(f"wrote {args.out}")
 

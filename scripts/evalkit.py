@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import shutil
 import sys
 from pathlib import Path
 
@@ -86,6 +88,29 @@ def mosaic(images: list[np.ndarray], size: int) -> np.ndarray:
             x, row_h, k = x + w, max(row_h, h), k + 1
         y += row_h
     return out
+
+
+# ------------------------------------------------------------------------- benchmark folders
+def link_or_copy(a: Path, b: Path) -> None:
+    """``b`` as a hard link to ``a`` (its folder made), else a copy."""
+    b.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(a, b)
+    except OSError:  # another file system, or links to files we do not own are refused
+        shutil.copyfile(a, b)
+
+
+def converted_folder(images: list, root: Path, copies: int, ext: str, save) -> Path:
+    """The distinct images (``(rel, pixels)`` pairs) written once each by ``save(path, pixels)`` (as
+    ``root/rep000/rel + ext``), then linked into ``rep001``.. up to ``copies`` folders in all."""
+    shutil.rmtree(root, ignore_errors=True)
+    for rel, img in images:
+        (root / "rep000" / rel).parent.mkdir(parents=True, exist_ok=True)
+        save(root / "rep000" / (rel + ext), img)
+    for r in range(1, copies):
+        for rel, _ in images:
+            link_or_copy(root / "rep000" / (rel + ext), root / f"rep{r:03d}" / (rel + ext))
+    return root
 
 
 # ---------------------------------------------------------------------------------- the device

@@ -1,4 +1,4 @@
-"""scripts/bench_tiles.py: the seams part's figures (PSNR at equal bpp) and a tiny --seams run on the CPU."""
+"""scripts/bench_tiles.py: the seams part's figures (PSNR at equal bpp), tiny --seams and --pipeline runs on the CPU."""
 
 import json
 import sys
@@ -8,6 +8,8 @@ import cv2
 import numpy as np
 import pytest
 from skimage import data
+
+import visemz
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_tiles  # noqa: E402
@@ -39,3 +41,38 @@ def test_seams_mode_runs_only_the_seams(tmp_path, model_weights):
     for r in seams["rows"]:
         assert r["bpp_tiled"] > 0 and r["psnr_tiled"] > 20 and abs(r["psnr_tiled_minus_untiled_db"]) < 1
     assert isinstance(seams["within_0_05_db"], bool) and "bd_psnr_db" in seams
+
+
+def test_pipeline_mode_runs_tiled_mosaics_and_kodak_through_the_lanes(tmp_path, model_weights):
+    sources, kodak = tmp_path / "xray", tmp_path / "kodak"
+    sources.mkdir()
+    kodak.mkdir()
+    cv2.imwrite(str(sources / "a.png"), data.camera()[:100, :120])
+    cv2.imwrite(str(sources / "b.png"), data.moon()[:90, :80])
+    cv2.imwrite(str(kodak / "k.png"), np.ascontiguousarray(data.astronaut()[:64, :96, ::-1]))
+    out, work = tmp_path / "pipe.json", tmp_path / "work"
+    bench_tiles.main(["--pipeline", "--device", "cpu", "--data", str(sources), "--kodak", str(kodak), "--tile", "64",
+                      "--pipeline-sizes", "128", "--pipeline-images", "2", "--lanes", "2", "--repeats", "1",
+                      "--work", str(work), "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["sizes"] == [] and not {"untiled", "kodak", "region", "seams"} & set(report)
+    part = report["pipeline"]
+    assert (part["lanes"], part["images"], part["work"]) == ([1, 2], 2, str(work / "pipeline"))
+    # Kodak repeated to at least the mosaics' pixels: 2 x 128 x 128 over 64 x 96 a file, 6 files
+    for rows, files, pixels in ((part["kodak"]["runs"], 6, 6 * 64 * 96), (part["sizes"][0]["runs"], 2, 2 * 128 * 128)):
+        assert [r["lanes"] for r in rows] == [1, 2]
+        for r in rows:
+            assert (r["images"], r["pixels"], r["loaders"]) == (files, pixels, {"cpu": files})
+            assert r["seconds"] > 0 and r["bytes"] > 0 and r["bpp"] > 0 and r["memory_mib"] is None
+        assert rows[0]["bytes"] == rows[1]["bytes"]  # the lanes write the same files
+    size = part["sizes"][0]
+    assert (size["size"], size["grid"]) == (128, [2, 2])
+    assert set(size["lanes_over_one_lane"]) == {"2"} and isinstance(size["lanes_overlap"], bool)
+    assert set(size["over_kodak_per_pixel"]) == set(size["at_least_0_9_of_kodak"]) == {"1", "2"}
+    assert size["decoded"]["matches_source_shape"] and size["decoded"]["psnr"] > 20
+    # the last timed run's files stay under --work: every one decodes to its source's shape
+    outputs = sorted((work / "pipeline" / "out").rglob("*.vsz"))
+    assert len(outputs) == 2 * (6 + 2)
+    for f in outputs:
+        img = visemz.decompress(f.read_bytes(), device="cpu")
+        assert img.dtype == np.uint16 and img.shape == ((128, 128) if f.name.startswith("mosaic") else (64, 96))
