@@ -215,14 +215,14 @@ def pipeline_run(dev: Device, src: Path, dst: Path, lanes: int, args) -> dict:
     ``--repeats`` synchronised runs, each into an emptied ``dst``; the last run's files stay in ``dst``."""
     cfg = CompressConfig(model=args.model, quality=args.quality, device=dev.name, streams=lanes, resume=False,
                          tile=args.tile)
-    clear = lambda: shutil.rmtree(dst, ignore_errors=True)  # noqa: E731
-    run = lambda: _all_done(compress_folder(src, dst, cfg))  # noqa: E731
+    clear = lambda: shutil.rmtree(dst, ignore_errors=True)
+    run = lambda: _all_done(compress_folder(src, dst, cfg))
     clear()
     _, memory = dev.memory(run)
     seconds, summary = measure.median_seconds(run, args.repeats, sync=dev.sync, reset=clear)
-    s = summary.to_dict()
-    return {"lanes": lanes, "images": s["done"], "pixels": sum(r.pixels for r in summary.results),
-            "seconds": round(seconds, 4), "mpx_s": round(sum(r.pixels for r in summary.results) / 1e6 / seconds, 2),
+    s, pixels = summary.to_dict(), sum(r.pixels for r in summary.results)
+    return {"lanes": lanes, "images": s["done"], "pixels": pixels, "seconds": round(seconds, 4),
+            "mpx_s": round(pixels / 1e6 / seconds, 2),
             "images_per_s": round(s["done"] / seconds, 3), "bytes": s["bytes_out"], "bpp": s["bpp"],
             "loaders": s["loaders"], "compress_peak_mib": memory and memory["allocated_peak"], "memory_mib": memory}
 
