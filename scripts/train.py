@@ -10,8 +10,12 @@ train2/gray16 (16-bit, stretched by their own range as the codec does) and the l
 every RGB photo.  Gray crops are drawn by group (--gray-mix): X-rays and the other scientific
 images (EM, fluorescence, astronomy) get fixed shares so that the photos' luminance, most of
 the pixels, does not drown them out; ``MODEL@area`` trains a model that draws every image by
-its area instead (the ablation that measures what the mix does).  Images smaller than the
-patch are mirror-padded.  Nothing under eval/ is read.
+its area instead (the ablation that measures what the mix does).  --upscale GROUP=F enlarges
+a group's images F times (bicubic) at load: the training X-rays were downscaled (2x, or cut
+from downscaled JPEGs) while detectors write them at native resolution, where a pixel holds
+less detail; an enlarged image larger than the largest other one is cut into pieces of at
+most that size (the packed tensor does not grow).  Images smaller than the patch are
+mirror-padded.  Nothing under eval/ is read.
 
 Every sample of a batch gets its own quality, stratified over [1, 8]: its gains scale its
 latent and its lambda (CompressAI's ladder, interpolated) weighs its distortion.  Loss: the
@@ -118,6 +122,48 @@ def parse_mix(text: str) -> dict[str, float]:
     if not mix or any(v < 0 for v in mix.values()) or sum(mix.values()) <= 0:
         raise SystemExit(f"--gray-mix {text!r}: expected GROUP=SHARE,... with shares >= 0")
     return mix
+
+
+def parse_upscale(text: str) -> dict[str, float]:
+    """'xray=2' -> {'xray': 2.0}; '' -> {} (no group enlarged)."""
+    factors = {}
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        name, _, factor = part.partition("=")
+        try:
+            factors[name.strip()] = float(factor)
+        except ValueError:
+            raise SystemExit(f"--upscale {text!r}: expected GROUP=FACTOR,...") from None
+    if any(not (1.0 <= f <= 8.0) for f in factors.values()):
+        raise SystemExit(f"--upscale {text!r}: factors must lie in [1, 8]")
+    return factors
+
+
+def _pieces(pixels: np.ndarray, max_h: int, max_w: int) -> list[np.ndarray]:
+    """An image cut into an even grid of pieces no larger than max_h x max_w."""
+    _, h, w = pixels.shape
+    rows, cols = -(-h // max_h), -(-w // max_w)
+    ys, xs = np.linspace(0, h, rows + 1).astype(int), np.linspace(0, w, cols + 1).astype(int)
+    return [pixels[:, ys[i]:ys[i + 1], xs[j]:xs[j + 1]] for i in range(rows) for j in range(cols)]
+
+
+def upscale_groups(images: list[Image], factors: dict[str, float]) -> list[Image]:
+    """Each image of a group in ``factors`` enlarged by its factor (bicubic, clipped to uint16),
+    cut into pieces no larger than the largest image of the other groups."""
+    if not factors:
+        return images
+    others = [im.pixels.shape[1:] for im in images if im.group not in factors] or [(1024, 1024)]
+    max_h, max_w = max(s[0] for s in others), max(s[1] for s in others)
+    out = []
+    for im in images:
+        f = factors.get(im.group)
+        if f is None or f == 1.0:
+            out.append(im)
+            continue
+        c, h, w = im.pixels.shape
+        big = cv2.resize(im.pixels.transpose(1, 2, 0), (round(w * f), round(h * f)), interpolation=cv2.INTER_CUBIC)
+        big = big.reshape(big.shape[0], big.shape[1], c).transpose(2, 0, 1)  # cv2 drops a channel axis of 1
+        out += [Image(np.ascontiguousarray(p), im.group) for p in _pieces(big, max_h, max_w)]
+    return out
 
 
 def draw_weights(images: list[Image], mix: dict[str, float] | None) -> np.ndarray:
@@ -421,6 +467,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="fraction of --time-limit at the end over which the LR falls to x0.05 (last session only)")
     ap.add_argument("--checkpoint-every", type=float, default=180.0, help="seconds between checkpoints")
     ap.add_argument("--gray-mix", default=DEFAULT_GRAY_MIX, help="shares of the gray groups (xray, science, photo)")
+    ap.add_argument("--upscale", default="", help="enlarge a group's images at load, e.g. xray=2 (see above)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--patch", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-4)
@@ -450,7 +497,7 @@ def build_samplers(names: list[str], args, device) -> dict[tuple[str, str], Crop
         if key in samplers:
             continue
         if spec.variant not in images:
-            images[spec.variant] = load_images(args.data, spec.variant)
+            images[spec.variant] = upscale_groups(load_images(args.data, spec.variant), parse_upscale(args.upscale))
         imgs = images[spec.variant]
         mix = None if (spec.variant == "rgb" or mix_name == "area") else parse_mix(args.gray_mix)
         samplers[key] = CropSampler(imgs, draw_weights(imgs, mix), args.patch, device)

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from compressai.entropy_models import EntropyBottleneck
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -134,3 +135,25 @@ def test_one_cpu_training_step_resumes_with_adam(tmp_path):
     v = train.Trainer("mbt2018-mean-gray", sampler, 1, "cpu", 1e-4, amp=False)
     v.load(compact)  # fp16 parameters: close, and Adam starts afresh
     assert v.step == 1 and v.warm_from == 1
+
+
+def test_upscale_enlarges_only_its_group_and_cuts_pieces_that_fit():
+    rng = np.random.default_rng(3)
+    photo = _image(rng.integers(0, 256, (1, 20, 24), dtype=np.uint8))
+    xray = _image(rng.integers(0, 256, (1, 15, 18), dtype=np.uint8), "xray")
+    out = train.upscale_groups([photo, xray], train.parse_upscale("xray=2"))
+    assert out[0] is photo
+    pieces = out[1:]
+    assert all(p.group == "xray" and p.pixels.shape[1] <= 20 and p.pixels.shape[2] <= 24 for p in pieces)
+    assert len(pieces) == 4  # 30 x 36 cut into a 2 x 2 grid
+    whole = cv2.resize(xray.pixels[0], (36, 30), interpolation=cv2.INTER_CUBIC)
+    top = np.concatenate([pieces[0].pixels[0], pieces[1].pixels[0]], axis=1)
+    bottom = np.concatenate([pieces[2].pixels[0], pieces[3].pixels[0]], axis=1)
+    assert np.array_equal(np.concatenate([top, bottom], axis=0), whole)
+    assert train.upscale_groups([photo, xray], train.parse_upscale("")) == [photo, xray]
+
+
+@pytest.mark.parametrize("text", ["xray=0.5", "xray=abc", "xray=9"])
+def test_upscale_rejects_bad_factors(text):
+    with pytest.raises(SystemExit, match="--upscale"):
+        train.parse_upscale(text)
