@@ -54,6 +54,8 @@ class GainUnits(torch.nn.Module):
         them per image analysed, 4 per image decoded).  The cached tensors are read-only for the
         callers (every use is out of place)."""
         device = _indexed(torch.device(device))
+        if self.log_gain.is_inference() or self.log_inv_gain.is_inference():
+            return self._compute_at(quality, dtype, device)  # no version counter to tell a change: not cached
         key = (float(quality), dtype, device, _state(self.log_gain), _state(self.log_inv_gain))
         hit = self._at_cache.get(key)
         if hit is None:
