@@ -7,7 +7,10 @@ by device synchronisation), and the images/s of the same compress run in 1, 2, 4
 once, each thread with its own CUDA stream (as the folder pipeline's lanes), which tells whether
 the per-image path is bound by the GPU or by the host, with how many ints-stream calls shared each
 nvCOMP launch meanwhile (the grouped entropy stage; ``VISEMZ_ENTROPY_BATCH=0`` gives the
-one-launch-per-stream path to compare with).  Writes under --out: cProfile listings
+one-launch-per-stream path to compare with), and on a GPU the CUDA API calls per compress and per
+decompress that cost the host (stream synchronisations, which stall it until the GPU catches up,
+memory copies and kernel launches, every thread's: the entropy worker's too), counted by
+torch.profiler, with the copies by kind (pageable or pinned host memory).  Writes under --out: cProfile listings
 of compress and decompress (by cumulative and by own time) and a torch.profiler table of CPU
 and CUDA time per operator and kernel, with a Chrome trace (gzip) for a closer look.
 """
@@ -15,6 +18,7 @@ and CUDA time per operator and kernel, with a Chrome trace (gzip) for a closer l
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import cProfile
 import contextlib
 import gzip
@@ -90,6 +94,28 @@ def _launches() -> tuple[int, int]:
     return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
+# CUDA API calls (runtime and driver, as torch.profiler names them) and GPU copies worth counting per call:
+# host waits, copies (their API calls, and the copies themselves by host memory kind), launches, events
+COUNTED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize",
+           "cuEventSynchronize", "cuCtxSynchronize", "cudaMemcpy", "cuMemcpy", "Memcpy ", "cudaMemset", "Memset ",
+           "cudaLaunchKernel", "cuLaunchKernel", "cudaStreamWaitEvent", "cudaEventRecord", "cudaHostAlloc",
+           "cudaMallocHost", "cudaFreeHost", "cudaMalloc", "cudaFree")
+
+
+def cuda_calls(fn, device: str, reps: int) -> dict[str, float]:
+    """Per call of ``fn``: how many of each CUDA API call (and GPU copy) in ``COUNTED`` it made, from a
+    torch.profiler run of ``reps`` calls (the one synchronisation that closes the run is not counted)."""
+    if device != "cuda":
+        return {}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    counts = Counter({e.key: e.count for e in prof.key_averages() if e.key.startswith(COUNTED)})
+    counts["cudaDeviceSynchronize"] -= 1
+    return {k: round(v / reps, 2) for k, v in sorted(counts.items()) if v > 0}
+
+
 def cprofile(fn, reps: int, out: Path) -> str:
     prof = cProfile.Profile()
     prof.enable()
@@ -149,6 +175,8 @@ def main() -> None:
     rates = {n: threaded_rate(codec, image, kwargs, n, args.reps) for n in map(int, args.threads.split(","))}
     report["threaded_images_per_s"] = {n: r for n, (r, _) in rates.items()}
     report["calls_per_nvcomp_launch"] = {n: c for n, (_, c) in rates.items()}
+    report["cuda_calls_per_compress"] = cuda_calls(lambda: codec.compress(image, **kwargs), args.device, 10)
+    report["cuda_calls_per_decompress"] = cuda_calls(lambda: codec.decompress_tensor(buf), args.device, 10)
     print(json.dumps(report, indent=1), flush=True)
     write_atomic(args.out / "summary.json", (json.dumps(report, indent=1) + "\n").encode())
     if args.summary_only:

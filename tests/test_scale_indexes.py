@@ -128,3 +128,31 @@ def test_cupy_scales_give_the_numpy_indexes_and_list():
     back = decode_and_apply_scale_exceptions(sec, cp.asarray(other), TABLE)
     assert isinstance(back, cp.ndarray)
     np.testing.assert_array_equal(back.get(), idx)
+
+
+@pytest.mark.gpu
+def test_cupy_scales_are_refused_like_numpy_ones():
+    """On a GPU the finite check shares one host read with the count of listed positions: the errors, and
+    their order (the scales' before the table's and rel_tol's), stay those of the CPU."""
+    import cupy as cp
+
+    nan = cp.asarray(np.array([1.0, np.nan]))
+    with pytest.raises(InvalidArgumentError, match="float64"):
+        scale_indexes(cp.ones(3, cp.float32), TABLE)
+    with pytest.raises(InvalidArgumentError, match="NaN"):
+        scale_indexes(nan, TABLE)
+    with pytest.raises(InvalidArgumentError, match="NaN"):
+        scale_indexes(cp.asarray(np.array([np.inf, 1.0])), TABLE)
+    for bad_table, tol in ((TABLE[::-1], TOL), (TABLE, 0.1)):
+        with pytest.raises(InvalidArgumentError, match="NaN"):
+            scale_indexes(nan, bad_table, rel_tol=tol)
+    with pytest.raises(InvalidArgumentError, match="increasing"):
+        scale_indexes(cp.ones(3), TABLE[::-1])
+    with pytest.raises(InvalidArgumentError, match="rel_tol"):
+        scale_indexes(cp.ones(3), TABLE, rel_tol=0.1)
+    idx, amb = scale_indexes(cp.full(1000, 1.0), TABLE)  # nothing near a boundary: an empty int64 list
+    assert isinstance(amb, cp.ndarray) and amb.dtype == cp.int64 and amb.size == 0
+    assert encode_scale_exceptions(idx, amb) == b""
+    np.testing.assert_array_equal(idx.get(), scale_indexes(np.full(1000, 1.0), TABLE)[0])
+    empty_idx, empty_amb = scale_indexes(cp.zeros(0, cp.float64), TABLE)
+    assert empty_idx.size == 0 and empty_amb.size == 0

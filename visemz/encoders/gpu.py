@@ -263,11 +263,53 @@ def _encode_pieces(cp, kind: int, pieces: list) -> list:
     """Chunks (cupy uint8) -> their frames (cupy uint8), in one nvCOMP launch on the current stream."""
     if not pieces:
         return []
+    return _collect(cp, _launch_pieces(cp, kind, pieces))
+
+
+def _launch_pieces(cp, kind: int, pieces: list) -> list:
+    """Chunks (cupy uint8) -> nvCOMP's arrays of their frames, launched on the current stream, not waited for."""
     nv = _nvcomp()
     s = cp.cuda.get_current_stream().ptr
-    frames = _entropy_codec(kind).encode([nv.as_array(p, cuda_stream=s) for p in pieces])
+    return _entropy_codec(kind).encode([nv.as_array(p, cuda_stream=s) for p in pieces])
+
+
+def _collect(cp, frames: list) -> list:
+    """nvCOMP's frame arrays of a launch on the current stream -> cupy uint8 views, once the stream is done."""
     _wait(cp)
     return [cp.asarray(f).view(cp.uint8).reshape(-1) for f in frames]
+
+
+@functools.lru_cache(maxsize=256)
+def _side_stream(device_id: int, caller_ptr: int):
+    """A non-blocking stream beside a caller's stream (one per device and caller stream)."""
+    cp = cuda.require_cupy()
+    with cp.cuda.Device(device_id):
+        return cp.cuda.Stream(non_blocking=True)
+
+
+def _encode_alone(cp, kind: int, streams: list[list]) -> Callable[[], list[list[bytes]]]:
+    """Each of one or more streams' chunks in an nvCOMP launch of its own (its own length as the launch's largest chunk, so
+    its bytes are those of a launch on the caller's stream) -> a function giving each one's frames (host bytes).
+
+    The launches run on a side stream of the caller's, which first waits for the caller's work so far (the
+    block encoder), and the last one is not waited for here: the caller's stream goes on meanwhile (the
+    rANS coder of the latent sections), instead of waiting about a millisecond for nvCOMP's zstd of a few
+    kilobytes (a hyperprior's symbols).  Any earlier one is waited for and read before the next launch, as
+    on the caller's stream before (nvCOMP's codec holds scratch state between calls)."""
+    caller = cp.cuda.get_current_stream()
+    side = _side_stream(cp.cuda.Device().id, caller.ptr)
+    ready = cp.cuda.Event(block=False, disable_timing=True)
+    ready.record(caller)
+    side.wait_event(ready)
+    with side:
+        done = [_to_host(cp, _encode_pieces(cp, kind, p)) for p in streams[:-1]]
+        last = _launch_pieces(cp, kind, streams[-1]) if streams[-1] else []
+
+    def frames() -> list[list[bytes]]:
+        with side:
+            return done + [_to_host(cp, _collect(cp, last))]
+
+    return frames
 
 
 def _to_host(cp, frames: list) -> list[bytes]:
@@ -346,10 +388,10 @@ def compress_many(raws: list, kind: int, chunk: int) -> Callable[[], list[list[b
     largest chunk (a parameter of nvCOMP's batched API) equal to the frame size, as when its stream was
     launched alone: the bytes are those of one launch per stream.  A stream shorter than one frame
     (a hyperprior's few symbols, an exception list) had its own length as that parameter, so it is
-    launched alone, on the caller's stream, as ever (while the grouped launch runs); so is every ANS
-    stream (zstd only is grouped).  The caller keeps
-    ``raws`` until it has the frames.  ``VISEMZ_ENTROPY_BATCH=0``: every stream alone on the caller's
-    stream, done before this returns (the per-stream path)."""
+    launched alone (while the grouped launch runs), on a side stream of the caller's, the last such
+    launch under way when this returns (``_encode_alone``); so is every ANS stream (zstd only is
+    grouped).  The caller keeps ``raws`` until it has the frames.  ``VISEMZ_ENTROPY_BATCH=0``: every
+    stream alone, one launch each (the per-stream path)."""
     cp = cuda.require_cupy()
     pieces = [[raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)] for raw in raws]
     # Only zstd is grouped: nvCOMP's ANS frames were measured (H200, session 8) to differ from byte 24
@@ -363,9 +405,11 @@ def compress_many(raws: list, kind: int, chunk: int) -> Callable[[], list[list[b
         ready.record(stream)
         future = _group(cp.cuda.Device().id, kind, chunk).submit_async(
             _Chunks([p for i in grouped for p in pieces[i]], ready))
-    alone = {i: _to_host(cp, _encode_pieces(cp, kind, pieces[i])) for i in sorted(set(range(len(raws))) - set(grouped))}
+    alone_ids = sorted(set(range(len(raws))) - set(grouped))
+    alone_frames = _encode_alone(cp, kind, [pieces[i] for i in alone_ids]) if alone_ids else list
 
     def frames() -> list[list[bytes]]:
+        alone = dict(zip(alone_ids, alone_frames()))
         host, pos = (future.result() if future is not None else []), 0
         out = []
         for i, p in enumerate(pieces):

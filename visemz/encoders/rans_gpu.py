@@ -41,12 +41,15 @@ def kernel(name: str):
 
 @functools.lru_cache(maxsize=32)
 def _device_tables(tables: CdfTables, device_id: int) -> dict:
-    """The tables' integer arrays on one GPU (cached per tables object and device)."""
+    """The tables' integer arrays on one GPU (cached per tables object and device: copied once, not per image)."""
     cp = dev.require_cupy()
     with cp.cuda.Device(device_id):
-        return {name: cp.asarray(np.ascontiguousarray(a, np.int32)) for name, a in (
+        out = {name: cp.asarray(np.ascontiguousarray(a, np.int32)) for name, a in (
             ("cdf", tables.cdf), ("cdf_start", tables.cdf_start), ("offsets", tables.offsets),
             ("cost", tables.cost), ("lut", tables.lut.reshape(-1)))}
+        # cupy queues the copies on this thread's stream: done before another stream reads the cached arrays
+        cp.cuda.get_current_stream().synchronize()
+    return out
 
 
 def _tables(tables: CdfTables) -> dict:
@@ -123,7 +126,8 @@ def decode(buf, indexes, tables: CdfTables):
     n = idx.size
     if n > RL.MAX_SYMBOLS:
         raise InvalidArgumentError(f"{n} symbols exceed the conditional coder's limit of {RL.MAX_SYMBOLS}")
-    if n and bool(((idx < 0) | (idx >= tables.n_tables)).any()):
+    # as uint32 a negative index is >= 2**31, so one comparison checks both ends
+    if n and bool((idx.view(cp.uint32) >= tables.n_tables).any()):
         raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1}")
     parsed = RL.parse(buf, n, tables.fingerprint)
     out = cp.empty(n, cp.int32)
@@ -132,19 +136,21 @@ def decode(buf, indexes, tables: CdfTables):
     p = parsed.plan
     tb = _tables(tables)
     data = cp.asarray(np.frombuffer(parsed.buf, np.uint8))
+    spans = cp.asarray(np.concatenate([parsed.starts, parsed.sizes]))  # the groups' starts, then sizes: one copy
     entry = cp.empty(n, cp.int32)
-    err = cp.zeros(1, cp.uint32)
+    # [escape count, error bits]: the decoder's error word is the low half (little-endian) of the second
+    # u64, so that both come back in one host read
+    status = cp.zeros(2, cp.uint64)
+    count, err = status[0:1], status[1:2].view(cp.uint32)
     kernel("rans_decode")((p.groups,), (WARP,), (
-        data, cp.asarray(parsed.starts), cp.asarray(parsed.sizes), idx, np.int64(n), np.int32(p.lanes),
+        data, spans[: p.groups], spans[p.groups :], idx, np.int64(n), np.int32(p.lanes),
         np.int64(p.group_symbols), np.int32(p.steps), tb["cdf"], tb["cdf_start"], tb["lut"], entry, err))
     esc = cp.empty(n, cp.uint8)
-    count = cp.zeros(1, cp.uint64)
     kernel("rans_values")((_grid(n),), (THREADS,), (entry, idx, np.int64(n), tb["cdf_start"], tb["offsets"], out, esc,
                                                     count))
-    code = int(err.get()[0])
+    n_esc, code = (int(v) for v in status.get())
     if code:
         raise CorruptStreamError(f"conditional rANS stream is corrupt (GPU decoder error bits 0x{code:x})")
-    n_esc = int(count.get()[0])
     if n_esc != parsed.escapes:
         raise CorruptStreamError(f"conditional rANS stream decodes {n_esc} escapes, its header {parsed.escapes}")
     if n_esc:

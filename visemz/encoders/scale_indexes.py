@@ -30,6 +30,8 @@ position, the k - 1 gaps to the next ones, then the k indexes.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import device as dev
@@ -58,14 +60,36 @@ def _check_tol(rel_tol: float) -> float:
     return float(rel_tol)
 
 
-def _scales(scales):
+def _scales(scales, check_finite: bool = True):
     xp = _xp(scales)
     s = dev.as_cupy(scales) if xp is not np else np.asarray(scales)
     if s.dtype != xp.float64:
         raise InvalidArgumentError(f"scales must be float64 (a float64 hyper-synthesis), got {s.dtype}")
+    if check_finite:
+        _check_finite(xp, s)
+    return xp, s
+
+
+def _check_finite(xp, s) -> None:
     if s.size and not bool(xp.isfinite(s).all()):
         raise InvalidArgumentError("scales hold NaN or infinite values")
-    return xp, s
+
+
+def _thresholds(xp, table: np.ndarray):
+    """The table's scales but the last (the boundaries between indexes), on the scales' device."""
+    thr = table[:-1]
+    return thr if xp is np else _device_thresholds(thr.tobytes(), xp.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=16)
+def _device_thresholds(thr: bytes, device_id: int):
+    """A model's thresholds on one GPU, copied once (per table and device), not per image."""
+    cp = dev.require_cupy()
+    with cp.cuda.Device(device_id):
+        out = cp.asarray(np.frombuffer(thr, np.float64))
+        # the copy is queued on this thread's stream: done before another stream reads the cached array
+        cp.cuda.get_current_stream().synchronize()
+    return out
 
 
 def _index(xp, thresholds, s):
@@ -80,17 +104,33 @@ def scale_indexes(scales, scale_table, rel_tol: float = DEFAULT_REL_TOL):
     of entries of scale_table[:-1] smaller than s (so scales below the first entry get 0,
     above the last but one the last index), which is GaussianConditional.build_indexes.
     """
-    xp, s = _scales(scales)
-    tol = _check_tol(rel_tol)
-    thr = xp.asarray(_check_table(scale_table)[:-1])
+    on_gpu = dev.is_gpu_array(scales)
+    xp, s = _scales(scales, check_finite=not on_gpu)  # on a GPU: checked below, in the same host read
+    try:
+        tol, table = _check_tol(rel_tol), _check_table(scale_table)
+    except InvalidArgumentError:
+        if on_gpu:
+            _check_finite(xp, s)  # the scales' error first, as on the CPU
+        raise
+    thr = _thresholds(xp, table)
     flat = s.reshape(-1)
     idx = _index(xp, thr, flat)
-    ambiguous = xp.flatnonzero(_index(xp, thr, flat * (1 - tol)) != _index(xp, thr, flat * (1 + tol)))
+    near = _index(xp, thr, flat * (1 - tol)) != _index(xp, thr, flat * (1 + tol))
+    if not on_gpu:
+        return idx.reshape(s.shape), np.flatnonzero(near).astype(np.int64)
+    # One host read answers the finite check and whether any position is ambiguous: almost never (0.05 per
+    # Kodak image), so the flatnonzero, which reads its count from the device (a second sync), rarely runs.
+    nonfinite, count = (int(v) for v in xp.stack([(~xp.isfinite(flat)).sum(), near.sum()]).get())
+    if nonfinite:
+        raise InvalidArgumentError("scales hold NaN or infinite values")
+    ambiguous = xp.flatnonzero(near) if count else xp.zeros(0, xp.int64)
     return idx.reshape(s.shape), ambiguous.astype(xp.int64)
 
 
 def encode_scale_exceptions(indexes, ambiguous) -> bytes:
     """The exception section: the listed positions and the indexes the encoder used there."""
+    if getattr(ambiguous, "size", None) == 0:
+        return b""  # nothing listed (the usual case): no read from the device
     pos = np.asarray(dev.as_numpy(ambiguous), np.int64).reshape(-1)
     if pos.size == 0:
         return b""
@@ -114,7 +154,7 @@ def decode_and_apply_scale_exceptions(buf, scales, scale_table, rel_tol: float =
     table = _check_table(scale_table)
     thr = table[:-1]
     flat = s.reshape(-1)
-    idx = _index(xp, xp.asarray(thr), flat)
+    idx = _index(xp, _thresholds(xp, table), flat)
     if len(memoryview(buf).cast("B")) == 0:
         return idx.reshape(s.shape)
     data = decode_ints(buf).astype(np.int64)

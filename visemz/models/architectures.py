@@ -39,17 +39,40 @@ class GainUnits(torch.nn.Module):
         init = torch.tensor([0.5 * math.log(lam / _LAMBDA_REF) for lam in COMPRESSAI_LAMBDAS[:levels]])
         self.log_gain = torch.nn.Parameter(init[:, None].repeat(1, channels))
         self.log_inv_gain = torch.nn.Parameter(-init[:, None].repeat(1, channels))
+        self._at_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def at(self, quality: float, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(gain, inverse gain), each (1, C, 1, 1), for one quality.
 
         Computed in float64 on the CPU whatever the model's device, so the encoder and a
-        decoder on another device scale by the same numbers."""
+        decoder on another device scale by the same numbers.
+
+        Cached per (quality, dtype, device) while the parameters stay the same (their storage and
+        version counter are in the key, so a training step or a load_state_dict makes new ones): on
+        a GPU each computation is two blocking host-to-device copies, and torch synchronises the
+        stream after each, which stalled the host in the middle of the network's queued work (6 of
+        them per image analysed, 4 per image decoded).  The cached tensors are read-only for the
+        callers (every use is out of place)."""
+        device = _indexed(torch.device(device))
+        if self.log_gain.is_inference() or self.log_inv_gain.is_inference():
+            return self._compute_at(quality, dtype, device)  # no version counter to tell a change: not cached
+        key = (float(quality), dtype, device, _state(self.log_gain), _state(self.log_inv_gain))
+        hit = self._at_cache.get(key)
+        if hit is None:
+            if len(self._at_cache) >= _AT_CACHE_SIZE:
+                _drop(self._at_cache)
+            hit = self._at_cache[key] = self._compute_at(quality, dtype, device)
+        return hit
+
+    def _compute_at(self, quality: float, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         i, a = level_and_fraction(quality)
         out = []
-        for logs in (self.log_gain, self.log_inv_gain):
-            v = logs.detach().to("cpu", torch.float64)
-            out.append(torch.exp((1 - a) * v[i] + a * v[i + 1]).view(1, -1, 1, 1).to(device, dtype))
+        # ordinary tensors (not inference tensors, whatever the caller's mode), without a graph: a cached
+        # pair made under the codec's inference mode is used later by encoder-side refinement under autograd
+        with torch.inference_mode(False), torch.no_grad():
+            for logs in (self.log_gain, self.log_inv_gain):
+                v = logs.detach().to("cpu", torch.float64)
+                out.append(torch.exp((1 - a) * v[i] + a * v[i + 1]).view(1, -1, 1, 1).to(device, dtype))
         return out[0], out[1]
 
     def per_sample(self, quality: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,6 +80,31 @@ class GainUnits(torch.nn.Module):
         (training: differentiable, no host sync)."""
         return (interpolate_ladder(self.log_gain, quality)[:, :, None, None],
                 interpolate_ladder(self.log_inv_gain, quality)[:, :, None, None])
+
+
+_AT_CACHE_SIZE = 64  # (quality, dtype, device) pairs a GainUnits keeps; a sweep over more qualities starts over
+
+
+def _state(p: torch.Tensor) -> tuple:
+    """What changes when a parameter's values may have: its storage, device and version counter (bumped by
+    every in-place write: optimiser steps, load_state_dict's copies)."""
+    return (p.data_ptr(), p.device, p.dtype, p._version)
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """A CUDA device with its index (plain "cuda" means the current device, which may change)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _drop(cache: dict) -> None:
+    """Empty a gain cache.  Another stream may still read a cached CUDA tensor, and the caching allocator
+    could hand its memory to a new tensor at once: wait for each device first (rare: a full cache)."""
+    for device in {k[2] for k in list(cache)}:  # a snapshot: other threads may add meanwhile
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    cache.clear()
 
 
 def interpolate_ladder(logs: torch.Tensor, quality: torch.Tensor) -> torch.Tensor:
