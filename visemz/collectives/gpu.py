@@ -149,7 +149,7 @@ def _empty_stream(cp, cells):
 
 
 def eb_encode(x, eb: float, pred) -> tuple[DeviceStream, str]:
-    """Quantise, predict and encode in one kernel (``eb_encode_*``): q = rint(float64(x) / (2 eb)) as
+    """Quantise, predict and encode in one kernel (``eb_encode_<dtype>_<predictor>``): q = rint(float64(x) / (2 eb)) as
     NumPy computes it, the residuals of ``pred`` (a ``codecs.Prediction``), per-block bitshuffled
     block stream.  No host sync: NaN/Inf, values needing more than int32 steps and residuals that
     leave int32 are raised by the stream's first size read (``DeviceStream.nbytes``)."""
@@ -164,9 +164,8 @@ def eb_encode(x, eb: float, pred) -> tuple[DeviceStream, str]:
         out = cp.empty(L.max_stream_size(BLOCK, n), cp.uint8)
         ntiles = L.n_tiles(n)
         scratch = G.workspace(ntiles)
-        kernel(f"eb_encode_{SUFFIX[name]}")((ntiles,), (G.THREADS,), (
-            a, np.int64(n), np.float64(2 * eb), np.int32(pred.code), np.int64(pred.row), out, scratch.status,
-            scratch.tile_counter, cells))
+        kernel(f"eb_encode_{SUFFIX[name]}_{pred.predictor}")((ntiles,), (G.THREADS,), (
+            a, np.int64(n), np.float64(2 * eb), np.int64(pred.row), out, scratch.status, scratch.tile_counter, cells))
         return DeviceStream(out, cells[0:1], n, cells, eb), name
 
 

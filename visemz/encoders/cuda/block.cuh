@@ -210,6 +210,35 @@ __device__ __forceinline__ uint4* payload_stage() {
     return s_pay;
 }
 
+// 16 bytes global -> shared memory.  On sm_80 and later through cp.async, which needs no
+// registers: a thread's copies are all in flight at once, and block_add, which holds one tile in
+// registers while it stages the second, does not spill.  copies_done() waits for this thread's
+// copies; a barrier after it makes them visible to the thread block.
+__device__ __forceinline__ void copy16_async(uint4* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((u32)__cvta_generic_to_shared(smem)), "l"(gmem) : "memory");
+#else
+    *smem = __ldg((const uint4*)gmem);
+#endif
+}
+__device__ __forceinline__ void copies_done() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// The stream's last, partial 16-byte chunk, byte by byte: nothing past `stop` is read.
+__device__ __forceinline__ uint4 last_chunk(u64 at, u64 stop) {
+    u64 w0 = 0, w1 = 0;
+#pragma unroll
+    for (u32 k = 0; k < 16; ++k) {  // unrolled: no local-memory array
+        const u64 b = at + k < stop ? *(const u8*)(at + k) : 0;
+        if (k < 8) w0 |= b << (8 * k);
+        else w1 |= b << (8 * (k - 8));
+    }
+    return make_uint4((u32)w0, (u32)(w0 >> 32), (u32)w1, (u32)(w1 >> 32));
+}
+
 template <class Put>
 __device__ __forceinline__ bool pb_decode_tile(const u8* __restrict__ in, long long n, int bitshuffle, u32 payload, u32 tile,
                                                u32 (&u)[PB_PER_WARP], int* err, Put& put) {
@@ -231,23 +260,11 @@ __device__ __forceinline__ bool pb_decode_tile(const u8* __restrict__ in, long l
     const u64 stop = (u64)(pay + payload);  // the stream's end (pb_header_ok): nothing past it is read
     const u32 chunks = end - start <= 4u * TILE ? (u32)((hi - lo) >> 4) : 0u;
     uint4* s_pay = payload_stage();
-    for (u32 c = threadIdx.x; c < chunks; c += blockDim.x) {
-        const u64 at = lo + 16 * (u64)c;  // at >= in: the header and tables come before the payload
-        uint4 v;
-        if (at + 16 <= stop) {
-            v = __ldg((const uint4*)at);
-        } else {  // the stream's last, partial chunk: byte by byte, never past its end
-            u64 w0 = 0, w1 = 0;
-#pragma unroll
-            for (u32 k = 0; k < 16; ++k) {  // unrolled: no local-memory array
-                const u64 b = at + k < stop ? *(const u8*)(at + k) : 0;
-                if (k < 8) w0 |= b << (8 * k);
-                else w1 |= b << (8 * (k - 8));
-            }
-            v = make_uint4((u32)w0, (u32)(w0 >> 32), (u32)w1, (u32)(w1 >> 32));
-        }
-        s_pay[c] = v;
-    }
+    const bool partial = chunks && lo + 16ull * chunks > stop;  // the stream's last chunk runs past its end
+    const u32 full = chunks - (partial ? 1u : 0u);
+    for (u32 c = threadIdx.x; c < full; c += WARPS * 32) copy16_async(&s_pay[c], (const void*)(lo + 16ull * c));
+    if (partial && threadIdx.x == 0) s_pay[full] = last_chunk(lo + 16ull * full, stop);
+    copies_done();
     if (my_w > 32) { atomicOr(err, 2); my_w = 32; }
     const u32 q[1] = {my_w};
     u32 ex[1];
