@@ -289,3 +289,36 @@ def test_predicted_device_streams_refuse_ranges_and_damage(cp):
     bad.data[5] = 0  # policy byte
     with pytest.raises(CorruptStreamError, match="header"):
         codec.decode_device(bad, "float32")
+
+
+# ------------------------------------------ 1-D Lorenzo decoding by look-back across many tiles
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lorenzo_decode_across_tiles_equals_cpu(cp, dtype):
+    """Steps that climb to ~1e9 and back below zero over 41 tiles (the one-pass decoder's running
+    sum crosses tiles by look-back), sizes off the 32-value block and the 8192-value tile."""
+    name = _NAME[dtype]
+    wide = np.uint32 if dtype == torch.float32 else np.uint16
+    with parity() as p:
+        for n in (8192 * 41 + 17, 8192 * 2 - 1, 5):
+            t = torch.linspace(0, 9, n, dtype=torch.float64)
+            x = (torch.sin(t) * 1000).to(dtype)
+            for eb in (1e-6, 3e-4, 0.5):
+                codec = ErrorBounded(eb, "lorenzo")
+                want = codec.encode(x)
+                s, _ = codec.encode_device(x.cuda())
+                case = f"n={n} eb={eb}"
+                p.same_bytes(f"{case}: encode", codec._head(name) + gpu.stream_bytes(s), want)
+                p.same_array(f"{case}: decode to float64", codec.decode_device(s).get(), codec.decode(want, exact=True))
+                p.same_array(f"{case}: decode to {name}", codec.decode_device(s, name).get().view(wide), codec.decode(want).view(wide))
+
+
+def test_lorenzo_decode_finds_overflow_in_a_later_tile(cp):
+    codec = ErrorBounded(1e-3, "lorenzo")
+    x = torch.zeros(8192 * 5 + 3)  # a ramp over tile 3 to 1.5e6 (7.5e8 steps): small residuals, whose
+    x[8192 * 3 : 8192 * 4] = torch.linspace(0, 1.5e6, 8192)  # sums add, but whose steps leave int32 at 4x
+    x[8192 * 4 :] = 1.5e6
+    s, _ = codec.encode_device(x.cuda())
+    twice = gpu.add(s, s)
+    np.testing.assert_array_equal(codec.decode_device(twice).get(), 2 * codec.decode(codec.encode(x), exact=True))
+    with pytest.raises(LimitExceededError, match="leave int32"):
+        codec.decode_device(gpu.add(twice, twice))

@@ -149,7 +149,7 @@ def _empty_stream(cp, cells):
 
 
 def eb_encode(x, eb: float, pred) -> tuple[DeviceStream, str]:
-    """Quantise, predict and encode in one kernel (``eb_encode_*``): q = rint(float64(x) / (2 eb)) as
+    """Quantise, predict and encode in one kernel (``eb_encode_<dtype>_<predictor>``): q = rint(float64(x) / (2 eb)) as
     NumPy computes it, the residuals of ``pred`` (a ``codecs.Prediction``), per-block bitshuffled
     block stream.  No host sync: NaN/Inf, values needing more than int32 steps and residuals that
     leave int32 are raised by the stream's first size read (``DeviceStream.nbytes``)."""
@@ -164,9 +164,8 @@ def eb_encode(x, eb: float, pred) -> tuple[DeviceStream, str]:
         out = cp.empty(L.max_stream_size(BLOCK, n), cp.uint8)
         ntiles = L.n_tiles(n)
         scratch = G.workspace(ntiles)
-        kernel(f"eb_encode_{SUFFIX[name]}")((ntiles,), (G.THREADS,), (
-            a, np.int64(n), np.float64(2 * eb), np.int32(pred.code), np.int64(pred.row), out, scratch.status,
-            scratch.tile_counter, cells))
+        kernel(f"eb_encode_{SUFFIX[name]}_{pred.predictor}")((ntiles,), (G.THREADS,), (
+            a, np.int64(n), np.float64(2 * eb), np.int64(pred.row), out, scratch.status, scratch.tile_counter, cells))
         return DeviceStream(out, cells[0:1], n, cells, eb), name
 
 
@@ -178,10 +177,11 @@ def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64", pred=None):
 
     float64 is the exact reconstruction (NumPy's ``q * (2 eb)``); float32/float16/bfloat16 round it
     as ``codecs._from_float64`` does (bf16 as uint16 bit patterns), i.e. ``ErrorBounded.decode``'s
-    bytes.  Without prediction one kernel (``eb_decode_*``); with it, the residuals widened to int64
-    (``eb_residuals``), cupy's prefix sums (along the flat array; along rows, then columns, for
-    2-D Lorenzo), and ``eb_dequantise_*``.  The header is checked on the device; one host read of
-    the error word.
+    bytes.  Without prediction one kernel (``eb_decode_*``); with 1-D Lorenzo one kernel too
+    (``eb_decode_lorenzo_*``: the prefix sum by a warp scan per block and decoupled look-back across
+    tiles); with 2-D Lorenzo the residuals widened to int64 (``eb_residuals``), cupy's prefix sums
+    along rows, then columns, and ``eb_dequantise_*``.  The header is checked on the device; one
+    host read of the error word.
     """
     if dtype not in SUFFIX:
         raise UnsupportedFormatError(f"dtype {dtype} is not one the error-bounded decoder writes: {list(SUFFIX)}")
@@ -193,17 +193,28 @@ def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64", pred=None):
             return out
         if predicted:
             pred.check_count(s.n)
-        err = cp.zeros(1, cp.int32)
-        grid, args = (L.n_tiles(s.n),), (raw, np.int64(raw.size), np.int64(s.n))
-        if not predicted:
-            kernel(f"eb_decode_{SUFFIX[dtype]}")(grid, (G.THREADS,), (*args, np.float64(2 * eb), out, err))
+        ntiles = L.n_tiles(s.n)
+        grid, args = (ntiles,), (raw, np.int64(raw.size), np.int64(s.n))
+        if predicted and pred.row == 0:  # 1-D Lorenzo: one kernel, prefix sums by decoupled look-back
+            cells = cp.zeros(2, cp.uint64)  # [look-back gave up (~0)], [error bits (int32 in the low word)]
+            scratch = G.workspace(ntiles)
+            kernel(f"eb_decode_lorenzo_{SUFFIX[dtype]}")(grid, (G.THREADS,), (
+                *args, np.float64(2 * eb), out, scratch.status, scratch.tile_counter, cells))
+            gave_up, word = (int(v) for v in cells.get())
+            if gave_up:
+                raise VisemzError(f"GPU error-bounded decoder failed (look-back word {gave_up:#x})")
+            code = word & 0xFFFFFFFF
         else:
-            r = cp.empty(s.n, cp.int64)
-            kernel("eb_residuals")(grid, (G.THREADS,), (*args, r, err))
-            q = cp.cumsum(r) if pred.row == 0 else cp.cumsum(cp.cumsum(r.reshape(-1, pred.row), axis=1), axis=0).reshape(-1)
-            kernel(f"eb_dequantise_{SUFFIX[dtype]}")((stride_grid(s.n),), (G.THREADS,), (
-                q, np.int64(s.n), np.float64(2 * eb), out, err))
-        code = int(err.get()[0])
+            err = cp.zeros(1, cp.int32)
+            if not predicted:
+                kernel(f"eb_decode_{SUFFIX[dtype]}")(grid, (G.THREADS,), (*args, np.float64(2 * eb), out, err))
+            else:  # 2-D Lorenzo: the residuals widened, cupy's prefix sums along rows and down columns
+                r = cp.empty(s.n, cp.int64)
+                kernel("eb_residuals")(grid, (G.THREADS,), (*args, r, err))
+                q = cp.cumsum(cp.cumsum(r.reshape(-1, pred.row), axis=1), axis=0).reshape(-1)
+                kernel(f"eb_dequantise_{SUFFIX[dtype]}")((stride_grid(s.n),), (G.THREADS,), (
+                    q, np.int64(s.n), np.float64(2 * eb), out, err))
+            code = int(err.get()[0])
     if code & ~STEP_OVERFLOW:
         raise CorruptStreamError("error-bounded device stream is inconsistent: " + ", ".join(
             w for bit, w in ADD_ERRORS.items() if code & bit) + f" (GPU decoder error bits 0x{code:x})")

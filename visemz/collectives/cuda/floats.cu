@@ -44,64 +44,102 @@ struct F64 {  // the exact reconstruction 2 eb q (decode only)
 // ------------------------------------------------------------ error-bounded, fused
 // q = rint(float64(x) / (2 eb)): IEEE division and round-half-even, NumPy's quantize_values.
 // A NaN or Inf sets bit 1 of err[0], |q| >= 2^31 - 1 sets bit 2 and raises err[1] to the largest
-// such |x| (float32 bits: their order is the values' order); the value is coded as 0, so the
-// stream stays well formed and the host raises when it reads the stream size.
+// such |x| (float32 bits: their order is the values' order); the value's step is taken as 0, so
+// the stream stays well formed, and the host raises when it reads the stream size (so the bytes
+// of a stream with any of these bits are never used).
 //
-// Prediction (codecs.Prediction; `pred` is the header's predictor code): 0 none, the symbol is
+// Prediction (codecs.Prediction; PRED is the header's predictor code): 0 none, the symbol is
 // q_i; 1 1-D Lorenzo, q_i - q_{i-1}; 2 2-D Lorenzo over rows of `row` values,
-// q[y][x] - q[y-1][x] - q[y][x-1] + q[y-1][x-1], zeros outside the array.  Each thread quantises
-// the neighbours it needs again (the same arithmetic, so the same integers; they sit in L1/L2),
-// and the residual is computed in 64 bits: one that leaves int32 (|r| >= 2^31 - 1) sets bit 4
-// and is coded as 0.
+// q[y][x] - q[y-1][x] - q[y][x-1] + q[y-1][x-1], zeros outside the array.  The residual is
+// computed in 64 bits: one that leaves int32 (|r| >= 2^31 - 1) sets bit 4 and is coded as 0.
 #define EB_NONFINITE 1u
 #define EB_TOO_MANY_STEPS 2u
 #define EB_RESIDUAL_RANGE 4u
+
+// The step of one value's bit pattern (0 for a value without one, flagged as above).
 template <class F>
-struct Quantise {
-    const typename F::bits* __restrict__ x;
-    double two_eb;
-    u64* err;
-    int pred;
-    long long row;
-    u32 flags, worst;
-    __device__ Quantise(const typename F::bits* x_, double two_eb_, u64* err_, int pred_, long long row_)
-        : x(x_), two_eb(two_eb_), err(err_), pred(pred_), row(row_), flags(0), worst(0) {}
-    // A neighbour's step; one without a step (NaN, too many steps) is flagged at its own index.
-    __device__ __forceinline__ long long step(long long i) const {
-        const float f = F::value(__ldg(x + i));
-        if ((__float_as_uint(f) & 0x7fffffffu) >= 0x7f800000u) return 0;
-        const double q = rint(__ddiv_rn((double)f, two_eb));
-        return fabs(q) >= 2147483647.0 ? 0 : (long long)q;
+__device__ __forceinline__ int eb_step(typename F::bits b, double two_eb, u32& flags, u32& worst) {
+    const float f = F::value(b);
+    const u32 mag = __float_as_uint(f) & 0x7fffffffu;
+    if (mag >= 0x7f800000u) { flags |= EB_NONFINITE; return 0; }
+    const double q = rint(__ddiv_rn((double)f, two_eb));
+    if (fabs(q) >= 2147483647.0) { flags |= EB_TOO_MANY_STEPS; worst = max(worst, mag); return 0; }
+    return (int)q;
+}
+
+// The step of value i - 1 for every lane, from the steps `v` of this warp's blocks (lane `lane`
+// of block j holds value first + 32 j + lane): lane - 1's step, for lane 0 lane 31's of block
+// j - 1, and for lane 0 of block 0 `before` (the step of the value before the warp's first).
+__device__ __forceinline__ int previous_step(const u32 (&v)[PB_PER_WARP], int j, u32 before, u32 lane) {
+    const int up = __shfl_up_sync(FULL, (int)v[j], 1);
+    const int last = __shfl_sync(FULL, (int)(j > 0 ? v[j > 0 ? j - 1 : 0] : before), 31);
+    return lane ? up : last;
+}
+
+// One tile of eb_encode_*: quantise, predict, then the block encoder's tile body.
+//
+// Every load is issued first, in a loop that does nothing else, so a thread has all 32 of its
+// values (and for PRED 2 the 32 values a row above) in flight at once; quantising between loads,
+// as a per-value functor did, made each warp wait for one memory round trip per block.  Steps
+// are then computed in place, and the left neighbour's step comes from the neighbouring lane by
+// shuffle instead of being loaded and quantised again; only the value before the warp's first
+// (and, for PRED 2, the row above) is quantised twice, without flags: its own thread flags it.
+template <class F, int PRED>
+__device__ __forceinline__ void eb_encode_tile(const typename F::bits* __restrict__ x, long long n, double two_eb, long long row,
+                                               u8* __restrict__ out, u64* status, u32* tile_counter, u64* cells) {
+    typedef typename F::bits B;
+    __shared__ u32 s_tile;
+    const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+    __syncthreads();
+    const u32 tile = s_tile;
+    const long long first = ((long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP) * 32;  // the warp's first value
+    u32 u[PB_PER_WARP];                           // bit patterns, then steps, then symbols (0 past n throughout)
+    u32 above[PRED == 2 ? PB_PER_WARP : 1];       // PRED 2: the same for the values a row above (0 where none)
+    u32 before = 0, before_above = 0;             // the value before the warp's first, and the one above it
+#pragma unroll
+    for (int j = 0; j < PB_PER_WARP; ++j) {
+        const long long i = first + 32 * j + lane;
+        // PRED 2 reads rows above again (in this tile or the previous): keep x cached; else stream it
+        u[j] = i < n ? (u32)(PRED == 2 ? __ldg(x + i) : __ldcs(x + i)) : 0u;
+        if constexpr (PRED == 2) above[j] = i < n && i >= row ? (u32)__ldg(x + i - row) : 0u;
     }
-    __device__ __forceinline__ u32 operator()(long long i) {
-        const float f = F::value(pred ? __ldg(x + i) : __ldcs(x + i));  // neighbours re-read x: keep it cached
-        const u32 mag = __float_as_uint(f) & 0x7fffffffu;
-        if (mag >= 0x7f800000u) { flags |= EB_NONFINITE; return 0; }
-        const double q = rint(__ddiv_rn((double)f, two_eb));
-        if (fabs(q) >= 2147483647.0) { flags |= EB_TOO_MANY_STEPS; worst = max(worst, mag); return 0; }
-        if (pred == 0) return zigzag((int)q);
-        long long r = (long long)q;
-        if (pred == 1) {
-            if (i > 0) r -= step(i - 1);
-        } else {
-            const long long col = i % row;
-            if (col) r -= step(i - 1);
-            if (i >= row) {
-                r -= step(i - row);
-                if (col) r += step(i - row - 1);
+    if (PRED != 0 && lane == 31 && first > 0) before = (u32)__ldg(x + first - 1);  // lane 31: previous_step reads it there
+    if (PRED == 2 && lane == 31 && first > row) before_above = (u32)__ldg(x + first - 1 - row);
+    u32 flags = 0, worst = 0, quiet = 0, quiet_worst = 0;  // quiet: neighbours' flags, dropped
+#pragma unroll
+    for (int j = 0; j < PB_PER_WARP; ++j) {
+        u[j] = (u32)eb_step<F>((B)u[j], two_eb, flags, worst);
+        if constexpr (PRED == 2) above[j] = (u32)eb_step<F>((B)above[j], two_eb, quiet, quiet_worst);
+    }
+    if (PRED != 0) before = (u32)eb_step<F>((B)before, two_eb, quiet, quiet_worst);
+    if (PRED == 2) before_above = (u32)eb_step<F>((B)before_above, two_eb, quiet, quiet_worst);
+    // Residuals in place, last block first: block j - 1 still holds steps when block j needs them.
+#pragma unroll
+    for (int j = PB_PER_WARP - 1; j >= 0; --j) {
+        const long long i = first + 32 * j + lane;
+        long long r = (int)u[j];
+        if constexpr (PRED != 0) {
+            const int left = previous_step(u, j, before, lane);  // i = 0 takes before = 0
+            if constexpr (PRED == 1) {
+                r -= left;
+            } else {
+                const int above_left = previous_step(above, j, before_above, lane);
+                if (i % row) r += above_left - (long long)left;  // not the first column
+                r -= (int)above[j];
             }
+            if (i >= n) r = 0;
+            if (r >= 2147483647ll || r <= -2147483647ll) { flags |= EB_RESIDUAL_RANGE; r = 0; }
         }
-        if (r >= 2147483647ll || r <= -2147483647ll) { flags |= EB_RESIDUAL_RANGE; return 0; }
-        return zigzag((int)r);
+        u[j] = zigzag((int)r);
     }
-    __device__ __forceinline__ void report(u32 lane) {
-        const u32 f = __reduce_or_sync(FULL, flags), m = __reduce_max_sync(FULL, worst);
-        if (lane == 0 && f) {
-            atomicOr(&err[0], (u64)f);
-            if (m) atomicMax(&err[1], (u64)m);
-        }
+    const u32 f = __reduce_or_sync(FULL, flags), m = __reduce_max_sync(FULL, worst);
+    if (lane == 0 && f) {
+        atomicOr(&cells[1], (u64)f);
+        if (m) atomicMax(&cells[2], (u64)m);
     }
-};
+    pb_encode_tile(u, n, 1, out, status, cells, tile);
+}
 
 // Symbol q of value i -> 2 eb q in the output format (NumPy: q.astype(float64) * (2 eb)).
 template <class F>
@@ -140,6 +178,77 @@ __device__ __forceinline__ void eb_dequantise(const long long* __restrict__ q, l
         out[i] = F::from_double(__dmul_rn((double)v, two_eb));
     }
     if (__any_sync(FULL, over) && (threadIdx.x & 31) == 0) atomicOr(err, 256);
+}
+
+// 1-D Lorenzo decoding in one pass (predictor 1; the steps are the prefix sums of the residuals):
+// decode the tile's residuals into registers, add them up (the tile's aggregate), find the sum
+// of all earlier tiles by decoupled look-back (tiles in start order, as the encoder's), then per
+// block an inclusive warp scan in 64 bits on top of the running sum, and dequantise.  This
+// replaces widening to int64, cupy's scan and a dequantising pass: about 2.4 GB of traffic for
+// 64 Mi values against the stream read and the output written once.  Sums travel through the
+// look-back's 62-bit status words modulo 2^62 and are sign-extended: exact while the true sums
+// stay below 2^61, and the first step that leaves int32 is always computed exactly (every
+// earlier step, hence its tile's prefix, is small), so an overflow is never missed.  cells[0]
+// gets ~0 if the look-back gave up, cells[1] (as int) the decoder's error bits; a bad tile
+// still publishes (a zero aggregate) so no successor waits forever.
+template <class F>
+__device__ __forceinline__ void eb_decode_lorenzo(const u8* __restrict__ in, long long cap, long long n, double two_eb,
+                                                  typename F::bits* __restrict__ out, u64* status, u32* tile_counter,
+                                                  u64* cells) {
+    __shared__ u32 s_tile;
+    __shared__ long long s_warp[WARPS], s_base;
+    const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int* err = (int*)(cells + 1);
+    if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
+    __syncthreads();
+    const u32 tile = s_tile;
+    u32 payload = 0;
+    bool ok = pb_header_ok(in, cap, n, 1, &payload);  // uniform over the thread block
+    if (!ok && threadIdx.x == 0) atomicOr(err, 128);
+    u32 u[PB_PER_WARP];
+    Assign put;
+    if (ok) ok = pb_decode_tile(in, n, 1, payload, tile, u, err, put);
+    long long sum = 0;
+#pragma unroll
+    for (int j = 0; j < PB_PER_WARP; ++j) {
+        if (!ok) u[j] = 0;
+        sum += unzigzag(u[j]);
+    }
+#pragma unroll
+    for (int d = 16; d; d >>= 1) sum += __shfl_xor_sync(FULL, sum, d);
+    if (lane == 0) s_warp[w] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long acc = 0;
+        for (int k = 0; k < WARPS; ++k) {  // the warps' exclusive prefixes within the tile
+            const long long v = s_warp[k];
+            s_warp[k] = acc;
+            acc += v;
+        }
+        const u64 before = look_back(status, tile, (u64)acc & ST_MASK, cells);
+        s_base = (long long)(before << 2) >> 2;  // sign-extend the 62-bit sum
+    }
+    __syncthreads();
+    long long carry = s_base + s_warp[w];
+    const long long first = ((long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP) * 32;
+    bool over = false;
+#pragma unroll
+    for (int j = 0; j < PB_PER_WARP; ++j) {
+        long long v = unzigzag(u[j]);  // 0 past n
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const long long y = __shfl_up_sync(FULL, v, d);
+            if (lane >= (u32)d) v += y;
+        }
+        long long q = carry + v;
+        carry += __shfl_sync(FULL, v, 31);
+        const long long i = first + 32 * j + lane;
+        if (i < n) {
+            if (q >= 2147483647ll || q <= -2147483647ll) { over = true; q = 0; }
+            out[i] = F::from_double(__dmul_rn((double)q, two_eb));
+        }
+    }
+    if (__any_sync(FULL, over) && lane == 0) atomicOr(err, 256);
 }
 
 // ------------------------------------------------------------ lossless exponent coding
@@ -321,16 +430,25 @@ __device__ __forceinline__ void ll_escapes(const long long* __restrict__ pos, co
         Dequantise<F> store{out, two_eb};                                                                                 \
         eb_decode_stream(in, cap, n, store, err);                                                                         \
     }                                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) eb_decode_lorenzo_##sfx(const u8* __restrict__ in, long long cap,  \
+        long long n, double two_eb, F::bits* __restrict__ out, u64* status, u32* tile_counter, u64* cells) {             \
+        eb_decode_lorenzo<F>(in, cap, n, two_eb, out, status, tile_counter, cells);                                       \
+    }                                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256) eb_dequantise_##sfx(const long long* __restrict__ q, long long n,   \
                                                                            double two_eb, F::bits* __restrict__ out, int* err) { \
         eb_dequantise<F>(q, n, two_eb, out, err);                                                                         \
     }
+// One encoder per predictor (eb_encode_f32_lorenzo, ...): the 2-D one holds a second tile of
+// steps, which would cost the others occupancy if they shared its register allocation.
+#define EB_ENCODE_KERNEL(F, sfx, P, pname)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256, P == 2 ? 2 : 3) eb_encode_##sfx##_##pname(const F::bits* __restrict__ x,         \
+        long long n, double two_eb, long long row, u8* __restrict__ out, u64* status, u32* tile_counter, u64* cells) {    \
+        eb_encode_tile<F, P>(x, n, two_eb, row, out, status, tile_counter, cells);                                        \
+    }
 #define FLOAT_KERNELS(F, sfx)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, 2) eb_encode_##sfx(const F::bits* __restrict__ x, long long n,       \
-        double two_eb, int pred, long long row, u8* __restrict__ out, u64* status, u32* tile_counter, u64* cells) {       \
-        Quantise<F> load(x, two_eb, cells + 1, pred, row);                                                                \
-        pb_encode_values(load, n, 1, out, status, tile_counter, cells);                                                   \
-    }                                                                                                                     \
+    EB_ENCODE_KERNEL(F, sfx, 0, none)                                                                                     \
+    EB_ENCODE_KERNEL(F, sfx, 1, lorenzo)                                                                                  \
+    EB_ENCODE_KERNEL(F, sfx, 2, lorenzo2d)                                                                                \
     EB_DECODE_KERNEL(F, sfx)                                                                                              \
     extern "C" __global__ void __launch_bounds__(256) ll_histogram_##sfx(const F::bits* __restrict__ x, long long n, u64* counts) { \
         ll_histogram<F>(x, n, counts);                                                                                    \

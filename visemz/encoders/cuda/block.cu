@@ -394,7 +394,7 @@ struct AddInto {  // a sum that leaves int32 by the CPU's rule |s| >= 2^31 - 1 b
 
 // out = a + b on the integer symbols, block by block: decode tile i of a into registers, decode
 // b's tile onto it (AddInto: a sum that leaves int32 by the CPU's rule |s| >= 2^31 - 1 sets error
-// bit 64; one tile in registers, 72 rather than 106 of them on sm_90, so 3 CTAs per SM), re-encode
+// bit 64; one tile in registers, 79 of them on sm_90 (nvrtc 13), so 3 CTAs per SM; the payloads are staged through one shared buffer, see pb_decode_tile), re-encode
 // and place the tile by decoupled look-back.  One kernel; `out` must not
 // overlap a or b (a tile's new offset can pass input bytes other CTAs still read), so the
 // in-place form writes a scratch stream and copies it back (copy_sized).  On any error the

@@ -187,9 +187,57 @@ __device__ __forceinline__ void pb_encode_tile(const u32 (&u)[PB_PER_WARP], long
 // its widths disagree with the payload; `err` gets the same bits block_decode reports.
 // `put` hands over each decoded value: Assign stores it; block_add's AddInto adds it to the
 // symbol already there (it decodes b onto a's tile instead of holding two tiles).
+//
+// The tile's payload bytes are contiguous, so the thread block first copies them into shared
+// memory with aligned 16-byte loads, all independent (a handful per thread), and the warps then
+// read their words from there.  Reading each block's words from global memory inside the
+// per-block loop made every warp wait for 32 dependent load round trips per tile (the loads sit
+// behind the width shuffles and branches, so the compiler cannot batch them), which is what
+// bounded decoding by latency rather than bandwidth.  The words are not 4-byte aligned in
+// general (the width bytes before the payload have any length), so a word is a funnel shift of
+// two aligned shared-memory words.
 struct Assign {
     __device__ __forceinline__ void operator()(u32& u, u32 v) { u = v; }
 };
+
+// A tile's payload is at most TILE words (256 blocks of up to 32); the staging buffer adds one
+// 16-byte chunk for the alignment of its start and one for the word after the last that the
+// funnel shift reads.  It is declared in this plain function, not in the template below, so a
+// kernel that decodes with two kinds of `put` (block_add) still has one buffer, not two.
+#define PAY_STAGE_CHUNKS (TILE / 4 + 2)
+__device__ __forceinline__ uint4* payload_stage() {
+    __shared__ uint4 s_pay[PAY_STAGE_CHUNKS];
+    return s_pay;
+}
+
+// 16 bytes global -> shared memory.  On sm_80 and later through cp.async, which needs no
+// registers: a thread's copies are all in flight at once, and block_add, which holds one tile in
+// registers while it stages the second, does not spill.  copies_done() waits for this thread's
+// copies; a barrier after it makes them visible to the thread block.
+__device__ __forceinline__ void copy16_async(uint4* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((u32)__cvta_generic_to_shared(smem)), "l"(gmem) : "memory");
+#else
+    *smem = __ldg((const uint4*)gmem);
+#endif
+}
+__device__ __forceinline__ void copies_done() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// The stream's last, partial 16-byte chunk, byte by byte: nothing past `stop` is read.
+__device__ __forceinline__ uint4 last_chunk(u64 at, u64 stop) {
+    u64 w0 = 0, w1 = 0;
+#pragma unroll
+    for (u32 k = 0; k < 16; ++k) {  // unrolled: no local-memory array
+        const u64 b = at + k < stop ? *(const u8*)(at + k) : 0;
+        if (k < 8) w0 |= b << (8 * k);
+        else w1 |= b << (8 * (k - 8));
+    }
+    return make_uint4((u32)w0, (u32)(w0 >> 32), (u32)w1, (u32)(w1 >> 32));
+}
 
 template <class Put>
 __device__ __forceinline__ bool pb_decode_tile(const u8* __restrict__ in, long long n, int bitshuffle, u32 payload, u32 tile,
@@ -201,16 +249,29 @@ __device__ __forceinline__ bool pb_decode_tile(const u8* __restrict__ in, long l
     const long long meta_off = HEADER_SIZE + 4 * ntiles;
     const u8* pay = in + meta_off + nb;
     const u32* table = (const u32*)(in + HEADER_SIZE);
+    const long long first_block = (long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP;
+    u32 my_w = first_block + lane < nb ? in[meta_off + first_block + lane] : 0;  // issued before the table read's wait
     const u32 start = tile ? table[tile - 1] : 0, end = table[tile];
     if (start > end || end > payload || (tile == ntiles - 1 && end != payload)) { if (threadIdx.x == 0) atomicOr(err, 1); return false; }
-    const long long first_block = (long long)tile * (WARPS * PB_PER_WARP) + w * PB_PER_WARP;
-    u32 my_w = first_block + lane < nb ? in[meta_off + first_block + lane] : 0;
+    // Stage [start, end) of the payload; a tile claiming more than TILE words is refused below
+    // (error bit 4, its widths cannot add up to it) and stages nothing.
+    const u64 g0 = (u64)(pay + start);
+    const u64 lo = g0 & ~(u64)15, hi = ((u64)(pay + end) + 15) & ~(u64)15;
+    const u64 stop = (u64)(pay + payload);  // the stream's end (pb_header_ok): nothing past it is read
+    const u32 chunks = end - start <= 4u * TILE ? (u32)((hi - lo) >> 4) : 0u;
+    uint4* s_pay = payload_stage();
+    const bool partial = chunks && lo + 16ull * chunks > stop;  // the stream's last chunk runs past its end
+    const u32 full = chunks - (partial ? 1u : 0u);
+    for (u32 c = threadIdx.x; c < full; c += WARPS * 32) copy16_async(&s_pay[c], (const void*)(lo + 16ull * c));
+    if (partial && threadIdx.x == 0) s_pay[full] = last_chunk(lo + 16ull * full, stop);
+    copies_done();
     if (my_w > 32) { atomicOr(err, 2); my_w = 32; }
     const u32 q[1] = {my_w};
     u32 ex[1];
-    tile_exclusive<1, 0, 1>(q, ex, s_warp, s_pre, s_tot);
+    tile_exclusive<1, 0, 1>(q, ex, s_warp, s_pre, s_tot);  // its barriers also publish the staged payload
     if (4ull * s_tot[0] != end - start) { if (threadIdx.x == 0) atomicOr(err, 4); return false; }
-    const u8* base = pay + start;
+    const u32* staged = (const u32*)s_pay;
+    const u32 head = (u32)(g0 - lo), shift = 8 * (head & 3);  // every word of the tile has the same misalignment
 #pragma unroll
     for (int j = 0; j < PB_PER_WARP; ++j) {
         u32 width = __shfl_sync(FULL, my_w, j);  // 0 for blocks past the end
@@ -219,8 +280,8 @@ __device__ __forceinline__ bool pb_decode_tile(const u8* __restrict__ in, long l
             u32 off = 4 * __shfl_sync(FULL, ex[0], j);
             u32 word = 0;
             if (lane < width) {
-                const u8* src = base + off + 4 * lane;
-                word = (u32)src[0] | (u32)src[1] << 8 | (u32)src[2] << 16 | (u32)src[3] << 24;
+                const u32 k = (head + off + 4 * lane) >> 2;  // k + 1 < 4 * PAY_STAGE_CHUNKS
+                word = __funnelshift_r(staged[k], staged[k + 1], shift);
             }
             if (bitshuffle && width > TRANSPOSE_MIN_WIDTH) {
                 val = transpose32(word, lane);
