@@ -147,6 +147,12 @@ def _tile_sections(buf: bytes, c: container.Container, prefix: str) -> dict:
     return out
 
 
+def _container_suffix() -> str:
+    """Image and page files are named by their container version too, from version 2 on (version 1 files
+    were named before there was a second)."""
+    return "" if container.VERSION == 1 else f"-c{container.VERSION}"
+
+
 IMAGES = (  # (model, dtype, shape, max_error): no residual, each residual mode, both models, 1 and 3 channels
     ("balle2016", "uint8", (20, 30, 3), None),
     ("mbt2018-mean", "uint16", (24, 18), 3),
@@ -166,7 +172,8 @@ def images(w: Writer) -> None:
         img = _image(dtype, shape, seed=len(shape))
         buf = visemz.compress(img, model=model, quality=1, max_error=e, device="cpu", tile=tile)
         fmt = container.unpack(buf).meta["format"]
-        name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "")
+        name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "") \
+            + _container_suffix()
         w.add(name, "image", fmt, buf, ".vsz", {"image": img, **_sections(buf)}, model=model, quality=1,
               max_error=e, container=container.VERSION, **({"tile": tile} if tile else {}))
 
@@ -177,7 +184,7 @@ def page_stack(w: Writer) -> None:
     page_arrays = {}
     for k, page in enumerate(pages.page_buffers(container.unpack(buf))):
         page_arrays.update(_sections(page, prefix=f"page{k}_"))
-    w.add(f"pages-v{pages.FORMAT}-uint8-2x20x24-e1", "pages", pages.FORMAT, buf, ".vsz", {"stack": stack, **page_arrays},
+    w.add(f"pages-v{pages.FORMAT}-uint8-2x20x24-e1{_container_suffix()}", "pages", pages.FORMAT, buf, ".vsz", {"stack": stack, **page_arrays},
           model="balle2016", quality=1, max_error=1, container=container.VERSION)
 
 

@@ -114,6 +114,20 @@ def test_every_format_version_written_today_has_a_fixture():
     assert not missing, f"no fixture for {missing}: run python scripts/make_format_fixtures.py (it adds, never rewrites)"
 
 
+def test_the_container_version_written_today_has_fixtures():
+    """Image and page files are fixtures of their container version too (``settings.container``)."""
+    for kind in ("image", "pages"):
+        have = {f["settings"]["container"] for f in MANIFEST["fixtures"] if f["kind"] == kind}
+        assert container.VERSION in have, f"no {kind} fixture in container version {container.VERSION}: " \
+                                          f"run python scripts/make_format_fixtures.py"
+
+
+def test_fixture_containers_are_of_their_stated_version():
+    for f in MANIFEST["fixtures"]:
+        if f["kind"] in ("image", "pages"):
+            assert container.unpack((FIXTURES / f["file"]).read_bytes()).version == f["settings"]["container"], f["name"]
+
+
 def test_the_manifest_names_every_fixture_file():
     named = {f[key] for f in MANIFEST["fixtures"] for key in ("file", "inputs")}
     # sub-folders hold fixtures with tests of their own (rans/: tests/test_rans.py)
@@ -158,7 +172,7 @@ def check_image_container(buf: bytes, arrays: dict, prefix: str = "") -> contain
     assert c.kind == "image"
     if c.meta["format"] == image_codec.TILED:
         check_tiles(c, arrays, prefix)
-        assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}) == buf
+        assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}, c.version) == buf
         return c
     stored = {k.removeprefix(f"{prefix}section_"): a for k, a in arrays.items() if k.startswith(f"{prefix}section_")}
     assert sorted(c.sections) == sorted(stored)
@@ -171,7 +185,7 @@ def check_image_container(buf: bytes, arrays: dict, prefix: str = "") -> contain
             check_rans_section(name, body, stored[name])
         elif len(body) or stored[name].size:
             check_section(name, body, stored[name])
-    assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}) == buf
+    assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}, c.version) == buf
     return c
 
 
@@ -213,7 +227,7 @@ def test_page_files(f):
     assert len(page_bufs) == stack.shape[0]
     for k, page in enumerate(page_bufs):
         check_image_container(bytes(page), arrays, prefix=f"page{k}_")
-    assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}) == buf
+    assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}, c.version) == buf
 
 
 # ------------------------------------------------------------------ the error-bound residual

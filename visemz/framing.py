@@ -20,11 +20,13 @@ def xxh64(*parts) -> int:
     return h.intdigest()
 
 
-def read_prefix(buf, what: str, fixed: struct.Struct, head: int, magic: bytes, version: int):
+def read_prefix(buf, what: str, fixed: struct.Struct, head: int, magic: bytes, version: int | tuple[int, ...]):
     """(byte view, fields after magic and version) of a buffer whose prefix is ``fixed``.
 
-    ``head`` is the number of bytes the format needs before it can check anything else.
+    ``head`` is the number of bytes the format needs before it can check anything else; ``version``
+    the version this build reads (or a tuple of them).
     """
+    versions = (version,) if isinstance(version, int) else tuple(version)
     try:
         mv = memoryview(buf).cast("B")
     except TypeError:
@@ -34,6 +36,7 @@ def read_prefix(buf, what: str, fixed: struct.Struct, head: int, magic: bytes, v
     found, found_version, *fields = fixed.unpack_from(mv, 0)
     if found != magic:
         raise CorruptStreamError(f"not a {what}: magic {bytes(found)!r} is not {magic!r}")
-    if found_version != version:
-        raise UnsupportedFormatError(f"{what} version {found_version} (this build reads version {version})")
+    if found_version not in versions:
+        reads = f"version {versions[0]}" if len(versions) == 1 else f"versions {', '.join(map(str, versions))}"
+        raise UnsupportedFormatError(f"{what} version {found_version} (this build reads {reads})")
     return mv, fields

@@ -154,3 +154,16 @@ def parse(buf, n: int, tables_id: int) -> Parsed:
             f"conditional rANS stream groups end at byte {int(ends[-1])} of {len(mv)}, with {escapes} escapes"
         )
     return Parsed(p, escapes, ends - sizes, sizes, mv, mv[int(ends[-1]) :])
+
+
+def pieces(buf) -> dict[str, int]:
+    """A stream's bytes by what they hold (for reports of overhead; the stream is not checked):
+    header, group sizes, lane states, escapes (the escape stream) and body (the coded bytes)."""
+    mv = memoryview(buf).cast("B")
+    _, _, lanes, _, n, group_symbols, _, _ = PREFIX.unpack_from(mv, 0)
+    p = Plan(n, lanes, group_symbols)
+    sizes = np.frombuffer(mv, "<u4", p.groups, HEAD).astype(np.int64)
+    escapes = len(mv) - HEAD - 4 * p.groups - int(sizes.sum())
+    states = STATE_BYTES * lanes * p.groups
+    return {"header": HEAD, "group_sizes": 4 * p.groups, "lane_states": states, "escapes": escapes,
+            "body": int(sizes.sum()) - states}
