@@ -166,13 +166,25 @@ def test_ints_streams(f, xp):
 
 
 # ------------------------------------------------------------------ .vsz files
+def assert_repacks(c: container.Container, buf: bytes) -> None:
+    """The container written again from what it holds, in its own version, is the same bytes (version 2's
+    header is a zstd frame: with another zstandard than the fixtures', the same header and sections)."""
+    again = container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}, c.version)
+    if c.version == 1 or zstandard.__version__ == WRITTEN_WITH["zstandard"]:
+        assert again == buf
+    else:
+        other = container.unpack(again)
+        assert (other.kind, other.meta, {k: bytes(v) for k, v in other.sections.items()}) == \
+            (c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()})
+
+
 def check_image_container(buf: bytes, arrays: dict, prefix: str = "") -> container.Container:
     """Container parse and re-pack, and every section against its stored integers (no pixels)."""
     c = container.unpack(buf)
     assert c.kind == "image"
     if c.meta["format"] == image_codec.TILED:
         check_tiles(c, arrays, prefix)
-        assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}, c.version) == buf
+        assert_repacks(c, buf)
         return c
     stored = {k.removeprefix(f"{prefix}section_"): a for k, a in arrays.items() if k.startswith(f"{prefix}section_")}
     assert sorted(c.sections) == sorted(stored)
@@ -185,7 +197,7 @@ def check_image_container(buf: bytes, arrays: dict, prefix: str = "") -> contain
             check_rans_section(name, body, stored[name])
         elif len(body) or stored[name].size:
             check_section(name, body, stored[name])
-    assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}, c.version) == buf
+    assert_repacks(c, buf)
     return c
 
 
@@ -227,7 +239,7 @@ def test_page_files(f):
     assert len(page_bufs) == stack.shape[0]
     for k, page in enumerate(page_bufs):
         check_image_container(bytes(page), arrays, prefix=f"page{k}_")
-    assert container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}, c.version) == buf
+    assert_repacks(c, buf)
 
 
 # ------------------------------------------------------------------ the error-bound residual
