@@ -11,6 +11,7 @@ import xxhash
 
 import visemz
 from visemz import container
+from visemz.framing import write_varints
 from visemz.encoders import entropy, layout, stream
 from visemz.errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError, VisemzError
 from visemz.models import all_specs
@@ -156,7 +157,7 @@ def test_damaged_container_headers_are_corrupt():
         with pytest.raises((CorruptStreamError, UnsupportedFormatError)):
             visemz.decompress(bytes(data))
         data[i // 8] ^= 1 << (i % 8)
-    lengths = b"".join(container._varint(n) for n in [c.header_bytes, *(len(v) for v in c.sections.values())])
+    lengths = write_varints([c.header_bytes, *(len(v) for v in c.sections.values())])
     stored = buf[20 + len(lengths):head]
     for k in range(len(stored)):
         bad = bytearray(stored)

@@ -9,6 +9,7 @@ import zstandard
 
 from visemz import container as C
 from visemz.errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError, VisemzError
+from visemz.framing import write_varints
 from visemz.header_dictionary import DICTIONARIES
 
 # what a dictionary's bytes must stay forever: files name it by number (docs/FORMAT.md, section 3)
@@ -91,10 +92,14 @@ def test_random_bytes_and_non_bytes():
 
 
 # ------------------------------------------------------------------ version 2
+def write_varint(v: int) -> bytes:
+    return write_varints([v])
+
+
 def _rebuild2(stored: bytes, sections: list[bytes], coding: int = 1, lengths: bytes | None = None, nsec=None) -> bytes:
     """A version-2 container with a given stored header (and, if given, raw length bytes) and a valid checksum."""
     if lengths is None:
-        lengths = b"".join(C._varint(n) for n in [len(stored), *map(len, sections)])
+        lengths = write_varints([len(stored), *map(len, sections)])
     prefix = C.MAGIC + struct.pack("<HBB", 2, len(sections) if nsec is None else nsec, coding)
     h = xxhash.xxh64()
     for p in (prefix, lengths, stored, *sections):
@@ -144,13 +149,13 @@ def test_version_2_damage_behind_a_valid_checksum_is_named():
 
 def test_version_2_sizes_are_checked_before_allocation():
     good = _compressed({"kind": "x", "sections": ["a"], "meta": {}})
-    huge = C._varint(10**15)
+    huge = write_varint(10**15)
     with pytest.raises(CorruptStreamError, match="over the limit"):  # header length
-        C.unpack(_rebuild2(good, [b"abc"], lengths=huge + C._varint(3)))
+        C.unpack(_rebuild2(good, [b"abc"], lengths=huge + write_varint(3)))
     with pytest.raises(CorruptStreamError, match="add up"):  # a section length
-        C.unpack(_rebuild2(good, [b"abc"], lengths=C._varint(len(good)) + huge))
-    with pytest.raises(CorruptStreamError, match="minimal"):
-        C.unpack(_rebuild2(good, [b"abc"], lengths=C._varint(len(good)) + b"\x83\x00"))
+        C.unpack(_rebuild2(good, [b"abc"], lengths=write_varint(len(good)) + huge))
+    with pytest.raises(CorruptStreamError, match="not minimal"):
+        C.unpack(_rebuild2(good, [b"abc"], lengths=write_varint(len(good)) + b"\x83\x00"))
     with pytest.raises(CorruptStreamError, match="longer than 10"):
         C.unpack(_rebuild2(good, [b"abc"], lengths=b"\xff" * 11 + b"\x01"))
     with pytest.raises(CorruptStreamError, match="section count"):

@@ -29,7 +29,7 @@ from typing import Any
 import zstandard
 
 from .errors import CorruptStreamError, LimitExceededError, UnsupportedFormatError
-from .framing import read_prefix, xxh64
+from .framing import read_prefix, read_varints, write_varints, xxh64
 from .header_dictionary import DICTIONARIES
 
 MAGIC = b"\x89VSZ\r\n\x1a\n"
@@ -43,7 +43,6 @@ ENTRY = struct.Struct("<QQ")
 FIXED2 = struct.Struct("<8sHBBQ")
 MAX_HEADER = 1 << 20
 MAX_SECTIONS = 64
-MAX_LENGTH_BYTES = 10  # a LEB128 u64
 HEADER_KEYS = {"kind", "sections", "meta"}
 RAW_HEADER = 0  # version 2 header coding: JSON as is
 # zstd frames of the header: no magic, no checksum (the container's covers them), no dictionary id (the
@@ -58,30 +57,6 @@ class Container:
     sections: dict[str, memoryview] = field(default_factory=dict)
     header_bytes: int = 0  # the header's bytes as stored (what reports of a file's overhead count)
     version: int = VERSION  # the container version it was read from
-
-
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
-        v >>= 7
-        if not v:
-            return bytes(out)
-
-
-def _read_varint(mv: memoryview, pos: int) -> tuple[int, int]:
-    """(value, next position) of the LEB128 u64 at ``pos``: at most 10 bytes, no needless trailing zero byte."""
-    v = 0
-    for k in range(MAX_LENGTH_BYTES):
-        if pos + k >= len(mv):
-            raise CorruptStreamError(f"container length field at byte {pos} runs past its end")
-        b = mv[pos + k]
-        v |= (b & 0x7F) << (7 * k)
-        if not b & 0x80:
-            if (k and not b) or v >= 1 << 64:
-                raise CorruptStreamError(f"container length field at byte {pos} is not a minimal LEB128 u64")
-            return v, pos + k + 1
-    raise CorruptStreamError(f"container length field at byte {pos} is longer than {MAX_LENGTH_BYTES} bytes")
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,7 +120,7 @@ def _pack2(hbytes: bytes, bodies: list[memoryview]) -> bytes:
     stored = _compress_header(hbytes, coding)
     if len(stored) >= len(hbytes):
         coding, stored = RAW_HEADER, hbytes
-    lengths = b"".join(_varint(n) for n in [len(stored), *(len(b) for b in bodies)])
+    lengths = write_varints([len(stored), *(len(b) for b in bodies)])
     prefix = FIXED2.pack(MAGIC, 2, len(bodies), coding, 0)[:12]
     digest = xxh64(prefix, lengths, stored, *bodies)
     return b"".join([prefix, struct.pack("<Q", digest), lengths, stored, *bodies])
@@ -197,10 +172,8 @@ def _unpack2(mv: memoryview) -> Container:
     _, _, nsec, coding, stored = FIXED2.unpack_from(mv, 0)
     if nsec > MAX_SECTIONS:
         raise CorruptStreamError(f"container section count {nsec} is over the limit of {MAX_SECTIONS}")
-    pos, lengths = FIXED2.size, []
-    for _ in range(nsec + 1):
-        n, pos = _read_varint(mv, pos)
-        lengths.append(n)
+    values, pos = read_varints(mv, FIXED2.size, nsec + 1, "container lengths")
+    lengths = [int(n) for n in values]
     hlen = lengths[0]
     if hlen > MAX_HEADER:
         raise CorruptStreamError(f"container header length {hlen} is over the limit of {MAX_HEADER}")
