@@ -6,8 +6,8 @@
 For each image and quality, the visemz file (``visemz.compress`` with the hyperprior model,
 mbt2018-mean, RGB for Kodak and gray for the X-rays) is split into: the container's framing
 (fixed fields and section table), its JSON header (as stored), the tile index, and per part of
-each tile (y, y_scales, z): its bytes, and inside a conditional rANS stream its header, group
-sizes, lane states, escape stream and coded body.  CompressAI's y and z strings
+each tile (y, y_scales, z): its bytes, and inside a conditional rANS stream its header (with
+the group sizes), lane states, escapes and coded body (``rans_layout.pieces``).  CompressAI's y and z strings
 (``compress()`` of its own model carrying visemz's weights) are measured on the same image.
 The summary gives, per set and quality, the mean of each piece and the ratio of the mean file
 sizes (visemz / CompressAI), which is the bpp ratio compare_compressai.py reports.
@@ -131,7 +131,7 @@ def main() -> None:
     summary = summarise(rows)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     write_atomic(Path(args.out), json.dumps({"device": device, "summary": summary, "rows": rows}, indent=1).encode())
-    print("| set | q | visemz B | CompressAI B | ratio | overhead B | framing | header | index | y.rans hdr+sizes | "
+    print("| set | q | visemz B | CompressAI B | ratio | overhead B | framing | header | index | y rANS header | "
           "y lane states | y escapes | z |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for s in summary:

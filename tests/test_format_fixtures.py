@@ -102,7 +102,7 @@ def check_section(name: str, body, values: np.ndarray) -> None:
 def check_rans_section(name: str, body, symbols: np.ndarray) -> None:
     """A conditional rANS section: its layout, checksum and symbol count (decoding it needs the tables of
     the weights it was written with, which change; tests/fixtures/rans/ holds the coder's own fixtures)."""
-    tables_id = RL.PREFIX.unpack_from(bytes(body))[-1]
+    tables_id = (RL.PREFIX if bytes(body[4:5]) == b"\x01" else RL.PREFIX2).unpack_from(bytes(body))[-1]
     parsed = RL.parse(bytes(body), symbols.size, tables_id)
     assert parsed.plan.n == symbols.size, name
 
