@@ -1,10 +1,10 @@
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 import xxhash
-
 import zstandard
 
 from visemz import container as C
@@ -176,3 +176,9 @@ def test_version_2_sizes_are_checked_before_allocation():
 def test_writing_an_unknown_version_is_refused():
     with pytest.raises(UnsupportedFormatError, match="version 3"):
         C.pack("x", {}, {}, version=3)
+
+
+def test_format_md_holds_dictionary_1_byte_for_byte():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md").read_text()
+    block = text.split("Dictionary 1, ASCII", 1)[1].split("```\n", 2)[1]
+    assert "".join(block.splitlines()).encode() == DICTIONARIES[1]
