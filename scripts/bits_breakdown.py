@@ -48,13 +48,13 @@ def compressai_bytes(net, img: np.ndarray, quality: float, device: str) -> dict[
 
 
 def file_pieces(buf: bytes) -> dict:
-    """A format-4 (or later tiled) image file's bytes by piece."""
+    """A tiled image file's (format 4 or 5) bytes by piece."""
     c = container.unpack(buf)
     sections = {k: len(v) for k, v in c.sections.items()}
     out = {"file": len(buf), "container_framing": len(buf) - c.header_bytes - sum(sections.values()),
            "header": c.header_bytes}
     t = c.meta["tiles"]
-    index = tile_index.TileIndex(c.sections, t["grid"][0] * t["grid"][1], t["parts"], t["symbols"])
+    index = tile_index.TileIndex(c.sections, t["grid"][0] * t["grid"][1], t["parts"], t["symbols"], c.meta["format"])
     out["tile_index"] = sections[tile_index.INDEX]
     parts = defaultdict(int)
     for i in range(t["grid"][0] * t["grid"][1]):

@@ -124,7 +124,7 @@ def _sections(buf: bytes, prefix: str = "") -> dict:
     current weights' tables decode them to (the test checks those streams' layout only: decoding
     them needs the very weights, which change)."""
     c = container.unpack(buf)
-    if c.meta["format"] == image_codec.TILED:
+    if c.meta["format"] in image_codec.TILED_FORMATS:
         return _tile_sections(buf, c, prefix)
     rans = latents.rans_sections(c.meta)
     symbols = image_codec.ImageCodec("cpu").decode_symbols(buf) if rans else {}
@@ -136,7 +136,7 @@ def _tile_sections(buf: bytes, c: container.Container, prefix: str) -> dict:
     """A tiled image's parts, per tile, as ``_sections`` holds a section (``{prefix}tile{i}_section_{part}``)."""
     t = c.meta["tiles"]
     grid, symbols = image_codec.ImageCodec("cpu").decode_tile_symbols(buf)
-    index = tile_index.TileIndex(c.sections, grid.count, t["parts"], t["symbols"])
+    index = tile_index.TileIndex(c.sections, grid.count, t["parts"], t["symbols"], c.meta["format"])
     out = {}
     for i in range(grid.count):
         coding = index.coding(i)

@@ -13,8 +13,8 @@ from visemz.framing import write_varints
 from visemz.header_dictionary import DICTIONARIES
 
 # what a dictionary's bytes must stay forever: files name it by number (docs/FORMAT.md, section 3)
-DICTIONARY_XXH64 = {1: "03927710576668fd"}
-IMAGE_META = {"format": 4, "model": "mbt2018-mean-rgb", "model_id": "68c1431dce83918a", "quality": 3.0, "dtype": "uint8",
+DICTIONARY_XXH64 = {1: "3d67dec384d0c3fc"}
+IMAGE_META = {"format": 5, "model": "mbt2018-mean-rgb", "model_id": "68c1431dce83918a", "quality": 3.0, "dtype": "uint8",
               "shape": [512, 768, 3], "range": [0.0, 255.0], "max_error": None, "residual": None, "entropy": "zstd",
               "tiles": {"size": 4096, "halo": [32, 16], "grid": [1, 1], "parts": ["y", "y_scales", "z"],
                         "symbols": ["y", "z"]}}

@@ -182,7 +182,7 @@ def check_image_container(buf: bytes, arrays: dict, prefix: str = "") -> contain
     """Container parse and re-pack, and every section against its stored integers (no pixels)."""
     c = container.unpack(buf)
     assert c.kind == "image"
-    if c.meta["format"] == image_codec.TILED:
+    if c.meta["format"] in image_codec.TILED_FORMATS:
         check_tiles(c, arrays, prefix)
         assert_repacks(c, buf)
         return c
@@ -206,7 +206,7 @@ def check_tiles(c: container.Container, arrays: dict, prefix: str) -> None:
     the stored integers, as a format-3 section does."""
     t = c.meta["tiles"]
     n = t["grid"][0] * t["grid"][1]
-    index = tile_index.TileIndex(c.sections, n, t["parts"], t["symbols"])
+    index = tile_index.TileIndex(c.sections, n, t["parts"], t["symbols"], c.meta["format"])
     stored = {k.removeprefix(prefix): a for k, a in arrays.items() if k.startswith(f"{prefix}tile")}
     assert sorted(stored) == sorted(f"tile{i}_section_{p}" for i in range(n) for p in t["parts"])
     skip_unless_written_alike()
