@@ -192,7 +192,7 @@ def test_hostile_headers_with_valid_checksums():
         (dict(quality="high"), CorruptStreamError),
         (dict(residual="bits"), CorruptStreamError),
         (dict(colour=1), UnsupportedFormatError),
-        (dict(symbols={"y": [1, 192, 2, 2]}), UnsupportedFormatError),  # format 4 has tiles instead
+        (dict(symbols={"y": [1, 192, 2, 2]}), UnsupportedFormatError),  # formats 4 and 5 have tiles instead
         (dict(tiles=dict(tiles, grid=[2, 1])), CorruptStreamError),
         (dict(range=[5, 1]), CorruptStreamError),
     ]

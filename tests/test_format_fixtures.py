@@ -202,7 +202,7 @@ def check_image_container(buf: bytes, arrays: dict, prefix: str = "") -> contain
 
 
 def check_tiles(c: container.Container, arrays: dict, prefix: str) -> None:
-    """A tiled image (format 4): the tile index splits the tiles section, and every tile's parts hold
+    """A tiled image (format 4 or 5): the tile index splits the tiles section, and every tile's parts hold
     the stored integers, as a format-3 section does."""
     t = c.meta["tiles"]
     n = t["grid"][0] * t["grid"][1]

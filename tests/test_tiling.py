@@ -1,4 +1,4 @@
-"""Tiled images (format 4): round trips of odd sizes, region reads, seams, the error bound across tile
+"""Tiled images (formats 4 and 5): round trips of odd sizes, region reads, seams, the error bound across tile
 edges, and damaged tile indexes.  Small tiles (64-256 pixels) keep the CPU work small."""
 
 from __future__ import annotations

@@ -383,7 +383,7 @@ def _residual_sections(mode: str | None) -> set[str]:
 
 
 def _check_tiles(h: dict, height: int, width: int, symbols: list[str]) -> tiling.Grid:
-    """A format-4 header's ``tiles``, against the image's padded size and the model's symbol sections."""
+    """A tiled (format 4 or 5) header's ``tiles``, against the image's padded size and the model's symbol sections."""
     t = h["tiles"]
     if not isinstance(t, dict) or set(t) != TILE_KEYS:
         raise CorruptStreamError(f"image header tiles {t!r} do not hold exactly {sorted(TILE_KEYS)}")

@@ -1,4 +1,4 @@
-"""The tile index of an image file of format 4 (docs/FORMAT.md, section 4.3): where each tile's parts lie.
+"""The tile index of an image file of format 4 or 5 (docs/FORMAT.md, section 4.3): where each tile's parts lie.
 
 Every tile holds the same named parts (its symbol sections, and with ``max_error`` its residual
 sections), coded as in format 3 but per tile.  The container's section ``tiles`` holds them back
