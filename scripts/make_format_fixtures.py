@@ -124,7 +124,7 @@ def _sections(buf: bytes, prefix: str = "") -> dict:
     current weights' tables decode them to (the test checks those streams' layout only: decoding
     them needs the very weights, which change)."""
     c = container.unpack(buf)
-    if c.meta["format"] == image_codec.TILED:
+    if c.meta["format"] in image_codec.TILED_FORMATS:
         return _tile_sections(buf, c, prefix)
     rans = latents.rans_sections(c.meta)
     symbols = image_codec.ImageCodec("cpu").decode_symbols(buf) if rans else {}
@@ -136,7 +136,7 @@ def _tile_sections(buf: bytes, c: container.Container, prefix: str) -> dict:
     """A tiled image's parts, per tile, as ``_sections`` holds a section (``{prefix}tile{i}_section_{part}``)."""
     t = c.meta["tiles"]
     grid, symbols = image_codec.ImageCodec("cpu").decode_tile_symbols(buf)
-    index = tile_index.TileIndex(c.sections, grid.count, t["parts"], t["symbols"])
+    index = tile_index.TileIndex(c.sections, grid.count, t["parts"], t["symbols"], c.meta["format"])
     out = {}
     for i in range(grid.count):
         coding = index.coding(i)
@@ -145,6 +145,12 @@ def _tile_sections(buf: bytes, c: container.Container, prefix: str) -> dict:
             out[f"{prefix}tile{i}_section_{name}"] = symbols[i][name].numpy().reshape(-1) if coding.get(name) == "rans" \
                 else decode_ints(body) if len(body) else np.zeros(0, np.int32)
     return out
+
+
+def _container_suffix() -> str:
+    """Image and page files are named by their container version too, from version 2 on (version 1 files
+    were named before there was a second)."""
+    return "" if container.VERSION == 1 else f"-c{container.VERSION}"
 
 
 IMAGES = (  # (model, dtype, shape, max_error): no residual, each residual mode, both models, 1 and 3 channels
@@ -166,7 +172,8 @@ def images(w: Writer) -> None:
         img = _image(dtype, shape, seed=len(shape))
         buf = visemz.compress(img, model=model, quality=1, max_error=e, device="cpu", tile=tile)
         fmt = container.unpack(buf).meta["format"]
-        name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "")
+        name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "") \
+            + _container_suffix()
         w.add(name, "image", fmt, buf, ".vsz", {"image": img, **_sections(buf)}, model=model, quality=1,
               max_error=e, container=container.VERSION, **({"tile": tile} if tile else {}))
 
@@ -177,7 +184,7 @@ def page_stack(w: Writer) -> None:
     page_arrays = {}
     for k, page in enumerate(pages.page_buffers(container.unpack(buf))):
         page_arrays.update(_sections(page, prefix=f"page{k}_"))
-    w.add(f"pages-v{pages.FORMAT}-uint8-2x20x24-e1", "pages", pages.FORMAT, buf, ".vsz", {"stack": stack, **page_arrays},
+    w.add(f"pages-v{pages.FORMAT}-uint8-2x20x24-e1{_container_suffix()}", "pages", pages.FORMAT, buf, ".vsz", {"stack": stack, **page_arrays},
           model="balle2016", quality=1, max_error=1, container=container.VERSION)
 
 

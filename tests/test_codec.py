@@ -1,14 +1,17 @@
 """visemz.compress / decompress on the CPU: dtypes, layouts, odd sizes, the error bound, bad input."""
 
 import pickle
+import struct
 
 import numpy as np
 import pytest
 from skimage import data
 import torch
+import xxhash
 
 import visemz
 from visemz import container
+from visemz.framing import write_varints
 from visemz.encoders import entropy, layout, stream
 from visemz.errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError, VisemzError
 from visemz.models import all_specs
@@ -140,6 +143,36 @@ def test_corrupt_files_raise_visemz_errors():
     visemz.decompress(bytes(buf))  # the undamaged file still decodes
 
 
+def test_damaged_container_headers_are_corrupt():
+    """Every bit of a file's container framing and compressed header (version 2), flipped: the checksum
+    names it; and the header's zstd frame damaged behind a recomputed checksum is CorruptStreamError too."""
+    img = _image("uint8", (20, 30, 3))
+    buf = visemz.compress(img)
+    c = container.unpack(buf)
+    assert c.version == container.VERSION == 2 and buf[11] == 1
+    head = len(buf) - sum(len(v) for v in c.sections.values())
+    data = bytearray(buf)
+    for i in range(head * 8):
+        data[i // 8] ^= 1 << (i % 8)
+        with pytest.raises((CorruptStreamError, UnsupportedFormatError)):
+            visemz.decompress(bytes(data))
+        data[i // 8] ^= 1 << (i % 8)
+    lengths = write_varints([c.header_bytes, *(len(v) for v in c.sections.values())])
+    stored = buf[20 + len(lengths):head]
+    for k in range(len(stored)):
+        bad = bytearray(stored)
+        bad[k] ^= 0x21
+        body = bytes(lengths) + bytes(bad) + b"".join(bytes(v) for v in c.sections.values())
+        rebuilt = buf[:12] + struct.pack("<Q", xxhash.xxh64(buf[:12] + body).intdigest()) + body
+        try:
+            out = visemz.decompress(rebuilt)  # a changed literal may still make a valid header
+        except VisemzError:
+            continue
+        assert out.shape == img.shape
+    v1 = container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}, version=1)
+    np.testing.assert_array_equal(visemz.decompress(v1), visemz.decompress(buf))  # version 1 files still decode
+
+
 def _rewrite(buf: bytes, **changes) -> bytes:
     c = container.unpack(buf)
     return container.pack(c.kind, dict(c.meta, **changes), {k: bytes(v) for k, v in c.sections.items()})
@@ -153,13 +186,13 @@ def test_hostile_headers_with_valid_checksums():
         (dict(shape=[20, 31]), CorruptStreamError),
         (dict(dtype="float64"), UnsupportedFormatError),
         (dict(model_id="0000000000000000"), UnsupportedFormatError),
-        (dict(format=5), UnsupportedFormatError),
+        (dict(format=6), UnsupportedFormatError),
         (dict(format=2), VisemzError),  # rANS sections read as ints streams: damage, not garbage
         (dict(quality=8.5), CorruptStreamError),
         (dict(quality="high"), CorruptStreamError),
         (dict(residual="bits"), CorruptStreamError),
         (dict(colour=1), UnsupportedFormatError),
-        (dict(symbols={"y": [1, 192, 2, 2]}), UnsupportedFormatError),  # format 4 has tiles instead
+        (dict(symbols={"y": [1, 192, 2, 2]}), UnsupportedFormatError),  # formats 4 and 5 have tiles instead
         (dict(tiles=dict(tiles, grid=[2, 1])), CorruptStreamError),
         (dict(range=[5, 1]), CorruptStreamError),
     ]

@@ -2,11 +2,13 @@
 
 import struct
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from visemz.encoders import rans_layout as RL
+from visemz.framing import read_varints, write_varints
 from visemz.encoders.rans import decode_conditional, encode_conditional
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
 
@@ -37,11 +39,16 @@ def test_roundtrip(tables, kind, plan):
         roundtrip(sym, idx, tables, lane_bytes=plan[0], lane_symbols=plan[1])
 
 
+def plan_of(buf, n: int, tables) -> RL.Plan:
+    return RL.parse(buf, n, tables.fingerprint).plan
+
+
 def test_all_zero_with_the_narrowest_table_costs_only_the_lane_states(tables):
     for n in (1, 20_001, 300_000):
         buf = roundtrip(np.zeros(n, np.int32), np.zeros(n, np.int32), tables)
-        lanes = RL.PREFIX.unpack_from(buf)[2]
-        assert len(buf) <= RL.HEAD + 4 + 4 * lanes + 1, (n, len(buf), lanes)
+        pieces = RL.pieces(buf)
+        assert pieces["body"] <= 1 and pieces["escapes"] == 0 and pieces["header"] <= RL.HEAD2 + 10, (n, pieces)
+        assert pieces["lane_states"] == 4 * plan_of(buf, n, tables).lanes
 
 
 def test_plans_cover_one_lane_to_many_groups(tables):
@@ -49,8 +56,8 @@ def test_plans_cover_one_lane_to_many_groups(tables):
     seen = set()
     for lane_bytes, lane_symbols in ((10**9, RL.MAX_LANE_SYMBOLS), (10**9, 1000), (8, 64), (1, 64)):
         buf = roundtrip(sym, idx, tables, lane_bytes=lane_bytes, lane_symbols=lane_symbols)
-        _, _, lanes, _, n, group_symbols, _, _ = RL.PREFIX.unpack_from(buf)
-        seen.add((lanes, -(-n // group_symbols)))
+        p = plan_of(buf, idx.size, tables)
+        seen.add((p.lanes, p.groups))
     assert (1, 1) in seen and any(g > 1 for _, g in seen) and any(1 < k < 32 for k, _ in seen)
 
 
@@ -139,28 +146,45 @@ def golden_inputs():
     return d["symbols"].astype(np.int32), d["indexes"].astype(np.int32), CdfTables.from_dict(d)
 
 
-@pytest.mark.parametrize("name, plan", [("one_group", {}), ("groups", {"lane_bytes": 1, "lane_symbols": 64})])
-def test_golden_stream_still_decodes_and_encodes_the_same(name, plan):
+GOLDEN_PLANS = {"one_group": {}, "groups": {"lane_bytes": 1, "lane_symbols": 64}}
+
+
+@pytest.mark.parametrize("version", RL.VERSIONS)
+@pytest.mark.parametrize("name", GOLDEN_PLANS)
+def test_golden_stream_still_decodes_and_encodes_the_same(name, version):
+    """Every version's golden streams decode; today's version encodes to the same bytes, and the
+    versions differ only in their framing: the lanes' bytes are the same."""
     sym, idx, tables = golden_inputs()
-    stored = (GOLDEN / f"{name}_v1.vzrc").read_bytes()
+    stored = (GOLDEN / f"{name}_v{version}.vzrc").read_bytes()
     np.testing.assert_array_equal(decode_conditional(stored, idx, tables), sym)
-    assert encode_conditional(sym, idx, tables, **plan) == stored
+    again = encode_conditional(sym, idx, tables, **GOLDEN_PLANS[name])
+    if version == RL.VERSION:
+        assert again == stored
+    a, b = RL.parse(stored, idx.size, tables.fingerprint), RL.parse(again, idx.size, tables.fingerprint)
+    assert a.plan == b.plan and a.escapes == b.escapes > 0 and list(a.sizes) == list(b.sizes)
+    assert bytes(a.buf[int(a.starts[0]):int(a.starts[-1] + a.sizes[-1])]) == \
+        bytes(b.buf[int(b.starts[0]):int(b.starts[-1] + b.sizes[-1])])
 
 
 def write_golden() -> None:  # python -c "from tests.test_rans import write_golden; write_golden()"
-    """Small integer tables, symbols with escapes, and the streams the reference writes for them."""
+    """Small integer tables, symbols with escapes, and the streams the reference writes for them, in today's
+    version (a golden stream already there is never rewritten: it is a stream some user has)."""
     from visemz.encoders.cdf_tables import gaussian_scale_tables
 
     tables = gaussian_scale_tables([0.11, 0.5, 1.3, 4.0, 9.0])
-    rng = np.random.default_rng(2026)
-    idx = rng.integers(0, 5, 2500).astype(np.int8)
-    sym = np.round(rng.normal(0, 1.5, idx.size) * np.array([0.11, 0.5, 1.3, 4.0, 9.0])[idx]).astype(np.int16)
-    sym[[7, 500, 2499]] = [300, -300, 70]
-    GOLDEN.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(GOLDEN / "golden_v1.npz", symbols=sym, indexes=idx, **tables.to_dict())
-    for name, plan in (("one_group", {}), ("groups", {"lane_bytes": 1, "lane_symbols": 64})):
-        (GOLDEN / f"{name}_v1.vzrc").write_bytes(encode_conditional(sym.astype(np.int32), idx.astype(np.int32),
-                                                                     tables, **plan))
+    inputs = GOLDEN / "golden_v1.npz"  # the inputs of every version's streams
+    if not inputs.is_file():
+        rng = np.random.default_rng(2026)
+        idx = rng.integers(0, 5, 2500).astype(np.int8)
+        sym = np.round(rng.normal(0, 1.5, idx.size) * np.array([0.11, 0.5, 1.3, 4.0, 9.0])[idx]).astype(np.int16)
+        sym[[7, 500, 2499]] = [300, -300, 70]
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(inputs, symbols=sym, indexes=idx, **tables.to_dict())
+    sym, idx, tables = golden_inputs()
+    for name, plan in GOLDEN_PLANS.items():
+        path = GOLDEN / f"{name}_v{RL.VERSION}.vzrc"
+        if not path.is_file():
+            path.write_bytes(encode_conditional(sym, idx, tables, **plan))
 
 
 # ---------------------------------------------------------------- damaged streams
@@ -181,8 +205,8 @@ def must_fail(buf, idx, tables, error=VisemzError):
     assert peak < MAX_PEAK
 
 
-def reframe(buf: bytes, **fields) -> bytes:
-    """Rewrite header fields and recompute the checksum, as a hostile writer could."""
+def reframe1(buf: bytes, **fields) -> bytes:
+    """A version-1 stream with header fields rewritten and the checksum recomputed, as a hostile writer could."""
     names = ("magic", "version", "lanes", "reserved", "n", "group_symbols", "escapes", "tables")
     values = dict(zip(names, RL.PREFIX.unpack_from(buf)))
     values.update(fields)
@@ -191,8 +215,20 @@ def reframe(buf: bytes, **fields) -> bytes:
     return prefix + struct.pack("<Q", RL.checksum(prefix, body)) + body
 
 
+def reframe(buf: bytes, **fields) -> bytes:
+    """The same for today's version: fixed fields (magic, version, lanes, tables) and the varint counts
+    (n, group_symbols, escapes) rewritten, the rest (group sizes, groups, escapes) kept."""
+    values = dict(zip(("magic", "version", "lanes", "tables"), RL.PREFIX2.unpack_from(buf)))
+    counts, pos = read_varints(memoryview(buf), RL.HEAD2, 3, "counts")
+    values.update(zip(("n", "group_symbols", "escapes"), (int(c) for c in counts)))
+    values.update(fields)
+    prefix = RL.PREFIX2.pack(*(values[k] for k in ("magic", "version", "lanes", "tables")))
+    body = write_varints([values["n"], values["group_symbols"], values["escapes"]]) + buf[pos:]
+    return prefix + struct.pack("<Q", RL.checksum(prefix, body)) + body
+
+
 def with_body(buf: bytes, body: bytes) -> bytes:
-    prefix = buf[: RL.PREFIX.size]
+    prefix = buf[: RL.PREFIX2.size]
     return prefix + struct.pack("<Q", RL.checksum(prefix, body)) + body
 
 
@@ -216,8 +252,8 @@ def test_damaged_lane_data_behind_a_valid_checksum(tables, small):
     (far tails) is a valid stream of other symbols; no entropy code can tell, the checksum does."""
     sym, idx, buf = small
     groups = RL.parse(buf, idx.size, tables.fingerprint)
-    body = bytearray(buf[RL.HEAD :])
-    first, last = int(groups.starts[0]) - RL.HEAD, int((groups.starts + groups.sizes)[-1]) - RL.HEAD
+    body = bytearray(buf[RL.HEAD2 :])
+    first, last = int(groups.starts[0]) - RL.HEAD2, int((groups.starts + groups.sizes)[-1]) - RL.HEAD2
     rng = np.random.default_rng(4)
     caught = 0
     for i in range(first, last):
@@ -235,20 +271,51 @@ def test_damaged_lane_data_behind_a_valid_checksum(tables, small):
 
 def test_inconsistent_headers_are_refused(tables, small):
     _, idx, buf = small
-    lanes, group_symbols = RL.PREFIX.unpack_from(buf)[2], RL.PREFIX.unpack_from(buf)[5]
-    for field, value in (("lanes", lanes + 1), ("lanes", lanes - 1), ("lanes", 33), ("lanes", 0),
-                         ("group_symbols", group_symbols + 1), ("group_symbols", 0), ("escapes", 0),
-                         ("escapes", 5000), ("reserved", 1)):
+    p = plan_of(buf, idx.size, tables)
+    for field, value in (("lanes", p.lanes + 1), ("lanes", p.lanes - 1), ("lanes", 33), ("lanes", 0),
+                         ("group_symbols", p.group_symbols + 1), ("group_symbols", 0), ("escapes", 0),
+                         ("escapes", 5000), ("escapes", 1)):
         must_fail(reframe(buf, **{field: value}), idx, tables, CorruptStreamError)
     must_fail(reframe(buf, n=301), np.zeros(301, np.int32), tables, CorruptStreamError)
     must_fail(buf, idx[:-1], tables, CorruptStreamError)  # other symbol count than the stream's
     must_fail(reframe(buf, tables=0), idx, tables, UnsupportedFormatError)
-    must_fail(reframe(buf, version=2), idx, tables, UnsupportedFormatError)
+    must_fail(reframe(buf, version=3), idx, tables, UnsupportedFormatError)
     huge = reframe(buf, n=10**9)
     must_fail(huge, np.zeros(4, np.int32), tables, LimitExceededError)
     long_lane = RL.MAX_STEPS + 1  # one lane of more steps than any encoder makes
     must_fail(reframe(buf, n=long_lane, lanes=1, group_symbols=long_lane), np.zeros(long_lane, np.int8), tables,
               LimitExceededError)
+    must_fail(reframe(buf, n=2**64 - 1), idx, tables, LimitExceededError)
+
+
+def test_version_1_headers_are_still_checked(tables):
+    sym, idx, _ = golden_inputs()
+    golden_tables = golden_inputs()[2]
+    buf = (GOLDEN / "groups_v1.vzrc").read_bytes()
+    _, _, lanes, _, _, group_symbols, escapes, _ = RL.PREFIX.unpack_from(buf)
+    for field, value in (("lanes", lanes + 1), ("lanes", 33), ("group_symbols", group_symbols + 1),
+                         ("escapes", escapes + 1), ("escapes", 0), ("reserved", 1)):
+        must_fail(reframe1(buf, **{field: value}), idx, golden_tables, CorruptStreamError)
+    must_fail(reframe1(buf, tables=0), idx, golden_tables, UnsupportedFormatError)
+    must_fail(reframe1(buf, n=10**9), np.zeros(4, np.int32), golden_tables, LimitExceededError)
+    for cut in range(0, len(buf), 7):
+        must_fail(buf[:cut], idx, golden_tables)
+
+
+def test_escape_varints_are_checked(tables, small):
+    """The escapes after the groups: exactly E zigzag varints of non-zero int32 excesses, to the end."""
+    sym, idx, buf = small
+    parsed = RL.parse(buf, idx.size, tables.fingerprint)
+    assert parsed.escapes > 2
+    end = int(parsed.starts[-1] + parsed.sizes[-1])
+    head, excess = buf[RL.HEAD2:end], parsed.escape_stream
+    for bad in (RL.escape_varints(excess[:-1]),  # one missing
+                RL.escape_varints(excess) + b"\x02",  # one more
+                RL.escape_varints(np.concatenate([excess[:-1], [0]])),  # a zero excess
+                RL.escape_varints(excess) [:-1] + b"\x80",  # the last one unterminated
+                RL.escape_varints(excess[:-1]) + write_varints([1 << 33])):  # beyond int32
+        must_fail(with_body(buf, head + bad), idx, tables, CorruptStreamError)
+    np.testing.assert_array_equal(decode_conditional(with_body(buf, head + RL.escape_varints(excess)), idx, tables), sym)
 
 
 def test_group_sizes_that_do_not_add_up_are_refused(tables):
@@ -257,13 +324,18 @@ def test_group_sizes_that_do_not_add_up_are_refused(tables):
     parsed = RL.parse(buf, idx.size, tables.fingerprint)
     g = parsed.sizes.size
     assert g > 1
-    body = bytearray(buf[RL.HEAD :])
+    p = parsed.plan
+    counts = write_varints([p.n, p.group_symbols, parsed.escapes])
+    rest = buf[int(parsed.starts[0]):]
     for delta in ((1, -1), (-1, 1), (1, 0)):
         sizes = parsed.sizes.copy()
         sizes[0] += delta[0]
         sizes[1] += delta[1]
-        body[: 4 * g] = sizes.astype("<u4").tobytes()
-        must_fail(with_body(buf, bytes(body)), idx, tables, CorruptStreamError)
+        must_fail(with_body(buf, counts + write_varints(sizes) + rest), idx, tables, CorruptStreamError)
+    # a group size written in more bytes than it needs
+    first = write_varints(parsed.sizes[:1])
+    padded = first[:-1] + bytes([first[-1] | 0x80, 0]) + write_varints(parsed.sizes[1:])
+    must_fail(with_body(buf, counts + padded + rest), idx, tables, CorruptStreamError)
 
 
 def test_wrong_indexes_do_not_decode_to_garbage(tables):
@@ -279,7 +351,7 @@ def test_wrong_indexes_do_not_decode_to_garbage(tables):
 def test_random_bytes_are_refused(tables):
     rng = np.random.default_rng(12)
     idx = np.zeros(1000, np.int32)
-    for size in (0, 5, 31, 32, 40, 1000, 100_000):
+    for size in (0, 5, 17, 18, 19, 31, 32, 40, 1000, 100_000):
         must_fail(rng.integers(0, 256, size, dtype=np.uint8).tobytes(), idx, tables)
     template = encode_conditional(np.zeros(1000, np.int32), idx, tables)
     for size in (4, 100, 5000):  # random bodies behind a valid header and checksum

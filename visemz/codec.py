@@ -51,14 +51,16 @@ KIND = "image"
 #    block-coded (ints streams); still read, and written on request (``image_format=2``);
 # 3: the same models, symbols coded by conditional rANS with the weights' tables (``latents.py``);
 # 4: format 3's coding per tile of a grid (``tiling.py``), with a tile index (``tile_index.py``), so
-#    that memory follows the tile and a region decodes only the tiles it needs.
+#    that memory follows the tile and a region decodes only the tiles it needs;
+# 5: format 4 with the tile index's part lengths as varints (one-tile files: 7 bytes instead of 26).
 TILED = 4
-FORMAT = TILED
-FORMATS_READ = (latents.BLOCK, latents.RANS, TILED)
+FORMAT = tile_index.VARINT_FORMAT
+TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT)
+FORMATS_READ = (latents.BLOCK, latents.RANS, *TILED_FORMATS)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
 META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
 META_KEYS_OF = {latents.BLOCK: META_KEYS, latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
-                TILED: META_KEYS - {"symbols"} | {"tiles"}}  # format 4: the grid and its parts instead
+                **{f: META_KEYS - {"symbols"} | {"tiles"} for f in TILED_FORMATS}}  # 4, 5: the grid and its parts instead
 TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
 
 
@@ -143,8 +145,9 @@ class ImageCodec:
         e = check_max_error(max_error, meta.dtype)
         spec = registry.spec(model, meta.variant)
         net, model_id = W.load(spec, self.device)
-        grid = tiling.grid_for(meta, tile if image_format == TILED else None)
-        coded = latents.RANS if image_format == TILED else image_format
+        tiled = image_format in TILED_FORMATS
+        grid = tiling.grid_for(meta, tile if tiled else None)
+        coded = latents.RANS if tiled else image_format
         with exact_math():
             net64 = _model64(spec, self.device) if e is not None or coded == latents.RANS else None
             analysed = tiling.analyse(net, t, meta, q, grid, DEFAULTS.tile_batch, self.device, refining)
@@ -174,7 +177,7 @@ class ImageCodec:
             "shape": list(meta.shape), "range": [meta.lo, meta.hi],
             "max_error": e, "residual": mode, "entropy": self.enc["entropy"],
         }
-        if image_format != TILED:
+        if not tiled:
             sections, coding = tiles[0]
             shapes = architectures.latent_shapes(net, *_batch_and_padded(meta))
             header["symbols"] = {k: list(v) for k, v in shapes.items()}
@@ -184,7 +187,7 @@ class ImageCodec:
         parts, names = sorted(tiles[0][0]), list(tiles[0][1])
         header["tiles"] = {"size": grid.size, "halo": list(tiling.ANALYSIS_HALO), "grid": [grid.rows, grid.cols],
                            "parts": parts, "symbols": names}
-        return container.pack(KIND, header, tile_index.pack(parts, names, tiles))
+        return container.pack(KIND, header, tile_index.pack(parts, names, tiles, image_format))
 
     # ---------------------------------------------------------------- decompress
     def decode_symbols(self, buf) -> dict[str, torch.Tensor]:
@@ -274,10 +277,10 @@ class ImageCodec:
             )
         batch, ph, pw = _batch_and_padded(meta)
         want = architectures.latent_shapes(net, batch, ph, pw)
-        if h["format"] == TILED:
+        if h["format"] in TILED_FORMATS:
             names = list(want)
             grid = _check_tiles(h, ph, pw, names)
-            index = tile_index.TileIndex(c.sections, grid.count, h["tiles"]["parts"], names)
+            index = tile_index.TileIndex(c.sections, grid.count, h["tiles"]["parts"], names, h["format"])
             tile_of = lambda i: (index.sections(i), index.coding(i))  # noqa: E731
             rans = any(v == "rans" for i in range(grid.count) for v in index.coding(i).values())
         else:
@@ -355,7 +358,7 @@ def _check_header(h: dict, sections: dict) -> dict:
         meta = ImageMeta(h["dtype"], tuple(shape), float(rng[0]), float(rng[1]))
         if mode != residual.mode_for(meta, e):
             raise CorruptStreamError(f"residual mode {mode!r} does not match dtype {h['dtype']} and max_error {e}")
-    if fmt == TILED:
+    if fmt in TILED_FORMATS:
         if list(sections) != [tile_index.INDEX, tile_index.TILES]:
             raise CorruptStreamError(f"tiled image has sections {list(sections)}, expected "
                                      f"{[tile_index.INDEX, tile_index.TILES]}")
@@ -380,7 +383,7 @@ def _residual_sections(mode: str | None) -> set[str]:
 
 
 def _check_tiles(h: dict, height: int, width: int, symbols: list[str]) -> tiling.Grid:
-    """A format-4 header's ``tiles``, against the image's padded size and the model's symbol sections."""
+    """A tiled (format 4 or 5) header's ``tiles``, against the image's padded size and the model's symbol sections."""
     t = h["tiles"]
     if not isinstance(t, dict) or set(t) != TILE_KEYS:
         raise CorruptStreamError(f"image header tiles {t!r} do not hold exactly {sorted(TILE_KEYS)}")

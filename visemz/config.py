@@ -47,7 +47,7 @@ class Defaults:
     #: Conditional rANS: at most this many symbols per lane (bounds the sequential steps of a lane).
     rans_lane_symbols: int = 16384  # VISEMZ_RANS_LANE_SYMBOLS
     #: Image codec: core tile size in pixels (a multiple of 64 in 64..32768: ``tiling.check_tile``).  An
-    #: image larger than one tile is compressed tile by tile (image format 4), so GPU memory follows the
+    #: image larger than one tile is compressed tile by tile (image formats 4 and 5), so GPU memory follows the
     #: tile batch, not the image.
     #: 4096 because every tile carries its own hyperprior and coding (measured, CPU, mbt2018-mean,
     #: a 1538x2493 X-ray: tiles of 1024 took 1.12-1.46x the bytes of one tile) and the network runs

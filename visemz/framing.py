@@ -1,16 +1,19 @@
-"""What every visemz binary format starts with: a bytes view, a magic, a version, xxh64.
+"""What every visemz binary format starts with: a bytes view, a magic, a version, xxh64; and LEB128 varints.
 
-Shared by the .vsz container and the ints stream, so both refuse foreign or newer data
-the same way, before looking at anything else.
+Shared by the .vsz container, the ints stream and the conditional rANS stream, so all refuse
+foreign or newer data the same way, before looking at anything else.
 """
 
 from __future__ import annotations
 
 import struct
 
+import numpy as np
 import xxhash
 
 from .errors import CorruptStreamError, UnsupportedFormatError
+
+MAX_VARINT_BYTES = 10  # a LEB128 u64
 
 
 def xxh64(*parts) -> int:
@@ -20,11 +23,13 @@ def xxh64(*parts) -> int:
     return h.intdigest()
 
 
-def read_prefix(buf, what: str, fixed: struct.Struct, head: int, magic: bytes, version: int):
+def read_prefix(buf, what: str, fixed: struct.Struct, head: int, magic: bytes, version: int | tuple[int, ...]):
     """(byte view, fields after magic and version) of a buffer whose prefix is ``fixed``.
 
-    ``head`` is the number of bytes the format needs before it can check anything else.
+    ``head`` is the number of bytes the format needs before it can check anything else; ``version``
+    the version this build reads (or a tuple of them).
     """
+    versions = (version,) if isinstance(version, int) else tuple(version)
     try:
         mv = memoryview(buf).cast("B")
     except TypeError:
@@ -34,6 +39,50 @@ def read_prefix(buf, what: str, fixed: struct.Struct, head: int, magic: bytes, v
     found, found_version, *fields = fixed.unpack_from(mv, 0)
     if found != magic:
         raise CorruptStreamError(f"not a {what}: magic {bytes(found)!r} is not {magic!r}")
-    if found_version != version:
-        raise UnsupportedFormatError(f"{what} version {found_version} (this build reads version {version})")
+    if found_version not in versions:
+        reads = f"version {versions[0]}" if len(versions) == 1 else f"versions {', '.join(map(str, versions))}"
+        raise UnsupportedFormatError(f"{what} version {found_version} (this build reads {reads})")
     return mv, fields
+
+
+def write_varints(values) -> bytes:
+    """Unsigned LEB128 of each value (non-negative integers below 2^64): 7 bits a byte, least significant
+    group first, bit 7 set on every byte but a value's last."""
+    v = np.asarray(values, dtype=np.uint64).reshape(-1)
+    nbytes = np.ones(v.size, np.int64)
+    for k in range(1, MAX_VARINT_BYTES):
+        nbytes += v >= np.uint64(1 << (7 * k))
+    out = np.empty(int(nbytes.sum()), np.uint8)
+    starts = np.cumsum(nbytes) - nbytes
+    for k in range(int(nbytes.max(initial=0))):
+        m = nbytes > k
+        more = np.where(nbytes[m] > k + 1, 0x80, 0).astype(np.uint8)
+        out[starts[m] + k] = ((v[m] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8) | more
+    return out.tobytes()
+
+
+def read_varints(mv, pos: int, count: int, what: str, max_bytes: int = MAX_VARINT_BYTES) -> tuple[np.ndarray, int]:
+    """(``count`` values as uint64, the position after them) of the LEB128 varints at ``pos`` of ``mv``.
+
+    Each takes at most ``max_bytes`` bytes and has one encoding (no needless trailing zero group); a
+    value of 10 bytes must stay below 2^64.  Work and memory follow ``count``, not the buffer: a
+    count the buffer cannot hold is refused before anything is read."""
+    if count == 0:
+        return np.zeros(0, np.uint64), pos
+    if count > len(mv) - pos:
+        raise CorruptStreamError(f"{what}: {count} lengths cannot fit in the {max(0, len(mv) - pos)} bytes left")
+    region = np.frombuffer(mv, np.uint8, min(len(mv) - pos, count * max_bytes), pos)
+    last = np.flatnonzero(region < 0x80)[:count]
+    if last.size < count:
+        raise CorruptStreamError(f"{what}: the varints run past the end of their {region.size} bytes")
+    ends = last + 1
+    starts = np.concatenate(([0], ends[:-1]))
+    nbytes = ends - starts
+    if nbytes.max() > max_bytes or np.any((nbytes > 1) & (region[last] == 0)) or \
+            (max_bytes == MAX_VARINT_BYTES and np.any((nbytes == MAX_VARINT_BYTES) & (region[last] > 1))):
+        raise CorruptStreamError(f"{what}: a varint is longer than {max_bytes} bytes, not minimal, or over 2^64")
+    values = np.zeros(count, np.uint64)
+    for k in range(int(nbytes.max())):
+        m = nbytes > k
+        values[m] |= (region[starts[m] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+    return values, pos + int(ends[-1])

@@ -10,7 +10,7 @@ read as (H, W, C) (``layout="hwc"``, as ``visemz.compress`` reads an image) or a
 through the RGB model, the image codec's rule for three channels); uint8, uint16 and float32.
 The .vsz bytes carry shape, dtype and value range; the layout lives in the codec's config.
 A chunk larger than a tile (``tile``, default ``VISEMZ_TILE``) is compressed tile by tile (image
-format 4), so a large chunk needs no more GPU memory than a tile batch.
+format 5), so a large chunk needs no more GPU memory than a tile batch.
 
 ``visemz_eb`` and ``visemz_lossless``: the collectives' float codecs (``collectives/codecs.py``)
 on float32 and float16 chunks of any shape.  Their streams are flat, so a small header in front

@@ -10,8 +10,8 @@ integers both sides compute alike.  docs/FORMAT.md section 6 gives the layout.
 
 A value outside its table's range is coded as the table's escape symbol; its excess
 beyond the range (value - hi > 0 above, value - lo < 0 below) goes, in symbol order, to
-a side stream written by ``encode_ints`` (global policy, no entropy stage, so its bytes
-too are the same on both devices).
+the end of the stream as a zigzag varint (version 1 streams, still read, hold them in an
+ints stream), written on the CPU from the same integers on both devices.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from .. import device as dev
 from ..config import DEFAULTS
 from ..errors import CorruptStreamError, InvalidArgumentError
-from . import decode_ints, encode_ints
+from . import decode_ints
 from . import layout as L
 from . import rans_layout as RL
 from . import rans_reference as reference
@@ -120,14 +120,15 @@ def escape_excess(values: np.ndarray, t: np.ndarray, tables: CdfTables) -> np.nd
 
 
 def escape_stream(excess: np.ndarray) -> bytes:
-    return encode_ints(excess, policy="global", entropy="none") if excess.size else b""
+    return RL.escape_varints(excess)
 
 
 def escaped_values(stream, count: int, t: np.ndarray, tables: CdfTables) -> np.ndarray:
-    """The side stream's excesses -> the escaped values (int64), each checked."""
+    """The parsed stream's escapes (``Parsed.escape_stream``: the excesses, or a version-1 stream's ints
+    stream of them) -> the escaped values (int64), each checked."""
     if count == 0:
         return np.zeros(0, np.int64)
-    excess = decode_ints(bytes(stream)).astype(np.int64)
+    excess = stream if isinstance(stream, np.ndarray) else decode_ints(bytes(stream)).astype(np.int64)
     if excess.size != count:
         raise CorruptStreamError(f"conditional rANS escape stream holds {excess.size} values, expected {count}")
     lo = tables.offsets[t].astype(np.int64)

@@ -2,7 +2,10 @@
 
 One definition shared by the NumPy reference (``rans_reference.py``) and the CUDA
 kernels (``cuda/rans.cu``, which mirror the constants); docs/FORMAT.md section 6
-describes the same bytes in prose.
+describes the same bytes in prose.  Version 2 (written today) stores the counts and the
+group sizes as LEB128 varints and each escape's excess as a zigzag varint; version 1
+(still read) has fixed u32 fields and the escapes in an ints stream.  The group bytes are
+the same in both.
 
 The coder: 32-bit states in [L, 256 L) with L = 2**23, byte-wise renormalisation and
 16-bit probabilities (ryg's rans_byte arithmetic).  The n symbols are cut into groups of
@@ -21,15 +24,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
-from ..framing import read_prefix, xxh64
+from ..framing import read_prefix, read_varints, write_varints, xxh64
 from . import layout as L
 from .cdf_tables import PRECISION
 
 MAGIC = b"VZRC"
-VERSION = 1
-# magic, version, lanes, reserved, n, group_symbols, escapes, tables id (low 32 bits of the fingerprint)
+VERSION = 2
+VERSIONS = (1, 2)
+# version 1: magic, version, lanes, reserved, n, group_symbols, escapes, tables id (low 32 bits of the
+# fingerprint), then the u64 checksum; u32 group sizes; the escapes as an ints stream
 PREFIX = struct.Struct("<4sBBHIIII")
-HEAD = PREFIX.size + 8  # then the u64 checksum
+HEAD = PREFIX.size + 8
+# version 2: magic, version, lanes, tables id, then the u64 checksum; then varints n, group_symbols,
+# escapes, the group sizes; the groups; each escape's excess as a zigzag varint
+PREFIX2 = struct.Struct("<4sBBI")
+HEAD2 = PREFIX2.size + 8
+GROUP_SIZE_BYTES = 5  # a group size is below 2^32 (4 lanes + 2 bytes a symbol): at most 5 varint bytes
+EXCESS_BYTES = 5  # an escape's zigzag excess is a u32
 
 RANS_L = 1 << 23  # lower bound of a state after renormalisation
 X_MAX_SHIFT = 23 - PRECISION + 8  # the encoder emits a byte while x >= f << 15, i.e. ((L >> 16) << 8) * f
@@ -92,9 +103,17 @@ def checksum(prefix, body) -> int:
 
 
 def pack(p: Plan, escapes: int, tables_id: int, sizes: np.ndarray, groups: bytes, escape_stream: bytes) -> bytes:
-    prefix = PREFIX.pack(MAGIC, VERSION, p.lanes, 0, p.n, p.group_symbols, escapes, tables_id & 0xFFFFFFFF)
-    body = b"".join((np.asarray(sizes, "<u4").tobytes(), groups, escape_stream))
+    """A version-2 stream: ``escape_stream`` is ``escape_varints`` of the excesses (b"" without escapes)."""
+    prefix = PREFIX2.pack(MAGIC, VERSION, p.lanes, tables_id & 0xFFFFFFFF)
+    body = b"".join((write_varints([p.n, p.group_symbols, escapes]), write_varints(np.asarray(sizes, np.int64)),
+                     groups, escape_stream))
     return b"".join((prefix, struct.pack("<Q", checksum(prefix, body)), body))
+
+
+def escape_varints(excess: np.ndarray) -> bytes:
+    """Escape excesses (int32, never 0) as zigzag varints: (e << 1) ^ (e >> 31), then LEB128."""
+    e = np.asarray(excess, np.int64)
+    return write_varints((e << 1) ^ (e >> 63))
 
 
 @dataclass(frozen=True)
@@ -104,7 +123,7 @@ class Parsed:
     starts: np.ndarray  # int64, offset of each group's stream in ``buf``
     sizes: np.ndarray  # int64, bytes of each group's stream
     buf: memoryview
-    escape_stream: memoryview
+    escape_stream: memoryview | np.ndarray  # version 1: the ints stream of the excesses; 2: the excesses (int64)
 
 
 def parse(buf, n: int, tables_id: int) -> Parsed:
@@ -112,14 +131,11 @@ def parse(buf, n: int, tables_id: int) -> Parsed:
 
     ``n``: the number of symbols the caller expects (the size of its index array).
     """
-    mv, (lanes, reserved, count, group_symbols, escapes, tid) = read_prefix(
-        buf, "conditional rANS stream", PREFIX, HEAD, MAGIC, VERSION
-    )
-    (stored,) = struct.unpack_from("<Q", mv, PREFIX.size)
-    if checksum(mv[: PREFIX.size], mv[HEAD:]) != stored:
-        raise CorruptStreamError("conditional rANS stream checksum mismatch: the stream is corrupt or truncated")
-    if reserved:
-        raise CorruptStreamError(f"conditional rANS stream reserved field is {reserved}, not 0")
+    mv, _ = read_prefix(buf, "conditional rANS stream", PREFIX2, PREFIX2.size, MAGIC, VERSIONS)
+    return _parse2(mv, n, tables_id) if mv[4] == 2 else _parse1(mv, n, tables_id)
+
+
+def _check_counts(count: int, n: int, tid: int, tables_id: int) -> None:
     if count > MAX_SYMBOLS:
         raise LimitExceededError(f"conditional rANS stream claims {count} symbols, over the limit of {MAX_SYMBOLS}")
     if count != n:
@@ -128,11 +144,9 @@ def parse(buf, n: int, tables_id: int) -> Parsed:
         raise UnsupportedFormatError(
             f"conditional rANS stream was written with CDF tables {tid:08x}; these tables are {tables_id & 0xFFFFFFFF:08x}"
         )
-    if count == 0:
-        if lanes or group_symbols or escapes or len(mv) != HEAD:
-            raise CorruptStreamError("empty conditional rANS stream with non-zero fields or a body")
-        z = np.zeros(0, np.int64)
-        return Parsed(Plan(0, 0, 0), 0, z, z, mv, mv[HEAD:HEAD])
+
+
+def _check_plan(lanes: int, count: int, group_symbols: int, escapes: int) -> Plan:
     if not (1 <= lanes <= MAX_LANES and 1 <= group_symbols <= count and escapes <= count):
         raise CorruptStreamError(
             f"conditional rANS stream has {lanes} lanes, {group_symbols} symbols per group, {escapes} escapes "
@@ -141,16 +155,90 @@ def parse(buf, n: int, tables_id: int) -> Parsed:
     p = Plan(count, lanes, group_symbols)
     if p.steps > MAX_STEPS:
         raise LimitExceededError(f"conditional rANS stream has {p.steps} steps per lane, over the limit of {MAX_STEPS}")
+    return p
+
+
+def _groups(mv: memoryview, p: Plan, sizes: np.ndarray, table_end: int) -> tuple[np.ndarray, int]:
+    """Each group's start, checked against what its symbols allow, and where the groups end."""
+    if np.any(sizes < STATE_BYTES * p.lanes) or np.any(sizes > p.max_group_bytes()):
+        raise CorruptStreamError("conditional rANS stream has a group size outside what its symbols allow")
+    ends = table_end + np.cumsum(sizes)
+    if int(ends[-1]) > len(mv):
+        raise CorruptStreamError(f"conditional rANS stream groups end at byte {int(ends[-1])} of {len(mv)}")
+    return ends - sizes, int(ends[-1])
+
+
+def _parse2(mv: memoryview, n: int, tables_id: int) -> Parsed:
+    if len(mv) < HEAD2:
+        raise CorruptStreamError(f"conditional rANS stream of {len(mv)} bytes is shorter than its {HEAD2}-byte header")
+    _, _, lanes, tid = PREFIX2.unpack_from(mv, 0)
+    (stored,) = struct.unpack_from("<Q", mv, PREFIX2.size)
+    if checksum(mv[: PREFIX2.size], mv[HEAD2:]) != stored:
+        raise CorruptStreamError("conditional rANS stream checksum mismatch: the stream is corrupt or truncated")
+    counts, pos = read_varints(mv, HEAD2, 3, "conditional rANS stream counts")
+    count, group_symbols, escapes = (int(v) for v in counts)
+    _check_counts(count, n, tid, tables_id)
+    if count == 0:
+        if lanes or group_symbols or escapes or len(mv) != pos:
+            raise CorruptStreamError("empty conditional rANS stream with non-zero fields or a body")
+        z = np.zeros(0, np.int64)
+        return Parsed(Plan(0, 0, 0), 0, z, z, mv, z)
+    p = _check_plan(lanes, count, group_symbols, escapes)
+    sizes, table_end = read_varints(mv, pos, p.groups, "conditional rANS stream group sizes", GROUP_SIZE_BYTES)
+    sizes = sizes.astype(np.int64)
+    starts, end = _groups(mv, p, sizes, table_end)
+    return Parsed(p, escapes, starts, sizes, mv, _excesses(mv, end, escapes))
+
+
+def _excesses(mv: memoryview, pos: int, escapes: int) -> np.ndarray:
+    """The escape varints after the groups: exactly ``escapes`` of them, to the end of the stream, none 0."""
+    zz, end = read_varints(mv, pos, escapes, "conditional rANS stream escapes", EXCESS_BYTES)
+    if end != len(mv) or np.any(zz == 0) or np.any(zz >> np.uint64(32)):
+        raise CorruptStreamError(f"conditional rANS stream holds {len(mv) - pos} escape bytes that are not "
+                                 f"{escapes} non-zero int32 excesses")
+    zz = zz.astype(np.int64)
+    return (zz >> 1) ^ -(zz & 1)
+
+
+def _parse1(mv: memoryview, n: int, tables_id: int) -> Parsed:
+    if len(mv) < HEAD:
+        raise CorruptStreamError(f"conditional rANS stream of {len(mv)} bytes is shorter than its {HEAD}-byte header")
+    _, _, lanes, reserved, count, group_symbols, escapes, tid = PREFIX.unpack_from(mv, 0)
+    (stored,) = struct.unpack_from("<Q", mv, PREFIX.size)
+    if checksum(mv[: PREFIX.size], mv[HEAD:]) != stored:
+        raise CorruptStreamError("conditional rANS stream checksum mismatch: the stream is corrupt or truncated")
+    if reserved:
+        raise CorruptStreamError(f"conditional rANS stream reserved field is {reserved}, not 0")
+    _check_counts(count, n, tid, tables_id)
+    if count == 0:
+        if lanes or group_symbols or escapes or len(mv) != HEAD:
+            raise CorruptStreamError("empty conditional rANS stream with non-zero fields or a body")
+        z = np.zeros(0, np.int64)
+        return Parsed(Plan(0, 0, 0), 0, z, z, mv, mv[HEAD:HEAD])
+    p = _check_plan(lanes, count, group_symbols, escapes)
     table_end = HEAD + 4 * p.groups
     if len(mv) < table_end:
         raise CorruptStreamError(f"conditional rANS stream of {len(mv)} bytes cannot hold its {p.groups}-group table")
     sizes = np.frombuffer(mv, "<u4", p.groups, HEAD).astype(np.int64)
-    if np.any(sizes < STATE_BYTES * lanes) or np.any(sizes > p.max_group_bytes()):
-        raise CorruptStreamError("conditional rANS stream has a group size outside what its symbols allow")
-    ends = table_end + np.cumsum(sizes)
-    rest = len(mv) - int(ends[-1])
-    if rest < 0 or (rest > 0) != (escapes > 0):
-        raise CorruptStreamError(
-            f"conditional rANS stream groups end at byte {int(ends[-1])} of {len(mv)}, with {escapes} escapes"
-        )
-    return Parsed(p, escapes, ends - sizes, sizes, mv, mv[int(ends[-1]) :])
+    starts, end = _groups(mv, p, sizes, table_end)
+    if (len(mv) > end) != (escapes > 0):
+        raise CorruptStreamError(f"conditional rANS stream groups end at byte {end} of {len(mv)}, with {escapes} escapes")
+    return Parsed(p, escapes, starts, sizes, mv, mv[end:])
+
+
+def pieces(buf) -> dict[str, int]:
+    """A stream's bytes by what they hold (for reports of overhead): header (fixed fields, counts and group
+    sizes), lane states, escapes and body (the lanes' coded bytes).  ``buf`` must be a valid stream."""
+    mv = memoryview(buf).cast("B")
+    if mv[4] == 1:
+        _, _, lanes, _, n, group_symbols, _, _ = PREFIX.unpack_from(mv, 0)
+        p = Plan(n, lanes, group_symbols)
+        sizes, table_end = np.frombuffer(mv, "<u4", p.groups, HEAD).astype(np.int64), HEAD + 4 * p.groups
+    else:
+        lanes = PREFIX2.unpack_from(mv, 0)[2]
+        counts, pos = read_varints(mv, HEAD2, 3, "counts")
+        p = Plan(int(counts[0]), lanes, int(counts[1]))
+        sizes, table_end = read_varints(mv, pos, p.groups, "group sizes", GROUP_SIZE_BYTES)
+    states = STATE_BYTES * lanes * p.groups
+    coded = int(sizes.sum())
+    return {"header": table_end, "lane_states": states, "escapes": len(mv) - table_end - coded, "body": coded - states}
