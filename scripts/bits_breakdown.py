@@ -27,7 +27,7 @@ import torch
 
 import evalkit
 import visemz
-from visemz import container, pixels, tile_index
+from visemz import container, tile_index
 from visemz.encoders import rans_layout as RL
 from visemz.io.writers import write_atomic
 from visemz.models import architectures, registry
@@ -39,11 +39,7 @@ SETS = {"kodak": "rgb", "xray": "gray"}
 
 def compressai_bytes(net, img: np.ndarray, quality: float, device: str) -> dict[str, int]:
     """Bytes of CompressAI's y and z strings for one image (its rANS, its tables, visemz's weights)."""
-    t = pixels.as_tensor(img, device)
-    x = pixels.to_batch(t, pixels.describe(t))
-    with torch.inference_mode():
-        enc = architectures.compressai_compress(net, x, quality)
-    y_strings, z_strings = enc["strings"]
+    y_strings, z_strings = evalkit.compressai_encode(net, img, quality, device)[0]["strings"]
     return {"y": sum(len(s) for s in y_strings), "z": sum(len(s) for s in z_strings)}
 
 

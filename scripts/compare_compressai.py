@@ -37,11 +37,8 @@ ZOO_NAMES = {"balle2016": "bmshj2018-factorized", "mbt2018-mean": "mbt2018-mean"
 
 def compressai_roundtrip(net, img: np.ndarray, device: str, quality: float):
     """CompressAI's own codec on an image: (bytes, reconstruction), same padding as visemz."""
-    t = pixels.as_tensor(img, device)
-    meta = pixels.describe(t)
-    x = pixels.to_batch(t, meta)
+    enc, meta = evalkit.compressai_encode(net, img, quality, device)
     with torch.inference_mode():
-        enc = architectures.compressai_compress(net, x, quality)
         x_hat = architectures.compressai_decompress(net, enc["strings"], enc["shape"], quality)
     nbytes = sum(len(s) for group in enc["strings"] for s in group)
     rec = pixels.denormalise(pixels.from_batch(x_hat, meta), meta).cpu().numpy()

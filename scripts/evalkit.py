@@ -12,10 +12,11 @@ import cv2
 import numpy as np
 import torch
 
-from visemz import measure
+from visemz import measure, pixels
 from visemz.evaluation import metrics
 from visemz.io.files import IMAGE_EXTENSIONS
 from visemz.io.loaders import load_image
+from visemz.models import architectures
 
 
 def load_folder(folder: Path, gray: bool, limit: int | None = None) -> list[tuple[str, np.ndarray]]:
@@ -177,3 +178,13 @@ def _cupy_pool():
 def mib(n):
     """Bytes as MiB to 0.1, None stays None."""
     return None if n is None else round(n / 2**20, 1)
+
+
+def compressai_encode(net, img: np.ndarray, quality: float, device: str) -> tuple[dict, pixels.ImageMeta]:
+    """CompressAI's own compress() of an image (its rANS, its tables, visemz's gained latents and padding):
+    (its output, the image's meta for undoing the padding)."""
+    t = pixels.as_tensor(img, device)
+    meta = pixels.describe(t)
+    with torch.inference_mode():
+        enc = architectures.compressai_compress(net, pixels.to_batch(t, meta), quality)
+    return enc, meta
