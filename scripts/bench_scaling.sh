@@ -13,7 +13,8 @@
 # 1,16,256), SCALING_EBS (default 1e-2,1e-4) and SCALING_KINDS (image, smooth; default image) set the
 # collectives' ladder; SCALING_PREDICTORS (default none,lorenzo: the error-bounded codec without and with
 # 1-D Lorenzo prediction) and SCALING_API (default functional,plan: all_reduce per call or through a
-# persistent plan) add those axes to the all_reduce rows.
+# persistent plan) add those axes to the all_reduce rows; SCALING_REPS sets the timed repetitions per
+# row (default: bench_collectives.py's 5).
 set -uo pipefail
 data=${1:?DATA folder (with kodak/ and xray/)}
 out=${2:?OUT folder}
@@ -25,6 +26,7 @@ ebs=${SCALING_EBS:-1e-2,1e-4}
 kinds=${SCALING_KINDS:-image}
 predictors=${SCALING_PREDICTORS:-none,lorenzo}
 api=${SCALING_API:-functional,plan}
+reps=${SCALING_REPS:+--reps $SCALING_REPS}
 mkdir -p "$out"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 counts=${*:-$(for n in 2 4 8; do [ "$n" -le "$gpus" ] && echo "$n"; done)}
@@ -51,7 +53,7 @@ for n in $counts; do
     run "collectives_${link}_${n}gpu" $env_vars torchrun --nproc-per-node "$n" scripts/bench_collectives.py \
       --data "$data/xray" --label "$link-$n" --out "$out/collectives_${link}_${n}gpu.json" \
       --ops all_reduce,all_to_all,scatter --sizes-mb "$sizes" --ebs "$ebs" --kinds "$kinds" \
-      --predictors "$predictors" --api "$api" --skip-codecs
+      --predictors "$predictors" --api "$api" --skip-codecs $reps
   done
 done
 has stack || exit 0
