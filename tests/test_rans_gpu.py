@@ -81,6 +81,21 @@ def test_bad_indexes_on_the_gpu(cp, tables):
     buf = encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.int32), tables)
     with pytest.raises(InvalidArgumentError, match="0..63"):
         decode_conditional(buf, cp.asarray([0, -1, 0], cp.int32), tables)
+    # the decoder reads the range check with its status (one host read): a bad index is still reported
+    # first, before a damaged stream, and a bad index among many valid ones is caught like on the CPU
+    for stream in (buf[:-1], buf[:5]):
+        for device_idx in (cp.asarray([0, 64, 0], cp.int32), np.asarray([0, 64, 0], np.int32)):
+            with pytest.raises(InvalidArgumentError, match="0..63"):
+                decode_conditional(stream, device_idx, tables)
+    sym, idx = make_case("escapes", 5000, seed=24)
+    buf = encode_conditional(sym, idx, tables)
+    for pos, value in ((0, -5), (4321, 64), (4999, 2**31 - 1)):
+        wrong = idx.astype(np.int32).copy()
+        wrong[pos] = value
+        for device_idx in (cp.asarray(wrong), wrong):
+            with pytest.raises(InvalidArgumentError, match="0..63"):
+                decode_conditional(buf, device_idx, tables)
+    np.testing.assert_array_equal(decode_conditional(buf, cp.asarray(idx), tables).get(), sym.astype(np.int32))
 
 
 def test_gpu_decoder_catches_what_the_cpu_decoder_catches(cp, tables):

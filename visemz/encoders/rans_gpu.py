@@ -1,8 +1,8 @@
 """The GPU path of the conditional rANS coder: cupy RawModule kernels from ``cuda/rans.cu``.
 
-Symbols, indexes and the lanes' work stay on the device; the host reads back three
-totals (code length, escapes, bad indexes) to plan the lanes, the group sizes, and the
-final bytes.  The bytes equal the NumPy reference's (tests/test_rans_gpu.py).  Escapes
+Symbols, indexes and the lanes' work stay on the device.  The encoder's host reads back
+three totals (code length, escapes, bad indexes) to plan the lanes, the group sizes, and
+the final bytes; the decoder's one status word (escapes, error bits, bad indexes).  The bytes equal the NumPy reference's (tests/test_rans_gpu.py).  Escapes
 are rare: their few values go through the host and the CPU ints encoder, which is
 where the reference puts them too.
 """
@@ -126,35 +126,50 @@ def decode(buf, indexes, tables: CdfTables):
     n = idx.size
     if n > RL.MAX_SYMBOLS:
         raise InvalidArgumentError(f"{n} symbols exceed the conditional coder's limit of {RL.MAX_SYMBOLS}")
-    # as uint32 a negative index is >= 2**31, so one comparison checks both ends
-    if n and bool((idx.view(cp.uint32) >= tables.n_tables).any()):
-        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1}")
-    parsed = RL.parse(buf, n, tables.fingerprint)
+    # The range check is not read here but with the decoder's status (issue 14: one host read per section,
+    # not two), so the host parses the stream while the GPU still computes the indexes (the y section's
+    # come from the hyper-synthesis).  The kernels read tables at ``safe`` (a bad index replaced by 0) and
+    # the check is reported first, as before: a bad index, then the stream's damage.
+    # As uint32 a negative index is >= 2**31, so one comparison checks both ends.
+    bad = idx.view(cp.uint32) >= tables.n_tables
+    try:
+        parsed = RL.parse(buf, n, tables.fingerprint)
+    except Exception:
+        _check_indexes(int(cp.count_nonzero(bad)), tables)  # an error path: its wait costs nothing per image
+        raise
     out = cp.empty(n, cp.int32)
     if n == 0:
         return out.reshape(idx_in.shape)
     p = parsed.plan
     tb = _tables(tables)
+    safe = cp.where(bad, cp.int32(0), idx)
     data = cp.asarray(np.frombuffer(parsed.buf, np.uint8))
     spans = cp.asarray(np.concatenate([parsed.starts, parsed.sizes]))  # the groups' starts, then sizes: one copy
     entry = cp.empty(n, cp.int32)
-    # [escape count, error bits]: the decoder's error word is the low half (little-endian) of the second
-    # u64, so that both come back in one host read
-    status = cp.zeros(2, cp.uint64)
+    # [escape count, error bits, bad indexes]: the decoder's error word is the low half (little-endian) of
+    # the second u64, so that all three come back in one host read
+    status = cp.zeros(3, cp.uint64)
+    status[2] = cp.count_nonzero(bad)
     count, err = status[0:1], status[1:2].view(cp.uint32)
     kernel("rans_decode")((p.groups,), (WARP,), (
-        data, spans[: p.groups], spans[p.groups :], idx, np.int64(n), np.int32(p.lanes),
+        data, spans[: p.groups], spans[p.groups :], safe, np.int64(n), np.int32(p.lanes),
         np.int64(p.group_symbols), np.int32(p.steps), tb["cdf"], tb["cdf_start"], tb["lut"], entry, err))
     esc = cp.empty(n, cp.uint8)
-    kernel("rans_values")((_grid(n),), (THREADS,), (entry, idx, np.int64(n), tb["cdf_start"], tb["offsets"], out, esc,
-                                                    count))
-    n_esc, code = (int(v) for v in status.get())
+    kernel("rans_values")((_grid(n),), (THREADS,), (entry, safe, np.int64(n), tb["cdf_start"], tb["offsets"], out,
+                                                    esc, count))
+    n_esc, code, n_bad = (int(v) for v in status.get())
+    _check_indexes(n_bad, tables)
     if code:
         raise CorruptStreamError(f"conditional rANS stream is corrupt (GPU decoder error bits 0x{code:x})")
     if n_esc != parsed.escapes:
         raise CorruptStreamError(f"conditional rANS stream decodes {n_esc} escapes, its header {parsed.escapes}")
     if n_esc:
         pos = cp.flatnonzero(esc)
-        values = rans.escaped_values(parsed.escape_stream, n_esc, idx[pos].get(), tables)
+        values = rans.escaped_values(parsed.escape_stream, n_esc, safe[pos].get(), tables)
         out[pos] = cp.asarray(values.astype(np.int32))
     return out.reshape(idx_in.shape)
+
+
+def _check_indexes(n_bad: int, tables: CdfTables) -> None:
+    if n_bad:
+        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1}")
