@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from visemz.encoders import rans_gpu
 from visemz.encoders import rans_layout as RL
 from visemz.encoders.rans import decode_conditional, encode_conditional
 from visemz.errors import CorruptStreamError, InvalidArgumentError, VisemzError
@@ -49,6 +50,17 @@ def test_many_groups_and_all_zero(cp, tables):
     assert RL.parse(buf, idx.size, tables.fingerprint).plan.groups > 10
     z = np.zeros(300_000, np.int32)
     check_both_ways(cp, z, z, tables)
+
+
+@pytest.mark.parametrize("guess", [0, 1, 37])
+def test_gpu_encoder_reads_the_rest_when_its_guess_falls_short(cp, tables, monkeypatch, guess):
+    """The encoder's one read of sizes and streams stops at ``_read_guess`` bytes; past it, a second copy
+    brings the rest: the same bytes as the reference either way."""
+    monkeypatch.setattr(rans_gpu, "_read_guess", lambda est, p: guess)
+    for kind in KINDS:
+        for n in (1, 33, 4097, 100_000):
+            sym, idx = make_case(kind, n, seed=n)
+            check_both_ways(cp, sym, idx, tables, lane_bytes=8, lane_symbols=64)
 
 
 def test_golden_streams_on_the_gpu(cp):

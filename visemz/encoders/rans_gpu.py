@@ -92,8 +92,9 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
     bits, n_esc, bad = (int(v) for v in totals.get())
     if bad:
         raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1} ({bad} do not)")
-    p = RL.plan(n, bits // (8 * COST_UNIT), lane_bytes, lane_symbols)
-    sizes, body = _encode_lanes(entry, tb, p)
+    est = bits // (8 * COST_UNIT)
+    p = RL.plan(n, est, lane_bytes, lane_symbols)
+    sizes, body = _encode_lanes(entry, tb, p, est)
     excess = np.zeros(0, np.int32)
     if n_esc:
         pos = cp.flatnonzero(esc)
@@ -101,21 +102,40 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
     return RL.pack(p, excess.size, tables.fingerprint, sizes, body, rans.escape_stream(excess))
 
 
-def _encode_lanes(entry, tb: dict, p: RL.Plan) -> tuple[np.ndarray, bytes]:
+def _encode_lanes(entry, tb: dict, p: RL.Plan, est_bytes: int) -> tuple[np.ndarray, bytes]:
+    """The groups' sizes (int64) and their streams, end to end: one host read (two when ``est_bytes`` fell short)."""
     cp = dev.require_cupy()
     if p.n == 0:
         return np.zeros(0, np.int64), b""
     stride = RL.STATE_BYTES * p.lanes + 2 * p.group_symbols
     scratch = cp.empty(p.groups * stride, cp.uint8)
-    sizes = cp.empty(p.groups, cp.uint32)
+    # One buffer: the groups' u32 sizes, then their gathered streams, so that one read brings both back
+    # (issue 14: the sizes were a host read of their own, before the gather).  The host does not know
+    # the streams' total before that read: it reads as far as ``guess``, which the streams do not pass
+    # (the estimate counts each symbol's cost rounded up, plus the lane states and a margin), and reads
+    # the rest in a second copy if they ever do.  The gather still places each group by the sizes'
+    # prefix sum on the device, so the bytes are those of the two-read path.
+    head = 4 * p.groups
+    packed = cp.empty(head + int(p.max_group_bytes().sum()), cp.uint8)
+    sizes = packed[:head].view(cp.uint32)
     kernel("rans_encode")((p.groups,), (WARP,), (
         entry, tb["cdf"], np.int64(p.n), np.int32(p.lanes), np.int64(p.group_symbols), np.int32(p.steps),
         scratch, np.int64(stride), sizes))
     ends = cp.cumsum(sizes.astype(cp.int64))
-    host_sizes = sizes.get().astype(np.int64)
-    out = cp.empty(int(host_sizes.sum()), cp.uint8)
-    kernel("rans_gather")((p.groups,), (THREADS,), (scratch, np.int64(stride), sizes, ends - sizes, out))
-    return host_sizes, out.get().tobytes()
+    kernel("rans_gather")((p.groups,), (THREADS,), (scratch, np.int64(stride), sizes, ends - sizes, packed[head:]))
+    guess = min(packed.size - head, _read_guess(est_bytes, p))
+    host = packed[: head + guess].get()
+    host_sizes = host[:head].view("<u4").astype(np.int64)
+    total = int(host_sizes.sum())
+    if total <= guess:
+        return host_sizes, host[head : head + total].tobytes()
+    return host_sizes, host[head:].tobytes() + packed[head + guess : head + total].get().tobytes()
+
+
+def _read_guess(est_bytes: int, p: RL.Plan) -> int:
+    """Bytes of the groups' streams that the encoder's one read brings back: the estimate (each symbol's cost,
+    rounded up), 1/64 more, and per lane its state and a margin for its last, partly filled bytes."""
+    return est_bytes + est_bytes // 64 + (RL.STATE_BYTES + 16) * p.lanes * p.groups + 64
 
 
 # ------------------------------------------------------------------ decode
