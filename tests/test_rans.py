@@ -7,9 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from visemz.config import DEFAULTS
+from visemz.encoders import rans_gpu
 from visemz.encoders import rans_layout as RL
+from visemz.encoders.cdf_tables import COST_UNIT
 from visemz.framing import read_varints, write_varints
-from visemz.encoders.rans import decode_conditional, encode_conditional
+from visemz.encoders.rans import decode_conditional, encode_conditional, prepare
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
 
 from .helpers import damaged_copies
@@ -356,3 +359,20 @@ def test_random_bytes_are_refused(tables):
     template = encode_conditional(np.zeros(1000, np.int32), idx, tables)
     for size in (4, 100, 5000):  # random bodies behind a valid header and checksum
         must_fail(with_body(template, rng.integers(0, 256, size, dtype=np.uint8).tobytes()), idx, tables)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_encoders_one_read_covers_the_streams(tables, kind):
+    """The GPU encoder reads the groups' sizes and streams in one copy of ``_read_guess`` bytes (a second copy
+    when they are longer): the guess, computed from the same integers on the CPU, covers the streams."""
+    for lane_bytes, lane_symbols in PLANS:
+        lane_bytes = DEFAULTS.rans_lane_bytes if lane_bytes is None else lane_bytes
+        lane_symbols = DEFAULTS.rans_lane_symbols if lane_symbols is None else lane_symbols
+        for n in SIZES[1:] + (300_000,):
+            sym, idx = make_case(kind, n, seed=n)
+            buf = encode_conditional(sym, idx, tables, lane_bytes=lane_bytes, lane_symbols=lane_symbols)
+            entry, _ = prepare(sym, idx, tables)
+            est = int(tables.cost[entry].sum(dtype=np.int64)) // (8 * COST_UNIT)
+            parsed = RL.parse(buf, n, tables.fingerprint)
+            assert parsed.plan == RL.plan(n, est, lane_bytes, lane_symbols)
+            assert int(parsed.sizes.sum()) <= rans_gpu._read_guess(est, parsed.plan)

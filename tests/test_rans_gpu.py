@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from visemz.encoders import rans_gpu
 from visemz.encoders import rans_layout as RL
 from visemz.encoders.rans import decode_conditional, encode_conditional
 from visemz.errors import CorruptStreamError, InvalidArgumentError, VisemzError
@@ -51,6 +52,17 @@ def test_many_groups_and_all_zero(cp, tables):
     check_both_ways(cp, z, z, tables)
 
 
+@pytest.mark.parametrize("guess", [0, 1, 37])
+def test_gpu_encoder_reads_the_rest_when_its_guess_falls_short(cp, tables, monkeypatch, guess):
+    """The encoder's one read of sizes and streams stops at ``_read_guess`` bytes; past it, a second copy
+    brings the rest: the same bytes as the reference either way."""
+    monkeypatch.setattr(rans_gpu, "_read_guess", lambda est, p: guess)
+    for kind in KINDS:
+        for n in (1, 33, 4097, 100_000):
+            sym, idx = make_case(kind, n, seed=n)
+            check_both_ways(cp, sym, idx, tables, lane_bytes=8, lane_symbols=64)
+
+
 def test_golden_streams_on_the_gpu(cp):
     """Every version's golden streams decode on the GPU; today's version encodes there to the same bytes."""
     sym, idx, tables = golden_inputs()
@@ -81,6 +93,21 @@ def test_bad_indexes_on_the_gpu(cp, tables):
     buf = encode_conditional(np.zeros(3, np.int32), np.zeros(3, np.int32), tables)
     with pytest.raises(InvalidArgumentError, match="0..63"):
         decode_conditional(buf, cp.asarray([0, -1, 0], cp.int32), tables)
+    # the decoder reads the range check with its status (one host read): a bad index is still reported
+    # first, before a damaged stream, and a bad index among many valid ones is caught like on the CPU
+    for stream in (buf[:-1], buf[:5]):
+        for device_idx in (cp.asarray([0, 64, 0], cp.int32), np.asarray([0, 64, 0], np.int32)):
+            with pytest.raises(InvalidArgumentError, match="0..63"):
+                decode_conditional(stream, device_idx, tables)
+    sym, idx = make_case("escapes", 5000, seed=24)
+    buf = encode_conditional(sym, idx, tables)
+    for pos, value in ((0, -5), (4321, 64), (4999, 2**31 - 1)):
+        wrong = idx.astype(np.int32).copy()
+        wrong[pos] = value
+        for device_idx in (cp.asarray(wrong), wrong):
+            with pytest.raises(InvalidArgumentError, match="0..63"):
+                decode_conditional(buf, device_idx, tables)
+    np.testing.assert_array_equal(decode_conditional(buf, cp.asarray(idx), tables).get(), sym.astype(np.int32))
 
 
 def test_gpu_decoder_catches_what_the_cpu_decoder_catches(cp, tables):

@@ -18,6 +18,7 @@ coder runs; both write the same bytes.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -124,9 +125,28 @@ def _scales(net64, z: torch.Tensor, quality: float) -> torch.Tensor:
 
 
 def _channels(shape, device) -> torch.Tensor | object:
-    """Each symbol's channel (dim 1) as its table index: int32, on ``device`` (NumPy on the CPU)."""
+    """Each symbol's channel (dim 1) as its table index: int32, on ``device`` (NumPy on the CPU).
+
+    Cached per shape and device: every image of a size uses the same index array, and building it
+    is two kernel launches and an allocation per section (issue 14: host work per image).  The
+    coders only read it; the NumPy copy is made read-only so that nothing can change it."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:  # "cuda" names the current device: key the cache by its number
+        d = torch.device("cuda", torch.cuda.current_device())
+    return _channels_cached(tuple(int(n) for n in shape), str(d))
+
+
+@functools.lru_cache(maxsize=64)
+def _channels_cached(shape: tuple, device: str):
     c = torch.arange(shape[1], dtype=torch.int32, device=device).view(1, -1, *([1] * (len(shape) - 2)))
-    return _array(c.expand(*shape).contiguous())
+    c = c.expand(*shape).contiguous()
+    if c.is_cuda:
+        # built on this thread's stream; other streams (pipeline lanes) read the cached tensor later
+        torch.cuda.current_stream(c.device).synchronize()
+        return c
+    a = c.numpy()
+    a.flags.writeable = False
+    return a
 
 
 def _array(t: torch.Tensor):

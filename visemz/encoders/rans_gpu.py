@@ -1,8 +1,8 @@
 """The GPU path of the conditional rANS coder: cupy RawModule kernels from ``cuda/rans.cu``.
 
-Symbols, indexes and the lanes' work stay on the device; the host reads back three
-totals (code length, escapes, bad indexes) to plan the lanes, the group sizes, and the
-final bytes.  The bytes equal the NumPy reference's (tests/test_rans_gpu.py).  Escapes
+Symbols, indexes and the lanes' work stay on the device.  The encoder's host reads back
+three totals (code length, escapes, bad indexes) to plan the lanes, the group sizes, and
+the final bytes; the decoder's one status word (escapes, error bits, bad indexes).  The bytes equal the NumPy reference's (tests/test_rans_gpu.py).  Escapes
 are rare: their few values go through the host and the CPU ints encoder, which is
 where the reference puts them too.
 """
@@ -92,8 +92,9 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
     bits, n_esc, bad = (int(v) for v in totals.get())
     if bad:
         raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1} ({bad} do not)")
-    p = RL.plan(n, bits // (8 * COST_UNIT), lane_bytes, lane_symbols)
-    sizes, body = _encode_lanes(entry, tb, p)
+    est = bits // (8 * COST_UNIT)
+    p = RL.plan(n, est, lane_bytes, lane_symbols)
+    sizes, body = _encode_lanes(entry, tb, p, est)
     excess = np.zeros(0, np.int32)
     if n_esc:
         pos = cp.flatnonzero(esc)
@@ -101,21 +102,40 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
     return RL.pack(p, excess.size, tables.fingerprint, sizes, body, rans.escape_stream(excess))
 
 
-def _encode_lanes(entry, tb: dict, p: RL.Plan) -> tuple[np.ndarray, bytes]:
+def _encode_lanes(entry, tb: dict, p: RL.Plan, est_bytes: int) -> tuple[np.ndarray, bytes]:
+    """The groups' sizes (int64) and their streams, end to end: one host read (two when ``est_bytes`` fell short)."""
     cp = dev.require_cupy()
     if p.n == 0:
         return np.zeros(0, np.int64), b""
     stride = RL.STATE_BYTES * p.lanes + 2 * p.group_symbols
     scratch = cp.empty(p.groups * stride, cp.uint8)
-    sizes = cp.empty(p.groups, cp.uint32)
+    # One buffer: the groups' u32 sizes, then their gathered streams, so that one read brings both back
+    # (issue 14: the sizes were a host read of their own, before the gather).  The host does not know
+    # the streams' total before that read: it reads as far as ``guess``, which the streams do not pass
+    # (the estimate counts each symbol's cost rounded up, plus the lane states and a margin), and reads
+    # the rest in a second copy if they ever do.  The gather still places each group by the sizes'
+    # prefix sum on the device, so the bytes are those of the two-read path.
+    head = 4 * p.groups
+    packed = cp.empty(head + int(p.max_group_bytes().sum()), cp.uint8)
+    sizes = packed[:head].view(cp.uint32)
     kernel("rans_encode")((p.groups,), (WARP,), (
         entry, tb["cdf"], np.int64(p.n), np.int32(p.lanes), np.int64(p.group_symbols), np.int32(p.steps),
         scratch, np.int64(stride), sizes))
     ends = cp.cumsum(sizes.astype(cp.int64))
-    host_sizes = sizes.get().astype(np.int64)
-    out = cp.empty(int(host_sizes.sum()), cp.uint8)
-    kernel("rans_gather")((p.groups,), (THREADS,), (scratch, np.int64(stride), sizes, ends - sizes, out))
-    return host_sizes, out.get().tobytes()
+    kernel("rans_gather")((p.groups,), (THREADS,), (scratch, np.int64(stride), sizes, ends - sizes, packed[head:]))
+    guess = min(packed.size - head, _read_guess(est_bytes, p))
+    host = packed[: head + guess].get()
+    host_sizes = host[:head].view("<u4").astype(np.int64)
+    total = int(host_sizes.sum())
+    if total <= guess:
+        return host_sizes, host[head : head + total].tobytes()
+    return host_sizes, host[head:].tobytes() + packed[head + guess : head + total].get().tobytes()
+
+
+def _read_guess(est_bytes: int, p: RL.Plan) -> int:
+    """Bytes of the groups' streams that the encoder's one read brings back: the estimate (each symbol's cost,
+    rounded up), 1/64 more, and per lane its state and a margin for its last, partly filled bytes."""
+    return est_bytes + est_bytes // 64 + (RL.STATE_BYTES + 16) * p.lanes * p.groups + 64
 
 
 # ------------------------------------------------------------------ decode
@@ -126,35 +146,50 @@ def decode(buf, indexes, tables: CdfTables):
     n = idx.size
     if n > RL.MAX_SYMBOLS:
         raise InvalidArgumentError(f"{n} symbols exceed the conditional coder's limit of {RL.MAX_SYMBOLS}")
-    # as uint32 a negative index is >= 2**31, so one comparison checks both ends
-    if n and bool((idx.view(cp.uint32) >= tables.n_tables).any()):
-        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1}")
-    parsed = RL.parse(buf, n, tables.fingerprint)
+    # The range check is not read here but with the decoder's status (issue 14: one host read per section,
+    # not two), so the host parses the stream while the GPU still computes the indexes (the y section's
+    # come from the hyper-synthesis).  The kernels read tables at ``safe`` (a bad index replaced by 0) and
+    # the check is reported first, as before: a bad index, then the stream's damage.
+    # As uint32 a negative index is >= 2**31, so one comparison checks both ends.
+    bad = idx.view(cp.uint32) >= tables.n_tables
+    try:
+        parsed = RL.parse(buf, n, tables.fingerprint)
+    except Exception:
+        _check_indexes(int(cp.count_nonzero(bad)), tables)  # an error path: its wait costs nothing per image
+        raise
     out = cp.empty(n, cp.int32)
     if n == 0:
         return out.reshape(idx_in.shape)
     p = parsed.plan
     tb = _tables(tables)
+    safe = cp.where(bad, cp.int32(0), idx)
     data = cp.asarray(np.frombuffer(parsed.buf, np.uint8))
     spans = cp.asarray(np.concatenate([parsed.starts, parsed.sizes]))  # the groups' starts, then sizes: one copy
     entry = cp.empty(n, cp.int32)
-    # [escape count, error bits]: the decoder's error word is the low half (little-endian) of the second
-    # u64, so that both come back in one host read
-    status = cp.zeros(2, cp.uint64)
+    # [escape count, error bits, bad indexes]: the decoder's error word is the low half (little-endian) of
+    # the second u64, so that all three come back in one host read
+    status = cp.zeros(3, cp.uint64)
+    status[2] = cp.count_nonzero(bad)
     count, err = status[0:1], status[1:2].view(cp.uint32)
     kernel("rans_decode")((p.groups,), (WARP,), (
-        data, spans[: p.groups], spans[p.groups :], idx, np.int64(n), np.int32(p.lanes),
+        data, spans[: p.groups], spans[p.groups :], safe, np.int64(n), np.int32(p.lanes),
         np.int64(p.group_symbols), np.int32(p.steps), tb["cdf"], tb["cdf_start"], tb["lut"], entry, err))
     esc = cp.empty(n, cp.uint8)
-    kernel("rans_values")((_grid(n),), (THREADS,), (entry, idx, np.int64(n), tb["cdf_start"], tb["offsets"], out, esc,
-                                                    count))
-    n_esc, code = (int(v) for v in status.get())
+    kernel("rans_values")((_grid(n),), (THREADS,), (entry, safe, np.int64(n), tb["cdf_start"], tb["offsets"], out,
+                                                    esc, count))
+    n_esc, code, n_bad = (int(v) for v in status.get())
+    _check_indexes(n_bad, tables)
     if code:
         raise CorruptStreamError(f"conditional rANS stream is corrupt (GPU decoder error bits 0x{code:x})")
     if n_esc != parsed.escapes:
         raise CorruptStreamError(f"conditional rANS stream decodes {n_esc} escapes, its header {parsed.escapes}")
     if n_esc:
         pos = cp.flatnonzero(esc)
-        values = rans.escaped_values(parsed.escape_stream, n_esc, idx[pos].get(), tables)
+        values = rans.escaped_values(parsed.escape_stream, n_esc, safe[pos].get(), tables)
         out[pos] = cp.asarray(values.astype(np.int32))
     return out.reshape(idx_in.shape)
+
+
+def _check_indexes(n_bad: int, tables: CdfTables) -> None:
+    if n_bad:
+        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1}")
