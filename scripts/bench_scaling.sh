@@ -58,23 +58,7 @@ for n in $counts; do
 done
 has stack || exit 0
 # An exposure stack: 32 frames of the first X-ray with Poisson noise (same scene, same shape), float32 TIFF.
-python3 - "$data/xray" "$out/frames" <<'EOF_PY'
-import sys
-from pathlib import Path
-
-import numpy as np
-import tifffile
-
-from visemz.pipeline import files, loaders
-
-first = files.discover(Path(sys.argv[1]), files.IMAGE_EXTENSIONS)[0]
-scene = loaders.load_image(first).astype(np.float64)
-dst = Path(sys.argv[2])
-dst.mkdir(parents=True, exist_ok=True)
-rng = np.random.default_rng(0)
-for i in range(32):
-    tifffile.imwrite(dst / f"frame_{i:03d}.tif", (rng.poisson(scene * 4) / 4).astype(np.float32))
-EOF_PY
+python3 scripts/make_exposure_stack.py "$data/xray" "$out/frames" --frames 32
 n_max=$(echo "$counts" | tr ' ' '\n' | sort -n | tail -n 1)
 run "stack_${n_max}gpu" torchrun --nproc-per-node "$n_max" -m visemz stack "$out/frames" --out "$out/stacked.tiff" \
   --error-bound 1e-4 --device cuda

@@ -61,3 +61,31 @@ def test_stack_command_single_process(tmp_path, cli):
     r = cli("stack", tmp_path / "frames", "--out", tmp_path / "s.tiff", "--device", "cpu")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["frames"] == FRAMES and (tmp_path / "s.tiff").is_file()
+
+
+def test_exposure_stack_script_writes_noisy_repeats_of_the_first_image(tmp_path):
+    """scripts/make_exposure_stack.py (the stack bench_scaling.sh measures): float32 frames of the scene's
+    shape whose mean is the scene, each a different draw."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import cv2
+
+    src = tmp_path / "src"
+    src.mkdir()
+    scene = (np.add.outer(np.arange(40), np.arange(56)) * 2).astype(np.uint8)
+    cv2.imwrite(str(src / "a.png"), scene)
+    cv2.imwrite(str(src / "b.png"), 255 - scene)  # not the first: never used
+    script = Path(__file__).parents[1] / "scripts" / "make_exposure_stack.py"
+    r = subprocess.run([sys.executable, str(script), str(src), str(tmp_path / "frames"), "--frames", "40"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    frames = [tifffile.imread(p) for p in sorted((tmp_path / "frames").glob("frame_*.tif"))]
+    assert len(frames) == 40 and all(f.dtype == np.float32 and f.shape == scene.shape for f in frames)
+    assert not np.array_equal(frames[0], frames[1])
+    assert np.abs(np.mean(frames, axis=0) - scene).mean() < 1.0  # shot noise of 4 photons per unit averages out
+    (tmp_path / "empty").mkdir()
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "empty"), str(tmp_path / "f2")],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode != 0 and "no images in" in bad.stderr
