@@ -42,9 +42,20 @@ def model(world: int, alpha: float, bw: float, c: dict, corrections: tuple[float
 COMPRESSED = ("ring", "recursive_doubling")
 
 
-def measured_rows(measured: dict, codecs: dict, kind: str) -> tuple[float, list[tuple[dict, dict]]]:
-    """(link bytes/s fitted to NCCL at the largest size, [(compressed all_reduce row, its codec row)])."""
-    rows = [r for r in measured["rows"] if r["op"] == "all_reduce" and r["data"] == kind]
+def codec_row(codecs: dict, kind: str, row: dict) -> dict | None:
+    """The codec row a measured all_reduce ran with: keyed by data, eb and predictor
+    ('image/eb=0.0001/lorenzo'); rows of JSONs written before predictors ('image/eb=0.0001') are
+    the codec without prediction."""
+    base = f"{kind}/eb={row['eb']:g}"
+    predictor = row.get("predictor") or "none"
+    return codecs.get(f"{base}/{predictor}") or (codecs.get(base) if predictor == "none" else None)
+
+
+def measured_rows(measured: dict, codecs: dict, kind: str, api: str | None = None) -> tuple[float, list[tuple[dict, dict]]]:
+    """(link bytes/s fitted to NCCL at the largest size, [(compressed all_reduce row, its codec row)]);
+    ``api`` keeps the rows of one API (functional, plan) where the JSON has both."""
+    rows = [r for r in measured["rows"] if r["op"] == "all_reduce" and r["data"] == kind
+            and (api is None or r.get("api", api) == api)]
     if not rows:
         raise SystemExit(f"no all_reduce rows of {kind!r} data in the measured JSON")
     nccl = max((r for r in rows if r["algorithm"] == "nccl"), key=lambda r: r["bytes"], default=None)
@@ -52,8 +63,7 @@ def measured_rows(measured: dict, codecs: dict, kind: str) -> tuple[float, list[
         raise SystemExit("the measured JSON has no NCCL all_reduce rows to fit the link to")
     world = int(measured["world"])
     bw = nccl["bytes"] * 2 * (world - 1) / world / nccl["seconds"]  # ring: 2 (W-1)/W S on the wire
-    pairs = [(r, codecs[f"{kind}/eb={r['eb']:g}"]) for r in rows
-             if r["algorithm"] in COMPRESSED and f"{kind}/eb={r['eb']:g}" in codecs]
+    pairs = [(r, c) for r in rows if r["algorithm"] in COMPRESSED and (c := codec_row(codecs, kind, r)) is not None]
     if len(pairs) < 2:
         raise SystemExit(f"the codec rows ({sorted(codecs)}) cover fewer than 2 measured compressed rows")
     return bw, pairs
@@ -71,10 +81,12 @@ def fit(world: int, alpha: float, bw: float, pairs: list) -> tuple[float, float]
 
 
 def check_table(world: int, alpha: float, bw: float, pairs: list, corr: tuple[float, float]) -> str:
-    lines = ["| algorithm | MB | eb | measured ms | model ms | corrected model ms |", "|---|---:|---:|---:|---:|---:|"]
-    for r, c in sorted(pairs, key=lambda p: (p[0]["algorithm"], p[0]["bytes"], -p[0]["eb"])):
+    lines = ["| algorithm | MB | eb | predictor | measured ms | model ms | corrected model ms |",
+             "|---|---:|---:|---|---:|---:|---:|"]
+    for r, c in sorted(pairs, key=lambda p: (p[0]["algorithm"], p[0]["bytes"], -p[0]["eb"], p[0].get("predictor") or "")):
         raw, fixed = (model(world, alpha, bw, c, k).seconds(r["algorithm"], r["bytes"]) for k in ((0.0, 1.0), corr))
-        lines.append(f"| {r['algorithm']} | {r['bytes'] / 2**20:.0f} | {r['eb']:g} | {r['seconds'] * 1e3:.2f} "
+        lines.append(f"| {r['algorithm']} | {r['bytes'] / 2**20:.0f} | {r['eb']:g} | {r.get('predictor') or 'none'} "
+                     f"| {r['seconds'] * 1e3:.2f} "
                      f"| {raw * 1e3:.2f} | {fixed * 1e3:.2f} |")
     return "\n".join(lines)
 
@@ -110,6 +122,7 @@ def main() -> None:
     ap.add_argument("--alpha-us", type=float, default=5.0, help="latency per message, microseconds")
     ap.add_argument("--measured", type=Path, help="bench_collectives.py JSON of all_reduce rows to fit corrections to")
     ap.add_argument("--kind", default="image", help="data kind of the measured rows to fit on")
+    ap.add_argument("--api", choices=("functional", "plan"), help="fit on the measured rows of this API only")
     args = ap.parse_args()
     report = json.loads(args.bench.read_text())
     codecs = report.get("codecs") or {}
@@ -121,7 +134,7 @@ def main() -> None:
     if args.measured:
         measured = json.loads(args.measured.read_text())
         world = int(measured["world"])
-        bw, pairs = measured_rows(measured, codecs, args.kind)
+        bw, pairs = measured_rows(measured, codecs, args.kind, args.api)
         corr = fit(world, alpha, bw, pairs)
         print(f"Fitted to {len(pairs)} measured compressed all_reduces on {world}x {measured.get('device')} "
               f"({args.measured.name}, link {bw * 8 / 1e9:.1f} Gb/s from NCCL): {corr[0] * 1e3:.2f} ms per compressed "

@@ -152,6 +152,24 @@ def test_corrections_are_recovered_from_measurements_built_with_them(tmp_path, c
     assert "1.60 ms per compressed exchange" in out and "3.50x" in out and "with measured corrections" in out
 
 
+def test_measured_rows_pair_each_row_with_its_predictors_codec_and_keep_one_api():
+    """Rows with a predictor take that predictor's codec row; rows without one (or 'none') take the
+    codec without prediction, also from a JSON written before predictors; --api keeps one API."""
+    plain_codec = {"ratio": 2.5, "encode_GBps": 300.0, "decode_GBps": 400.0, "homomorphic_add_GBps": 100.0}
+    lorenzo = dict(plain_codec, ratio=3.6)
+    nccl = {"op": "all_reduce", "data": "image", "algorithm": "nccl", "bytes": MIB, "eb": None, "seconds": 1e-3}
+    rows = [nccl] + [{"op": "all_reduce", "data": "image", "algorithm": a, "bytes": MIB, "eb": 1e-4, "seconds": 2e-3,
+                      "predictor": p, "api": api}
+                     for a in ("ring", "recursive_doubling") for p in ("none", "lorenzo") for api in ("functional", "plan")]
+    measured = {"world": 2, "rows": rows}
+    new = {"image/eb=0.0001/none": plain_codec, "image/eb=0.0001/lorenzo": lorenzo}
+    _, pairs = cm.measured_rows(measured, new, "image", "plan")
+    assert len(pairs) == 4 and all(r["api"] == "plan" for r, _ in pairs)
+    assert all(c is (lorenzo if r["predictor"] == "lorenzo" else plain_codec) for r, c in pairs)
+    _, pairs = cm.measured_rows(measured, {"image/eb=0.0001": plain_codec}, "image")  # an old codec JSON
+    assert len(pairs) == 4 and all(r["predictor"] == "none" and c is plain_codec for r, c in pairs)
+
+
 def test_fit_corrections_needs_separable_samples():
     with pytest.raises(InvalidArgumentError, match="at least 2"):
         fit_corrections([(1.0, 1, 1.0, 1.0)])
