@@ -29,8 +29,8 @@ bottleneck's auxiliary loss has its own Adam (lr 1e-3).  Transforms run under bf
 gains and entropy models in float32.  On CUDA each model's whole step is one CUDA graph.
 
 Checkpoints, every --checkpoint-every seconds and at the end, written atomically:
-  --out/NAME.safetensors         fp16 parameters (small enough to leave a GPU job), step and
-                                 seconds in the metadata;
+  --out/NAME.safetensors         fp16 parameters (small enough to leave a GPU job); step,
+                                 seconds and qualities (1-8, or the fixed Q) in the metadata;
   --state-dir/NAME.full.safetensors   float32 parameters and both Adams' moments, for resuming
                                  on the same machine without a new warm-up.
 --resume DIR takes a folder of either kind (the full state where present).  --init-from takes

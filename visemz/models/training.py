@@ -45,7 +45,8 @@ def parse_name(name: str) -> TrainingName:
             return TrainingName(spec, quality=check_quality(value))
         except InvalidArgumentError as e:
             raise InvalidArgumentError(f"model {name!r}: fixed quality {tag[1:]!r} is outside [1, {LEVELS}]") from e
-    raise InvalidArgumentError(f"model {name!r}: unknown tag @{tag}; expected @area or @qQ, Q a quality in [1, {LEVELS}] (e.g. @q2)")
+    raise InvalidArgumentError(f"model {name!r}: unknown tag @{tag}; expected @area or @qQ, "
+                               f"Q a quality in [1, {LEVELS}] (e.g. @q2)")
 
 
 def batch_qualities(n: int, device, fixed: float | None = None) -> torch.Tensor:
