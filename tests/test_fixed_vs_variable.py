@@ -85,8 +85,9 @@ def test_psnr_at_bpp_is_linear_in_log_bpp_between_the_bracketing_points():
     assert fvv.variable_qualities([2.0, 7.5], [-1, 0, 1]) == [1.0, 2.0, 3.0, 6.5, 7.5, 8.0]
 
 
-def _train_tiny(tmp_path: Path, models: list[str]) -> Path:
-    """scripts/train.py itself, 2 steps on the CPU on three small images; returns the checkpoint folder."""
+def _train_tiny(tmp_path: Path, models: list[str], device: str = "cpu") -> Path:
+    """scripts/train.py itself, 2 steps on three small images (on the CPU eagerly; on a GPU as CUDA graphs);
+    returns the checkpoint folder."""
     rgb = tmp_path / "data" / "train" / "rgb"
     rgb.mkdir(parents=True)
     photo = data.astronaut()[::4, ::4, ::-1]  # 128 x 128, BGR for OpenCV
@@ -96,7 +97,8 @@ def _train_tiny(tmp_path: Path, models: list[str]) -> Path:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--data", str(tmp_path / "data"),
                         "--models", *models, "--out", str(out), "--state-dir", str(tmp_path / "state"),
-                        "--steps", "2", "--device", "cpu", "--no-graphs", "--batch", "2", "--patch", "64"],
+                        "--steps", "2", "--device", device, "--batch", "2", "--patch", "64",
+                        *(["--no-graphs"] if device == "cpu" else [])],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return out
@@ -175,3 +177,16 @@ def test_fixed_vs_variable_needs_a_fixed_rate_checkpoint_and_its_variable_one(tm
     (folder / "mbt2018-mean-rgb@q11.safetensors").write_bytes(b"")
     with pytest.raises(SystemExit, match="fixed quality '11' is outside"):
         fvv.find_pairs(folder)
+
+
+@pytest.mark.gpu
+def test_fixed_rate_training_captures_and_measures_on_the_gpu(tmp_path):
+    """The fixed-quality batch inside a captured CUDA graph, and the measurement through the GPU codec."""
+    ckpt = _train_tiny(tmp_path, ["mbt2018-mean-rgb", "mbt2018-mean-rgb@q3"], "cuda")
+    result = fvv.main(["--ckpt", str(ckpt), "--images", str(_eval_images(tmp_path)), "--device", "cuda",
+                       "--offsets", "-1", "0", "1", "--out", str(tmp_path / "gpu.json")])
+    assert result["device"] == torch.cuda.get_device_name()
+    assert {n: c["steps"] for n, c in result["checkpoints"].items()} == {"mbt2018-mean-rgb": 2, "mbt2018-mean-rgb@q3": 2}
+    (c,) = result["comparisons"]
+    assert c["quality"] == 3.0 and c["fixed_bpp"] > 0 and math.isfinite(c["fixed_psnr"])
+    assert [p["quality"] for p in result["variable_curves"]["mbt2018-mean-rgb"]] == [2.0, 3.0, 4.0]
