@@ -23,6 +23,7 @@ network tensors byte for byte (checked) and each card, whose model_id it updates
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -33,7 +34,7 @@ import torch
 from safetensors import safe_open
 
 import evalkit
-from visemz.models import architectures, parse
+from visemz.models import architectures, parse, training
 from visemz.models import weights as W
 
 DATA = {"rgb": "train/rgb + train2/rgb (random 256x256 crops, flips)",
@@ -47,11 +48,32 @@ def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def build(name: str, spec, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The float32 model of a checkpoint's tensors (read_checkpoint), in eval mode."""
     model = architectures.build(spec)
     model.load_state_dict(tensors)
     if not all(torch.isfinite(v).all() for v in model.state_dict().values()):
-        raise SystemExit(f"{name}: checkpoint holds non-finite values; not exported")
+        raise SystemExit(f"{name}: checkpoint holds non-finite values; not used")
     return model.eval()
+
+
+@contextlib.contextmanager
+def float32_weights(model, spec):
+    """Inside the block, visemz's codec runs ``model`` for ``spec`` with float32 kernels: its weights
+    saved (with their tables) to a temporary VISEMZ_WEIGHTS_DIR, the loaded models' caches cleared
+    on the way in and out."""
+    saved = os.environ.get("VISEMZ_WEIGHTS_DIR")
+    with tempfile.TemporaryDirectory() as folder:
+        W.save(model, spec, Path(folder) / f"{spec.name}.safetensors", {"note": "float32 reference"}, storage="float32")
+        os.environ["VISEMZ_WEIGHTS_DIR"] = folder
+        W.load.cache_clear()
+        try:
+            yield
+        finally:
+            if saved is None:
+                os.environ.pop("VISEMZ_WEIGHTS_DIR", None)
+            else:
+                os.environ["VISEMZ_WEIGHTS_DIR"] = saved
+            W.load.cache_clear()
 
 
 def main() -> None:
@@ -90,11 +112,13 @@ def main() -> None:
 
 def export(codec, name: str, args, checks: list[float]) -> None:
     tensors, meta = read_checkpoint(args.ckpt / f"{name}.safetensors")
-    spec = parse(name.partition("@")[0])  # NAME@tag: an ablation of NAME
+    trained = training.parse_name(name)  # NAME@tag: an ablation of NAME
+    spec = trained.spec
     model = build(name, spec, tensors)
     card = {
         "arch": spec.arch, "variant": spec.variant, "N": spec.N, "M": spec.M,
-        "variable_rate": "gain units (Cui et al. 2021), quality 1-8 on CompressAI's lambda ladder",
+        "variable_rate": "gain units (Cui et al. 2021), quality 1-8 on CompressAI's lambda ladder"
+                         if trained.quality is None else f"no: trained at quality {trained.quality:g} only",
         "data": DATA[spec.variant], "steps": int(meta.get("step", 0)), "batch": 16,
         "checkpoint": name, "checkpoint_note": meta.get("note", ""),
         "train_seconds": float(meta.get("train_seconds", 0.0)), "trained_on": args.gpu_name or "unknown",
@@ -140,38 +164,39 @@ def main_set(spec) -> str:
 
 def evaluate(codec, spec, data: Path, limit, qualities: list[float], only: str | None = None) -> dict:
     """{set: {quality: {images, bpp, psnr, ms_ssim}}} through visemz's own files (``only``: one set)."""
-    import visemz
-
     results = {}
     for set_name, images in evalkit.eval_sets(data, spec.variant, limit).items():
         if only and set_name != only:
             continue
         per_q = {}
         for q in qualities:
-            rows = []
-            for _, img in images:
-                buf = codec.compress(img, model=spec.arch, quality=q)
-                rec = visemz.decompress(buf, device="cpu") if codec.device == "cpu" else codec.decompress(buf)
-                rows.append((evalkit.bpp(len(buf), img), evalkit.psnr(img, rec), evalkit.ms_ssim(img, rec)))
-            per_q[f"{q:g}"] = {"images": len(rows), "bpp": round(evalkit.mean(r[0] for r in rows), 4),
-                               "psnr": round(evalkit.mean(r[1] for r in rows), 3),
-                               "ms_ssim": round(evalkit.mean(r[2] for r in rows), 5)}
+            m = measure_at(codec, spec, images, q)
+            per_q[f"{q:g}"] = {"images": m["images"], "bpp": round(m["bpp"], 4), "psnr": round(m["psnr"], 3),
+                               "ms_ssim": round(m["ms_ssim"], 5)}
         results[set_name] = per_q
     return results
 
 
+def measure_at(codec, spec, images: list[tuple[str, object]], q: float, ms_ssim: bool = True) -> dict:
+    """{images, bpp, psnr[, ms_ssim]}: means over (name, image) pairs at quality q, each image compressed
+    to a real file by visemz and decoded from it."""
+    import visemz
+
+    rows = []
+    for _, img in images:
+        buf = codec.compress(img, model=spec.arch, quality=q)
+        rec = visemz.decompress(buf, device="cpu") if codec.device == "cpu" else codec.decompress(buf)
+        rows.append((evalkit.bpp(len(buf), img), evalkit.psnr(img, rec), evalkit.ms_ssim(img, rec) if ms_ssim else 0.0))
+    out = {"images": len(rows), "bpp": evalkit.mean(r[0] for r in rows), "psnr": evalkit.mean(r[1] for r in rows)}
+    if ms_ssim:
+        out["ms_ssim"] = evalkit.mean(r[2] for r in rows)
+    return out
+
+
 def storage_loss(codec, model, spec, args, qualities: list[float], int8_eval: dict) -> dict:
     """PSNR (dB) and bpp that int8 kernels lose against float32 ones, on the variant's main eval set."""
-    folder = Path(tempfile.mkdtemp())
-    saved = os.environ["VISEMZ_WEIGHTS_DIR"]
-    os.environ["VISEMZ_WEIGHTS_DIR"] = str(folder)
-    W.save(model, spec, folder / f"{spec.name}.safetensors", {"note": "float32 reference"}, storage="float32")
-    W.load.cache_clear()
-    try:
+    with float32_weights(model, spec):
         f32 = evaluate(codec, spec, args.data, args.limit, qualities, main_set(spec))
-    finally:
-        os.environ["VISEMZ_WEIGHTS_DIR"] = saved
-        W.load.cache_clear()
     name = main_set(spec)
     out = {"set": name, "images": int8_eval[name][f"{qualities[0]:g}"]["images"],
            "device": torch.cuda.get_device_name() if codec.device == "cuda" else "cpu"}

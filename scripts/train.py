@@ -18,7 +18,10 @@ most that size (the packed tensor does not grow).  Images smaller than the patch
 mirror-padded.  Nothing under eval/ is read.
 
 Every sample of a batch gets its own quality, stratified over [1, 8]: its gains scale its
-latent and its lambda (CompressAI's ladder, interpolated) weighs its distortion.  Loss: the
+latent and its lambda (CompressAI's ladder, interpolated) weighs its distortion.  ``MODEL@qQ``
+(e.g. mbt2018-mean-rgb@q2) trains the same network as a fixed-rate model: every sample at
+quality Q (its lambda, its gains), all else as for MODEL; the reference that
+scripts/fixed_vs_variable.py measures the variable-rate model against.  Loss: the
 batch mean of lambda * 255^2 * MSE + bpp; Adam (--lr) with a linear warm-up whenever Adam's
 moments start afresh, constant after it; --final-decay F lowers the LR along a half cosine to
 x0.05 over the last F of --time-limit (give it in the last session only); the entropy
@@ -26,8 +29,8 @@ bottleneck's auxiliary loss has its own Adam (lr 1e-3).  Transforms run under bf
 gains and entropy models in float32.  On CUDA each model's whole step is one CUDA graph.
 
 Checkpoints, every --checkpoint-every seconds and at the end, written atomically:
-  --out/NAME.safetensors         fp16 parameters (small enough to leave a GPU job), step and
-                                 seconds in the metadata;
+  --out/NAME.safetensors         fp16 parameters (small enough to leave a GPU job); step,
+                                 seconds and qualities (1-8, or the fixed Q) in the metadata;
   --state-dir/NAME.full.safetensors   float32 parameters and both Adams' moments, for resuming
                                  on the same machine without a new warm-up.
 --resume DIR takes a folder of either kind (the full state where present).  --init-from takes
@@ -55,9 +58,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from visemz.io.writers import atomic_file
-from visemz.models import architectures, parse, training
+from visemz.errors import InvalidArgumentError
+from visemz.models import architectures, training
 from visemz.models import weights as W
-from visemz.models.registry import LEVELS
 
 GRAY_GROUPS = {"xr": "xray", "xray": "xray", "em": "science", "fl": "science", "astro": "science"}
 DEFAULT_GRAY_MIX = "xray=0.35,science=0.25,photo=0.40"
@@ -234,23 +237,13 @@ class CropSampler:
 
 
 # -------------------------------------------------------------------------------------- training
-def split_name(name: str):
-    """'balle2016-gray@area' -> (its ModelSpec, 'area'); a name without a tag draws with the mix ('mix')."""
-    base, _, tag = name.partition("@")
-    return parse(base), tag or "mix"
-
-
-def stratified_qualities(n: int, device) -> torch.Tensor:
-    """n qualities covering [1, 8] evenly, one random point per stratum."""
-    return 1.0 + (LEVELS - 1) * (torch.arange(n, device=device) + torch.rand(n, device=device)) / n
-
-
 class Trainer:
     WARMUP = 500  # steps of linear LR warm-up whenever Adam's moments start afresh
 
     def __init__(self, name: str, sampler: CropSampler, batch: int, device, lr: float, amp: bool):
-        self.name = name  # e.g. "balle2016-gray" or "balle2016-gray@area"
-        self.spec, _ = split_name(name)
+        self.name = name  # e.g. "balle2016-gray", "balle2016-gray@area" or "mbt2018-mean-rgb@q2"
+        parsed = training.parse_name(name)
+        self.spec, self.fixed_quality = parsed.spec, parsed.quality
         self.sampler = sampler
         self.model = architectures.build(self.spec).to(device).train()
         self.aux_names = {n for n, _ in self.model.named_parameters() if n.endswith("quantiles")}
@@ -278,7 +271,7 @@ class Trainer:
     def _step(self) -> torch.Tensor:
         """One whole training step in tensor ops (the body a CUDA graph captures)."""
         self.sampler.sample_into(self.x)
-        q = stratified_qualities(self.x.shape[0], self.x.device)
+        q = training.batch_qualities(self.x.shape[0], self.x.device, self.fixed_quality)
         x_hat, liks = training.forward_train(self.model, self.x, q, self.amp)
         loss, mse, bpp = training.rd_loss(self.x, x_hat, liks, q, self.log_lambdas)
         self.opt.zero_grad(set_to_none=True)
@@ -347,7 +340,8 @@ class Trainer:
 
     def save(self, out: Path, state_dir: Path | None, seconds: float, note: str) -> None:
         meta = {"step": str(self.step), "train_seconds": f"{self.seconds + seconds:.1f}", "note": note,
-                "model": self.name, "spec": json.dumps({"N": self.spec.N, "M": self.spec.M})}
+                "model": self.name, "spec": json.dumps({"N": self.spec.N, "M": self.spec.M}),
+                "qualities": "1-8" if self.fixed_quality is None else f"{self.fixed_quality:g}"}
         params = {n for n, _ in self.model.named_parameters()}
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         # Parameters as fp16 (what leaves the GPU job must be small); buffers are constants such as
@@ -456,7 +450,8 @@ class Log:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
-    ap.add_argument("--models", nargs="+", required=True, help="e.g. balle2016-rgb mbt2018-mean-gray balle2016-gray@area")
+    ap.add_argument("--models", nargs="+", required=True,
+                    help="e.g. balle2016-rgb mbt2018-mean-gray balle2016-gray@area mbt2018-mean-rgb@q2")
     ap.add_argument("--out", type=Path, required=True, help="compact checkpoints and the log")
     ap.add_argument("--state-dir", type=Path, default=None, help="full checkpoints with Adam's moments (default: --out)")
     ap.add_argument("--resume", type=Path, help="a folder of checkpoints this script wrote")
@@ -478,7 +473,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--log-every", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--note", default="", help="how this run trained, for the model cards (export_weights.py)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for name in args.models:  # a bad name or tag stops here, before any data is loaded
+        try:
+            training.parse_name(name)
+        except InvalidArgumentError as e:
+            ap.error(str(e))
+    return args
 
 
 def my_models(models: list[str]) -> tuple[list[str], str]:
@@ -492,7 +493,8 @@ def build_samplers(names: list[str], args, device) -> dict[tuple[str, str], Crop
     samplers = {}
     images = {}
     for name in names:
-        spec, mix_name = split_name(name)
+        parsed = training.parse_name(name)
+        spec, mix_name = parsed.spec, parsed.draw
         key = (spec.variant, mix_name)
         if key in samplers:
             continue
@@ -521,8 +523,8 @@ def main(argv=None) -> None:
     samplers = build_samplers(names, args, device)
     trainers = []
     for name in names:
-        spec, mix_name = split_name(name)
-        key = (spec.variant, mix_name)
+        parsed = training.parse_name(name)
+        key = (parsed.spec.variant, parsed.draw)
         trainers.append(Trainer(name, samplers[key], args.batch, device, args.lr, not args.no_amp))
     for t in trainers:
         src = None

@@ -10,7 +10,7 @@ import visemz
 from visemz import codec, container, latents
 from visemz.encoders import encode_ints
 from visemz.errors import CorruptStreamError, UnsupportedFormatError, VisemzError
-from visemz.models import all_specs, entropy_tables, parse
+from visemz.models import all_specs, architectures, entropy_tables, parse
 from visemz.models import weights as W
 
 from .helpers import symbols_of
@@ -200,3 +200,32 @@ def test_hostile_coding_fields_are_rejected(cpu, model):
 def test_image_format_argument_is_checked(cpu):
     with pytest.raises(visemz.errors.InvalidArgumentError, match="image_format=1"):
         cpu.compress(_image("uint8", (16, 16)), image_format=1)
+
+
+def test_swapped_weights_code_with_their_own_float64_copy(tmp_path, monkeypatch, cpu):
+    """Weights swapped under the same model name (another VISEMZ_WEIGHTS_DIR and W.load.cache_clear(), as
+    scripts/export_weights.py and fixed_vs_variable.py do) write what a fresh process would: the float64 copy
+    that gives rANS its scales is the new weights', not a cached copy of the old ones."""
+    spec = parse("mbt2018-mean-rgb")
+    for seed, name in ((1, "a"), (2, "b")):
+        torch.manual_seed(seed)
+        net = architectures.build(spec)
+        if name == "a":  # scales near 3 (a random start's are ~0.02, all at the table's floor, like b's)
+            with torch.no_grad():
+                net.h_s[-1].bias.fill_(3.0)
+        (tmp_path / name).mkdir()
+        W.save(net, spec, tmp_path / name / f"{spec.name}.safetensors", {"note": "test"})
+    img = _image("uint8", (64, 64, 3))
+    try:
+        monkeypatch.setenv("VISEMZ_WEIGHTS_DIR", str(tmp_path / "a"))
+        W.load.cache_clear()
+        cpu.compress(img, model="mbt2018-mean", quality=3)  # caches weights a's float64 copy
+        monkeypatch.setenv("VISEMZ_WEIGHTS_DIR", str(tmp_path / "b"))
+        W.load.cache_clear()
+        swapped = cpu.compress(img, model="mbt2018-mean", quality=3)
+        codec._model64_cached.cache_clear()
+        assert swapped == cpu.compress(img, model="mbt2018-mean", quality=3)
+    finally:
+        monkeypatch.undo()
+        W.load.cache_clear()
+        codec._model64_cached.cache_clear()

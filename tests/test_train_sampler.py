@@ -136,12 +136,6 @@ def test_cached_gains_follow_the_parameters_and_serve_autograd():
     assert len(units._at_cache) <= architectures._AT_CACHE_SIZE
 
 
-def test_qualities_are_stratified_over_the_ladder():
-    q = train.stratified_qualities(16, "cpu")
-    assert q.min() >= 1 and q.max() <= 8
-    assert torch.equal(torch.floor((q - 1) * 16 / 7), torch.arange(16, dtype=q.dtype))
-
-
 def test_one_cpu_training_step_resumes_with_adam(tmp_path):
     recs = [_image(np.random.default_rng(k).integers(0, 256, (1, 70, 70), dtype=np.uint8), "xray") for k in range(3)]
     sampler = train.CropSampler(recs, train.draw_weights(recs, None), patch=64, device="cpu")

@@ -98,13 +98,18 @@ _MODEL_LOCK = threading.Lock()
 def _model64(spec: registry.ModelSpec, device: str) -> torch.nn.Module:
     """A float64 copy of the model: the error-bound path's synthesis and the hyperprior's scales for rANS,
     both device-independent up to their last bits."""
-    with _MODEL_LOCK:  # one copy per (spec, device), even when several streams ask at once
-        return _model64_cached(spec, device)
+    # keyed by the weights' id too: weights swapped under the same spec (VISEMZ_WEIGHTS_DIR changed and
+    # W.load.cache_clear(), as scripts comparing checkpoints do) get their own copy, never the old one's
+    _, model_id = W.load(spec, device)
+    with _MODEL_LOCK:  # one copy per (spec, device, weights), even when several streams ask at once
+        return _model64_cached(spec, device, model_id)
 
 
 @functools.lru_cache(maxsize=16)
-def _model64_cached(spec: registry.ModelSpec, device: str) -> torch.nn.Module:
-    net, _ = W.load(spec, device)
+def _model64_cached(spec: registry.ModelSpec, device: str, model_id: str) -> torch.nn.Module:
+    net, loaded_id = W.load(spec, device)
+    if loaded_id != model_id:  # the weights changed between the two loads: never pair the wrong copy
+        raise UnsupportedFormatError(f"weights of {spec.name} changed while loading ({model_id} -> {loaded_id})")
     # built outside inference mode (the callers run in it), as W.load builds the model: its parameters are
     # then ordinary tensors with version counters, so its gain units cache their gains (GainUnits.at)
     with torch.inference_mode(False):

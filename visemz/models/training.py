@@ -1,17 +1,60 @@
 """The training forward pass of the gained models (scripts/train.py); inference never imports this.
 
 Every sample of a batch has its own quality: its gain vectors scale its latent, and its
-lambda weighs its distortion, so one step trains the whole ladder.
+lambda weighs its distortion, so one step trains the whole ladder.  A training name may
+carry one tag (``TrainingName``): ``@area`` draws crops by area (the gray mix's ablation),
+``@qQ`` trains a fixed-rate model, every sample at quality Q (the variable-rate ladder's
+reference: same network, same steps, one lambda).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from ..errors import InvalidArgumentError
 from .architectures import bottleneck_likelihood, has_hyperprior, interpolate_ladder
-from .registry import COMPRESSAI_LAMBDAS
+from .registry import COMPRESSAI_LAMBDAS, LEVELS, ModelSpec, check_quality, parse
+
+@dataclass(frozen=True)
+class TrainingName:
+    """A model name as scripts/train.py takes it: ARCH-VARIANT, optionally with one tag."""
+
+    spec: ModelSpec
+    draw: str = "mix"  # how crops are drawn: "mix" (the gray groups' shares) or "area"
+    quality: float | None = None  # None: every quality of [1, 8] (variable rate); else the one fixed quality
+
+
+def parse_name(name: str) -> TrainingName:
+    """'mbt2018-mean-rgb' -> variable rate; '...@area' -> drawn by area; '...@q2' -> fixed rate at
+    quality 2.  InvalidArgumentError naming the bad tag or quality."""
+    base, sep, tag = name.partition("@")
+    spec = parse(base)
+    if not sep:
+        return TrainingName(spec)
+    if tag == "area":
+        return TrainingName(spec, draw="area")
+    if tag.startswith("q"):
+        try:
+            value = float(tag[1:])
+        except ValueError:
+            raise InvalidArgumentError(f"model {name!r}: tag @{tag} is not q followed by a quality, e.g. @q2") from None
+        try:
+            return TrainingName(spec, quality=check_quality(value))
+        except InvalidArgumentError as e:
+            raise InvalidArgumentError(f"model {name!r}: fixed quality {tag[1:]!r} is outside [1, {LEVELS}]") from e
+    raise InvalidArgumentError(f"model {name!r}: unknown tag @{tag}; expected @area or @qQ, "
+                               f"Q a quality in [1, {LEVELS}] (e.g. @q2)")
+
+
+def batch_qualities(n: int, device, fixed: float | None = None) -> torch.Tensor:
+    """The qualities of a batch of n samples: stratified over [1, 8], one random point per stratum
+    (variable rate), or all ``fixed`` (a fixed-rate model).  Tensor ops only (CUDA-graph safe)."""
+    if fixed is not None:
+        return torch.full((n,), float(fixed), device=device)
+    return 1.0 + (LEVELS - 1) * (torch.arange(n, device=device) + torch.rand(n, device=device)) / n
 
 
 def bottleneck_train(bottleneck, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
