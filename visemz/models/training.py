@@ -18,6 +18,7 @@ from ..errors import InvalidArgumentError
 from .architectures import bottleneck_likelihood, has_hyperprior, interpolate_ladder
 from .registry import COMPRESSAI_LAMBDAS, LEVELS, ModelSpec, check_quality, parse
 
+
 @dataclass(frozen=True)
 class TrainingName:
     """A model name as scripts/train.py takes it: ARCH-VARIANT, optionally with one tag."""
