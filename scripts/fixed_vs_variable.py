@@ -31,7 +31,6 @@ import json
 import math
 from pathlib import Path
 
-
 import evalkit
 import export_weights
 from visemz.codec import ImageCodec

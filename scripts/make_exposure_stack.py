@@ -10,11 +10,9 @@ is Poisson(photons x pixel) / photons, a shot-noise exposure of that scene, writ
 from __future__ import annotations
 
 import argparse
-import io
 from pathlib import Path
 
 import numpy as np
-import tifffile
 
 from visemz.io import files, loaders
 from visemz.io.writers import write_atomic
@@ -38,9 +36,8 @@ def main(argv=None) -> None:
     rng = np.random.default_rng(args.seed)
     for i in range(args.frames):
         frame = (rng.poisson(scene * args.photons) / args.photons).astype(np.float32)
-        buf = io.BytesIO()
-        tifffile.imwrite(buf, frame)
-        write_atomic(args.dst / f"frame_{i:03d}.tif", buf.getvalue())
+        dst = args.dst / f"frame_{i:03d}.tif"
+        write_atomic(dst, loaders.save_image(dst, frame, "tiff"))
     print(f"{args.frames} frames of {found[0].name} {scene.shape} in {args.dst}")
 
 
