@@ -94,7 +94,8 @@ def _train_tiny(tmp_path: Path, models: list[str], device: str = "cpu") -> Path:
     for k in range(3):
         cv2.imwrite(str(rgb / f"im{k}.png"), np.ascontiguousarray(photo[k * 20:k * 20 + 72]))
     out = tmp_path / "ckpt"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # the project first, then whatever the caller already had on the path (site folders of extras)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--data", str(tmp_path / "data"),
                         "--models", *models, "--out", str(out), "--state-dir", str(tmp_path / "state"),
                         "--steps", "2", "--device", device, "--batch", "2", "--patch", "64",
