@@ -63,6 +63,17 @@ def is_gpu_array(x: Any) -> bool:
     return bool(getattr(x, "is_cuda", False))
 
 
+def resident_copy(arrays, device_id: int) -> list:
+    """Host arrays copied to one GPU and waited for, for caches of constant tables (copied once, not per
+    image): cupy queues a copy on this thread's stream, which another stream reading the cache does not
+    wait on, so the copy must be done before the cached arrays are handed out."""
+    cupy = require_cupy()
+    with cupy.cuda.Device(device_id):
+        out = [cupy.asarray(a) for a in arrays]
+        cupy.cuda.get_current_stream().synchronize()
+    return out
+
+
 def as_cupy(x: Any):
     """A cupy view of a cupy array or torch CUDA tensor (no copy)."""
     cp = require_cupy()

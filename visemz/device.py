@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cuda import as_cupy, cuda_available, is_gpu_array, require_cupy, resolve
+from .cuda import as_cupy, cuda_available, is_gpu_array, require_cupy, resident_copy, resolve
 from .encoders import decode_ints
 
-__all__ = ["as_cupy", "cuda_available", "is_gpu_array", "require_cupy", "resolve", "as_numpy", "torch_to_ints",
-           "ints_to_torch"]
+__all__ = ["as_cupy", "cuda_available", "is_gpu_array", "require_cupy", "resident_copy", "resolve", "as_numpy",
+           "torch_to_ints", "ints_to_torch"]
 
 
 def as_numpy(x: Any) -> np.ndarray:

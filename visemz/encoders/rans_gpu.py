@@ -42,14 +42,9 @@ def kernel(name: str):
 @functools.lru_cache(maxsize=32)
 def _device_tables(tables: CdfTables, device_id: int) -> dict:
     """The tables' integer arrays on one GPU (cached per tables object and device: copied once, not per image)."""
-    cp = dev.require_cupy()
-    with cp.cuda.Device(device_id):
-        out = {name: cp.asarray(np.ascontiguousarray(a, np.int32)) for name, a in (
-            ("cdf", tables.cdf), ("cdf_start", tables.cdf_start), ("offsets", tables.offsets),
-            ("cost", tables.cost), ("lut", tables.lut.reshape(-1)))}
-        # cupy queues the copies on this thread's stream: done before another stream reads the cached arrays
-        cp.cuda.get_current_stream().synchronize()
-    return out
+    names = ("cdf", "cdf_start", "offsets", "cost", "lut")
+    host = (tables.cdf, tables.cdf_start, tables.offsets, tables.cost, tables.lut.reshape(-1))
+    return dict(zip(names, dev.resident_copy([np.ascontiguousarray(a, np.int32) for a in host], device_id)))
 
 
 def _tables(tables: CdfTables) -> dict:

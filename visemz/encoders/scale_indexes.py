@@ -84,12 +84,7 @@ def _thresholds(xp, table: np.ndarray):
 @functools.lru_cache(maxsize=16)
 def _device_thresholds(thr: bytes, device_id: int):
     """A model's thresholds on one GPU, copied once (per table and device), not per image."""
-    cp = dev.require_cupy()
-    with cp.cuda.Device(device_id):
-        out = cp.asarray(np.frombuffer(thr, np.float64))
-        # the copy is queued on this thread's stream: done before another stream reads the cached array
-        cp.cuda.get_current_stream().synchronize()
-    return out
+    return dev.resident_copy([np.frombuffer(thr, np.float64)], device_id)[0]
 
 
 def _index(xp, thresholds, s):
