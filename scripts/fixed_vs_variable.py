@@ -4,6 +4,7 @@
         --models mbt2018-mean-rgb mbt2018-mean-rgb@q2 mbt2018-mean-rgb@q6      # from scratch, one process
     python scripts/fixed_vs_variable.py --ckpt runs/fixed --images ../shared/data/eval/kodak \
         --device cuda --out fixed_vs_variable.json [--limit N] [--offsets ...] [--allow-unequal]
+    python scripts/fixed_vs_variable.py --rescore --out fixed_vs_variable.json    # re-score saved points
 
 Reads the compact checkpoints of scripts/train.py in --ckpt: every fixed-rate one (NAME@qQ,
 trained with every sample at quality Q) is compared with the variable-rate NAME beside it.
@@ -14,9 +15,10 @@ each averaged over the images.  The fixed-rate model is measured at its quality 
 variable-rate model at Q + each of --offsets (clipped to [1, 8]), and its PSNR at the fixed
 model's mean bpp is interpolated on that mean curve: linearly in log(bpp) between the two
 measured points that bracket it (none when the fixed model's bpp lies outside the measured
-range: widen --offsets).  The gap is the fixed model's PSNR less that interpolated PSNR
-(positive: the variable-rate model loses that many dB at the same rate); the issue's target is
-a gap of at most --target-db (0.2).
+range: widen --offsets; the curve's nearer end then bounds the gap, PSNR rising with bpp: below
+the lowest rate the gap is at least the fixed PSNR less the variable model's there).  The gap
+is the fixed model's PSNR less that interpolated PSNR (positive: the variable-rate model loses
+that many dB at the same rate); the issue's target is a gap of at most --target-db (0.2).
 
 "Trained as long": the checkpoints' step counts (their metadata) must agree within
 --step-tolerance (relative), else the script stops before measuring, unless --allow-unequal.
@@ -46,7 +48,7 @@ INTERPOLATION = ("PSNR linear in log(bpp) between the two variable-rate points (
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ckpt", type=Path, required=True, help="a folder of scripts/train.py's compact checkpoints")
+    ap.add_argument("--ckpt", type=Path, default=None, help="a folder of scripts/train.py's compact checkpoints")
     ap.add_argument("--images", type=Path, default=Path("../shared/data/eval/kodak"), help="the images to measure on")
     ap.add_argument("--limit", type=int, default=None, help="the first N images (sorted by name)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
@@ -57,7 +59,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--allow-unequal", action="store_true", help="measure even when the step counts differ more")
     ap.add_argument("--target-db", type=float, default=0.2, help="the gap issue 13 allows")
     ap.add_argument("--out", type=Path, required=True, help="the JSON to write")
+    ap.add_argument("--rescore", action="store_true",
+                    help="recompute the comparisons of the JSON at --out from its measured points (no measuring)")
     args = ap.parse_args(argv)
+    if args.ckpt is None and not args.rescore:
+        ap.error("--ckpt is required (unless --rescore)")
     if args.limit is not None and args.limit < 1:
         ap.error(f"--limit {args.limit}: expected at least 1")
     if not (0 <= args.step_tolerance < 1):
@@ -141,18 +147,42 @@ def measure_curve(codec, model, spec, images, qualities: list[float]) -> list[di
     return points
 
 
+def gap_bounds(fixed_point: dict, curve: list[dict]) -> tuple[float | None, float | None]:
+    """(at least, at most) for a gap that cannot be interpolated, from the variable curve's end nearest the
+    fixed model's rate, PSNR rising with bpp along the curve: a fixed rate below the curve's lowest gives a
+    lower bound (the variable model there would do no better than at its lowest measured rate; at the
+    ladder's bottom it cannot reach that rate at all), above its highest an upper bound."""
+    low = min(curve, key=lambda p: p["bpp"])
+    high = max(curve, key=lambda p: p["bpp"])
+    if fixed_point["bpp"] < low["bpp"]:
+        return fixed_point["psnr"] - low["psnr"], None
+    if fixed_point["bpp"] > high["bpp"]:
+        return None, fixed_point["psnr"] - high["psnr"]
+    return None, None
+
+
 def compare(variable: str, fixed: str, quality: float, fixed_point: dict, curve: list[dict], target: float) -> dict:
     psnr, bracket = psnr_at_bpp(curve, fixed_point["bpp"])
     gap = None if psnr is None else fixed_point["psnr"] - psnr
+    at_least, at_most = (None, None) if gap is not None else gap_bounds(fixed_point, curve)
+    if gap is not None:
+        within = gap <= target
+    elif at_least is not None and at_least > target:
+        within = False
+    elif at_most is not None and at_most <= target:
+        within = True
+    else:
+        within = None
     same_q = next((p for p in curve if p["quality"] == quality), None)
     return {"variable": variable, "fixed": fixed, "quality": quality,
             "fixed_bpp": fixed_point["bpp"], "fixed_psnr": fixed_point["psnr"],
             "variable_psnr_at_fixed_bpp": psnr, "bracket_qualities": bracket,
-            "gap_db": gap, "within_target": None if gap is None else gap <= target,
+            "gap_db": gap, "gap_at_least_db": at_least, "gap_at_most_db": at_most, "within_target": within,
             "variable_at_same_quality": same_q,
             "why_no_gap": None if gap is not None else
             f"the fixed model's {fixed_point['bpp']:.4f} bpp is outside the variable model's measured range "
-            f"[{min(p['bpp'] for p in curve):.4f}, {max(p['bpp'] for p in curve):.4f}]; widen --offsets"}
+            f"[{min(p['bpp'] for p in curve):.4f}, {max(p['bpp'] for p in curve):.4f}]; widen --offsets "
+            "(below quality 1 the variable model has no rate to compare)"}
 
 
 def table(result: dict) -> str:
@@ -163,15 +193,32 @@ def table(result: dict) -> str:
              f"{'var PSNR':>8} {'gap dB':>7}"]
     for c in result["comparisons"]:
         var_psnr = "-" if c["gap_db"] is None else f"{c['variable_psnr_at_fixed_bpp']:8.3f}"
-        gap = "n/a" if c["gap_db"] is None else f"{c['gap_db']:+7.3f}"
+        gap = f"{c['gap_db']:+7.3f}" if c["gap_db"] is not None else (
+            f">={c['gap_at_least_db']:+.3f}" if c.get("gap_at_least_db") is not None else
+            f"<={c['gap_at_most_db']:+.3f}" if c.get("gap_at_most_db") is not None else "n/a")
         lines.append(f"{c['fixed']:26} {c['quality']:4g} {ckpts[c['fixed']]['steps']:8d} "
                      f"{ckpts[c['variable']]['steps']:9d} {c['fixed_bpp']:7.4f} {c['fixed_psnr']:7.3f} "
                      f"{var_psnr:>8} {gap:>7}")
     return "\n".join(lines)
 
 
+def rescore(path: Path) -> dict:
+    """The comparisons of a written JSON recomputed from its measured points (after a change to how a gap
+    is scored), written back atomically."""
+    result = json.loads(path.read_text())
+    result["comparisons"] = [compare(c["variable"], c["fixed"], c["quality"], result["fixed_points"][c["fixed"]],
+                                     result["variable_curves"][c["variable"]], result["target_db"])
+                             for c in result["comparisons"]]
+    write_atomic(path, (json.dumps(result, indent=1) + "\n").encode())
+    return result
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.rescore:
+        result = rescore(args.out)
+        print(table(result))
+        return result
     pairs = find_pairs(args.ckpt)
     names = list(dict.fromkeys([v for v, _, _ in pairs] + [f for _, f, _ in pairs]))
     loaded = {n: load_model(args.ckpt, n) for n in names}

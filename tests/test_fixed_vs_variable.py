@@ -85,6 +85,27 @@ def test_psnr_at_bpp_is_linear_in_log_bpp_between_the_bracketing_points():
     assert fvv.variable_qualities([2.0, 7.5], [-1, 0, 1]) == [1.0, 2.0, 3.0, 6.5, 7.5, 8.0]
 
 
+def test_a_gap_outside_the_variable_curve_is_bounded_by_its_nearer_end(tmp_path):
+    curve = [{"quality": 1.0, "bpp": 0.25, "psnr": 28.0}, {"quality": 2.0, "bpp": 0.5, "psnr": 31.0}]
+    below = fvv.compare("v", "v@q1", 1.0, {"quality": 1.0, "bpp": 0.2, "psnr": 29.0}, curve, 0.2)
+    assert below["gap_db"] is None and below["gap_at_least_db"] == pytest.approx(1.0)
+    assert below["gap_at_most_db"] is None and below["within_target"] is False
+    above = fvv.compare("v", "v@q2", 2.0, {"quality": 2.0, "bpp": 0.6, "psnr": 30.9}, curve, 0.2)
+    assert above["gap_at_most_db"] == pytest.approx(-0.1) and above["within_target"] is True
+    inside = fvv.compare("v", "v@q2", 2.0, {"quality": 2.0, "bpp": 0.5, "psnr": 31.5}, curve, 0.2)
+    assert inside["gap_db"] == pytest.approx(0.5) and inside["gap_at_least_db"] is None
+    # --rescore recomputes the comparisons of a written JSON from its points, nothing measured
+    saved = {"target_db": 0.2, "variable_curves": {"v": curve},
+             "fixed_points": {"v@q1": {"quality": 1.0, "bpp": 0.2, "psnr": 29.0}}, "device": "cpu",
+             "images": {"count": 1, "folder": "x"}, "checkpoints": {"v": {"steps": 5}, "v@q1": {"steps": 5}},
+             "comparisons": [{"variable": "v", "fixed": "v@q1", "quality": 1.0}]}
+    path = tmp_path / "fvv.json"
+    path.write_text(json.dumps(saved))
+    result = fvv.main(["--rescore", "--out", str(path)])
+    assert json.loads(path.read_text())["comparisons"] == result["comparisons"]
+    assert result["comparisons"][0]["gap_at_least_db"] == pytest.approx(1.0)
+
+
 def _train_tiny(tmp_path: Path, models: list[str], device: str = "cpu") -> Path:
     """scripts/train.py itself, 2 steps on three small images (on the CPU eagerly; on a GPU as CUDA graphs);
     returns the checkpoint folder."""
