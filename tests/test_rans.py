@@ -305,6 +305,16 @@ def test_version_1_headers_are_still_checked(tables):
         must_fail(buf[:cut], idx, golden_tables)
 
 
+def test_pieces_of_both_versions_add_up_and_come_from_a_checked_stream(tables):
+    sym, idx = make_case("gaussian", 20_001, seed=5)
+    for buf in (roundtrip(sym, idx, tables, lane_bytes=1, lane_symbols=64), (GOLDEN / "groups_v1.vzrc").read_bytes()):
+        parts = RL.pieces(buf)
+        assert sum(parts.values()) == len(buf) and min(parts.values()) >= 0, parts
+        assert parts["lane_states"] > 0 and parts["body"] > 0
+        with pytest.raises(CorruptStreamError):  # a report never reads a damaged stream
+            RL.pieces(buf[:-1])
+
+
 def test_escape_varints_are_checked(tables, small):
     """The escapes after the groups: exactly E zigzag varints of non-zero int32 excesses, to the end."""
     sym, idx, buf = small

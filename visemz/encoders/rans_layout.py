@@ -228,17 +228,25 @@ def _parse1(mv: memoryview, n: int, tables_id: int) -> Parsed:
 
 def pieces(buf) -> dict[str, int]:
     """A stream's bytes by what they hold (for reports of overhead): header (fixed fields, counts and group
-    sizes), lane states, escapes and body (the lanes' coded bytes).  ``buf`` must be a valid stream."""
-    mv = memoryview(buf).cast("B")
-    if mv[4] == 1:
-        _, _, lanes, _, n, group_symbols, _, _ = PREFIX.unpack_from(mv, 0)
-        p = Plan(n, lanes, group_symbols)
-        sizes, table_end = np.frombuffer(mv, "<u4", p.groups, HEAD).astype(np.int64), HEAD + 4 * p.groups
-    else:
-        lanes = PREFIX2.unpack_from(mv, 0)[2]
-        counts, pos = read_varints(mv, HEAD2, 3, "counts")
-        p = Plan(int(counts[0]), lanes, int(counts[1]))
-        sizes, table_end = read_varints(mv, pos, p.groups, "group sizes", GROUP_SIZE_BYTES)
-    states = STATE_BYTES * lanes * p.groups
-    coded = int(sizes.sum())
+    sizes), lane states, escapes and body (the lanes' coded bytes).  The stream is checked by ``parse``
+    against the symbol count and tables id its own header states (a report has no indexes to check against)."""
+    mv, _ = read_prefix(buf, "conditional rANS stream", PREFIX2, PREFIX2.size, MAGIC, VERSIONS)
+    parsed = parse(mv, *_stated_identity(mv))
+    p = parsed.plan
+    if p.n == 0:
+        return {"header": len(mv), "lane_states": 0, "escapes": 0, "body": 0}
+    table_end, coded = int(parsed.starts[0]), int(parsed.sizes.sum())
+    states = STATE_BYTES * p.lanes * p.groups
     return {"header": table_end, "lane_states": states, "escapes": len(mv) - table_end - coded, "body": coded - states}
+
+
+def _stated_identity(mv: memoryview) -> tuple[int, int]:
+    """(symbol count, tables id) as a stream's header states them."""
+    head = HEAD if mv[4] == 1 else HEAD2
+    if len(mv) < head:
+        raise CorruptStreamError(f"conditional rANS stream of {len(mv)} bytes is shorter than its {head}-byte header")
+    if mv[4] == 1:
+        fields = PREFIX.unpack_from(mv, 0)
+        return fields[4], fields[7]
+    counts, _ = read_varints(mv, HEAD2, 3, "conditional rANS stream counts")
+    return int(counts[0]), PREFIX2.unpack_from(mv, 0)[3]
