@@ -21,8 +21,10 @@ import cv2
 import numpy as np
 
 import visemz
+from visemz import measure
 from visemz.evaluation.codecs.base import Layout
 from visemz.evaluation.codecs.raster import JPEG2000
+from visemz.io.loaders import InputError, load_image
 from visemz.io.writers import write_atomic
 
 SIGMAS = (8.0, 2.0)
@@ -36,15 +38,10 @@ def bands(original: np.ndarray, decoded: np.ndarray) -> dict:
     return {"mse": ms(e), "low": ms(wide), "mid": ms(narrow - wide), "high": ms(e - narrow)}
 
 
-def psnr(mse: float, peak: float) -> float:
-    return float(10 * np.log10(peak * peak / mse)) if mse > 0 else float("inf")
-
-
-def row(codec: str, setting: float, data: bytes, original: np.ndarray, decoded: np.ndarray, peak: float) -> dict:
-    b = bands(original, decoded)
-    pixels = original.shape[0] * original.shape[1]
-    r = {"codec": codec, "setting": setting, "bpp": round(len(data) * 8 / pixels, 5),
-         "psnr": round(psnr(b["mse"], peak), 3), **b}
+def row(codec: str, setting: float, data: bytes, original: np.ndarray, decoded: np.ndarray) -> dict:
+    r = {"codec": codec, "setting": setting,
+         "bpp": round(measure.bpp(len(data), measure.pixel_count(original.shape)), 5),
+         "psnr": round(measure.psnr(original, decoded), 3), **bands(original, decoded)}
     print(json.dumps(r), flush=True)
     return r
 
@@ -58,19 +55,20 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--device", default=None, help="visemz's device (default: VISEMZ_DEVICE)")
     ap.add_argument("--out", type=Path, default=None, help="a JSON of the rows")
     args = ap.parse_args(argv)
-    img = cv2.imread(str(args.image), cv2.IMREAD_UNCHANGED)
-    if img is None or img.dtype != np.uint8:
-        raise SystemExit(f"{args.image}: expected an 8-bit image OpenCV can read")
-    if img.ndim == 3:
-        img = np.ascontiguousarray(cv2.cvtColor(img, cv2.COLOR_BGR2RGB))
+    try:
+        img = load_image(args.image)  # RGB channel order, the file's own dtype
+    except InputError as e:
+        raise SystemExit(str(e)) from None
+    if img.dtype != np.uint8 or not (img.ndim == 2 or img.shape[2] == 3):
+        raise SystemExit(f"{args.image}: expected an 8-bit gray or RGB image, got {img.dtype} {img.shape}")
     rows = []
     for q in args.qualities:
         data = visemz.compress(img, quality=q, model=args.model, device=args.device)
-        rows.append(row(f"visemz-{args.model}", q, data, img, visemz.decompress(data, device=args.device), 255.0))
+        rows.append(row(f"visemz-{args.model}", q, data, img, visemz.decompress(data, device=args.device)))
     j2k = JPEG2000()
     for bpp in args.j2k_bpp:
         data = j2k.encode(img, bpp)
-        rows.append(row("jpeg2000", bpp, data, img, j2k.decode(data, bpp, Layout(img.shape, str(img.dtype))), 255.0))
+        rows.append(row("jpeg2000", bpp, data, img, j2k.decode(data, bpp, Layout(img.shape, str(img.dtype)))))
     if args.out:
         write_atomic(args.out, (json.dumps({"image": str(args.image), "sigmas": SIGMAS, "rows": rows}, indent=1)
                                 + "\n").encode())

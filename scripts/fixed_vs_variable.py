@@ -179,10 +179,17 @@ def compare(variable: str, fixed: str, quality: float, fixed_point: dict, curve:
             "variable_psnr_at_fixed_bpp": psnr, "bracket_qualities": bracket,
             "gap_db": gap, "gap_at_least_db": at_least, "gap_at_most_db": at_most, "within_target": within,
             "variable_at_same_quality": same_q,
-            "why_no_gap": None if gap is not None else
-            f"the fixed model's {fixed_point['bpp']:.4f} bpp is outside the variable model's measured range "
-            f"[{min(p['bpp'] for p in curve):.4f}, {max(p['bpp'] for p in curve):.4f}]; widen --offsets "
-            "(below quality 1 the variable model has no rate to compare)"}
+            "why_no_gap": None if gap is not None else why_no_gap(fixed_point, curve)}
+
+
+def why_no_gap(fixed_point: dict, curve: list[dict]) -> str:
+    low, high = min(p["bpp"] for p in curve), max(p["bpp"] for p in curve)
+    where = "below" if fixed_point["bpp"] < low else "above"
+    lowest_quality = min(p["quality"] for p in curve) <= registry.QUALITY_MIN
+    hint = ("the variable model has no lower rate (its quality 1 is the lowest)" if where == "below" and lowest_quality
+            else "widen --offsets")
+    return (f"the fixed model's {fixed_point['bpp']:.4f} bpp is {where} the variable model's measured range "
+            f"[{low:.4f}, {high:.4f}]: {hint}")
 
 
 def table(result: dict) -> str:
@@ -203,9 +210,16 @@ def table(result: dict) -> str:
 
 
 def rescore(path: Path) -> dict:
-    """The comparisons of a written JSON recomputed from its measured points (after a change to how a gap
-    is scored), written back atomically."""
-    result = json.loads(path.read_text())
+    """The comparisons of a written JSON recomputed from its measured points and its own target (after a
+    change to how a gap is scored), written back atomically; the measuring options play no part."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--rescore {path}: cannot read it as JSON ({e})") from None
+    missing = [k for k in ("fixed_points", "variable_curves", "target_db", "comparisons")
+               if not isinstance(result, dict) or k not in result]
+    if missing:
+        raise SystemExit(f"--rescore {path}: not a JSON this script wrote (no {', '.join(missing)})")
     result["comparisons"] = [compare(c["variable"], c["fixed"], c["quality"], result["fixed_points"][c["fixed"]],
                                      result["variable_curves"][c["variable"]], result["target_db"])
                              for c in result["comparisons"]]

@@ -104,6 +104,11 @@ def test_a_gap_outside_the_variable_curve_is_bounded_by_its_nearer_end(tmp_path)
     result = fvv.main(["--rescore", "--out", str(path)])
     assert json.loads(path.read_text())["comparisons"] == result["comparisons"]
     assert result["comparisons"][0]["gap_at_least_db"] == pytest.approx(1.0)
+    assert "quality 1 is the lowest" in result["comparisons"][0]["why_no_gap"]
+    assert "widen --offsets" in above["why_no_gap"]
+    path.write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="fvv.json.*not a JSON this script wrote"):
+        fvv.main(["--rescore", "--out", str(path)])
 
 
 def _train_tiny(tmp_path: Path, models: list[str], device: str = "cpu") -> Path:

@@ -126,21 +126,23 @@ class Parsed:
     escape_stream: memoryview | np.ndarray  # version 1: the ints stream of the excesses; 2: the excesses (int64)
 
 
-def parse(buf, n: int, tables_id: int) -> Parsed:
+def parse(buf, n: int | None, tables_id: int | None) -> Parsed:
     """Check every field, size and the checksum before anything is allocated or decoded.
 
-    ``n``: the number of symbols the caller expects (the size of its index array).
+    ``n``: the number of symbols the caller expects (the size of its index array); ``tables_id``: the
+    fingerprint of the caller's CDF tables.  ``None`` takes the header's own value, for a report that
+    has no indexes or tables to check the stream against (``pieces``); a decoder always passes both.
     """
     mv, _ = read_prefix(buf, "conditional rANS stream", PREFIX2, PREFIX2.size, MAGIC, VERSIONS)
     return _parse2(mv, n, tables_id) if mv[4] == 2 else _parse1(mv, n, tables_id)
 
 
-def _check_counts(count: int, n: int, tid: int, tables_id: int) -> None:
+def _check_counts(count: int, n: int | None, tid: int, tables_id: int | None) -> None:
     if count > MAX_SYMBOLS:
         raise LimitExceededError(f"conditional rANS stream claims {count} symbols, over the limit of {MAX_SYMBOLS}")
-    if count != n:
+    if n is not None and count != n:
         raise CorruptStreamError(f"conditional rANS stream holds {count} symbols but {n} indexes were given")
-    if tid != tables_id & 0xFFFFFFFF:
+    if tables_id is not None and tid != tables_id & 0xFFFFFFFF:
         raise UnsupportedFormatError(
             f"conditional rANS stream was written with CDF tables {tid:08x}; these tables are {tables_id & 0xFFFFFFFF:08x}"
         )
@@ -168,7 +170,7 @@ def _groups(mv: memoryview, p: Plan, sizes: np.ndarray, table_end: int) -> tuple
     return ends - sizes, int(ends[-1])
 
 
-def _parse2(mv: memoryview, n: int, tables_id: int) -> Parsed:
+def _parse2(mv: memoryview, n: int | None, tables_id: int | None) -> Parsed:
     if len(mv) < HEAD2:
         raise CorruptStreamError(f"conditional rANS stream of {len(mv)} bytes is shorter than its {HEAD2}-byte header")
     _, _, lanes, tid = PREFIX2.unpack_from(mv, 0)
@@ -200,7 +202,7 @@ def _excesses(mv: memoryview, pos: int, escapes: int) -> np.ndarray:
     return (zz >> 1) ^ -(zz & 1)
 
 
-def _parse1(mv: memoryview, n: int, tables_id: int) -> Parsed:
+def _parse1(mv: memoryview, n: int | None, tables_id: int | None) -> Parsed:
     if len(mv) < HEAD:
         raise CorruptStreamError(f"conditional rANS stream of {len(mv)} bytes is shorter than its {HEAD}-byte header")
     _, _, lanes, reserved, count, group_symbols, escapes, tid = PREFIX.unpack_from(mv, 0)
@@ -228,25 +230,12 @@ def _parse1(mv: memoryview, n: int, tables_id: int) -> Parsed:
 
 def pieces(buf) -> dict[str, int]:
     """A stream's bytes by what they hold (for reports of overhead): header (fixed fields, counts and group
-    sizes), lane states, escapes and body (the lanes' coded bytes).  The stream is checked by ``parse``
-    against the symbol count and tables id its own header states (a report has no indexes to check against)."""
-    mv, _ = read_prefix(buf, "conditional rANS stream", PREFIX2, PREFIX2.size, MAGIC, VERSIONS)
-    parsed = parse(mv, *_stated_identity(mv))
-    p = parsed.plan
+    sizes), lane states, escapes and body (the lanes' coded bytes).  The stream is checked by ``parse``,
+    against the symbol count and tables its own header states."""
+    parsed = parse(buf, None, None)
+    p, size = parsed.plan, len(parsed.buf)
     if p.n == 0:
-        return {"header": len(mv), "lane_states": 0, "escapes": 0, "body": 0}
+        return {"header": size, "lane_states": 0, "escapes": 0, "body": 0}
     table_end, coded = int(parsed.starts[0]), int(parsed.sizes.sum())
     states = STATE_BYTES * p.lanes * p.groups
-    return {"header": table_end, "lane_states": states, "escapes": len(mv) - table_end - coded, "body": coded - states}
-
-
-def _stated_identity(mv: memoryview) -> tuple[int, int]:
-    """(symbol count, tables id) as a stream's header states them."""
-    head = HEAD if mv[4] == 1 else HEAD2
-    if len(mv) < head:
-        raise CorruptStreamError(f"conditional rANS stream of {len(mv)} bytes is shorter than its {head}-byte header")
-    if mv[4] == 1:
-        fields = PREFIX.unpack_from(mv, 0)
-        return fields[4], fields[7]
-    counts, _ = read_varints(mv, HEAD2, 3, "conditional rANS stream counts")
-    return int(counts[0]), PREFIX2.unpack_from(mv, 0)[3]
+    return {"header": table_end, "lane_states": states, "escapes": size - table_end - coded, "body": coded - states}
