@@ -182,15 +182,15 @@ def measure_at(codec, spec, images: list[tuple[str, object]], q: float, ms_ssim:
     to a real file by visemz and decoded from it."""
     import visemz
 
-    rows = []
+    metrics = {"bpp": [], "psnr": []} | ({"ms_ssim": []} if ms_ssim else {})
     for _, img in images:
         buf = codec.compress(img, model=spec.arch, quality=q)
         rec = visemz.decompress(buf, device="cpu") if codec.device == "cpu" else codec.decompress(buf)
-        rows.append((evalkit.bpp(len(buf), img), evalkit.psnr(img, rec), evalkit.ms_ssim(img, rec) if ms_ssim else 0.0))
-    out = {"images": len(rows), "bpp": evalkit.mean(r[0] for r in rows), "psnr": evalkit.mean(r[1] for r in rows)}
-    if ms_ssim:
-        out["ms_ssim"] = evalkit.mean(r[2] for r in rows)
-    return out
+        metrics["bpp"].append(evalkit.bpp(len(buf), img))
+        metrics["psnr"].append(evalkit.psnr(img, rec))
+        if ms_ssim:
+            metrics["ms_ssim"].append(evalkit.ms_ssim(img, rec))
+    return {"images": len(images)} | {k: evalkit.mean(v) for k, v in metrics.items()}
 
 
 def storage_loss(codec, model, spec, args, qualities: list[float], int8_eval: dict) -> dict:

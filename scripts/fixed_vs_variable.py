@@ -164,7 +164,7 @@ def gap_bounds(fixed_point: dict, curve: list[dict]) -> tuple[float | None, floa
 def compare(variable: str, fixed: str, quality: float, fixed_point: dict, curve: list[dict], target: float) -> dict:
     psnr, bracket = psnr_at_bpp(curve, fixed_point["bpp"])
     gap = None if psnr is None else fixed_point["psnr"] - psnr
-    at_least, at_most = (None, None) if gap is not None else gap_bounds(fixed_point, curve)
+    at_least, at_most = gap_bounds(fixed_point, curve)  # (None, None) inside the curve, where gap is interpolated
     if gap is not None:
         within = gap <= target
     elif at_least is not None and at_least > target:

@@ -2,9 +2,10 @@
 
 Symbols, indexes and the lanes' work stay on the device.  The encoder's host reads back
 three totals (code length, escapes, bad indexes) to plan the lanes, the group sizes, and
-the final bytes; the decoder's one status word (escapes, error bits, bad indexes).  The bytes equal the NumPy reference's (tests/test_rans_gpu.py).  Escapes
-are rare: their few values go through the host and the CPU ints encoder, which is
-where the reference puts them too.
+the final bytes; the decoder's, one status word (escapes, error bits, bad indexes).  The
+bytes equal the NumPy reference's (tests/test_rans_gpu.py).  Escapes are rare: their few
+values go through the host and the CPU ints encoder, which is where the reference puts
+them too.
 """
 
 from __future__ import annotations
