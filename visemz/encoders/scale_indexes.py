@@ -102,7 +102,7 @@ def scale_indexes(scales, scale_table, rel_tol: float = DEFAULT_REL_TOL):
     on_gpu = dev.is_gpu_array(scales)
     xp, s = _scales(scales, check_finite=not on_gpu)  # on a GPU: checked below, in the same host read
     # on a GPU the scales' finiteness is read later, with the indexes: the scales' error first, as on the CPU
-    with checked_first_on_error(lambda: _check_finite(xp, s) if on_gpu else None, (InvalidArgumentError,)):
+    with checked_first_on_error(lambda: _check_finite(xp, s), (InvalidArgumentError,) if on_gpu else ()):
         tol, table = _check_tol(rel_tol), _check_table(scale_table)
     thr = _thresholds(xp, table)
     flat = s.reshape(-1)
