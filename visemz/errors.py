@@ -1,4 +1,4 @@
-"""Error types raised by visemz.
+"""Error types raised by visemz, and the order in which deferred checks report them.
 
 Every failure a user can cause (bad input, corrupt or foreign files, a missing
 GPU) is a :class:`VisemzError` subclass whose message names the bad value, so
@@ -6,6 +6,9 @@ callers can catch one base class and still tell the cases apart.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
 
 
 class VisemzError(Exception):
@@ -39,3 +42,18 @@ class PlanMismatchError(InvalidArgumentError):
 
 class PeerFailedError(VisemzError, RuntimeError):
     """A collective could not finish because another rank of the group died, left or timed out."""
+
+
+@contextlib.contextmanager
+def checked_first_on_error(check: Callable[[], None], errors: tuple[type[BaseException], ...] = (Exception,)
+                           ) -> Iterator[None]:
+    """Run the block; if it raises one of ``errors``, run ``check`` first, whose own error then wins.
+
+    For the GPU paths that defer a check to save a host read: when the block fails anyway, the deferred
+    check runs before the block's error propagates, so that a call with two faults reports the same one
+    on every device (the CPU path checks in that order)."""
+    try:
+        yield
+    except errors:
+        check()
+        raise

@@ -16,7 +16,7 @@ from importlib import resources
 import numpy as np
 
 from .. import device as dev
-from ..errors import CorruptStreamError, InvalidArgumentError
+from ..errors import CorruptStreamError, InvalidArgumentError, checked_first_on_error
 from . import gpu
 from . import layout as L
 from . import rans
@@ -148,11 +148,9 @@ def decode(buf, indexes, tables: CdfTables):
     # the check is reported first, as before: a bad index, then the stream's damage.
     # As uint32 a negative index is >= 2**31, so one comparison checks both ends.
     bad = idx.view(cp.uint32) >= tables.n_tables
-    try:
+    # on an error path only, where its wait costs nothing per image
+    with checked_first_on_error(lambda: _check_indexes(int(cp.count_nonzero(bad)), tables)):
         parsed = RL.parse(buf, n, tables.fingerprint)
-    except Exception:
-        _check_indexes(int(cp.count_nonzero(bad)), tables)  # an error path: its wait costs nothing per image
-        raise
     out = cp.empty(n, cp.int32)
     if n == 0:
         return out.reshape(idx_in.shape)

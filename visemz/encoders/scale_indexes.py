@@ -35,7 +35,7 @@ import functools
 import numpy as np
 
 from .. import device as dev
-from ..errors import CorruptStreamError, InvalidArgumentError
+from ..errors import CorruptStreamError, InvalidArgumentError, checked_first_on_error
 from . import decode_ints, encode_ints
 
 __all__ = ["DEFAULT_REL_TOL", "scale_indexes", "encode_scale_exceptions", "decode_and_apply_scale_exceptions"]
@@ -101,12 +101,9 @@ def scale_indexes(scales, scale_table, rel_tol: float = DEFAULT_REL_TOL):
     """
     on_gpu = dev.is_gpu_array(scales)
     xp, s = _scales(scales, check_finite=not on_gpu)  # on a GPU: checked below, in the same host read
-    try:
+    # on a GPU the scales' finiteness is read later, with the indexes: the scales' error first, as on the CPU
+    with checked_first_on_error(lambda: _check_finite(xp, s), (InvalidArgumentError,) if on_gpu else ()):
         tol, table = _check_tol(rel_tol), _check_table(scale_table)
-    except InvalidArgumentError:
-        if on_gpu:
-            _check_finite(xp, s)  # the scales' error first, as on the CPU
-        raise
     thr = _thresholds(xp, table)
     flat = s.reshape(-1)
     idx = _index(xp, thr, flat)
