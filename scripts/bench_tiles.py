@@ -56,7 +56,7 @@ from scipy.interpolate import PchipInterpolator
 import visemz
 from evalkit import Device, converted_folder, gray16, mib, mosaic, sources
 from visemz import container, measure
-from visemz.codec import exact_math
+from visemz.codec import network_math
 from visemz.config import DEFAULTS
 from visemz.errors import LimitExceededError
 from visemz.io import files
@@ -96,7 +96,7 @@ def decompress_parts(dev: Device, buf: bytes) -> dict | None:
     f = codec._open(buf)  # the decoder's own opened file: its grid, networks and per-tile symbol decoding
     tile = max(range(f.grid.count), key=lambda i: _window_area(f.grid, i))
     (y0, y1, x0, x1), _ = f.grid.synthesis_window(tile)
-    with exact_math():
+    with network_math():
         latent, entropy = dev.memory(
             lambda: architectures.dequantise(f.net, f.symbols(tile), f.header["quality"], torch.float32))
         window = torch.zeros((latent.shape[0], latent.shape[1], y1 - y0, x1 - x0), device=latent.device)

@@ -199,6 +199,6 @@ def tiled_synthesis(codec: ImageCodec, buf: bytes, park) -> tuple[list, list[int
 
     g_s = _RecordingSynthesis(f.net.g_s, lambda: sum(r() is not None for r in refs))
     net = types.SimpleNamespace(g_s=g_s)
-    with codec_module.exact_math():
+    with codec_module.network_math():
         parts = [(i, as_numpy(x)) for i, x in tiling.synthesise(net, f.grid, list(range(f.grid.count)), latent_of, 1, park)]
     return parts, g_s.counts

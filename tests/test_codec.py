@@ -269,3 +269,36 @@ def test_fractional_qualities(model, dtype, shape):
     e = 2 if dtype == "uint8" else 300
     bounded = visemz.decompress(visemz.compress(img, model=model, quality=3.3, max_error=e))
     assert _err(bounded, img) <= e
+
+
+@pytest.mark.parametrize("tf32", [0, 1])
+def test_network_math_sets_tf32_from_the_setting_and_restores_the_callers(monkeypatch, tf32):
+    """VISEMZ_TF32 decides the networks' TF32 switches while any codec call runs (nested calls share it);
+    the caller's own switches come back when the last one leaves."""
+    import dataclasses
+    from visemz import codec, config
+    monkeypatch.setattr(codec, "DEFAULTS", dataclasses.replace(config.DEFAULTS, tf32=tf32))
+    flags = lambda: (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)  # noqa: E731
+    saved = flags()
+    try:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = (not tf32, not tf32)
+        with codec.network_math():
+            assert flags() == (bool(tf32), bool(tf32))
+            with codec.network_math():
+                assert flags() == (bool(tf32), bool(tf32))
+            assert flags() == (bool(tf32), bool(tf32))
+            assert torch.is_inference_mode_enabled()
+        assert flags() == (not tf32, not tf32)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_tf32_environment_setting(monkeypatch):
+    from visemz import config
+    for value, want in (("0", 0), ("1", 1)):
+        monkeypatch.setenv("VISEMZ_TF32", value)
+        assert config._from_env().tf32 == want
+    for bad in ("2", "-1", "yes"):
+        monkeypatch.setenv("VISEMZ_TF32", bad)
+        with pytest.raises(InvalidArgumentError, match="VISEMZ_TF32"):
+            config._from_env()

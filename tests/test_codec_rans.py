@@ -229,3 +229,24 @@ def test_swapped_weights_code_with_their_own_float64_copy(tmp_path, monkeypatch,
         monkeypatch.undo()
         W.load.cache_clear()
         codec._model64_cached.cache_clear()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_only_static_prior_sections_are_also_tried_as_ints_streams(cpu, model, monkeypatch):
+    """Format 3 codes a hyperprior model's y by rANS alone (its ints stream never won, latents.tries_ints);
+    balle2016's y and mbt2018-mean's z are still coded both ways, the smaller kept."""
+    tried = []
+    real = latents.start_encode_ints
+
+    def spy(items):
+        tried.append([a.size for a, _ in items])
+        return real(items)
+
+    monkeypatch.setattr(latents, "start_encode_ints", spy)
+    img = data.astronaut()[:128, :128]
+    buf = cpu.compress(img, model=model, quality=4, image_format=3)
+    shapes = container.unpack(buf).meta["symbols"]
+    want = ["y"] if model == "balle2016" else ["z"]
+    assert tried == [[int(np.prod(shapes[k])) for k in want]]
+    cpu.compress(img, model=model, quality=4, image_format=2)  # format 2: every section, as ever
+    assert tried[1] == [int(np.prod(shapes[k])) for k in shapes]

@@ -27,7 +27,7 @@ def _reencoded_on(device: str, buf: bytes) -> dict:
     h = c.meta
     spec = codec.registry.parse(h["model"])
     net, _ = codec.W.load(spec, device)
-    with codec.exact_math():
+    with codec.network_math():
         # the rANS coding alone: which coding wins a section may differ between libzstd and nvCOMP sizes
         sections = latents._encode_rans(net, codec._model64(spec, device), symbols_of(buf, device), h["quality"])
     return {k: v for k, v in sections.items() if k in latents.rans_sections(h) or k == latents.SCALES}

@@ -70,17 +70,19 @@ _saved_tf32: tuple[bool, bool] | None = None
 
 
 @contextmanager
-def exact_math():
-    """Full float32 (no TF32) and no autograd: GPU results stay within rounding of the CPU's.
+def network_math():
+    """The networks' math setting (TF32 convolutions or full float32, ``VISEMZ_TF32``) and no autograd.
 
-    The TF32 switches are process-wide, so concurrent users (the pipeline's streams) share
-    one setting: the first to enter turns TF32 off and the last to leave restores it.
+    TF32 moves a float32 reconstruction by a few 1e-4 of the range, within the GPU-CPU tolerance the
+    codec documents; the float64 computations (the hyperprior's scales, max_error's synthesis) do not use
+    it.  The TF32 switches are process-wide, so concurrent users (the pipeline's streams) share one
+    setting: the first to enter sets it and the last to leave restores the caller's.
     """
     global _math_users, _saved_tf32
     with _MATH_LOCK:
         if _math_users == 0:
             _saved_tf32 = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = bool(DEFAULTS.tf32)
         _math_users += 1
     try:
         with torch.inference_mode():
@@ -153,7 +155,7 @@ class ImageCodec:
         tiled = image_format in TILED_FORMATS
         grid = tiling.grid_for(meta, tile if tiled else None)
         coded = latents.RANS if tiled else image_format
-        with exact_math():
+        with network_math():
             net64 = _model64(spec, self.device) if e is not None or coded == latents.RANS else None
             analysed = tiling.analyse(net, t, meta, q, grid, DEFAULTS.tile_batch, self.device, refining)
             tiles, waiting = [], {}  # each tile's (sections, coding); symbols coded, not yet synthesised
@@ -206,7 +208,7 @@ class ImageCodec:
     def decode_tile_symbols(self, buf) -> tuple[tiling.Grid, list[dict[str, torch.Tensor]]]:
         """.vsz bytes or container -> (its tile grid, each tile's symbols); files of formats 2 and 3 are one tile."""
         f = self._open(buf)
-        with exact_math():
+        with network_math():
             return f.grid, [f.symbols(i) for i in range(f.grid.count)]
 
     def decompress_tensor(self, buf, region=None) -> torch.Tensor:
@@ -231,7 +233,7 @@ class ImageCodec:
         shape = (box[1] - box[0], box[3] - box[2], *meta.shape[2:])
         e, mode = h["max_error"], h["residual"]
         out = None
-        with exact_math():
+        with network_math():
             if region is not None and mode is None and tiling.fits_one_synthesis(f.grid, box):
                 px = self._box_pixels(f, box)
                 return dev.as_numpy(px) if host else px
