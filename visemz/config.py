@@ -46,6 +46,10 @@ class Defaults:
     rans_lane_bytes: int = 512  # VISEMZ_RANS_LANE_BYTES
     #: Conditional rANS: at most this many symbols per lane (bounds the sequential steps of a lane).
     rans_lane_symbols: int = 16384  # VISEMZ_RANS_LANE_SYMBOLS
+    #: Conditional rANS: at most this many symbols per lane of a hyper-latent (z).  Its decode precedes
+    #: y's (y's tables come from it), so its lanes' steps are latency on every image, and a hyper-latent
+    #: is small: a Kodak image's 12,288 symbols in 12 lanes instead of 2-3 cost about 35 bytes.
+    rans_hyper_lane_symbols: int = 1024  # VISEMZ_RANS_HYPER_LANE_SYMBOLS
     #: Image codec: core tile size in pixels (a multiple of 64 in 64..32768: ``tiling.check_tile``).  An
     #: image larger than one tile is compressed tile by tile (image formats 4 and 5), so GPU memory follows the
     #: tile batch, not the image.
@@ -95,9 +99,11 @@ def _from_env() -> Defaults:
     if d.streams < 0 or d.queue_depth < 0 or d.dali_batch < 1:
         raise InvalidArgumentError(f"VISEMZ_STREAMS={d.streams}, VISEMZ_QUEUE_DEPTH={d.queue_depth} must be >= 0 "
                                    f"and VISEMZ_DALI_BATCH={d.dali_batch} >= 1")
-    if d.rans_lane_bytes < 1 or not 1 <= d.rans_lane_symbols <= (1 << 20):
+    if d.rans_lane_bytes < 1 or not 1 <= d.rans_lane_symbols <= (1 << 20) or \
+            not 1 <= d.rans_hyper_lane_symbols <= (1 << 20):
         raise InvalidArgumentError(f"VISEMZ_RANS_LANE_BYTES={d.rans_lane_bytes} must be >= 1 and "
-                                   f"VISEMZ_RANS_LANE_SYMBOLS={d.rans_lane_symbols} in 1..1048576")
+                                   f"VISEMZ_RANS_LANE_SYMBOLS={d.rans_lane_symbols}, VISEMZ_RANS_HYPER_LANE_SYMBOLS="
+                                   f"{d.rans_hyper_lane_symbols} in 1..1048576")
     if d.tile_batch < 1:  # VISEMZ_TILE is checked by tiling.check_tile, the tile rule of writers and readers
         raise InvalidArgumentError(f"VISEMZ_TILE_BATCH={d.tile_batch}: expected >= 1")
     if not 0 <= d.refine <= MAX_REFINE:

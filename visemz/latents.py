@@ -24,6 +24,7 @@ import math
 import torch
 
 from . import device as dev
+from .config import DEFAULTS
 from .encoders import EncoderConfig, start_encode_ints
 from .encoders.rans import decode_conditional, encode_conditional
 from .encoders.scale_indexes import decode_and_apply_scale_exceptions, encode_scale_exceptions, scale_indexes
@@ -93,7 +94,9 @@ def _encode_rans(net, net64, symbols: dict[str, torch.Tensor], quality: float) -
                                         tables.factorized)}
     z = symbols["z"]
     idx, ambiguous = scale_indexes(_array(_scales(net64, z, quality)), tables.scale_table)
-    return {"z": encode_conditional(_array(z), _channels(z.shape, z.device), tables.factorized),
+    hyper_lanes = min(DEFAULTS.rans_lane_symbols, DEFAULTS.rans_hyper_lane_symbols)
+    return {"z": encode_conditional(_array(z), _channels(z.shape, z.device), tables.factorized,
+                                    lane_symbols=hyper_lanes),
             "y": encode_conditional(_array(symbols["y"]), idx, tables.gaussian),
             SCALES: encode_scale_exceptions(idx, ambiguous)}
 

@@ -21,10 +21,11 @@ from . import gpu
 from . import layout as L
 from . import rans
 from . import rans_layout as RL
-from .cdf_tables import COST_UNIT, CdfTables
+from .cdf_tables import COST_UNIT, LUT_BITS, CdfTables
 
 THREADS = 256
 WARP = 32
+DECODE_WARPS = 8  # groups per decoder block (cuda/rans.cu): they share one staging of the tables
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,8 +45,21 @@ def kernel(name: str):
 def _device_tables(tables: CdfTables, device_id: int) -> dict:
     """The tables' integer arrays on one GPU (cached per tables object and device: copied once, not per image)."""
     names = ("cdf", "cdf_start", "offsets", "cost", "lut")
-    host = (tables.cdf, tables.cdf_start, tables.offsets, tables.cost, tables.lut.reshape(-1))
-    return dict(zip(names, dev.resident_copy([np.ascontiguousarray(a, np.int32) for a in host], device_id)))
+    # the LUT holds symbol numbers within a table, below 2^16 (a table's 16-bit CDF strictly increases)
+    host = [np.ascontiguousarray(a, np.int32) for a in (tables.cdf, tables.cdf_start, tables.offsets, tables.cost)]
+    host.append(np.ascontiguousarray(tables.lut.reshape(-1), np.uint16))
+    return dict(zip(names, dev.resident_copy(host, device_id)))
+
+
+def shared_table_bytes(tables: CdfTables) -> int:
+    """Shared memory the decoder stages the tables in: cdf and cdf_start (int32), the LUT (uint16)."""
+    return 4 * (tables.cdf.size + tables.n_tables + 1) + 2 * (tables.n_tables << LUT_BITS)
+
+
+def shares_tables(tables: CdfTables) -> bool:
+    """Whether the decoder stages these tables in shared memory (they fit a block's opt-in limit: the
+    shipped Gaussian tables take 141 KB, an H100's or H200's limit is 227 KB), else reads global memory."""
+    return shared_table_bytes(tables) <= gpu.device_attributes().get("MaxSharedMemoryPerBlockOptin", 48 << 10)
 
 
 def _tables(tables: CdfTables) -> dict:
@@ -78,19 +92,19 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
     if n > RL.MAX_SYMBOLS:
         raise InvalidArgumentError(f"{n} symbols exceed the conditional coder's limit of {RL.MAX_SYMBOLS}")
     tb = _tables(tables)
-    entry = cp.empty(n, cp.int32)
+    code = cp.empty((n, 2), cp.uint32)  # per symbol (start | freq << 16, reciprocal of freq): rans_prepare
     esc = cp.empty(n, cp.uint8)
     totals = cp.zeros(3, cp.uint64)
     if n:
         kernel("rans_prepare")((_grid(n),), (THREADS,), (
-            sym, idx, np.int64(n), tb["cdf_start"], tb["offsets"], tb["cost"], np.int32(tables.n_tables),
-            entry, esc, totals))
+            sym, idx, np.int64(n), tb["cdf_start"], tb["offsets"], tb["cost"], tb["cdf"], np.int32(tables.n_tables),
+            code, esc, totals))
     bits, n_esc, bad = (int(v) for v in totals.get())
     if bad:
         raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1} ({bad} do not)")
     est = bits // (8 * COST_UNIT)
     p = RL.plan(n, est, lane_bytes, lane_symbols)
-    sizes, body = _encode_lanes(entry, tb, p, est)
+    sizes, body = _encode_lanes(code, p, est)
     excess = np.zeros(0, np.int32)
     if n_esc:
         pos = cp.flatnonzero(esc)
@@ -98,7 +112,7 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
     return RL.pack(p, excess.size, tables.fingerprint, sizes, body, rans.escape_stream(excess))
 
 
-def _encode_lanes(entry, tb: dict, p: RL.Plan, est_bytes: int) -> tuple[np.ndarray, bytes]:
+def _encode_lanes(code, p: RL.Plan, est_bytes: int) -> tuple[np.ndarray, bytes]:
     """The groups' sizes (int64) and their streams, end to end: one host read (two when ``est_bytes`` fell short)."""
     cp = dev.require_cupy()
     if p.n == 0:
@@ -115,7 +129,7 @@ def _encode_lanes(entry, tb: dict, p: RL.Plan, est_bytes: int) -> tuple[np.ndarr
     packed = cp.empty(head + int(p.max_group_bytes().sum()), cp.uint8)
     sizes = packed[:head].view(cp.uint32)
     kernel("rans_encode")((p.groups,), (WARP,), (
-        entry, tb["cdf"], np.int64(p.n), np.int32(p.lanes), np.int64(p.group_symbols), np.int32(p.steps),
+        code, np.int64(p.n), np.int32(p.lanes), np.int64(p.group_symbols), np.int32(p.steps),
         scratch, np.int64(stride), sizes))
     ends = cp.cumsum(sizes.astype(cp.int64))
     kernel("rans_gather")((p.groups,), (THREADS,), (scratch, np.int64(stride), sizes, ends - sizes, packed[head:]))
@@ -165,9 +179,15 @@ def decode(buf, indexes, tables: CdfTables):
     status = cp.zeros(3, cp.uint64)
     status[2] = cp.count_nonzero(bad)
     count, err = status[0:1], status[1:2].view(cp.uint32)
-    kernel("rans_decode")((p.groups,), (WARP,), (
+    shared = shares_tables(tables)
+    smem = shared_table_bytes(tables) if shared else 0
+    dk = kernel("rans_decode")
+    if smem > dk.max_dynamic_shared_size_bytes:
+        dk.max_dynamic_shared_size_bytes = smem  # above 48 KB a kernel must opt in
+    dk((-(-p.groups // DECODE_WARPS),), (WARP * DECODE_WARPS,), (
         data, spans[: p.groups], spans[p.groups :], safe, np.int64(n), np.int32(p.lanes),
-        np.int64(p.group_symbols), np.int32(p.steps), tb["cdf"], tb["cdf_start"], tb["lut"], entry, err))
+        np.int64(p.group_symbols), np.int32(p.steps), np.int32(p.groups), tb["cdf"], np.int32(tables.cdf.size),
+        tb["cdf_start"], np.int32(tables.n_tables), tb["lut"], np.int32(shared), entry, err), shared_mem=smem)
     esc = cp.empty(n, cp.uint8)
     kernel("rans_values")((_grid(n),), (THREADS,), (entry, safe, np.int64(n), tb["cdf_start"], tb["offsets"], out,
                                                     esc, count))

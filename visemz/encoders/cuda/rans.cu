@@ -15,8 +15,10 @@
 #define X_MAX_SHIFT 15
 #define LUT_BITS 8
 #define STATE_BYTES 4
-#define AHEAD 8  // steps whose table data a lane loads at once, before their dependent arithmetic
+#define AHEAD 8  // decoder: steps whose table data a lane loads at once, before their dependent arithmetic
+#define ENC_AHEAD 16  // encoder: steps whose codes a lane loads at once (the next 16 while coding these)
 #define FULL 0xffffffffu
+#define DECODE_WARPS 8  // warps (groups) per decoder block; they share one staging of the tables
 
 #define ERR_STATE 1u     // an initial state outside [L, 256 L)
 #define ERR_OVERRUN 2u   // a group reads past its end
@@ -27,24 +29,33 @@ typedef unsigned char u8;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-// Per symbol: its CDF entry (the escape's when the value is outside the table) and an
-// escape flag; totals[0] += code length in 1/256 bit, totals[1] += escapes, totals[2] +=
-// indexes outside 0..n_tables-1 (such a symbol gets entry 0 and is never coded).
+// Per symbol, what the encoder needs of its CDF entry (the escape's when the value is outside the
+// table): code[i] = (start | freq << 16, the reciprocal of freq) (freq <= 2^16 - 1: every table has an
+// escape of its own), and an escape flag; totals[0] += code length in 1/256 bit, totals[1] += escapes,
+// totals[2] += indexes outside 0..n_tables-1 (such a symbol is never coded).  The reciprocal is ryg's
+// (rans_byte.h): with s = ceil(log2 freq), rcp = ceil(2^(s+31) / freq) and q = umulhi(x, rcp) >> (s - 1)
+// equals x / freq for every state x < 2^31; freq 1 uses rcp = 2^32 - 1 (see encode_step).
 extern "C" __global__ void rans_prepare(const int* __restrict__ sym, const int* __restrict__ idx, long long n,
                                         const int* __restrict__ cdf_start, const int* __restrict__ offsets,
-                                        const int* __restrict__ cost, int n_tables, int* __restrict__ entry,
-                                        u8* __restrict__ esc, u64* totals) {
+                                        const int* __restrict__ cost, const int* __restrict__ cdf, int n_tables,
+                                        uint2* __restrict__ code, u8* __restrict__ esc, u64* totals) {
     u64 bits = 0, escapes = 0, bad = 0;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         int t = idx[i];
-        if (t < 0 || t >= n_tables) { ++bad; entry[i] = 0; esc[i] = 0; continue; }
+        if (t < 0 || t >= n_tables) { ++bad; code[i] = make_uint2(0u, 0u); esc[i] = 0; continue; }
         int base = cdf_start[t];
         long long last = (long long)(cdf_start[t + 1] - base) - 2;  // the escape symbol
         long long v = (long long)sym[i] - offsets[t];
         bool e = v < 0 || v >= last;
         int en = base + (int)(e ? last : v);
-        entry[i] = en;
+        const u32 start = (u32)cdf[en], freq = (u32)cdf[en + 1] - start;
+        u32 rcp = 0xffffffffu;
+        if (freq > 1u) {
+            const u32 s = 32u - __clz(freq - 1u);
+            rcp = (u32)(((1ull << (s + 31u)) + freq - 1u) / freq);
+        }
+        code[i] = make_uint2(start | (freq << 16), rcp);
         esc[i] = e;
         bits += (u64)cost[en];
         escapes += e;
@@ -69,13 +80,33 @@ __device__ __forceinline__ void warp_bytes(u32 c, u32 lane, u32* excl, u32* tota
     *total = __popc(b1) + __popc(b2);
 }
 
+// x -> ((x / freq) << 16) + x % freq + start, by the reciprocal (rans_prepare): x < freq << 15 < 2^31
+// after renormalisation.  freq 1: q = x - 1, and x + (start + 2^16 - 1) + q (2^16 - 1) = (x << 16) + start.
+__device__ __forceinline__ u32 encode_step(u32 x, u32 start, u32 freq, u32 rcp) {
+    const u32 q = freq > 1u ? __umulhi(x, rcp) >> (31u - __clz(freq - 1u)) : x - 1u;
+    const u32 bias = freq > 1u ? start : start + TOTAL - 1u;
+    return x + bias + q * (TOTAL - freq);  // mod 2^32; the exact value is a state, below 2^31
+}
+
+// The codes of steps j0, j0 - 1, ... j0 - ENC_AHEAD + 1 of lane k (freq 0: padding, the identity).
+__device__ __forceinline__ void load_codes(const uint2* __restrict__ code, long long base, long long len, int lanes,
+                                           u32 k, bool lane_on, int j0, uint2* dst) {
+#pragma unroll
+    for (int q = 0; q < ENC_AHEAD; ++q) {
+        const long long li = (long long)(j0 - q) * lanes + k;
+        dst[q] = make_uint2(0u, 0u);
+        if (j0 - q >= 0 && lane_on && li < len) dst[q] = code[base + li];
+    }
+}
+
 // One block of 32 threads per group.  Group g's scratch region is [g * stride, (g + 1) * stride),
 // stride = 4 lanes + 2 group_symbols; its stream is written backwards and ends at the region's
-// end; sizes[g] gets its length.  Each lane loads the CDF starts and frequencies of AHEAD steps
-// at once (they do not depend on the state), so their memory latency overlaps.
-extern "C" __global__ void rans_encode(const int* __restrict__ entry, const int* __restrict__ cdf, long long n,
-                                       int lanes, long long group_symbols, int steps, u8* __restrict__ scratch,
-                                       long long stride, u32* __restrict__ sizes) {
+// end; sizes[g] gets its length.  Each lane loads the codes of ENC_AHEAD steps at once, the next
+// ENC_AHEAD's before coding these (they do not depend on the state), so their memory latency overlaps
+// the coding; the state's own chain is renormalisation, two ballots and a multiply-high.
+extern "C" __global__ void rans_encode(const uint2* __restrict__ code, long long n, int lanes, long long group_symbols,
+                                       int steps, u8* __restrict__ scratch, long long stride,
+                                       u32* __restrict__ sizes) {
     const u32 k = threadIdx.x;
     const long long base = (long long)blockIdx.x * group_symbols;
     const long long len = min(group_symbols, n - base);
@@ -83,32 +114,25 @@ extern "C" __global__ void rans_encode(const int* __restrict__ entry, const int*
     u8* out = scratch + (long long)blockIdx.x * stride;
     long long pos = stride;
     u32 x = RANS_L;
-    for (int j0 = steps - 1; j0 >= 0; j0 -= AHEAD) {
-        u32 start[AHEAD], freq[AHEAD];
+    uint2 next[ENC_AHEAD];
+    load_codes(code, base, len, lanes, k, lane_on, steps - 1, next);
+    for (int j0 = steps - 1; j0 >= 0; j0 -= ENC_AHEAD) {
+        uint2 cur[ENC_AHEAD];
 #pragma unroll
-        for (int q = 0; q < AHEAD; ++q) {
-            const long long li = (long long)(j0 - q) * lanes + k;
-            start[q] = 0;  // padding positions code the identity symbol
-            freq[q] = TOTAL;
-            if (j0 - q >= 0 && lane_on && li < len) {
-                const int e = entry[base + li];
-                start[q] = (u32)cdf[e];
-                freq[q] = (u32)cdf[e + 1] - start[q];
-            }
-        }
+        for (int q = 0; q < ENC_AHEAD; ++q) cur[q] = next[q];
+        if (j0 - ENC_AHEAD >= 0) load_codes(code, base, len, lanes, k, lane_on, j0 - ENC_AHEAD, next);
 #pragma unroll
-        for (int q = 0; q < AHEAD; ++q) {
+        for (int q = 0; q < ENC_AHEAD; ++q) {
             if (j0 - q < 0) break;  // the same for every lane
-            const u32 f = freq[q];
-            const u32 x_max = f << X_MAX_SHIFT;
-            const u32 c = (u32)(x >= x_max) + (u32)((x >> 8) >= x_max);
+            const u32 freq = cur[q].x >> 16;
+            const u32 x_max = freq << X_MAX_SHIFT;
+            const u32 c = freq ? (u32)(x >= x_max) + (u32)((x >> 8) >= x_max) : 0u;
             u32 excl, total;
             warp_bytes(c, k, &excl, &total);
             pos -= total;
             if (c == 2u) { out[pos + excl] = (u8)(x >> 8); out[pos + excl + 1] = (u8)x; }
             else if (c == 1u) out[pos + excl] = (u8)x;
-            x >>= 8u * c;
-            x = ((x / f) << PRECISION) + (x % f) + start[q];
+            if (freq) x = encode_step(x >> (8u * c), cur[q].x & 0xffffu, freq, cur[q].y);
         }
     }
     pos -= STATE_BYTES * lanes;
@@ -125,19 +149,53 @@ extern "C" __global__ void rans_gather(const u8* __restrict__ scratch, long long
     for (long long i = threadIdx.x; i < size; i += blockDim.x) out[dst[blockIdx.x] + i] = src[i];
 }
 
-// One block of 32 threads per group: each symbol's CDF entry into entry_out; error bits
-// (ERR_*) into err.  idx must hold valid table indexes (the host checks them).
+// The decoder's tables where its loads are short: shared memory when ``shared`` (the host checked that
+// they fit), else global memory.  Layout in shared memory: cdf (u32), cdf_start (u32), lut (u16).
+struct DecodeTables {
+    const int* cdf;
+    const int* cdf_start;
+    const unsigned short* lut;
+};
+
+__device__ DecodeTables stage_tables(unsigned char* smem, bool shared, const int* __restrict__ cdf, int cdf_len,
+                                     const int* __restrict__ cdf_start, int n_tables,
+                                     const unsigned short* __restrict__ lut) {
+    if (!shared) return DecodeTables{cdf, cdf_start, lut};
+    int* s_cdf = (int*)smem;
+    int* s_start = s_cdf + cdf_len;
+    unsigned short* s_lut = (unsigned short*)(s_start + n_tables + 1);
+    const int lut_len = n_tables << LUT_BITS;
+#pragma unroll 8
+    for (int i = threadIdx.x; i < cdf_len; i += blockDim.x) s_cdf[i] = cdf[i];
+    for (int i = threadIdx.x; i <= n_tables; i += blockDim.x) s_start[i] = cdf_start[i];
+#pragma unroll 8
+    for (int i = threadIdx.x; i < lut_len; i += blockDim.x) s_lut[i] = lut[i];
+    __syncthreads();
+    return DecodeTables{s_cdf, s_start, s_lut};
+}
+
+// Blocks of DECODE_WARPS warps, one group per warp (group blockIdx.x * DECODE_WARPS + warp), sharing the
+// tables they stage: each symbol's CDF entry into entry_out; error bits (ERR_*) into err.  idx must
+// hold valid table indexes (the host checks them).  A step's chain is the state's slot, a LUT guess,
+// a short search of the CDF, the state update, two ballots and the bytes' loads: with the tables in
+// shared memory the table loads are a few tens of cycles, not global memory's hundreds.
 extern "C" __global__ void rans_decode(const u8* __restrict__ buf, const long long* __restrict__ starts,
                                        const long long* __restrict__ sizes, const int* __restrict__ idx, long long n,
-                                       int lanes, long long group_symbols, int steps, const int* __restrict__ cdf,
-                                       const int* __restrict__ cdf_start, const int* __restrict__ lut,
+                                       int lanes, long long group_symbols, int steps, int groups,
+                                       const int* __restrict__ cdf_g, int cdf_len, const int* __restrict__ cdf_start_g,
+                                       int n_tables, const unsigned short* __restrict__ lut_g, int shared,
                                        int* __restrict__ entry_out, u32* err) {
-    const u32 k = threadIdx.x;
-    const long long base = (long long)blockIdx.x * group_symbols;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const DecodeTables tb = stage_tables(smem, shared != 0, cdf_g, cdf_len, cdf_start_g, n_tables, lut_g);
+    const int* cdf = tb.cdf;
+    const u32 k = threadIdx.x & 31u;
+    const long long g = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (g >= groups) return;  // the whole warp: after the block's last barrier
+    const long long base = g * group_symbols;
     const long long len = min(group_symbols, n - base);
     const bool lane_on = (int)k < lanes;
-    long long pos = starts[blockIdx.x];
-    const long long end = pos + sizes[blockIdx.x];
+    long long pos = starts[g];
+    const long long end = pos + sizes[g];
     u32 x = RANS_L;
     if (lane_on) {
         const u8* s = buf + pos + STATE_BYTES * k;
@@ -157,7 +215,7 @@ extern "C" __global__ void rans_decode(const u8* __restrict__ buf, const long lo
             first[q] = 0;
             if (j0 + q < steps && lane_on && li < len) {
                 table[q] = idx[base + li];
-                first[q] = cdf_start[table[q]];
+                first[q] = tb.cdf_start[table[q]];
             }
         }
 #pragma unroll
@@ -167,7 +225,7 @@ extern "C" __global__ void rans_decode(const u8* __restrict__ buf, const long lo
             u32 lo = 0, f = TOTAL;
             if (table[q] >= 0) {
                 const int b = first[q];
-                int s = lut[(table[q] << LUT_BITS) + (slot >> (PRECISION - LUT_BITS))];
+                int s = tb.lut[(table[q] << LUT_BITS) + (slot >> (PRECISION - LUT_BITS))];
                 while ((u32)cdf[b + s + 1] <= slot) ++s;  // stops: the table's last entry is 2^16
                 lo = (u32)cdf[b + s];
                 f = (u32)cdf[b + s + 1] - lo;
