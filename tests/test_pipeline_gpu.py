@@ -23,7 +23,7 @@ from visemz.pipeline.executor import CudaLane
 from visemz.io.files import Item
 from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
 
-from .helpers import optional, parity
+from .helpers import cross_device_tolerance, optional, parity
 
 pytestmark = pytest.mark.gpu
 
@@ -91,8 +91,9 @@ def test_several_streams_write_the_same_bytes_as_one(tree, tmp_path, model_weigh
 
 def _same_images(a, b, exact: bool) -> None:
     """Decoded images of two runs: identical with an error bound (its float64 synthesis is
-    device-independent by design), else within float rounding (cuDNN may pick another
-    algorithm while several streams run, and a pixel near .5 then rounds the other way)."""
+    device-independent by design), else within the codec's float tolerance (cuDNN may pick another
+    algorithm while several streams run, and with TF32 (VISEMZ_TF32) two algorithms' results differ
+    by a few 1e-4 of the range: on an H200 a float32 image moved by more than 1e-5 of its span)."""
     files = sorted(p.relative_to(a) for p in a.rglob("*.npy"))
     assert files == sorted(p.relative_to(b) for p in b.rglob("*.npy")) and files
     for rel in files:
@@ -100,11 +101,8 @@ def _same_images(a, b, exact: bool) -> None:
         assert x.dtype == y.dtype and x.shape == y.shape, rel
         if exact:
             assert np.array_equal(x, y), rel
-        elif x.dtype.kind == "f":
-            span = float(x.max() - x.min()) or 1.0
-            assert np.allclose(x, y, rtol=0, atol=1e-5 * span), rel
         else:
-            assert np.abs(x.astype(np.int64) - y.astype(np.int64)).max() <= 1, rel
+            assert np.abs(x.astype(np.float64) - y.astype(np.float64)).max() <= cross_device_tolerance(x), rel
 
 
 def test_gpu_loaders_feed_the_codec_the_same_pixels(tree, tmp_path, model_weights, nvcomp):
