@@ -16,6 +16,10 @@ and either with channels-last tensors, plus bfloat16 autocast for comparison.  P
   latent, in [0, 1] units and in the image's integer levels after rounding (what a GPU decode may
   differ from a CPU decode by; the codec documents 1 level of uint8 and 1e-3 of a uint16 image's range).
 
+A last row per hyperprior image times the float64 hyper-synthesis that gives the scales, through cuDNN
+(``model.h_s``) and through ATen's im2col + GEMM convolutions (``architectures.hyper_synthesis``, what the
+codec runs on a GPU), with their largest difference.
+
 The device name is printed and stored.  Nothing is timed on the CPU.
 """
 
@@ -93,11 +97,27 @@ def run_image(path: Path, quality: float, repeat: int) -> list[dict]:
             "synthesis_levels_over_1": float((lvl > 1).float().mean()),
         })
     net.to(memory_format=torch.contiguous_format)
+    if architectures.has_hyperprior(net):
+        rows.append(hyper_row(path.name, spec.name, net64, sym64["z"], quality, repeat))
     base = rows[0]
     for r in rows:
-        r["analysis_speedup"] = base["analysis_ms"] / r["analysis_ms"]
-        r["synthesis_speedup"] = base["synthesis_ms"] / r["synthesis_ms"]
+        if "analysis_ms" in r:
+            r["analysis_speedup"] = base["analysis_ms"] / r["analysis_ms"]
+            r["synthesis_speedup"] = base["synthesis_ms"] / r["synthesis_ms"]
     return rows
+
+
+def hyper_row(image: str, model: str, net64, z_sym: torch.Tensor, quality: float, repeat: int) -> dict:
+    """The float64 hyper-synthesis of one image's z: cuDNN's convolutions against ATen's GEMM ones."""
+    _, inv = net64.hyper_gain.at(quality, torch.float64, z_sym.device)
+    z_hat = (z_sym.double() + architectures.medians(net64.entropy_bottleneck).double()) * inv
+    with torch.inference_mode():
+        t_cudnn, ref = measure.median_seconds(lambda: net64.h_s(z_hat), repeat, warmup=3, sync=torch.cuda.synchronize)
+        t_gemm, got = measure.median_seconds(lambda: architectures.hyper_synthesis(net64, z_hat), repeat, warmup=3,
+                                             sync=torch.cuda.synchronize)
+    return {"image": image, "model": model, "quality": quality, "setting": "hyper-synthesis float64",
+            "cudnn_ms": 1e3 * t_cudnn, "gemm_ms": 1e3 * t_gemm, "gemm_speedup": t_cudnn / t_gemm,
+            "max_relative_difference": float(((got - ref).abs() / ref.abs().clamp_min(1e-300)).max())}
 
 
 def main() -> None:

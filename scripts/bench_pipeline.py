@@ -398,8 +398,10 @@ def device_name(device: str) -> str:
 
 # ------------------------------------------------------------------ several GPUs
 def multi_gpu(args, work: Path) -> dict | None:
-    """Under torchrun: the folder on rank 0's GPU alone, then sharded over every rank's GPU."""
+    """Under torchrun: the folder on rank 0's GPU alone, then sharded over every rank's GPU (more ranks than
+    GPUs share them in turn, rank r on GPU r mod count, as ``visemz compress`` under torchrun does)."""
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    local %= torch.cuda.device_count()
     torch.cuda.set_device(local)
     import cupy
 
@@ -433,8 +435,10 @@ def multi_gpu(args, work: Path) -> dict | None:
     dist.destroy_process_group()
     if rank != 0:
         return None
-    both = row(f"{world} GPUs, {n} streams each", statistics.median(times), summary, ranks=world)
-    return {"device": device_name("cuda"), "gpus": world, "torch": torch.__version__, "runs": [one, both],
+    gpus = min(world, torch.cuda.device_count())
+    where = f"{world} GPUs" if gpus == world else f"{world} processes on {gpus} GPU{'s' if gpus > 1 else ''}"
+    both = row(f"{where}, {n} streams each", statistics.median(times), summary, ranks=world)
+    return {"device": device_name("cuda"), "gpus": gpus, "processes": world, "torch": torch.__version__, "runs": [one, both],
             "ratios": {"all_gpus_over_one": round(both["images_per_s"] / one["images_per_s"], 3)}}
 
 

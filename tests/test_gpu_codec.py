@@ -75,3 +75,22 @@ def test_cupy_input(gpu_cpu_codecs):
     gpu, _ = gpu_cpu_codecs
     img = np.random.default_rng(1).integers(0, 256, (64, 80, 3), dtype=np.uint8)
     np.testing.assert_array_equal(gpu.decompress(gpu.compress(cp.asarray(img), max_error=0)), img)
+
+
+def test_float64_hyper_synthesis_on_the_gpu_matches_the_cpu():
+    """The GPU's float64 h_s (ATen's GEMM convolutions, not cuDNN's) agrees with the CPU's to float64
+    rounding: the scale-index exceptions only have last bits to absorb."""
+    import copy
+
+    import torch
+
+    from visemz.models import architectures, registry
+    from visemz.models import weights as W
+
+    net, _ = W.load(registry.parse("mbt2018-mean-rgb"), "cpu")
+    n64 = copy.deepcopy(net).double()
+    z = torch.randn(1, n64.h_s[0].in_channels, 24, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = n64.h_s(z)
+        got = architectures.hyper_synthesis(n64.to("cuda"), z.to("cuda")).cpu()
+    assert torch.allclose(got, ref, rtol=1e-11, atol=1e-11), float((got - ref).abs().max())

@@ -222,3 +222,19 @@ def test_lane_uploads_host_images_through_its_pinned_buffer():
             assert t.is_cuda and tuple(t.shape) == shape
             np.testing.assert_array_equal(as_numpy(t), a)
         lane.finish()
+
+
+def test_folder_ranks_beyond_the_gpus_share_them(monkeypatch):
+    """Under torchrun, a folder job's rank whose LOCAL_RANK is past the GPU count takes GPU r mod count
+    (several processes per GPU); the stacking job (NCCL) keeps one rank per GPU."""
+    from visemz import cli
+
+    n = torch.cuda.device_count()
+    saved = torch.cuda.current_device()
+    try:
+        monkeypatch.setenv("LOCAL_RANK", str(n + 1))
+        assert cli._use_local_gpu(share=True) == (n + 1) % n == torch.cuda.current_device()
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        assert cli._use_local_gpu() == 0
+    finally:
+        torch.cuda.set_device(saved)

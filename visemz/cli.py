@@ -135,17 +135,22 @@ def _torchrun_group(device: Optional[str]) -> tuple[int, int]:
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return 0, 1
     if device != "cpu" and torch.cuda.is_available():
-        _use_local_gpu()
+        _use_local_gpu(share=True)
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size()
 
 
-def _use_local_gpu() -> int:
+def _use_local_gpu(share: bool = False) -> int:
     """Make torchrun's LOCAL_RANK this process's GPU (torch and cupy); returns its index.
 
-    Without it every rank lands on GPU 0, and NCCL refuses two ranks on one device."""
+    Without it every rank lands on GPU 0, and NCCL refuses two ranks on one device.  ``share``: more
+    ranks than GPUs take them in turn (rank r the GPU r mod count), for folder jobs (Gloo only), where
+    several processes on one GPU each bring their own Python to the host work that one process's
+    streams share under its interpreter lock."""
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    if share:
+        local %= torch.cuda.device_count()
     torch.cuda.set_device(local)
     try:
         import cupy

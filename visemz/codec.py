@@ -115,7 +115,7 @@ def _model64_cached(spec: registry.ModelSpec, device: str, model_id: str) -> tor
     # built outside inference mode (the callers run in it), as W.load builds the model: its parameters are
     # then ordinary tensors with version counters, so its gain units cache their gains (GainUnits.at)
     with torch.inference_mode(False):
-        net64 = copy.deepcopy(net).double()
+        net64 = architectures.freeze_gdn(copy.deepcopy(net).double())
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)  # the copy ran on this thread's stream; others must see it done
     return net64

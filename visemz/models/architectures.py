@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+from compressai.layers import GDN
 from compressai.models import FactorizedPrior, MeanScaleHyperprior
 from compressai.models.utils import conv, deconv
 
@@ -128,6 +130,37 @@ def build(spec: ModelSpec) -> torch.nn.Module:
     return model
 
 
+class FrozenGDN(GDN):
+    """A GDN (or IGDN) whose non-negative beta and gamma were computed once from its parameters
+    (``freeze_gdn``): CompressAI's layer re-derives them on every call, about 12 small kernels and
+    a custom autograd function per layer, host work on every image (issue 14).  The same values, so
+    the same outputs.  Its buffers are derived in ``frozen_dtype``; converted to another dtype (a
+    float64 copy) they would round differently from a derivation in that dtype, so it then computes
+    as CompressAI's layer does, until frozen again."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gamma_eff.dtype != self.frozen_dtype:
+            return super().forward(x)
+        norm = F.conv2d(x**2, self.gamma_eff, self.beta_eff)
+        return x * (torch.sqrt(norm) if self.inverse else torch.rsqrt(norm))
+
+
+def freeze_gdn(model: torch.nn.Module) -> torch.nn.Module:
+    """Every GDN layer of an inference model (no training: the parameters must not change after this)
+    becomes a ``FrozenGDN`` with beta and gamma derived in the parameters' current dtype and device;
+    call again after a dtype change.  Buffers not persistent: the state dict is unchanged."""
+    for m in model.modules():
+        if isinstance(m, GDN) and type(m) in (GDN, FrozenGDN):
+            with torch.no_grad():
+                beta, gamma = m.beta_reparam(m.beta), m.gamma_reparam(m.gamma)
+            c = beta.numel()
+            m.register_buffer("beta_eff", beta.detach().clone(), persistent=False)
+            m.register_buffer("gamma_eff", gamma.detach().reshape(c, c, 1, 1).clone(), persistent=False)
+            m.frozen_dtype = beta.dtype
+            m.__class__ = FrozenGDN
+    return model
+
+
 def has_hyperprior(model: torch.nn.Module) -> bool:
     return hasattr(model, "h_a")
 
@@ -156,8 +189,36 @@ def _hyper_params(model, z_sym: torch.Tensor, quality: float) -> tuple[torch.Ten
     """Integer hyper-latent symbols -> (scales, means) of the gained latent."""
     _, inv = model.hyper_gain.at(quality, z_sym.dtype, z_sym.device)
     z_hat = (z_sym + medians(model.entropy_bottleneck).to(z_sym.dtype)) * inv
-    scales, means = model.h_s(z_hat).chunk(2, 1)
+    scales, means = hyper_synthesis(model, z_hat).chunk(2, 1)
     return scales, means
+
+
+def hyper_synthesis(model, z_hat: torch.Tensor) -> torch.Tensor:
+    """h_s(z_hat).  On a GPU in float64 (the scales every device must agree on) its convolutions run on
+    PyTorch's own im2col + GEMM kernels, i.e. cuBLAS's float64 GEMM, instead of cuDNN's float64
+    convolutions, which ran at 1.5-9 TFLOP/s on an H200 and took 0.76 ms of a Kodak image's compress and
+    as much of its decompress (issue 14).  Both are float64: they differ in the last bits only, which the
+    scale-index exceptions absorb as between any two devices."""
+    if not (z_hat.is_cuda and z_hat.dtype == torch.float64):
+        return model.h_s(z_hat)
+    return native_forward(model.h_s, z_hat)
+
+
+def native_forward(layers, x: torch.Tensor) -> torch.Tensor:
+    """A Sequential's forward with its plain convolutions (zero padding, no groups or dilation) on
+    ATen's im2col + GEMM kernels (slow_conv2d / slow_conv_transpose2d) rather than cuDNN's."""
+    for layer in layers:
+        plain = isinstance(layer, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and layer.groups == 1 \
+            and layer.padding_mode == "zeros" and tuple(layer.dilation) == (1, 1) and not isinstance(layer.padding, str)
+        if plain and isinstance(layer, torch.nn.ConvTranspose2d):
+            x = torch.ops.aten.slow_conv_transpose2d(x, layer.weight, layer.kernel_size, layer.bias, layer.stride,
+                                                     layer.padding, layer.output_padding, layer.dilation)
+        elif plain:
+            x = torch.ops.aten._slow_conv2d_forward(x, layer.weight, layer.kernel_size, layer.bias, layer.stride,
+                                                    layer.padding)
+        else:
+            x = layer(x)
+    return x
 
 
 def analysis_latents(model: torch.nn.Module, x: torch.Tensor, quality: float,

@@ -146,7 +146,7 @@ def _load(spec: ModelSpec, device: str) -> tuple[torch.nn.Module, str]:
     if missing or unexpected:
         raise UnsupportedFormatError(f"weights {path.name} do not match {spec.name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
     model.visemz_tables = entropy_tables.from_tensors(tensors, architectures.has_hyperprior(model), path.name)
-    model.eval().requires_grad_(False).to(device)
+    architectures.freeze_gdn(model.eval().requires_grad_(False).to(device))
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)  # copied on this thread's stream; other streams use it next
     return model, file_id(path)
