@@ -104,19 +104,35 @@ def scale_indexes(scales, scale_table, rel_tol: float = DEFAULT_REL_TOL):
     # on a GPU the scales' finiteness is read later, with the indexes: the scales' error first, as on the CPU
     with checked_first_on_error(lambda: _check_finite(xp, s), (InvalidArgumentError,) if on_gpu else ()):
         tol, table = _check_tol(rel_tol), _check_table(scale_table)
+    if on_gpu:
+        return _gpu_indexes(s, table, tol)
     thr = _thresholds(xp, table)
     flat = s.reshape(-1)
     idx = _index(xp, thr, flat)
     near = _index(xp, thr, flat * (1 - tol)) != _index(xp, thr, flat * (1 + tol))
-    if not on_gpu:
-        return idx.reshape(s.shape), np.flatnonzero(near).astype(np.int64)
-    # One host read answers the finite check and whether any position is ambiguous: almost never (0.05 per
-    # Kodak image), so the flatnonzero, which reads its count from the device (a second sync), rarely runs.
-    nonfinite, count = (int(v) for v in xp.stack([(~xp.isfinite(flat)).sum(), near.sum()]).get())
+    return idx.reshape(s.shape), np.flatnonzero(near).astype(np.int64)
+
+
+def _gpu_indexes(s, table: np.ndarray, tol: float):
+    """``scale_indexes`` on a GPU: one kernel (cuda/rans.cu, scale_index) gives the indexes, the listed flags and
+    the counts of non-finite scales and listed positions, and one host read brings the counts back.  Listed
+    positions are almost never there (0.05 per Kodak image), so the flatnonzero, which reads its count from the
+    device (a second sync), rarely runs."""
+    from .rans_gpu import THREADS, _grid, kernel
+
+    cp = dev.require_cupy()
+    flat = cp.ascontiguousarray(s.reshape(-1))
+    n = flat.size
+    idx, near, counts = cp.empty(n, cp.int32), cp.empty(n, cp.uint8), cp.zeros(2, cp.uint64)
+    if n:
+        # 1 - tol and 1 + tol in Python's float64, the factors the CPU path multiplies by
+        kernel("scale_index")((_grid(n),), (THREADS,), (flat, np.int64(n), _thresholds(cp, table), np.int32(table.size - 1),
+                                                       np.float64(1 - tol), np.float64(1 + tol), idx, near, counts))
+    nonfinite, count = (int(v) for v in counts.get())
     if nonfinite:
         raise InvalidArgumentError("scales hold NaN or infinite values")
-    ambiguous = xp.flatnonzero(near) if count else xp.zeros(0, xp.int64)
-    return idx.reshape(s.shape), ambiguous.astype(xp.int64)
+    ambiguous = cp.flatnonzero(near).astype(cp.int64) if count else cp.zeros(0, cp.int64)
+    return idx.reshape(s.shape), ambiguous
 
 
 def encode_scale_exceptions(indexes, ambiguous) -> bytes:
@@ -141,12 +157,13 @@ def decode_and_apply_scale_exceptions(buf, scales, scale_table, rel_tol: float =
     and its own (the encoder's scale was within rel_tol; the devices differ by far less).
     Anything else raises CorruptStreamError.
     """
-    xp, s = _scales(scales)
-    tol = _check_tol(rel_tol)
-    table = _check_table(scale_table)
+    on_gpu = dev.is_gpu_array(scales)
+    xp, s = _scales(scales, check_finite=not on_gpu)  # on a GPU: read with the indexes' counts
+    with checked_first_on_error(lambda: _check_finite(xp, s), (InvalidArgumentError,) if on_gpu else ()):
+        tol, table = _check_tol(rel_tol), _check_table(scale_table)
     thr = table[:-1]
     flat = s.reshape(-1)
-    idx = _index(xp, _thresholds(xp, table), flat)
+    idx = _gpu_indexes(s, table, tol)[0].reshape(-1) if on_gpu else _index(xp, _thresholds(xp, table), flat)
     if len(memoryview(buf).cast("B")) == 0:
         return idx.reshape(s.shape)
     data = decode_ints(buf).astype(np.int64)

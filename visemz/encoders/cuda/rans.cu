@@ -265,3 +265,40 @@ extern "C" __global__ void rans_values(const int* __restrict__ entry, const int*
     for (int d = 16; d > 0; d >>= 1) escapes += __shfl_down_sync(FULL, escapes, d);
     if ((threadIdx.x & 31) == 0 && escapes) atomicAdd(count, escapes);
 }
+
+// The conditional coder's table indexes from float64 scales (encoders/scale_indexes.py): idx[i] = the number
+// of thresholds (the scale table but its last entry, ascending) below s[i], CompressAI's build_indexes;
+// near[i] = whether s (1 - tol) and s (1 + tol), given as lo_f = 1 - tol and hi_f = 1 + tol, get different
+// indexes (the position is listed); counts[0] += non-finite scales, counts[1] += listed positions.  One pass
+// instead of three searchsorted calls, a comparison and a finiteness check, each its own launch.
+__device__ __forceinline__ int count_below(const double* __restrict__ thr, int m, double v) {
+    int lo = 0, hi = m;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (thr[mid] < v) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+extern "C" __global__ void scale_index(const double* __restrict__ s, long long n, const double* __restrict__ thr, int m,
+                                       double lo_f, double hi_f, int* __restrict__ idx, u8* __restrict__ near,
+                                       u64* counts) {
+    u64 nonfinite = 0, listed = 0;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const double v = s[i];
+        idx[i] = count_below(thr, m, v);
+        const bool nr = count_below(thr, m, v * lo_f) != count_below(thr, m, v * hi_f);
+        near[i] = nr;
+        listed += nr;
+        nonfinite += !isfinite(v);
+    }
+    for (int d = 16; d > 0; d >>= 1) {
+        nonfinite += __shfl_down_sync(FULL, nonfinite, d);
+        listed += __shfl_down_sync(FULL, listed, d);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        if (nonfinite) atomicAdd(&counts[0], nonfinite);
+        if (listed) atomicAdd(&counts[1], listed);
+    }
+}
