@@ -112,7 +112,7 @@ def test_weights_without_tables_still_decode_format_2_and_refuse_format_3(tmp_pa
               metadata=meta)
     monkeypatch.setenv("VISEMZ_WEIGHTS_DIR", str(tmp_path))
     W.load.cache_clear()
-    codec._model64_cached.cache_clear()
+    codec._model64.cache_clear()
     try:
         img = _image("uint8", (40, 40))
         assert cpu.decompress(cpu.compress(img, model="balle2016", image_format=2)).shape == img.shape
@@ -121,7 +121,7 @@ def test_weights_without_tables_still_decode_format_2_and_refuse_format_3(tmp_pa
     finally:
         monkeypatch.undo()
         W.load.cache_clear()
-        codec._model64_cached.cache_clear()
+        codec._model64.cache_clear()
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -223,12 +223,12 @@ def test_swapped_weights_code_with_their_own_float64_copy(tmp_path, monkeypatch,
         monkeypatch.setenv("VISEMZ_WEIGHTS_DIR", str(tmp_path / "b"))
         W.load.cache_clear()
         swapped = cpu.compress(img, model="mbt2018-mean", quality=3)
-        codec._model64_cached.cache_clear()
+        codec._model64.cache_clear()
         assert swapped == cpu.compress(img, model="mbt2018-mean", quality=3)
     finally:
         monkeypatch.undo()
         W.load.cache_clear()
-        codec._model64_cached.cache_clear()
+        codec._model64.cache_clear()
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -250,3 +250,26 @@ def test_only_static_prior_sections_are_also_tried_as_ints_streams(cpu, model, m
     assert tried == [[int(np.prod(shapes[k])) for k in want]]
     cpu.compress(img, model=model, quality=4, image_format=2)  # format 2: every section, as ever
     assert tried[1] == [int(np.prod(shapes[k])) for k in shapes]
+
+
+def test_float64_copy_is_made_from_the_loaded_model_once_per_weights(monkeypatch):
+    """codec._model64 keys its float64 copy by (spec, device, weights id) and builds it from the model of
+    that same load: one W.load per call, the same copy for the same weights, a new one for new weights."""
+    spec = parse("mbt2018-mean-rgb")
+    codec._model64.cache_clear()
+    loads = []
+    real = codec.W.load
+
+    def counting_load(s, d):
+        loads.append(s)
+        return real(s, d)
+
+    monkeypatch.setattr(codec.W, "load", counting_load)
+    a = codec._model64(spec, "cpu")
+    assert codec._model64(spec, "cpu") is a and len(loads) == 2
+    assert next(a.parameters()).dtype == torch.float64
+    net, model_id = real(spec, "cpu")
+    monkeypatch.setattr(codec.W, "load", lambda s, d: (net, model_id + "-other"))  # other weights, same spec
+    b = codec._model64(spec, "cpu")
+    assert b is not a and next(b.parameters()).dtype == torch.float64
+    codec._model64.cache_clear()

@@ -16,7 +16,6 @@ file written on a GPU decodes to the same symbols on a CPU.
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import threading
 from contextlib import contextmanager
@@ -95,23 +94,31 @@ def network_math():
 
 
 _MODEL_LOCK = threading.Lock()
+_MODEL64: dict[tuple, torch.nn.Module] = {}  # (spec, device, weights id) -> float64 copy, oldest first
+_MODEL64_MAX = 16
 
 
 def _model64(spec: registry.ModelSpec, device: str) -> torch.nn.Module:
     """A float64 copy of the model: the error-bound path's synthesis and the hyperprior's scales for rANS,
-    both device-independent up to their last bits."""
-    # keyed by the weights' id too: weights swapped under the same spec (VISEMZ_WEIGHTS_DIR changed and
-    # W.load.cache_clear(), as scripts comparing checkpoints do) get their own copy, never the old one's
-    _, model_id = W.load(spec, device)
+    both device-independent up to their last bits.
+
+    Keyed by the weights' id too: weights swapped under the same spec (VISEMZ_WEIGHTS_DIR changed and
+    W.load.cache_clear(), as scripts comparing checkpoints do) get their own copy, made from the very model
+    whose id keys it (one load), never the old one's."""
+    net, model_id = W.load(spec, device)
+    key = (spec, device, model_id)
     with _MODEL_LOCK:  # one copy per (spec, device, weights), even when several streams ask at once
-        return _model64_cached(spec, device, model_id)
+        if key not in _MODEL64:
+            if len(_MODEL64) >= _MODEL64_MAX:
+                del _MODEL64[next(iter(_MODEL64))]
+            _MODEL64[key] = _float64_copy(net, device)
+        return _MODEL64[key]
 
 
-@functools.lru_cache(maxsize=16)
-def _model64_cached(spec: registry.ModelSpec, device: str, model_id: str) -> torch.nn.Module:
-    net, loaded_id = W.load(spec, device)
-    if loaded_id != model_id:  # the weights changed between the two loads: never pair the wrong copy
-        raise UnsupportedFormatError(f"weights of {spec.name} changed while loading ({model_id} -> {loaded_id})")
+_model64.cache_clear = _MODEL64.clear  # type: ignore[attr-defined]
+
+
+def _float64_copy(net: torch.nn.Module, device: str) -> torch.nn.Module:
     # built outside inference mode (the callers run in it), as W.load builds the model: its parameters are
     # then ordinary tensors with version counters, so its gain units cache their gains (GainUnits.at)
     with torch.inference_mode(False):
