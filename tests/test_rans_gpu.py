@@ -136,34 +136,6 @@ def test_gpu_decoder_catches_what_the_cpu_decoder_catches(cp, tables):
             decode_conditional(buf[:cut], gidx, tables)
 
 
-def test_shipped_tables_are_staged_in_shared_memory(cp):
-    """The decoder's fast path: every shipped model's tables fit a block's shared memory on this GPU."""
-    from visemz.models import all_specs
-    from visemz.models import weights as W
-
-    for spec in all_specs():
-        if not W.weights_path(spec).is_file():
-            continue
-        net, _ = W.load(spec, "cpu")
-        for name in ("factorized", "gaussian"):
-            t = getattr(net.visemz_tables, name, None)
-            if t is not None:
-                assert rans_gpu.shares_tables(t), (spec.name, name, rans_gpu.shared_table_bytes(t))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_decoder_reads_global_tables_when_they_do_not_fit(cp, tables, monkeypatch, kind):
-    """Tables too large for shared memory are read from global memory: the same symbols, the same errors."""
-    monkeypatch.setattr(rans_gpu, "shares_tables", lambda t: False)
-    for n in (1, 33, 4097, 300_001):
-        sym, idx = make_case(kind, n, seed=n)
-        check_both_ways(cp, sym, idx, tables, lane_bytes=8, lane_symbols=64)
-    sym, idx = make_case(kind, 2000, seed=3)
-    buf = encode_conditional(sym, idx, tables)
-    with pytest.raises(VisemzError):
-        decode_conditional(buf[:-3], cp.asarray(idx), tables)
-
-
 def test_frequency_one_symbols(cp):
     """Symbols of frequency 1 (the encoder's special case of its reciprocal) in every position of a lane."""
     from visemz.encoders.cdf_tables import CdfTables

@@ -106,20 +106,15 @@ def _as_int32(arr):
 
 
 def sm_count() -> int:
-    return device_attributes()["MultiProcessorCount"]
-
-
-def device_attributes() -> dict:
-    """The current GPU's attributes (cupy's names: CUDA's cudaDevAttr... without the prefix)."""
     cp = cuda.require_cupy()
-    return _attributes(cp.cuda.Device().id)
+    return _sm_count(cp.cuda.Device().id)
 
 
 @functools.lru_cache(maxsize=None)
-def _attributes(device_id: int) -> dict:
+def _sm_count(device_id: int) -> int:
     """Cached: cupy's ``Device.attributes`` queries every attribute of the device on each call."""
     cp = cuda.require_cupy()
-    return dict(cp.cuda.Device(device_id).attributes)
+    return cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
 
 
 def global_stats(v, stats) -> None:

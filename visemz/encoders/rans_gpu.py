@@ -21,11 +21,10 @@ from . import gpu
 from . import layout as L
 from . import rans
 from . import rans_layout as RL
-from .cdf_tables import COST_UNIT, LUT_BITS, CdfTables
+from .cdf_tables import COST_UNIT, CdfTables
 
 THREADS = 256
 WARP = 32
-DECODE_WARPS = 8  # groups per decoder block (cuda/rans.cu): they share one staging of the tables
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,21 +44,8 @@ def kernel(name: str):
 def _device_tables(tables: CdfTables, device_id: int) -> dict:
     """The tables' integer arrays on one GPU (cached per tables object and device: copied once, not per image)."""
     names = ("cdf", "cdf_start", "offsets", "cost", "lut")
-    # the LUT holds symbol numbers within a table, below 2^16 (a table's 16-bit CDF strictly increases)
-    host = [np.ascontiguousarray(a, np.int32) for a in (tables.cdf, tables.cdf_start, tables.offsets, tables.cost)]
-    host.append(np.ascontiguousarray(tables.lut.reshape(-1), np.uint16))
-    return dict(zip(names, dev.resident_copy(host, device_id)))
-
-
-def shared_table_bytes(tables: CdfTables) -> int:
-    """Shared memory the decoder stages the tables in: cdf and cdf_start (int32), the LUT (uint16)."""
-    return 4 * (tables.cdf.size + tables.n_tables + 1) + 2 * (tables.n_tables << LUT_BITS)
-
-
-def shares_tables(tables: CdfTables) -> bool:
-    """Whether the decoder stages these tables in shared memory (they fit a block's opt-in limit: the
-    shipped Gaussian tables take 141 KB, an H100's or H200's limit is 227 KB), else reads global memory."""
-    return shared_table_bytes(tables) <= gpu.device_attributes().get("MaxSharedMemoryPerBlockOptin", 48 << 10)
+    host = (tables.cdf, tables.cdf_start, tables.offsets, tables.cost, tables.lut.reshape(-1))
+    return dict(zip(names, dev.resident_copy([np.ascontiguousarray(a, np.int32) for a in host], device_id)))
 
 
 def _tables(tables: CdfTables) -> dict:
@@ -179,15 +165,9 @@ def decode(buf, indexes, tables: CdfTables):
     status = cp.zeros(3, cp.uint64)
     status[2] = cp.count_nonzero(bad)
     count, err = status[0:1], status[1:2].view(cp.uint32)
-    shared = shares_tables(tables)
-    smem = shared_table_bytes(tables) if shared else 0
-    dk = kernel("rans_decode")
-    if smem > dk.max_dynamic_shared_size_bytes:
-        dk.max_dynamic_shared_size_bytes = smem  # above 48 KB a kernel must opt in
-    dk((-(-p.groups // DECODE_WARPS),), (WARP * DECODE_WARPS,), (
+    kernel("rans_decode")((p.groups,), (WARP,), (
         data, spans[: p.groups], spans[p.groups :], safe, np.int64(n), np.int32(p.lanes),
-        np.int64(p.group_symbols), np.int32(p.steps), np.int32(p.groups), tb["cdf"], np.int32(tables.cdf.size),
-        tb["cdf_start"], np.int32(tables.n_tables), tb["lut"], np.int32(shared), entry, err), shared_mem=smem)
+        np.int64(p.group_symbols), np.int32(p.steps), tb["cdf"], tb["cdf_start"], tb["lut"], entry, err))
     esc = cp.empty(n, cp.uint8)
     kernel("rans_values")((_grid(n),), (THREADS,), (entry, safe, np.int64(n), tb["cdf_start"], tb["offsets"], out,
                                                     esc, count))

@@ -18,7 +18,6 @@
 #define AHEAD 8  // decoder: steps whose table data a lane loads at once, before their dependent arithmetic
 #define ENC_AHEAD 16  // encoder: steps whose codes a lane loads at once (the next 16 while coding these)
 #define FULL 0xffffffffu
-#define DECODE_WARPS 8  // warps (groups) per decoder block; they share one staging of the tables
 
 #define ERR_STATE 1u     // an initial state outside [L, 256 L)
 #define ERR_OVERRUN 2u   // a group reads past its end
@@ -149,53 +148,19 @@ extern "C" __global__ void rans_gather(const u8* __restrict__ scratch, long long
     for (long long i = threadIdx.x; i < size; i += blockDim.x) out[dst[blockIdx.x] + i] = src[i];
 }
 
-// The decoder's tables where its loads are short: shared memory when ``shared`` (the host checked that
-// they fit), else global memory.  Layout in shared memory: cdf (u32), cdf_start (u32), lut (u16).
-struct DecodeTables {
-    const int* cdf;
-    const int* cdf_start;
-    const unsigned short* lut;
-};
-
-__device__ DecodeTables stage_tables(unsigned char* smem, bool shared, const int* __restrict__ cdf, int cdf_len,
-                                     const int* __restrict__ cdf_start, int n_tables,
-                                     const unsigned short* __restrict__ lut) {
-    if (!shared) return DecodeTables{cdf, cdf_start, lut};
-    int* s_cdf = (int*)smem;
-    int* s_start = s_cdf + cdf_len;
-    unsigned short* s_lut = (unsigned short*)(s_start + n_tables + 1);
-    const int lut_len = n_tables << LUT_BITS;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < cdf_len; i += blockDim.x) s_cdf[i] = cdf[i];
-    for (int i = threadIdx.x; i <= n_tables; i += blockDim.x) s_start[i] = cdf_start[i];
-#pragma unroll 8
-    for (int i = threadIdx.x; i < lut_len; i += blockDim.x) s_lut[i] = lut[i];
-    __syncthreads();
-    return DecodeTables{s_cdf, s_start, s_lut};
-}
-
-// Blocks of DECODE_WARPS warps, one group per warp (group blockIdx.x * DECODE_WARPS + warp), sharing the
-// tables they stage: each symbol's CDF entry into entry_out; error bits (ERR_*) into err.  idx must
-// hold valid table indexes (the host checks them).  A step's chain is the state's slot, a LUT guess,
-// a short search of the CDF, the state update, two ballots and the bytes' loads: with the tables in
-// shared memory the table loads are a few tens of cycles, not global memory's hundreds.
+// One block of 32 threads per group: each symbol's CDF entry into entry_out; error bits
+// (ERR_*) into err.  idx must hold valid table indexes (the host checks them).
 extern "C" __global__ void rans_decode(const u8* __restrict__ buf, const long long* __restrict__ starts,
                                        const long long* __restrict__ sizes, const int* __restrict__ idx, long long n,
-                                       int lanes, long long group_symbols, int steps, int groups,
-                                       const int* __restrict__ cdf_g, int cdf_len, const int* __restrict__ cdf_start_g,
-                                       int n_tables, const unsigned short* __restrict__ lut_g, int shared,
+                                       int lanes, long long group_symbols, int steps, const int* __restrict__ cdf,
+                                       const int* __restrict__ cdf_start, const int* __restrict__ lut,
                                        int* __restrict__ entry_out, u32* err) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    const DecodeTables tb = stage_tables(smem, shared != 0, cdf_g, cdf_len, cdf_start_g, n_tables, lut_g);
-    const int* cdf = tb.cdf;
-    const u32 k = threadIdx.x & 31u;
-    const long long g = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (g >= groups) return;  // the whole warp: after the block's last barrier
-    const long long base = g * group_symbols;
+    const u32 k = threadIdx.x;
+    const long long base = (long long)blockIdx.x * group_symbols;
     const long long len = min(group_symbols, n - base);
     const bool lane_on = (int)k < lanes;
-    long long pos = starts[g];
-    const long long end = pos + sizes[g];
+    long long pos = starts[blockIdx.x];
+    const long long end = pos + sizes[blockIdx.x];
     u32 x = RANS_L;
     if (lane_on) {
         const u8* s = buf + pos + STATE_BYTES * k;
@@ -215,7 +180,7 @@ extern "C" __global__ void rans_decode(const u8* __restrict__ buf, const long lo
             first[q] = 0;
             if (j0 + q < steps && lane_on && li < len) {
                 table[q] = idx[base + li];
-                first[q] = tb.cdf_start[table[q]];
+                first[q] = cdf_start[table[q]];
             }
         }
 #pragma unroll
@@ -225,7 +190,7 @@ extern "C" __global__ void rans_decode(const u8* __restrict__ buf, const long lo
             u32 lo = 0, f = TOTAL;
             if (table[q] >= 0) {
                 const int b = first[q];
-                int s = tb.lut[(table[q] << LUT_BITS) + (slot >> (PRECISION - LUT_BITS))];
+                int s = lut[(table[q] << LUT_BITS) + (slot >> (PRECISION - LUT_BITS))];
                 while ((u32)cdf[b + s + 1] <= slot) ++s;  // stops: the table's last entry is 2^16
                 lo = (u32)cdf[b + s];
                 f = (u32)cdf[b + s + 1] - lo;
