@@ -400,12 +400,10 @@ def device_name(device: str) -> str:
 def multi_gpu(args, work: Path) -> dict | None:
     """Under torchrun: the folder on rank 0's GPU alone, then sharded over every rank's GPU (more ranks than
     GPUs share them in turn, rank r on GPU r mod count, as ``visemz compress`` under torchrun does)."""
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
-    local %= torch.cuda.device_count()
-    torch.cuda.set_device(local)
-    import cupy
+    from visemz import cli
 
-    cupy.cuda.Device(local).use()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cli._use_local_gpu(share=True)
     dist.init_process_group("gloo")
     if rank == 0:
         build_folder(args.data, work, args.repeat_to, with_npy=False)

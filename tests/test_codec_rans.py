@@ -9,7 +9,7 @@ from skimage import data
 import visemz
 from visemz import codec, container, latents
 from visemz.encoders import encode_ints
-from visemz.errors import CorruptStreamError, UnsupportedFormatError, VisemzError
+from visemz.errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError, VisemzError
 from visemz.models import all_specs, architectures, entropy_tables, parse
 from visemz.models import weights as W
 
@@ -273,3 +273,40 @@ def test_float64_copy_is_made_from_the_loaded_model_once_per_weights(monkeypatch
     b = codec._model64(spec, "cpu")
     assert b is not a and next(b.parameters()).dtype == torch.float64
     codec._model64.cache_clear()
+
+
+def test_hyper_latent_lanes_take_at_most_the_hyper_cap(cpu, monkeypatch):
+    """z's rANS stream is planned with lanes of at most VISEMZ_RANS_HYPER_LANE_SYMBOLS symbols (its decode
+    precedes y's); y keeps VISEMZ_RANS_LANE_SYMBOLS.  The setting is validated like the others."""
+    from visemz import config, tile_index
+    from visemz.encoders import rans_layout as RL
+
+    img = data.astronaut()  # 512 x 512: z holds 128 x 8 x 8 = 8192 symbols
+    c = container.unpack(cpu.compress(img, model="mbt2018-mean", quality=1))
+    t = c.meta["tiles"]
+    index = tile_index.TileIndex(c.sections, 1, t["parts"], t["symbols"], c.meta["format"])
+    assert index.coding(0)["z"] == "rans"
+    z = RL.parse(index.part(0, "z"), None, None).plan
+    y = RL.parse(index.part(0, "y"), None, None).plan
+    assert z.n == 8192 and z.lanes * z.groups >= 8 and z.steps <= config.DEFAULTS.rans_hyper_lane_symbols
+    assert y.steps > 1024  # y is planned by bytes and VISEMZ_RANS_LANE_SYMBOLS, not the hyper cap
+    monkeypatch.setenv("VISEMZ_RANS_HYPER_LANE_SYMBOLS", "256")
+    assert config._from_env().rans_hyper_lane_symbols == 256
+    for bad in ("0", str((1 << 20) + 1)):
+        monkeypatch.setenv("VISEMZ_RANS_HYPER_LANE_SYMBOLS", bad)
+        with pytest.raises(InvalidArgumentError, match="VISEMZ_RANS_HYPER_LANE_SYMBOLS"):
+            config._from_env()
+
+
+def test_loaded_models_are_frozen_for_inference():
+    """W.load's models and the codec's float64 copies carry FrozenGDN layers with buffers derived in their own
+    dtype (the fast path), and the float32 model's state dict keeps CompressAI's keys."""
+    from visemz.models.architectures import FrozenGDN
+
+    spec = parse("mbt2018-mean-rgb")
+    net, _ = W.load(spec, "cpu")
+    gdn = [m for m in net.modules() if isinstance(m, FrozenGDN)]
+    assert len(gdn) == 6 and all(m.frozen_dtype == torch.float32 == m.gamma_eff.dtype for m in gdn)
+    assert not any(k.endswith("_eff") for k in net.state_dict())
+    n64 = codec._model64(spec, "cpu")
+    assert all(m.frozen_dtype == torch.float64 == m.gamma_eff.dtype for m in n64.modules() if isinstance(m, FrozenGDN))

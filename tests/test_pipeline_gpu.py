@@ -226,7 +226,8 @@ def test_lane_uploads_host_images_through_its_pinned_buffer():
 
 def test_folder_ranks_beyond_the_gpus_share_them(monkeypatch):
     """Under torchrun, a folder job's rank whose LOCAL_RANK is past the GPU count takes GPU r mod count
-    (several processes per GPU); the stacking job (NCCL) keeps one rank per GPU."""
+    (several processes per GPU, ``share=True``, as ``_torchrun_group`` asks); without sharing, the rank's own
+    GPU (the stacking job's NCCL wants one rank per GPU)."""
     from visemz import cli
 
     n = torch.cuda.device_count()

@@ -11,7 +11,7 @@ from visemz.encoders.scale_indexes import (
     scale_indexes,
 )
 from visemz.encoders import encode_ints
-from visemz.errors import CorruptStreamError, InvalidArgumentError
+from visemz.errors import CorruptStreamError, InvalidArgumentError, VisemzError
 
 TABLE = default_scale_table()
 TOL = DEFAULT_REL_TOL
@@ -156,3 +156,23 @@ def test_cupy_scales_are_refused_like_numpy_ones():
     np.testing.assert_array_equal(idx.get(), scale_indexes(np.full(1000, 1.0), TABLE)[0])
     empty_idx, empty_amb = scale_indexes(cp.zeros(0, cp.float64), TABLE)
     assert empty_idx.size == 0 and empty_amb.size == 0
+
+
+@pytest.mark.parametrize("xp_name", ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def test_the_decoders_errors_and_their_order_are_the_same_on_both_devices(xp_name):
+    """decode_and_apply_scale_exceptions: non-finite scales are refused before a bad table or rel_tol and
+    before a damaged section, on a GPU (where the finite check is read with the indexes' counts) as on the CPU."""
+    xp = np if xp_name == "numpy" else pytest.importorskip("cupy")
+    nan = xp.asarray(np.array([1.0, np.nan]))
+    good = xp.asarray(np.linspace(0.2, 20.0, 1000))
+    damaged = b"\\x07garbage"
+    for scales, table, tol, buf, match in (
+            (nan, TABLE, TOL, b"", "NaN"), (nan, TABLE[::-1], TOL, b"", "NaN"), (nan, TABLE, 0.1, b"", "NaN"),
+            (nan, TABLE, TOL, damaged, "NaN"), (good, TABLE[::-1], TOL, b"", "increasing"),
+            (good, TABLE, 0.1, b"", "rel_tol")):
+        with pytest.raises(InvalidArgumentError, match=match):
+            decode_and_apply_scale_exceptions(buf, scales, table, rel_tol=tol)
+    with pytest.raises(VisemzError):
+        decode_and_apply_scale_exceptions(damaged, good, TABLE)
+    got = decode_and_apply_scale_exceptions(b"", good, TABLE)
+    np.testing.assert_array_equal(got.get() if xp is not np else got, scale_indexes(np.linspace(0.2, 20.0, 1000), TABLE)[0])

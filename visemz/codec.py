@@ -65,23 +65,24 @@ TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
 
 _MATH_LOCK = threading.Lock()
 _math_users = 0
-_saved_tf32: tuple[bool, bool] | None = None
+_saved_tf32: bool | None = None
 
 
 @contextmanager
 def network_math():
-    """The networks' math setting (TF32 convolutions or full float32, ``VISEMZ_TF32``) and no autograd.
+    """The networks' math setting (cuDNN's TF32 convolutions or full float32, ``VISEMZ_TF32``) and no autograd.
 
     TF32 moves a float32 reconstruction by a few 1e-4 of the range, within the GPU-CPU tolerance the
     codec documents; the float64 computations (the hyperprior's scales, max_error's synthesis) do not use
-    it.  The TF32 switches are process-wide, so concurrent users (the pipeline's streams) share one
-    setting: the first to enter sets it and the last to leave restores the caller's.
+    it, and the networks have no matmuls, so torch's matmul setting is left as the caller has it.  The
+    switch is process-wide, so concurrent users (the pipeline's streams) share one setting: the first to
+    enter sets it and the last to leave restores the caller's.
     """
     global _math_users, _saved_tf32
     with _MATH_LOCK:
         if _math_users == 0:
-            _saved_tf32 = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = bool(DEFAULTS.tf32)
+            _saved_tf32 = torch.backends.cudnn.allow_tf32
+            torch.backends.cudnn.allow_tf32 = bool(DEFAULTS.tf32)
         _math_users += 1
     try:
         with torch.inference_mode():
@@ -90,7 +91,7 @@ def network_math():
         with _MATH_LOCK:
             _math_users -= 1
             if _math_users == 0:
-                torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = _saved_tf32
+                torch.backends.cudnn.allow_tf32 = _saved_tf32
 
 
 _MODEL_LOCK = threading.Lock()

@@ -53,7 +53,8 @@ def _tables(tables: CdfTables) -> dict:
     return _device_tables(tables, cp.cuda.Device().id)
 
 
-def _grid(n: int) -> int:
+def grid(n: int) -> int:
+    """Blocks of THREADS for a grid-stride loop over n items: enough to fill the GPU, no more than n needs."""
     return max(1, min(-(-n // THREADS), gpu.sm_count() * 8))
 
 
@@ -82,7 +83,7 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
     esc = cp.empty(n, cp.uint8)
     totals = cp.zeros(3, cp.uint64)
     if n:
-        kernel("rans_prepare")((_grid(n),), (THREADS,), (
+        kernel("rans_prepare")((grid(n),), (THREADS,), (
             sym, idx, np.int64(n), tb["cdf_start"], tb["offsets"], tb["cost"], tb["cdf"], np.int32(tables.n_tables),
             code, esc, totals))
     bits, n_esc, bad = (int(v) for v in totals.get())
@@ -169,7 +170,7 @@ def decode(buf, indexes, tables: CdfTables):
         data, spans[: p.groups], spans[p.groups :], safe, np.int64(n), np.int32(p.lanes),
         np.int64(p.group_symbols), np.int32(p.steps), tb["cdf"], tb["cdf_start"], tb["lut"], entry, err))
     esc = cp.empty(n, cp.uint8)
-    kernel("rans_values")((_grid(n),), (THREADS,), (entry, safe, np.int64(n), tb["cdf_start"], tb["offsets"], out,
+    kernel("rans_values")((grid(n),), (THREADS,), (entry, safe, np.int64(n), tb["cdf_start"], tb["offsets"], out,
                                                     esc, count))
     n_esc, code, n_bad = (int(v) for v in status.get())
     _check_indexes(n_bad, tables)

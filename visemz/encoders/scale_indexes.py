@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import device as dev
 from ..errors import CorruptStreamError, InvalidArgumentError, checked_first_on_error
-from . import decode_ints, encode_ints
+from . import decode_ints, encode_ints, rans_gpu
 
 __all__ = ["DEFAULT_REL_TOL", "scale_indexes", "encode_scale_exceptions", "decode_and_apply_scale_exceptions"]
 
@@ -72,7 +72,11 @@ def _scales(scales, check_finite: bool = True):
 
 def _check_finite(xp, s) -> None:
     if s.size and not bool(xp.isfinite(s).all()):
-        raise InvalidArgumentError("scales hold NaN or infinite values")
+        _refuse_nonfinite()
+
+
+def _refuse_nonfinite() -> None:
+    raise InvalidArgumentError("scales hold NaN or infinite values")
 
 
 def _thresholds(xp, table: np.ndarray):
@@ -118,19 +122,18 @@ def _gpu_indexes(s, table: np.ndarray, tol: float):
     the counts of non-finite scales and listed positions, and one host read brings the counts back.  Listed
     positions are almost never there (0.05 per Kodak image), so the flatnonzero, which reads its count from the
     device (a second sync), rarely runs."""
-    from .rans_gpu import THREADS, _grid, kernel
-
     cp = dev.require_cupy()
     flat = cp.ascontiguousarray(s.reshape(-1))
     n = flat.size
     idx, near, counts = cp.empty(n, cp.int32), cp.empty(n, cp.uint8), cp.zeros(2, cp.uint64)
     if n:
         # 1 - tol and 1 + tol in Python's float64, the factors the CPU path multiplies by
-        kernel("scale_index")((_grid(n),), (THREADS,), (flat, np.int64(n), _thresholds(cp, table), np.int32(table.size - 1),
-                                                       np.float64(1 - tol), np.float64(1 + tol), idx, near, counts))
+        rans_gpu.kernel("scale_index")((rans_gpu.grid(n),), (rans_gpu.THREADS,), (
+            flat, np.int64(n), _thresholds(cp, table), np.int32(table.size - 1), np.float64(1 - tol),
+            np.float64(1 + tol), idx, near, counts))
     nonfinite, count = (int(v) for v in counts.get())
     if nonfinite:
-        raise InvalidArgumentError("scales hold NaN or infinite values")
+        _refuse_nonfinite()
     ambiguous = cp.flatnonzero(near).astype(cp.int64) if count else cp.zeros(0, cp.int64)
     return idx.reshape(s.shape), ambiguous
 
