@@ -66,11 +66,11 @@ class Defaults:
     #: far more, decoding nothing, and the file format is unchanged.
     refine: int = 0  # VISEMZ_REFINE
     #: Image codec on a GPU: 1 runs the float32 networks (analysis, and the synthesis of files without
-    #: max_error) with TF32 convolutions, 0 in full float32.  Measured on an H100 (scripts/bench_network.py,
-    #: quality 4): analysis 2.0x and synthesis 1.9-2.0x faster on Kodak, 3.1-3.2x on a 1.5k x 2.5k X-ray;
-    #: the reconstruction moved by at most 4.5e-4 of the range from a float64 synthesis (within the codec's
-    #: GPU-CPU tolerance: one uint8 level, 1e-3 of a uint16 image's range) and 0.01-0.14% of the symbols
-    #: rounded the other way (bits only: any symbols decode anywhere).  The float64 parts (the hyperprior's
+    #: max_error) with TF32 convolutions, 0 in full float32.  Measured (scripts/bench_network.py, quality 4):
+    #: analysis 1.4-2.0x (H100) and 2.9x (H200), synthesis 1.9-2.7x faster on Kodak, 3.1-3.7x on a 1.5k x 2.5k
+    #: X-ray; g_s moved by at most 4.5e-4 of the range from a float64 synthesis (within the codec's GPU-CPU
+    #: tolerance: one uint8 level, 1e-3 of a uint16 image's range) and 0.01-0.06% of the symbols rounded the
+    #: other way (bits only: any symbols decode anywhere).  The float64 parts (the hyperprior's
     #: scales, max_error's synthesis) are untouched.
     tf32: int = 1  # VISEMZ_TF32
 

@@ -80,10 +80,11 @@ def tries_ints(name: str, symbols) -> bool:
     """Whether format 3 also codes section ``name`` as an ints stream, to keep the smaller coding.
 
     Not a hyperprior model's y: each of its symbols has its own predicted distribution, and on every
-    image of Kodak and of the X-ray eval set at qualities 1-8 (mbt2018-mean, CPU) its ints stream was
-    1.13-1.86x its rANS stream, never smaller, while the trial cost a Kodak image's compress 1.5-3.4 ms
-    of GPU zstd (scripts/profile_codec.py on an H100 and an H200; issue 14).  The static priors do lose to it: balle2016's y in 87 of 192 Kodak cases and
-    27 of 40 X-ray ones, the hyper-latent z in 34 of 40 X-ray cases (up to 41% smaller)."""
+    image of Kodak and of the X-ray eval set at qualities 1-8 (mbt2018-mean, CPU; scripts/symbol_codings.py,
+    docs/results/symbol_codings_eval_cpu.jsonl) its ints stream was 1.13-1.86x its rANS stream, never
+    smaller, while the trial cost a Kodak image's compress 1.5-3.4 ms of GPU zstd (profile_codec on an H100
+    and an H200; issue 14).  The static priors do lose to it: balle2016's y and the hyper-latent z on
+    flat images (the X-rays), where zstd's runs beat the prior."""
     return not (name == "y" and "z" in symbols)
 
 
