@@ -202,3 +202,17 @@ def tiled_synthesis(codec: ImageCodec, buf: bytes, park) -> tuple[list, list[int
     with codec_module.network_math():
         parts = [(i, as_numpy(x)) for i, x in tiling.synthesise(net, f.grid, list(range(f.grid.count)), latent_of, 1, park)]
     return parts, g_s.counts
+
+
+def check_switch_setting(monkeypatch, env: str, field: str) -> None:
+    """A 0/1 VISEMZ_* switch: both values read into ``config.Defaults.field``, anything else refused naming it."""
+    from visemz import config
+    from visemz.errors import InvalidArgumentError
+
+    for value, want in (("0", 0), ("1", 1)):
+        monkeypatch.setenv(env, value)
+        assert getattr(config._from_env(), field) == want
+    for bad in ("2", "-1", "yes"):
+        monkeypatch.setenv(env, bad)
+        with pytest.raises(InvalidArgumentError, match=env):
+            config._from_env()

@@ -17,7 +17,7 @@ from visemz.errors import CorruptStreamError, InvalidArgumentError, UnsupportedF
 from visemz.models import all_specs
 from visemz.models import weights as W
 
-from .helpers import symbols_of
+from .helpers import check_switch_setting, symbols_of
 
 MODELS = ("balle2016", "mbt2018-mean")
 
@@ -294,11 +294,4 @@ def test_network_math_sets_tf32_from_the_setting_and_restores_the_callers(monkey
 
 
 def test_tf32_environment_setting(monkeypatch):
-    from visemz import config
-    for value, want in (("0", 0), ("1", 1)):
-        monkeypatch.setenv("VISEMZ_TF32", value)
-        assert config._from_env().tf32 == want
-    for bad in ("2", "-1", "yes"):
-        monkeypatch.setenv("VISEMZ_TF32", bad)
-        with pytest.raises(InvalidArgumentError, match="VISEMZ_TF32"):
-            config._from_env()
+    check_switch_setting(monkeypatch, "VISEMZ_TF32", "tf32")

@@ -7,12 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from visemz import config
 from visemz.encoders import EncoderConfig, decode_ints, encode_ints, encode_ints_many, start_encode_ints
 from visemz.encoders.grouping import Grouped
 from visemz.errors import CorruptStreamError, InvalidArgumentError
 
-from .helpers import make_ints
+from .helpers import check_switch_setting, make_ints
 
 WAIT = 30.0  # seconds a test waits for threads before it fails (never reached when the code is right)
 
@@ -159,10 +158,4 @@ def test_encode_ints_many_names_a_bad_pair():
 
 
 def test_entropy_batch_environment_setting(monkeypatch):
-    for value, want in (("0", 0), ("1", 1)):
-        monkeypatch.setenv("VISEMZ_ENTROPY_BATCH", value)
-        assert config._from_env().entropy_batch == want
-    for bad in ("2", "-1", "yes"):
-        monkeypatch.setenv("VISEMZ_ENTROPY_BATCH", bad)
-        with pytest.raises(InvalidArgumentError, match="VISEMZ_ENTROPY_BATCH"):
-            config._from_env()
+    check_switch_setting(monkeypatch, "VISEMZ_ENTROPY_BATCH", "entropy_batch")

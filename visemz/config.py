@@ -108,10 +108,9 @@ def _from_env() -> Defaults:
         raise InvalidArgumentError(f"VISEMZ_TILE_BATCH={d.tile_batch}: expected >= 1")
     if not 0 <= d.refine <= MAX_REFINE:
         raise InvalidArgumentError(f"VISEMZ_REFINE={d.refine}: expected 0..{MAX_REFINE} refinement steps")
-    if d.tf32 not in (0, 1):
-        raise InvalidArgumentError(f"VISEMZ_TF32={d.tf32}: expected 0 or 1")
-    if d.entropy_batch not in (0, 1):
-        raise InvalidArgumentError(f"VISEMZ_ENTROPY_BATCH={d.entropy_batch}: expected 0 or 1")
+    for name in ("tf32", "entropy_batch"):  # the switches
+        if getattr(d, name) not in (0, 1):
+            raise InvalidArgumentError(f"{_ENV[name]}={getattr(d, name)}: expected 0 or 1")
     if not (4096 <= d.entropy_chunk <= (16 << 20)):
         raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
     return d
