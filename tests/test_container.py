@@ -182,3 +182,20 @@ def test_format_md_holds_dictionary_1_byte_for_byte():
     text = (Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md").read_text()
     block = text.split("Dictionary 1, ASCII", 1)[1].split("```\n", 2)[1]
     assert "".join(block.splitlines()).encode() == DICTIONARIES[1]
+
+
+@pytest.mark.parametrize("top", [1, 127, 128, 1 << 14, 1 << 35, 1 << 63])
+@pytest.mark.parametrize("n", [0, 1, 31, 32, 33, 200])
+def test_varints_small_and_large_paths_write_the_same_bytes(monkeypatch, n, top):
+    """write_varints loops in Python for a few values and vectorises for many: both are LEB128, read back alike."""
+    from visemz import framing
+
+    v = np.random.default_rng(n).integers(0, top, n, dtype=np.uint64, endpoint=True)
+    got = framing.write_varints(v)
+    monkeypatch.setattr(framing, "_SMALL", -1)
+    assert framing.write_varints(v) == got
+    monkeypatch.setattr(framing, "_SMALL", 1 << 20)
+    assert framing.write_varints(v) == got
+    values, end = framing.read_varints(memoryview(got), 0, n, "test")
+    np.testing.assert_array_equal(values, v)
+    assert end == len(got)

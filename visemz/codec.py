@@ -29,7 +29,7 @@ from . import device as dev
 from .config import DEFAULTS
 from .encoders import encode_ints
 from .errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
-from .models import architectures, registry
+from .models import architectures, graphs, registry
 from .models import weights as W
 from .pixels import (
     DTYPES,
@@ -310,7 +310,14 @@ class ImageCodec:
 
 def _dequantiser(model, symbols_of, q: float, dtype):
     """i -> tile i's latent as g_s takes it (``symbols_of(i)`` dequantised in ``dtype``)."""
-    return lambda i: architectures.dequantise(model, symbols_of(i), q, dtype)
+    def latent_of(i: int) -> torch.Tensor:
+        symbols = symbols_of(i)
+        names = sorted(symbols)  # "y" and, for a hyperprior model, "z"
+        return graphs.run(lambda *t: architectures.dequantise(model, dict(zip(names, t)), q, dtype),
+                          tuple(symbols[k] for k in names), key=("dequantise", float(q), dtype, tuple(names)),
+                          owner=model, pixels=graphs.pixels(symbols["y"], tiling.STRIDE))
+
+    return latent_of
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,13 @@ class Defaults:
     #: other way (bits only: any symbols decode anywhere).  The float64 parts (the hyperprior's
     #: scales, max_error's synthesis) are untouched.
     tf32: int = 1  # VISEMZ_TF32
+    #: Image codec on a GPU: CUDA graphs of the networks' passes kept at most (``models/graphs.py``: one per
+    #: model, pass, input shape and quality, captured at its first use; least recently used dropped); 0: none,
+    #: every operator launched from Python.
+    graphs: int = 16  # VISEMZ_GRAPHS
+    #: Image codec on a GPU: largest input (pixels of the image or tile window) whose passes are graphed.  A
+    #: graph keeps its own GPU memory for the activations, about one eager pass's peak.
+    graph_pixels: int = 1 << 22  # VISEMZ_GRAPH_PIXELS
 
 
 LOADERS = ("auto", "dali", "kvikio", "cpu")
@@ -106,6 +113,8 @@ def _from_env() -> Defaults:
                                    f"{d.rans_hyper_lane_symbols} in 1..1048576")
     if d.tile_batch < 1:  # VISEMZ_TILE is checked by tiling.check_tile, the tile rule of writers and readers
         raise InvalidArgumentError(f"VISEMZ_TILE_BATCH={d.tile_batch}: expected >= 1")
+    if d.graphs < 0 or d.graph_pixels < 0:
+        raise InvalidArgumentError(f"VISEMZ_GRAPHS={d.graphs}, VISEMZ_GRAPH_PIXELS={d.graph_pixels}: expected >= 0")
     if not 0 <= d.refine <= MAX_REFINE:
         raise InvalidArgumentError(f"VISEMZ_REFINE={d.refine}: expected 0..{MAX_REFINE} refinement steps")
     for name in ("tf32", "entropy_batch"):  # the switches

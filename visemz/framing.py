@@ -49,8 +49,10 @@ def write_varints(values) -> bytes:
     """Unsigned LEB128 of each value (non-negative integers below 2^64): 7 bits a byte, least significant
     group first, bit 7 set on every byte but a value's last."""
     v = np.asarray(values, dtype=np.uint64).reshape(-1)
+    if v.size <= _SMALL:
+        return _small_varints(v)
     nbytes = np.ones(v.size, np.int64)
-    for k in range(1, MAX_VARINT_BYTES):
+    for k in range(1, _varint_bytes(int(v.max(initial=0)))):  # only as many passes as the largest value needs
         nbytes += v >= np.uint64(1 << (7 * k))
     out = np.empty(int(nbytes.sum()), np.uint8)
     starts = np.cumsum(nbytes) - nbytes
@@ -59,6 +61,23 @@ def write_varints(values) -> bytes:
         more = np.where(nbytes[m] > k + 1, 0x80, 0).astype(np.uint8)
         out[starts[m] + k] = ((v[m] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8) | more
     return out.tobytes()
+
+
+_SMALL = 32  # up to this many values a Python loop beats NumPy's per-call overheads (issue 14: host time)
+
+
+def _varint_bytes(value: int) -> int:
+    return max(1, -(-value.bit_length() // 7))
+
+
+def _small_varints(v: np.ndarray) -> bytes:
+    out = bytearray()
+    for value in v.tolist():
+        while value >= 0x80:
+            out.append((value & 0x7F) | 0x80)
+            value >>= 7
+        out.append(value)
+    return bytes(out)
 
 
 def read_varints(mv, pos: int, count: int, what: str, max_bytes: int = MAX_VARINT_BYTES) -> tuple[np.ndarray, int]:

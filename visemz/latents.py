@@ -29,7 +29,8 @@ from .encoders import EncoderConfig, start_encode_ints
 from .encoders.rans import decode_conditional, encode_conditional
 from .encoders.scale_indexes import decode_and_apply_scale_exceptions, encode_scale_exceptions, scale_indexes
 from .errors import CorruptStreamError, UnsupportedFormatError
-from .models import architectures
+from .models import architectures, graphs
+from .pixels import PAD
 
 BLOCK, RANS = 2, 3  # the image formats, by how they code the symbols
 # Latent symbols use per-block widths in format 2: on the trained models' latents they came out
@@ -137,8 +138,10 @@ def _tables(net):
 
 def _scales(net64, z: torch.Tensor, quality: float) -> torch.Tensor:
     """Scales of the gained latent, from a float64 hyper-synthesis (device-independent up to its last bits)."""
-    scales, _ = architectures._hyper_params(net64, z.to(torch.float64), quality)
-    return scales.contiguous()
+    def scales_of(z_sym: torch.Tensor) -> torch.Tensor:
+        return architectures._hyper_params(net64, z_sym.to(torch.float64), quality)[0].contiguous()
+
+    return graphs.run(scales_of, (z,), key=("scales", float(quality)), owner=net64, pixels=graphs.pixels(z, PAD))
 
 
 def _channels(shape, device) -> torch.Tensor | object:

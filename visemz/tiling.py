@@ -27,7 +27,7 @@ import torch
 
 from .config import DEFAULTS
 from .errors import InvalidArgumentError, VisemzError
-from .models import architectures
+from .models import architectures, graphs
 from .pixels import PAD, ImageMeta, to_batch
 from .refine import RefineSettings, refine_symbols
 
@@ -157,7 +157,8 @@ def analyse(net, t: torch.Tensor, meta: ImageMeta, quality: float, grid: Grid, b
         x = torch.cat([to_batch(t, meta, grid.analysis_window(i)[0], device) for i in group])
         crop = None if whole else crop
         if refine is None:
-            symbols = architectures.analyse(net, x, quality, crop)
+            symbols = graphs.run(lambda v: architectures.analyse(net, v, quality, crop), (x,),
+                                 key=("analyse", float(quality), crop), owner=net, pixels=graphs.pixels(x))
         else:
             planes = x.shape[0] // len(group)
             valid = [_real_size(grid, i, meta) for i in group for _ in range(planes)]
@@ -242,12 +243,17 @@ def synthesise(net, grid: Grid, tiles: list[int], latent_of: Callable[[int], tor
     for b, group in enumerate(groups):
         y = torch.cat([assemble(grid, latents.get, s, grid.synthesis_window(i)[0], device) for i in group])
         latents.release(b)  # before g_s: its activations are the peak, and no held latent need sit beside them
-        x = net.g_s(y)
+        x = synthesis(net, y)
         y0, y1, x0, x1 = grid.synthesis_window(group[0])[1]
         if (y0, x0, y1, x1) != (0, 0, x.shape[2], x.shape[3]):
             x = x[:, :, y0:y1, x0:x1]
         for i, part in zip(group, _split(x, len(group))):
             yield i, part
+
+
+def synthesis(net, y: torch.Tensor) -> torch.Tensor:
+    """g_s(y), from a CUDA graph where ``graphs.usable``."""
+    return graphs.run(net.g_s, (y,), key=("g_s",), owner=net, pixels=graphs.pixels(y, STRIDE))
 
 
 def box_window(grid: Grid, box: Box) -> tuple[Box, Box]:
@@ -274,7 +280,7 @@ def synthesise_box(net, grid: Grid, box: Box, latent_of: Callable[[int], torch.T
     a small region of a large file costs a synthesis of its own size, not of whole tiles."""
     win, (y0, y1, x0, x1) = box_window(grid, box)
     latents = _Latents(latent_of, {})  # each touched tile's latent computed once, all dropped on return
-    x = net.g_s(assemble(grid, latents.get, grid.size // STRIDE, win))
+    x = synthesis(net, assemble(grid, latents.get, grid.size // STRIDE, win))
     return x[:, :, y0:y1, x0:x1]
 
 

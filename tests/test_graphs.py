@@ -1,0 +1,141 @@
+"""CUDA graphs of the networks' passes (models/graphs.py): results equal to eager ones, safe across streams."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from visemz import config
+from visemz.codec import ImageCodec
+from visemz.errors import InvalidArgumentError
+from visemz.models import graphs
+
+from .helpers import symbols_of
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """Graphs on, an empty cache, and a way to change the limits for one test."""
+    graphs.clear()
+
+    def limits(**kw):
+        monkeypatch.setattr(graphs, "DEFAULTS", dataclasses.replace(graphs.DEFAULTS, **kw))
+
+    limits(graphs=16, graph_pixels=1 << 22)
+    yield limits
+    graphs.clear()
+
+
+def test_settings_are_checked(monkeypatch):
+    for env in ("VISEMZ_GRAPHS", "VISEMZ_GRAPH_PIXELS"):
+        monkeypatch.setenv(env, "-1")
+        with pytest.raises(InvalidArgumentError, match=env):
+            config._from_env()
+        monkeypatch.setenv(env, "0")
+        assert getattr(config._from_env(), env[len("VISEMZ_"):].lower()) == 0
+        monkeypatch.delenv(env)
+
+
+def test_cpu_tensors_run_eagerly(fresh):
+    x = torch.arange(6.0)
+    assert not graphs.usable((x,), 6)
+    assert torch.equal(graphs.run(lambda v: v * 2, (x,), key=("double",), owner=None, pixels=6), x * 2)
+    assert graphs.count() == 0
+
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+def test_replays_follow_their_inputs_and_outputs_outlive_the_next_replay(fresh):
+    weights = torch.randn(8, device="cuda")
+    fn = lambda v: {"a": v * weights + 1, "b": (v.sum(-1, keepdim=True) - v).to(torch.int32)}  # noqa: E731
+    with torch.inference_mode():
+        xs = [torch.randn(4, 8, device="cuda") for _ in range(3)]
+        outs = [graphs.run(fn, (x,), key=("t",), owner=weights, pixels=32) for x in xs]
+        assert graphs.count() == 1
+        for x, out in zip(xs, outs):  # each result its own input's, the first (captured) one included
+            want = fn(x)
+            assert torch.equal(out["a"], want["a"]) and torch.equal(out["b"], want["b"])
+
+
+@gpu
+def test_streams_sharing_a_graph_get_their_own_results(fresh):
+    fn = lambda v: torch.nn.functional.conv2d(v, torch.ones(4, 4, 3, 3, device="cuda"), padding=1)  # noqa: E731
+    with torch.inference_mode():
+        graphs.run(fn, (torch.zeros(1, 4, 64, 64, device="cuda"),), key=("conv",), owner=None, pixels=4096)
+    errors = []
+
+    def work(seed: int):
+        torch.manual_seed(seed)
+        s = torch.cuda.Stream()
+        try:
+            with torch.inference_mode(), torch.cuda.stream(s):
+                for _ in range(20):
+                    x = torch.randn(1, 4, 64, 64, device="cuda")
+                    got = graphs.run(fn, (x,), key=("conv",), owner=None, pixels=4096)
+                    if not torch.allclose(got, fn(x), rtol=1e-5, atol=1e-4):
+                        errors.append(seed)
+            s.synchronize()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert errors == [] and graphs.count() == 1
+
+
+@gpu
+def test_limits_drop_the_oldest_and_skip_large_inputs(fresh):
+    fresh(graphs=2, graph_pixels=100)
+    with torch.inference_mode():
+        x = torch.ones(10, device="cuda")
+        for k in range(3):
+            assert torch.equal(graphs.run(lambda v: v + k, (x,), key=(k,), owner=None, pixels=10), x + k)
+        assert graphs.count() == 2
+        graphs.run(lambda v: v * 3, (x,), key=("big",), owner=None, pixels=101)
+        assert graphs.count() == 2
+    fresh(graphs=0)
+    assert not graphs.usable((x,), 10)
+
+
+@gpu
+def test_a_pass_that_cannot_capture_runs_eagerly(fresh):
+    def reads_host(v):  # a host read is not capturable
+        return v * float(v.sum().item())
+
+    with torch.inference_mode():
+        x = torch.arange(4.0, device="cuda")
+        with pytest.warns(RuntimeWarning, match="eagerly"):
+            out = graphs.run(reads_host, (x,), key=("host",), owner=None, pixels=4)
+        assert torch.equal(out, x * 6.0)
+        assert torch.equal(graphs.run(reads_host, (x + 1,), key=("host",), owner=None, pixels=4), (x + 1) * 10.0)
+        assert graphs.count() == 0
+
+
+@gpu
+@pytest.mark.usefixtures("model_weights")
+@pytest.mark.parametrize("model", ["balle2016", "mbt2018-mean"])
+def test_codec_with_graphs_matches_the_eager_codec(fresh, model):
+    """The same symbols and reconstruction with and without graphs; a file's bytes repeat call after call."""
+    rng = np.random.default_rng(3)
+    img = (rng.random((96, 160, 3)) * 255).astype(np.uint8)
+    codec = ImageCodec("cuda")
+    fresh(graphs=0)
+    eager = codec.compress(img, model=model, quality=3.5)
+    eager_px = codec.decompress(eager)
+    fresh(graphs=16)
+    graphed = [codec.compress(img, model=model, quality=3.5) for _ in range(3)]
+    assert graphs.count() >= 1  # the analysis (and the hyperprior model's scales)
+    assert graphed[0] == graphed[1] == graphed[2]
+    for k, v in symbols_of(graphed[0]).items():
+        np.testing.assert_array_equal(v, symbols_of(eager)[k])
+    np.testing.assert_array_equal(codec.decompress(graphed[0]), eager_px)
+    assert graphs.count() >= 3  # and the dequantisation and synthesis

@@ -1,0 +1,164 @@
+"""CUDA graphs of the networks' forward passes: one launch instead of a hundred Python-level calls.
+
+    out = graphs.run(fn, (x,), key=("analyse", quality, crop), owner=net, pixels=h * w)
+
+A Kodak image's compress and decompress spent about two thirds of their time on the host
+(issue 14: 13 ms a round trip on an H200, the GPU busy 4.4 ms of it), much of it PyTorch's
+per-operator dispatch of the analysis, hyper-synthesis and synthesis networks: a few hundred
+operators, each a Python call, a dispatch and a launch.  A CUDA graph captured once per
+(function, model, input shapes and dtypes, quality...) replays all of them in one launch.
+
+``run`` captures ``fn`` on its first call for a key (one eager warm-up run first, then the
+capture, then a replay: every result of a key, the first included, comes from the graph, so a
+key's outputs never depend on whether its graph was new), and replays it afterwards: the
+inputs are copied into the graph's own input tensors, the graph launched on the current
+stream, and the outputs cloned out of the graph's memory, so they stay valid after the next
+replay.  Streams share a graph: a replay waits (on the GPU, not the host) for the previous
+replay's outputs to be cloned, and a lock orders the host's enqueueing.
+
+Used only where it is safe and cheap: CUDA inputs, no autograd, not inside another capture,
+inputs of at most ``VISEMZ_GRAPH_PIXELS`` pixels (a graph keeps its own memory for the
+network's activations, about the peak of one eager pass), and at most ``VISEMZ_GRAPHS`` graphs
+per process (least recently used dropped; 0 turns graphs off).  ``fn`` must be capturable:
+no host reads, no host-to-device copies (the models' gains are cached per quality, so the
+warm-up makes them), no data-dependent shapes.  A function that fails to capture runs eagerly
+from then on (its key remembered), so a capture problem costs speed, never a result.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import DEFAULTS
+
+_LOCK = threading.Lock()
+_GRAPHS: OrderedDict[tuple, "_Graph | None"] = OrderedDict()  # key -> graph (None: did not capture), oldest first
+_FAILED_MAX = 256  # keys remembered as not capturable
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]
+    outputs: object  # a tensor, or a tuple / dict of tensors, in the graph's memory
+    owner: object  # what the graph reads beside its inputs (the model's weights): kept alive with it
+    done: torch.cuda.Event = field(default_factory=torch.cuda.Event)  # recorded after each replay's outputs are out
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def run(fn, inputs: tuple[torch.Tensor, ...], *, key: tuple, owner, pixels: int):
+    """``fn(*inputs)``, from a CUDA graph where ``usable``; else eagerly.  ``key``: what besides the
+    inputs' shapes, dtypes and device decides the work ``fn`` does (its name, a quality, a crop...);
+    ``owner``: the model it reads (its identity joins the key, and the graph keeps it alive)."""
+    if not usable(inputs, pixels):
+        return fn(*inputs)
+    full = (key, id(owner), inputs[0].device, tuple((tuple(t.shape), t.dtype) for t in inputs))
+    with _LOCK:
+        entry = _GRAPHS.get(full, False)
+        if entry is not False:
+            _GRAPHS.move_to_end(full)
+    if entry is None:  # did not capture before
+        return fn(*inputs)
+    if entry is False:
+        entry = _capture(fn, inputs, owner)
+        _insert(full, entry)
+        if entry is None:
+            return fn(*inputs)
+    return _replay(entry, inputs)
+
+
+def pixels(t: torch.Tensor, stride: int = 1) -> int:
+    """Image pixels behind a (B, C, H, W) tensor whose positions are ``stride`` pixels apart (1: the image
+    itself, 16: the latent y, 64: the hyper-latent z)."""
+    return t.shape[0] * t.shape[-2] * t.shape[-1] * stride * stride
+
+
+def usable(inputs: tuple[torch.Tensor, ...], pixels: int) -> bool:
+    """Whether ``run`` would use a graph for these inputs: CUDA tensors on one device, graphs on, no autograd,
+    not already capturing, at most ``VISEMZ_GRAPH_PIXELS`` pixels."""
+    if DEFAULTS.graphs == 0 or pixels > DEFAULTS.graph_pixels or not inputs:
+        return False
+    d = inputs[0].device
+    if d.type != "cuda" or any(t.device != d for t in inputs) or torch.is_grad_enabled():
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def clear() -> None:
+    """Drop every graph (after the GPU finished with each), e.g. to give their memory back."""
+    with _LOCK:
+        entries = list(_GRAPHS.values())
+        _GRAPHS.clear()
+    for e in entries:
+        if e is not None:
+            e.done.synchronize()
+
+
+def count() -> int:
+    """Graphs held now (keys that did not capture not counted)."""
+    with _LOCK:
+        return sum(e is not None for e in _GRAPHS.values())
+
+
+def _capture(fn, inputs: tuple[torch.Tensor, ...], owner) -> _Graph | None:
+    device = inputs[0].device
+    caller = torch.cuda.current_stream(device)
+    static = tuple(t.clone() for t in inputs)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(caller)
+    try:
+        with torch.cuda.stream(side):
+            fn(*static)  # warm-up: cuDNN's plans, workspaces, the gains' cached tensors
+        caller.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads (pipeline lanes) keep working on their streams during the capture
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            outputs = fn(*static)
+    except Exception as e:  # noqa: BLE001 (any capture failure: the eager path gives the same results)
+        caller.wait_stream(side)
+        warnings.warn(f"visemz: a network pass did not capture as a CUDA graph and runs eagerly: {e}",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    return _Graph(graph, static, outputs, owner)
+
+
+def _insert(key: tuple, entry: _Graph | None) -> None:
+    dropped = []
+    with _LOCK:
+        _GRAPHS[key] = entry
+        _GRAPHS.move_to_end(key)
+        while sum(e is not None for e in _GRAPHS.values()) > DEFAULTS.graphs:
+            old = next(k for k, e in _GRAPHS.items() if e is not None)
+            dropped.append(_GRAPHS.pop(old))
+        failed = [k for k, e in _GRAPHS.items() if e is None]
+        for k in failed[: max(0, len(failed) - _FAILED_MAX)]:
+            del _GRAPHS[k]
+    for e in dropped:  # its memory returns to the allocator: only once its last replay is over
+        e.done.synchronize()
+
+
+def _replay(entry: _Graph, inputs: tuple[torch.Tensor, ...]):
+    stream = torch.cuda.current_stream(inputs[0].device)
+    with entry.lock:  # the enqueue order of copy-in, replay, copy-out is one caller's at a time
+        stream.wait_event(entry.done)  # another stream's replay has cloned its outputs
+        for s, t in zip(entry.inputs, inputs):
+            s.copy_(t)
+        entry.graph.replay()
+        out = _clone(entry.outputs)
+        entry.done.record(stream)
+    return out
+
+
+def _clone(outputs):
+    if isinstance(outputs, torch.Tensor):
+        return outputs.clone()
+    if isinstance(outputs, dict):
+        return {k: _clone(v) for k, v in outputs.items()}
+    if isinstance(outputs, (tuple, list)):
+        return type(outputs)(_clone(v) for v in outputs)
+    raise TypeError(f"a graphed function returned {type(outputs).__name__}, not tensors")
