@@ -8,7 +8,9 @@ models, gray ones to the gray models), model and quality: the bytes of each symb
 hyperprior model) coded by rANS with the model's prior and as an ints stream (block encoder + the entropy
 stage), whichever format 3 would keep.  One JSON line per image, model and quality, and a summary per model,
 section and set: the ratio ints / rANS (min, max) and how often the ints stream is the smaller.  This is the
-measurement behind ``latents.tries_ints`` (a hyperprior model's y is coded by rANS alone).
+measurement behind ``latents.tries_ints`` (a hyperprior model's y is coded by rANS alone, its z tried as an
+ints stream only when at least ``latents.Z_INTS_MIN_ZEROS`` of its symbols are 0: each row has z's share of
+zeros, ``z_zeros``).
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from visemz import tiling
 EXTENSIONS = {".png", ".tif", ".tiff", ".jpg", ".npy"}
 
 
-def sizes(codec: ImageCodec, img, model: str, quality: float) -> dict[str, tuple[int, int]]:
-    """{section: (rANS bytes, ints-stream bytes)} for one image (one tile)."""
+def sizes(codec: ImageCodec, img, model: str, quality: float) -> tuple[dict[str, tuple[int, int]], float | None]:
+    """({section: (rANS bytes, ints-stream bytes)}, the share of z's symbols that are 0 or None) for one image
+    (one tile)."""
     t = as_tensor(img, "cpu")
     meta = describe(t)
     spec = registry.spec(model, meta.variant)
@@ -47,7 +50,8 @@ def sizes(codec: ImageCodec, img, model: str, quality: float) -> dict[str, tuple
         rans = latents._encode_rans(net, net64, symbols, quality)
         cfg = EncoderConfig(latents.SYMBOL_POLICY, **codec.enc)
         ints = encode_ints_many([(dev.torch_to_ints(s), cfg) for s in symbols.values()])
-    return {k: (len(rans[k]), len(b)) for k, b in zip(symbols, ints)}
+    zeros = latents.zero_share(symbols["z"]) if "z" in symbols else None
+    return {k: (len(rans[k]), len(b)) for k, b in zip(symbols, ints)}, zeros
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -75,8 +79,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             img = loaders.load_image(path)
             for model in args.models.split(","):
                 for q in (float(v) for v in args.qualities.split(",")):
-                    row = {"set": folder.name, "image": path.name, "model": model, "quality": q,
-                           "sections": sizes(codec, img, model, q)}
+                    sections, zeros = sizes(codec, img, model, q)
+                    row = {"set": folder.name, "image": path.name, "model": model, "quality": q, "sections": sections}
+                    if zeros is not None:
+                        row["z_zeros"] = round(zeros, 6)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     summary = summarise(rows)

@@ -232,9 +232,11 @@ def test_swapped_weights_code_with_their_own_float64_copy(tmp_path, monkeypatch,
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_only_static_prior_sections_are_also_tried_as_ints_streams(cpu, model, monkeypatch):
+@pytest.mark.parametrize("min_zeros", [0.0, 1.01])
+def test_only_static_prior_sections_are_also_tried_as_ints_streams(cpu, model, min_zeros, monkeypatch):
     """Format 3 codes a hyperprior model's y by rANS alone (its ints stream never won, latents.tries_ints);
-    balle2016's y and mbt2018-mean's z are still coded both ways, the smaller kept."""
+    balle2016's y is still coded both ways, and mbt2018-mean's z when enough of its symbols are 0
+    (latents.Z_INTS_MIN_ZEROS), the smaller kept."""
     tried = []
     real = latents.start_encode_ints
 
@@ -243,13 +245,25 @@ def test_only_static_prior_sections_are_also_tried_as_ints_streams(cpu, model, m
         return real(items)
 
     monkeypatch.setattr(latents, "start_encode_ints", spy)
+    monkeypatch.setattr(latents, "Z_INTS_MIN_ZEROS", min_zeros)
     img = data.astronaut()[:128, :128]
     buf = cpu.compress(img, model=model, quality=4, image_format=3)
     shapes = container.unpack(buf).meta["symbols"]
-    want = ["y"] if model == "balle2016" else ["z"]
+    want = ["y"] if model == "balle2016" else ["z"] if min_zeros <= 1 else []
     assert tried == [[int(np.prod(shapes[k])) for k in want]]
     cpu.compress(img, model=model, quality=4, image_format=2)  # format 2: every section, as ever
     assert tried[1] == [int(np.prod(shapes[k])) for k in shapes]
+
+
+def test_a_hyper_latent_is_tried_as_an_ints_stream_by_its_share_of_zeros():
+    z = torch.zeros(1, 4, 5, 5, dtype=torch.int32)
+    y = torch.ones(1, 8, 20, 20, dtype=torch.int32)
+    assert latents.zero_share(z) == 1.0 and latents.tries_ints("z", {"y": y, "z": z})
+    z.view(-1)[: 11] = 3  # 89 of 100 zeros: below the 0.90 share
+    assert latents.zero_share(z) == pytest.approx(0.89) and not latents.tries_ints("z", {"y": y, "z": z})
+    z.view(-1)[10] = 0
+    assert latents.tries_ints("z", {"y": y, "z": z})
+    assert not latents.tries_ints("y", {"y": y, "z": z}) and latents.tries_ints("y", {"y": y})
 
 
 def test_float64_copy_is_made_from_the_loaded_model_once_per_weights(monkeypatch):

@@ -199,3 +199,29 @@ def test_varints_small_and_large_paths_write_the_same_bytes(monkeypatch, n, top)
     values, end = framing.read_varints(memoryview(got), 0, n, "test")
     np.testing.assert_array_equal(values, v)
     assert end == len(got)
+
+
+def test_varints_small_and_large_readers_agree_on_any_bytes(monkeypatch):
+    """read_varints' Python loop (a few values) and its vectorised path: the same values and end, or both
+    CorruptStreamError, on valid and on random bytes."""
+    from visemz import framing
+
+    rng = np.random.default_rng(7)
+
+    def read(buf, count, max_bytes, small):
+        monkeypatch.setattr(framing, "_SMALL", 1 << 20 if small else -1)
+        try:
+            values, end = framing.read_varints(memoryview(buf), 1, count, "test", max_bytes)
+            return values.tolist(), end
+        except CorruptStreamError:
+            return "corrupt"
+
+    for trial in range(400):
+        if trial % 2:
+            buf = bytes(rng.integers(0, 256, int(rng.integers(1, 40)), dtype=np.uint8))
+        else:
+            buf = b"\x00" + write_varints(rng.integers(0, 1 << int(rng.integers(1, 64)), int(rng.integers(1, 12)),
+                                                       dtype=np.uint64))
+        for count in (1, 3, 8):
+            for max_bytes in (5, 10):
+                assert read(buf, count, max_bytes, True) == read(buf, count, max_bytes, False), (buf, count, max_bytes)

@@ -80,6 +80,25 @@ def _small_varints(v: np.ndarray) -> bytes:
     return bytes(out)
 
 
+def _small_read(data: bytes, pos: int, count: int, what: str, max_bytes: int) -> tuple[np.ndarray, int]:
+    """``read_varints`` for a few values, in Python: the same values, positions and checks."""
+    values, i = [], 0
+    for _ in range(count):
+        value, n = 0, 0
+        while True:
+            if i >= len(data):
+                raise CorruptStreamError(f"{what}: the varints run past the end of their {len(data)} bytes")
+            b = data[i]
+            value |= (b & 0x7F) << (7 * n)
+            i, n = i + 1, n + 1
+            if b < 0x80:
+                break
+        if n > max_bytes or (n > 1 and b == 0) or (max_bytes == MAX_VARINT_BYTES and n == MAX_VARINT_BYTES and b > 1):
+            raise CorruptStreamError(f"{what}: a varint is longer than {max_bytes} bytes, not minimal, or over 2^64")
+        values.append(value)
+    return np.array(values, np.uint64), pos + i
+
+
 def read_varints(mv, pos: int, count: int, what: str, max_bytes: int = MAX_VARINT_BYTES) -> tuple[np.ndarray, int]:
     """(``count`` values as uint64, the position after them) of the LEB128 varints at ``pos`` of ``mv``.
 
@@ -90,6 +109,8 @@ def read_varints(mv, pos: int, count: int, what: str, max_bytes: int = MAX_VARIN
         return np.zeros(0, np.uint64), pos
     if count > len(mv) - pos:
         raise CorruptStreamError(f"{what}: {count} lengths cannot fit in the {max(0, len(mv) - pos)} bytes left")
+    if count <= _SMALL:
+        return _small_read(bytes(mv[pos:pos + count * max_bytes]), pos, count, what, max_bytes)
     region = np.frombuffer(mv, np.uint8, min(len(mv) - pos, count * max_bytes), pos)
     last = np.flatnonzero(region < 0x80)[:count]
     if last.size < count:

@@ -77,6 +77,13 @@ def encode(fmt: int, net, net64, symbols: dict[str, torch.Tensor], quality: floa
     return sections, coding
 
 
+# A hyper-latent's ints stream is tried only when at least this share of its symbols is 0: measured on the
+# CPU over Kodak and the X-ray eval set at qualities 1-8 (mbt2018-mean, scripts/symbol_codings.py, its
+# z_zeros field), the ints stream was never the smaller below 0.914 (Kodak: 0.80-0.90 zeros, ints 1.05-1.19x
+# rANS) and always above 0.97; the trial costs about 1 ms of host time per image (issue 14).
+Z_INTS_MIN_ZEROS = 0.90
+
+
 def tries_ints(name: str, symbols) -> bool:
     """Whether format 3 also codes section ``name`` as an ints stream, to keep the smaller coding.
 
@@ -85,8 +92,18 @@ def tries_ints(name: str, symbols) -> bool:
     docs/results/symbol_codings_eval_cpu.jsonl) its ints stream was 1.13-1.86x its rANS stream, never
     smaller, while the trial cost a Kodak image's compress 1.5-3.4 ms of GPU zstd (profile_codec on an H100
     and an H200; issue 14).  The static priors do lose to it: balle2016's y and the hyper-latent z on
-    flat images (the X-rays), where zstd's runs beat the prior."""
-    return not (name == "y" and "z" in symbols)
+    flat images (the X-rays), where zstd's runs beat the prior: z is tried when at least ``Z_INTS_MIN_ZEROS``
+    of its symbols are 0 (an integer count, so every device decides alike)."""
+    if "z" not in symbols:
+        return True
+    return name == "z" and zero_share(symbols["z"]) >= Z_INTS_MIN_ZEROS
+
+
+def zero_share(t: torch.Tensor) -> float:
+    """The share of a symbol tensor's values that are 0 (one host read on a GPU)."""
+    if t.numel() == 0:
+        return 0.0
+    return 1.0 - int(torch.count_nonzero(t)) / t.numel()
 
 
 def _encode_rans(net, net64, symbols: dict[str, torch.Tensor], quality: float) -> dict[str, bytes]:

@@ -127,8 +127,21 @@ def load(spec: ModelSpec, device: str = "cpu") -> tuple[torch.nn.Module, str]:
     Thread-safe: several pipeline streams asking at once get one model, fully on the device.  Built
     outside inference mode whatever the caller's, so the cached model's tensors are ordinary ones that
     autograd may use later (encoder-side refinement differentiates through the model, ``refine.py``)."""
+    hit = _LOADED.get((spec, device))
+    if hit is not None:  # the common case, without the lock and the inference-mode switch (issue 14: host time)
+        return hit
     with _LOAD_LOCK, torch.inference_mode(False):
-        return _load(spec, device)
+        hit = _LOADED[(spec, device)] = _load(spec, device)
+        return hit
+
+
+_LOADED: dict[tuple, tuple[torch.nn.Module, str]] = {}  # what _load returned, read without the lock
+
+
+def _cache_clear() -> None:
+    with _LOAD_LOCK:
+        _LOADED.clear()
+        _load.cache_clear()
 
 
 @functools.lru_cache(maxsize=32)
@@ -152,7 +165,7 @@ def _load(spec: ModelSpec, device: str) -> tuple[torch.nn.Module, str]:
     return model, file_id(path)
 
 
-load.cache_clear = _load.cache_clear  # type: ignore[attr-defined]
+load.cache_clear = _cache_clear  # type: ignore[attr-defined]
 
 
 def available() -> list[str]:
