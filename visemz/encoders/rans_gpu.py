@@ -118,8 +118,7 @@ def _encode_lanes(code, p: RL.Plan, est_bytes: int) -> tuple[np.ndarray, bytes]:
     kernel("rans_encode")((p.groups,), (WARP,), (
         code, np.int64(p.n), np.int32(p.lanes), np.int64(p.group_symbols), np.int32(p.steps),
         scratch, np.int64(stride), sizes))
-    ends = cp.cumsum(sizes.astype(cp.int64))
-    kernel("rans_gather")((p.groups,), (THREADS,), (scratch, np.int64(stride), sizes, ends - sizes, packed[head:]))
+    kernel("rans_gather")((p.groups,), (THREADS,), (scratch, np.int64(stride), sizes, packed[head:]))
     guess = min(packed.size - head, _read_guess(est_bytes, p))
     host = packed[: head + guess].get()
     host_sizes = host[:head].view("<u4").astype(np.int64)
@@ -147,24 +146,24 @@ def decode(buf, indexes, tables: CdfTables):
     # not two), so the host parses the stream while the GPU still computes the indexes (the y section's
     # come from the hyper-synthesis).  The kernels read tables at ``safe`` (a bad index replaced by 0) and
     # the check is reported first, as before: a bad index, then the stream's damage.
-    # As uint32 a negative index is >= 2**31, so one comparison checks both ends.
-    bad = idx.view(cp.uint32) >= tables.n_tables
+    # [escape count, error bits, bad indexes]: the decoder's error word is the low half (little-endian) of
+    # the second u64, so that all three come back in one host read
+    status = cp.zeros(3, cp.uint64)
+    safe = cp.empty(n, cp.int32)
+    if n:
+        kernel("rans_safe_indexes")((grid(n),), (THREADS,), (idx, np.int64(n), np.int32(tables.n_tables), safe,
+                                                              status[2:]))
     # on an error path only, where its wait costs nothing per image
-    with checked_first_on_error(lambda: _check_indexes(int(cp.count_nonzero(bad)), tables)):
+    with checked_first_on_error(lambda: _check_indexes(int(status[2].get()), tables)):
         parsed = RL.parse(buf, n, tables.fingerprint)
     out = cp.empty(n, cp.int32)
     if n == 0:
         return out.reshape(idx_in.shape)
     p = parsed.plan
     tb = _tables(tables)
-    safe = cp.where(bad, cp.int32(0), idx)
     data = cp.asarray(np.frombuffer(parsed.buf, np.uint8))
     spans = cp.asarray(np.concatenate([parsed.starts, parsed.sizes]))  # the groups' starts, then sizes: one copy
     entry = cp.empty(n, cp.int32)
-    # [escape count, error bits, bad indexes]: the decoder's error word is the low half (little-endian) of
-    # the second u64, so that all three come back in one host read
-    status = cp.zeros(3, cp.uint64)
-    status[2] = cp.count_nonzero(bad)
     count, err = status[0:1], status[1:2].view(cp.uint32)
     kernel("rans_decode")((p.groups,), (WARP,), (
         data, spans[: p.groups], spans[p.groups :], safe, np.int64(n), np.int32(p.lanes),

@@ -140,12 +140,35 @@ extern "C" __global__ void rans_encode(const uint2* __restrict__ code, long long
     if (k == 0) sizes[blockIdx.x] = (u32)(stride - pos);
 }
 
-// Copies each group's stream (the tail of its scratch region) to out + dst[g].
+// Copies each group's stream (the tail of its scratch region) to out at the sum of the earlier groups' sizes,
+// which each block adds up itself (a few hundred groups at most a stream: no scan launch, no host work).
 extern "C" __global__ void rans_gather(const u8* __restrict__ scratch, long long stride, const u32* __restrict__ sizes,
-                                       const long long* __restrict__ dst, u8* __restrict__ out) {
+                                       u8* __restrict__ out) {
+    __shared__ unsigned long long dst;
+    if (threadIdx.x == 0) dst = 0;
+    __syncthreads();
+    unsigned long long part = 0;
+    for (unsigned g = threadIdx.x; g < blockIdx.x; g += blockDim.x) part += sizes[g];
+    if (part) atomicAdd(&dst, part);
+    __syncthreads();
     const long long size = sizes[blockIdx.x];
     const u8* src = scratch + (long long)blockIdx.x * stride + stride - size;
-    for (long long i = threadIdx.x; i < size; i += blockDim.x) out[dst[blockIdx.x] + i] = src[i];
+    for (long long i = threadIdx.x; i < size; i += blockDim.x) out[dst + i] = src[i];
+}
+
+// The decoder's table indexes made safe to read tables with (a bad one, outside 0..n_tables-1, becomes 0) and
+// the bad ones counted into *bad: one launch instead of a comparison, a select and a count.
+extern "C" __global__ void rans_safe_indexes(const int* __restrict__ idx, long long n, int n_tables,
+                                             int* __restrict__ safe, unsigned long long* bad) {
+    unsigned long long count = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const int t = idx[i];
+        const bool out = (unsigned)t >= (unsigned)n_tables;  // a negative index is >= 2^31 as unsigned
+        safe[i] = out ? 0 : t;
+        count += out;
+    }
+    for (int d = 16; d > 0; d >>= 1) count += __shfl_down_sync(FULL, count, d);
+    if ((threadIdx.x & 31) == 0 && count) atomicAdd(bad, count);
 }
 
 // One block of 32 threads per group: each symbol's CDF entry into entry_out; error bits
