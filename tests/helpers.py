@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import types
@@ -15,6 +16,7 @@ import torch
 
 from visemz import codec as codec_module
 from visemz import container, tiling
+from visemz.models import graphs
 from visemz.codec import ImageCodec
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints
@@ -199,8 +201,14 @@ def tiled_synthesis(codec: ImageCodec, buf: bytes, park) -> tuple[list, list[int
 
     g_s = _RecordingSynthesis(f.net.g_s, lambda: sum(r() is not None for r in refs))
     net = types.SimpleNamespace(g_s=g_s)
-    with codec_module.network_math():
-        parts = [(i, as_numpy(x)) for i, x in tiling.synthesise(net, f.grid, list(range(f.grid.count)), latent_of, 1, park)]
+    saved = graphs.DEFAULTS  # eager passes: a CUDA graph's replay would not call the recording g_s
+    graphs.DEFAULTS = dataclasses.replace(saved, graphs=0)
+    try:
+        with codec_module.network_math():
+            parts = [(i, as_numpy(x)) for i, x in tiling.synthesise(net, f.grid, list(range(f.grid.count)), latent_of, 1,
+                                                                    park)]
+    finally:
+        graphs.DEFAULTS = saved
     return parts, g_s.counts
 
 

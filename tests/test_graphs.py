@@ -113,11 +113,32 @@ def test_a_pass_that_cannot_capture_runs_eagerly(fresh):
 
     with torch.inference_mode():
         x = torch.arange(4.0, device="cuda")
-        with pytest.warns(RuntimeWarning, match="eagerly"):
+        with pytest.warns(RuntimeWarning, match="graphs are off"):
             out = graphs.run(reads_host, (x,), key=("host",), owner=None, pixels=4)
         assert torch.equal(out, x * 6.0)
+        assert not graphs.usable((x,), 4)  # a failed capture turns graphs off for the process
         assert torch.equal(graphs.run(reads_host, (x + 1,), key=("host",), owner=None, pixels=4), (x + 1) * 10.0)
+        assert torch.equal(graphs.run(lambda v: v + 1, (x,), key=("other",), owner=None, pixels=4), x + 1)
         assert graphs.count() == 0
+        graphs.clear()  # and on again
+        assert graphs.usable((x,), 4)
+
+
+@gpu
+def test_a_graph_keeps_what_keep_returns_and_a_retired_graph_runs_eagerly(fresh):
+    with torch.inference_mode():
+        cached = {"gain": torch.full((8,), 2.0, device="cuda")}
+        x = torch.ones(8, device="cuda")
+        fn = lambda v: v * cached["gain"]  # noqa: E731 (reads a tensor a cache may drop)
+        graphs.run(fn, (x,), key=("kept",), owner=None, pixels=8, keep=lambda: cached["gain"])
+        held = cached.pop("gain")
+        del held  # the cache let go: the graph still holds the tensor, so its memory is not reused
+        junk = [torch.full((8,), 7.0, device="cuda") for _ in range(64)]
+        assert torch.equal(graphs.run(fn, (x * 3,), key=("kept",), owner=None, pixels=8), x * 6)
+        del junk
+        fresh(graphs=1)
+        graphs.run(lambda v: v - 1, (x,), key=("next",), owner=None, pixels=8)  # drops ("kept",): retired
+        assert graphs.count() == 1
 
 
 @gpu
@@ -137,5 +158,6 @@ def test_codec_with_graphs_matches_the_eager_codec(fresh, model):
     assert graphed[0] == graphed[1] == graphed[2]
     for k, v in symbols_of(graphed[0]).items():
         np.testing.assert_array_equal(v, symbols_of(eager)[k])
-    np.testing.assert_array_equal(codec.decompress(graphed[0]), eager_px)
+    # the same symbols; pixels within a level: cuDNN may take other kernels under a capture than eagerly
+    assert np.abs(codec.decompress(graphed[0]).astype(int) - eager_px).max() <= 1
     assert graphs.count() >= 3  # and the dequantisation and synthesis

@@ -315,7 +315,8 @@ def _dequantiser(model, symbols_of, q: float, dtype):
         names = sorted(symbols)  # "y" and, for a hyperprior model, "z"
         return graphs.run(lambda *t: architectures.dequantise(model, dict(zip(names, t)), q, dtype),
                           tuple(symbols[k] for k in names), key=("dequantise", float(q), dtype, tuple(names)),
-                          owner=model, pixels=graphs.pixels(symbols["y"], tiling.STRIDE))
+                          owner=model, pixels=graphs.pixels(symbols["y"], tiling.STRIDE),
+                          keep=lambda: architectures.gains(model, q, dtype, symbols["y"].device))
 
     return latent_of
 

@@ -158,7 +158,8 @@ def _scales(net64, z: torch.Tensor, quality: float) -> torch.Tensor:
     def scales_of(z_sym: torch.Tensor) -> torch.Tensor:
         return architectures._hyper_params(net64, z_sym.to(torch.float64), quality)[0].contiguous()
 
-    return graphs.run(scales_of, (z,), key=("scales", float(quality)), owner=net64, pixels=graphs.pixels(z, PAD))
+    return graphs.run(scales_of, (z,), key=("scales", float(quality)), owner=net64, pixels=graphs.pixels(z, PAD),
+                      keep=lambda: architectures.gains(net64, quality, torch.float64, z.device))
 
 
 def _channels(shape, device) -> torch.Tensor | object:

@@ -158,7 +158,8 @@ def analyse(net, t: torch.Tensor, meta: ImageMeta, quality: float, grid: Grid, b
         crop = None if whole else crop
         if refine is None:
             symbols = graphs.run(lambda v: architectures.analyse(net, v, quality, crop), (x,),
-                                 key=("analyse", float(quality), crop), owner=net, pixels=graphs.pixels(x))
+                                 key=("analyse", float(quality), crop), owner=net, pixels=graphs.pixels(x),
+                                 keep=lambda: architectures.gains(net, quality, x.dtype, x.device))
         else:
             planes = x.shape[0] // len(group)
             valid = [_real_size(grid, i, meta) for i in group for _ in range(planes)]

@@ -161,6 +161,13 @@ def freeze_gdn(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def gains(model: torch.nn.Module, quality: float, dtype: torch.dtype, device) -> tuple:
+    """Every cached gain tensor the model's functions read at this quality, dtype and device (what a CUDA
+    graph of them must keep alive: ``models/graphs.py``)."""
+    units = [model.gain] + ([model.hyper_gain] if has_hyperprior(model) else [])
+    return tuple(u.at(quality, dtype, device) for u in units)
+
+
 def has_hyperprior(model: torch.nn.Module) -> bool:
     return hasattr(model, "h_a")
 

@@ -21,8 +21,10 @@ inputs of at most ``VISEMZ_GRAPH_PIXELS`` pixels (a graph keeps its own memory f
 network's activations, about the peak of one eager pass), and at most ``VISEMZ_GRAPHS`` graphs
 per process (least recently used dropped; 0 turns graphs off).  ``fn`` must be capturable:
 no host reads, no host-to-device copies (the models' gains are cached per quality, so the
-warm-up makes them), no data-dependent shapes.  A function that fails to capture runs eagerly
-from then on (its key remembered), so a capture problem costs speed, never a result.
+warm-up makes them; ``keep`` holds the cached tensors with the graph), no data-dependent shapes.
+A capture that fails turns graphs off for the process (a failed capture may leave CUDA state
+behind), so a capture problem costs speed, never a result.  Captures take a lock, one at a
+time, one per key; a graph dropped from the cache waits for its last replay first.
 """
 
 from __future__ import annotations
@@ -47,29 +49,46 @@ class _Graph:
     inputs: tuple[torch.Tensor, ...]
     outputs: object  # a tensor, or a tuple / dict of tensors, in the graph's memory
     owner: object  # what the graph reads beside its inputs (the model's weights): kept alive with it
+    kept: object  # more tensors it reads (``keep``'s: the gains of its quality), kept alive with it
     done: torch.cuda.Event = field(default_factory=torch.cuda.Event)  # recorded after each replay's outputs are out
     lock: threading.Lock = field(default_factory=threading.Lock)
+    retired: bool = False  # dropped from the cache: a caller still holding it runs eagerly instead
 
 
-def run(fn, inputs: tuple[torch.Tensor, ...], *, key: tuple, owner, pixels: int):
+def run(fn, inputs: tuple[torch.Tensor, ...], *, key: tuple, owner, pixels: int, keep=None):
     """``fn(*inputs)``, from a CUDA graph where ``usable``; else eagerly.  ``key``: what besides the
     inputs' shapes, dtypes and device decides the work ``fn`` does (its name, a quality, a crop...);
-    ``owner``: the model it reads (its identity joins the key, and the graph keeps it alive)."""
+    ``owner``: the model it reads (its identity joins the key, and the graph keeps it alive); ``keep``:
+    None or a function returning the other tensors ``fn`` reads that its caller does not hold (cached
+    tensors such as a quality's gains, which a full cache drops): called just before the capture, its
+    result is kept with the graph, so that their memory is never reused while the graph may run."""
     if not usable(inputs, pixels):
         return fn(*inputs)
     full = (key, id(owner), inputs[0].device, tuple((tuple(t.shape), t.dtype) for t in inputs))
-    with _LOCK:
-        entry = _GRAPHS.get(full, False)
-        if entry is not False:
-            _GRAPHS.move_to_end(full)
-    if entry is None:  # did not capture before
-        return fn(*inputs)
+    entry = _lookup(full)
     if entry is False:
-        entry = _capture(fn, inputs, owner)
-        _insert(full, entry)
-        if entry is None:
-            return fn(*inputs)
-    return _replay(entry, inputs)
+        with _CAPTURE_LOCK:  # one capture at a time, and one per key: the first caller's
+            entry = _lookup(full)
+            if entry is False:
+                entry = _capture(fn, inputs, owner, keep) if not _BROKEN else None
+                _insert(full, entry)
+    if entry is None:  # did not capture
+        return fn(*inputs)
+    out = _replay(entry, inputs)
+    return fn(*inputs) if out is None else out
+
+
+_CAPTURE_LOCK = threading.Lock()
+_BROKEN = False  # a capture failed: none is tried again in this process (a failed capture can leave CUDA state)
+
+
+def _lookup(key: tuple):
+    """The key's graph, None (it did not capture) or False (not tried yet)."""
+    with _LOCK:
+        entry = _GRAPHS.get(key, False)
+        if entry is not False:
+            _GRAPHS.move_to_end(key)
+        return entry
 
 
 def pixels(t: torch.Tensor, stride: int = 1) -> int:
@@ -79,9 +98,9 @@ def pixels(t: torch.Tensor, stride: int = 1) -> int:
 
 
 def usable(inputs: tuple[torch.Tensor, ...], pixels: int) -> bool:
-    """Whether ``run`` would use a graph for these inputs: CUDA tensors on one device, graphs on, no autograd,
-    not already capturing, at most ``VISEMZ_GRAPH_PIXELS`` pixels."""
-    if DEFAULTS.graphs == 0 or pixels > DEFAULTS.graph_pixels or not inputs:
+    """Whether ``run`` would use a graph for these inputs: CUDA tensors on one device, graphs on (and no capture
+    failed), no autograd, not already capturing, at most ``VISEMZ_GRAPH_PIXELS`` pixels."""
+    if DEFAULTS.graphs == 0 or _BROKEN or pixels > DEFAULTS.graph_pixels or not inputs:
         return False
     d = inputs[0].device
     if d.type != "cuda" or any(t.device != d for t in inputs) or torch.is_grad_enabled():
@@ -90,13 +109,16 @@ def usable(inputs: tuple[torch.Tensor, ...], pixels: int) -> bool:
 
 
 def clear() -> None:
-    """Drop every graph (after the GPU finished with each), e.g. to give their memory back."""
+    """Drop every graph (after the GPU finished with each), e.g. to give their memory back; captures are
+    tried again after one failed."""
+    global _BROKEN
+    _BROKEN = False
     with _LOCK:
         entries = list(_GRAPHS.values())
         _GRAPHS.clear()
     for e in entries:
         if e is not None:
-            e.done.synchronize()
+            _retire(e)
 
 
 def count() -> int:
@@ -105,7 +127,8 @@ def count() -> int:
         return sum(e is not None for e in _GRAPHS.values())
 
 
-def _capture(fn, inputs: tuple[torch.Tensor, ...], owner) -> _Graph | None:
+def _capture(fn, inputs: tuple[torch.Tensor, ...], owner, keep) -> _Graph | None:
+    global _BROKEN
     device = inputs[0].device
     caller = torch.cuda.current_stream(device)
     static = tuple(t.clone() for t in inputs)
@@ -115,16 +138,21 @@ def _capture(fn, inputs: tuple[torch.Tensor, ...], owner) -> _Graph | None:
         with torch.cuda.stream(side):
             fn(*static)  # warm-up: cuDNN's plans, workspaces, the gains' cached tensors
         caller.wait_stream(side)
+        kept = keep() if keep is not None else None
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (pipeline lanes) keep working on their streams during the capture
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             outputs = fn(*static)
     except Exception as e:  # noqa: BLE001 (any capture failure: the eager path gives the same results)
-        caller.wait_stream(side)
-        warnings.warn(f"visemz: a network pass did not capture as a CUDA graph and runs eagerly: {e}",
-                      RuntimeWarning, stacklevel=3)
+        _BROKEN = True
+        warnings.warn(f"visemz: a network pass did not capture as a CUDA graph; CUDA graphs are off in this "
+                      f"process, every pass runs eagerly: {e}", RuntimeWarning, stacklevel=3)
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:  # noqa: BLE001 (the failure's own state; the eager path reports real errors)
+            pass
         return None
-    return _Graph(graph, static, outputs, owner)
+    return _Graph(graph, static, outputs, owner, kept)
 
 
 def _insert(key: tuple, entry: _Graph | None) -> None:
@@ -138,13 +166,23 @@ def _insert(key: tuple, entry: _Graph | None) -> None:
         failed = [k for k, e in _GRAPHS.items() if e is None]
         for k in failed[: max(0, len(failed) - _FAILED_MAX)]:
             del _GRAPHS[k]
-    for e in dropped:  # its memory returns to the allocator: only once its last replay is over
-        e.done.synchronize()
+    for e in dropped:
+        _retire(e)
+
+
+def _retire(entry: _Graph) -> None:
+    """A graph leaving the cache: no replay starts on it any more, and the last one has finished, before its
+    memory goes back to the allocator (which does not know that a replay still uses it)."""
+    with entry.lock:
+        entry.retired = True
+        entry.done.synchronize()
 
 
 def _replay(entry: _Graph, inputs: tuple[torch.Tensor, ...]):
     stream = torch.cuda.current_stream(inputs[0].device)
     with entry.lock:  # the enqueue order of copy-in, replay, copy-out is one caller's at a time
+        if entry.retired:
+            return None
         stream.wait_event(entry.done)  # another stream's replay has cloned its outputs
         for s, t in zip(entry.inputs, inputs):
             s.copy_(t)
