@@ -25,13 +25,15 @@ from typer.core import TyperGroup
 
 from . import __version__, container, measure
 from .collectives.stacking import StackConfig, stack
-from .device import resolve
+from .device import resolve, use_gpu
 from .encoders import stream
 from .errors import InvalidArgumentError, VisemzError
 from .models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
 from .evaluation.runner import EvalConfig, evaluate
 from .pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
 from .pipeline.jobs import verify as verify_folder
+from .pipeline.processes import run as processes_run
+from .config import DEFAULTS
 from .refine import check_steps as check_refine
 from .tiling import check_tile
 
@@ -104,6 +106,8 @@ def compress(
     max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in pixel units (0: lossless)"),
     entropy: str = typer.Option("zstd", help="zstd, ans (GPU only) or none"),
     streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),
+    processes: int = typer.Option(0, min=0, max=64, help="worker processes, each a shard of the folder and its own "
+                                                          "streams, on GPU rank mod count (0: VISEMZ_PROCESSES, else 1)"),
     loader: Optional[str] = typer.Option(None, help="auto, dali, kvikio or cpu (default: VISEMZ_LOADER, else auto)"),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
     no_resume: bool = typer.Option(False, "--no-resume", help="recompress outputs that are already complete"),
@@ -123,8 +127,12 @@ def compress(
         check_refine(refine)
     cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "", tile,
                          refine)
-    summary = _run_with_progress("compress", as_json or rank > 0,
-                                 lambda p: compress_folder(src, dst, cfg, progress=p, rank=rank, world=world))
+    workers = processes or DEFAULTS.processes
+    if workers > 1 and world == 1:  # this process starts the ranks (under torchrun, torchrun did)
+        summary = processes_run(workers, compress_folder, src, dst, cfg, device=resolve(device))
+    else:
+        summary = _run_with_progress("compress", as_json or rank > 0,
+                                     lambda p: compress_folder(src, dst, cfg, progress=p, rank=rank, world=world))
     if rank > 0:  # rank 0 prints the whole run; the others only signal their own failures
         raise typer.Exit(1 if summary.failed else 0)
     _report(summary, as_json)
@@ -148,17 +156,7 @@ def _use_local_gpu(share: bool = False) -> int:
     ranks than GPUs take them in turn (rank r the GPU r mod count), for folder jobs (Gloo only), where
     several processes on one GPU each bring their own Python to the host work that one process's
     streams share under its interpreter lock."""
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if share:
-        local %= torch.cuda.device_count()
-    torch.cuda.set_device(local)
-    try:
-        import cupy
-
-        cupy.cuda.Device(local).use()
-    except ImportError:
-        pass
-    return local
+    return use_gpu(int(os.environ.get("LOCAL_RANK", "0")), share)
 
 
 @app.command()

@@ -32,6 +32,10 @@ class Defaults:
     #: Folder jobs: parallel compute workers, each with its own CUDA stream on a GPU.
     #: 0 means automatic: one per 16 streaming multiprocessors (2..8) on a GPU, one per core on a CPU.
     streams: int = 0  # VISEMZ_STREAMS
+    #: Folder compression (``visemz compress``): worker processes on this host, each a shard of the folder and
+    #: the GPU rank mod count (``pipeline/processes.py``).  One process's streams share its interpreter lock,
+    #: and a GPU image's compress is mostly host work: processes scale where streams do not.
+    processes: int = 1  # VISEMZ_PROCESSES
     #: Folder jobs: how images are read, "auto", "dali", "kvikio" or "cpu" (docs: README, folders).
     loader: str = "auto"  # VISEMZ_LOADER
     #: Folder jobs: items waiting between two stages; 0 means twice the number of streams.
@@ -113,6 +117,8 @@ def _from_env() -> Defaults:
                                    f"{d.rans_hyper_lane_symbols} in 1..1048576")
     if d.tile_batch < 1:  # VISEMZ_TILE is checked by tiling.check_tile, the tile rule of writers and readers
         raise InvalidArgumentError(f"VISEMZ_TILE_BATCH={d.tile_batch}: expected >= 1")
+    if not 1 <= d.processes <= 64:
+        raise InvalidArgumentError(f"VISEMZ_PROCESSES={d.processes}: expected 1..64")
     if d.graphs < 0 or d.graph_pixels < 0:
         raise InvalidArgumentError(f"VISEMZ_GRAPHS={d.graphs}, VISEMZ_GRAPH_PIXELS={d.graph_pixels}: expected >= 0")
     if not 0 <= d.refine <= MAX_REFINE:

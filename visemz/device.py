@@ -16,7 +16,22 @@ from .cuda import as_cupy, cuda_available, is_gpu_array, require_cupy, resident_
 from .encoders import decode_ints
 
 __all__ = ["as_cupy", "cuda_available", "is_gpu_array", "require_cupy", "resident_copy", "resolve", "as_numpy",
-           "torch_to_ints", "ints_to_torch"]
+           "torch_to_ints", "ints_to_torch", "use_gpu"]
+
+
+def use_gpu(index: int, share: bool = False) -> int:
+    """Make GPU ``index`` this process's device (torch's and cupy's); returns it.  ``share``: an index past
+    the GPU count wraps around (process r on GPU r mod count), for jobs whose processes may share GPUs."""
+    if share:
+        index %= torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    try:
+        import cupy
+
+        cupy.cuda.Device(index).use()
+    except ImportError:
+        pass
+    return index
 
 
 def as_numpy(x: Any) -> np.ndarray:
