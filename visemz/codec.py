@@ -125,7 +125,7 @@ def _float64_copy(net: torch.nn.Module, device: str) -> torch.nn.Module:
     with torch.inference_mode(False):
         net64 = architectures.freeze_gdn(copy.deepcopy(net).double())
     if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)  # the copy ran on this thread's stream; others must see it done
+        graphs.synchronize(device)  # the copy ran on this thread's stream; others must see it done
     return net64
 
 

@@ -24,6 +24,7 @@ from compressai.layers import GDN
 from compressai.models import FactorizedPrior, MeanScaleHyperprior
 from compressai.models.utils import conv, deconv
 
+from . import graphs
 from .registry import COMPRESSAI_LAMBDAS, LEVELS, ModelSpec, level_and_fraction
 
 _CLASSES = {"balle2016": FactorizedPrior, "mbt2018-mean": MeanScaleHyperprior}
@@ -105,7 +106,7 @@ def _drop(cache: dict) -> None:
     could hand its memory to a new tensor at once: wait for each device first (rare: a full cache)."""
     for device in {k[2] for k in list(cache)}:  # a snapshot: other threads may add meanwhile
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            graphs.synchronize(device)
     cache.clear()
 
 

@@ -24,7 +24,10 @@ no host reads, no host-to-device copies (the models' gains are cached per qualit
 warm-up makes them; ``keep`` holds the cached tensors with the graph), no data-dependent shapes.
 A capture that fails turns graphs off for the process (a failed capture may leave CUDA state
 behind), so a capture problem costs speed, never a result.  Captures take a lock, one at a
-time, one per key; a graph dropped from the cache waits for its last replay first.
+time, one per key; a graph dropped from the cache waits for its last replay first.  Other threads keep
+launching work on their own streams meanwhile, but a device-wide synchronisation during a capture
+fails (in whichever thread): the codec's and pipeline's go through ``synchronize`` /
+``outside_capture``, which wait for a capture to end.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -78,8 +82,23 @@ def run(fn, inputs: tuple[torch.Tensor, ...], *, key: tuple, owner, pixels: int,
     return fn(*inputs) if out is None else out
 
 
-_CAPTURE_LOCK = threading.Lock()
+_CAPTURE_LOCK = threading.RLock()  # re-entrant: a capture's warm-up may itself call outside_capture code
 _BROKEN = False  # a capture failed: none is tried again in this process (a failed capture can leave CUDA state)
+
+
+@contextmanager
+def outside_capture():
+    """No capture runs while this is held.  For work that may not overlap any stream's capture, whatever
+    thread it runs in: a device-wide synchronisation (CUDA refuses it while a stream captures, and the
+    capture breaks too), third-party decoders that may synchronise or free device memory (DALI)."""
+    with _CAPTURE_LOCK:
+        yield
+
+
+def synchronize(device=None) -> None:
+    """``torch.cuda.synchronize(device)``, never during a capture (``outside_capture``)."""
+    with _CAPTURE_LOCK:
+        torch.cuda.synchronize(device)
 
 
 def _lookup(key: tuple):

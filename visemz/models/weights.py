@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 
 from ..errors import UnsupportedFormatError
 from ..io.writers import atomic_file
-from . import architectures, entropy_tables
+from . import architectures, entropy_tables, graphs
 from .registry import ModelSpec
 
 INT8_SUFFIX, SCALE_SUFFIX = ".int8", ".scale"
@@ -161,7 +161,7 @@ def _load(spec: ModelSpec, device: str) -> tuple[torch.nn.Module, str]:
     model.visemz_tables = entropy_tables.from_tensors(tensors, architectures.has_hyperprior(model), path.name)
     architectures.freeze_gdn(model.eval().requires_grad_(False).to(device))
     if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)  # copied on this thread's stream; other streams use it next
+        graphs.synchronize(device)  # copied on this thread's stream; other streams use it next
     return model, file_id(path)
 
 

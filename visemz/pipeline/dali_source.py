@@ -28,6 +28,7 @@ import torch
 from ..config import DEFAULTS, cpu_threads
 from ..errors import DeviceUnavailableError
 from ..io.loaders import Picture
+from ..models import graphs
 from .probe import DecodeTarget
 
 Entry = tuple[int, Path, DecodeTarget]  # (item index, file, what the probe says it decodes to)
@@ -99,7 +100,8 @@ class DaliFeed:
                 batch = group[start : start + self.batch]
                 pos = start + len(batch)
                 try:
-                    (out,) = pipe.run()
+                    with graphs.outside_capture():  # DALI may synchronise or free device memory
+                        (out,) = pipe.run()
                 except Exception as e:  # DALI raises on a file it cannot decode; the batch goes to the CPU
                     yield from self._to_cpu(batch, f"DALI failed on a batch: {_first_line(e)}")
                     break  # rebuild the pipeline for the files after this batch
@@ -112,7 +114,7 @@ class DaliFeed:
 
     def _deliver(self, out, batch: list[Entry], dtype: str, stream) -> Iterator[tuple[int, object]]:
         try:
-            torch.cuda.synchronize(self.device_index)  # DALI decodes on its own streams: let the batch finish
+            graphs.synchronize(self.device_index)  # DALI decodes on its own streams: let the batch finish
             copies = self._copy_out(out, batch, dtype, stream)
         except Exception as e:  # an interface DALI changed: the CPU loader takes the batch, the reason is listed
             yield from self._to_cpu(batch, f"DALI copy-out: {_first_line(e)}")

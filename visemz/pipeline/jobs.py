@@ -25,6 +25,7 @@ from .. import container, measure, pages
 from ..codec import ImageCodec
 from ..config import DEFAULTS, cpu_threads
 from ..errors import InvalidArgumentError, LimitExceededError, VisemzError
+from ..models import graphs
 from ..models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
 from ..io import files, loaders, writers
 from . import executor, kvikio_io, sources
@@ -96,7 +97,7 @@ class _FirstUse:
                 if key not in self.seen:
                     yield
 
-                    torch.cuda.synchronize()
+                    graphs.synchronize()
                     self.seen.add(key)
                     return
         yield
