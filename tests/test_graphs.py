@@ -137,8 +137,10 @@ def test_a_graph_keeps_what_keep_returns_and_a_retired_graph_runs_eagerly(fresh)
         assert torch.equal(graphs.run(fn, (x * 3,), key=("kept",), owner=None, pixels=8), x * 6)
         del junk
         fresh(graphs=1)
-        graphs.run(lambda v: v - 1, (x,), key=("next",), owner=None, pixels=8)  # drops ("kept",): retired
-        assert graphs.count() == 1
+        held = next(e for e in graphs._GRAPHS.values() if e is not None)  # as a caller that fetched it holds it
+        graphs.run(lambda v: v - 1, (x,), key=("next",), owner=None, pixels=8)  # drops ("kept",)
+        assert graphs.count() == 1 and held.retired
+        assert graphs._replay(held, (x,)) is None  # no replay on a dropped graph: run() goes eager instead
 
 
 @gpu

@@ -52,6 +52,16 @@ def test_many_groups_and_all_zero(cp, tables):
     check_both_ways(cp, z, z, tables)
 
 
+@pytest.mark.parametrize("scan_above", [0, 1 << 30])
+def test_gather_offsets_from_a_scan_and_from_the_blocks_alike(cp, tables, monkeypatch, scan_above):
+    """The encoder's gather places groups by a host-launched scan (many groups) or by each block's own sum of
+    the sizes before it (few): the same bytes as the reference either way, with hundreds of groups."""
+    monkeypatch.setattr(rans_gpu, "GATHER_SCAN_GROUPS", scan_above)
+    sym, idx = make_case("gaussian", 1_000_003, seed=5)
+    buf = check_both_ways(cp, sym, idx, tables, lane_bytes=1, lane_symbols=64)
+    assert RL.parse(buf, idx.size, tables.fingerprint).plan.groups > 256
+
+
 @pytest.mark.parametrize("guess", [0, 1, 37])
 def test_gpu_encoder_reads_the_rest_when_its_guess_falls_short(cp, tables, monkeypatch, guess):
     """The encoder's one read of sizes and streams stops at ``_read_guess`` bytes; past it, a second copy

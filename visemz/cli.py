@@ -128,6 +128,9 @@ def compress(
     cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "", tile,
                          refine)
     workers = processes or DEFAULTS.processes
+    if workers > 1 and world > 1:
+        typer.echo(f"visemz: --processes {workers} ignored under torchrun: its {world} ranks are the processes",
+                   err=True)
     if workers > 1 and world == 1:  # this process starts the ranks (under torchrun, torchrun did)
         summary = processes_run(workers, compress_folder, src, dst, cfg, device=resolve(device))
     else:

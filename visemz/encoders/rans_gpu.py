@@ -25,6 +25,7 @@ from .cdf_tables import COST_UNIT, CdfTables
 
 THREADS = 256
 WARP = 32
+GATHER_SCAN_GROUPS = 256  # above this many groups the gather takes its offsets from a scan
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,7 +119,9 @@ def _encode_lanes(code, p: RL.Plan, est_bytes: int) -> tuple[np.ndarray, bytes]:
     kernel("rans_encode")((p.groups,), (WARP,), (
         code, np.int64(p.n), np.int32(p.lanes), np.int64(p.group_symbols), np.int32(p.steps),
         scratch, np.int64(stride), sizes))
-    kernel("rans_gather")((p.groups,), (THREADS,), (scratch, np.int64(stride), sizes, packed[head:]))
+    # few groups: each block sums the sizes before it (0: no ends); many: one scan (those sums grow quadratically)
+    ends = cp.cumsum(sizes.astype(cp.int64)) if p.groups > GATHER_SCAN_GROUPS else np.uint64(0)
+    kernel("rans_gather")((p.groups,), (THREADS,), (scratch, np.int64(stride), sizes, ends, packed[head:]))
     guess = min(packed.size - head, _read_guess(est_bytes, p))
     host = packed[: head + guess].get()
     host_sizes = host[:head].view("<u4").astype(np.int64)

@@ -104,10 +104,11 @@ def _indexed(device: torch.device) -> torch.device:
 def _drop(cache: dict) -> None:
     """Empty a gain cache.  Another stream may still read a cached CUDA tensor, and the caching allocator
     could hand its memory to a new tensor at once: wait for each device first (rare: a full cache)."""
-    for device in {k[2] for k in list(cache)}:  # a snapshot: other threads may add meanwhile
-        if device.type == "cuda":
-            graphs.synchronize(device)
-    cache.clear()
+    with graphs.outside_capture():  # no capture between the wait and the clear (it would read a freed gain)
+        for device in {k[2] for k in list(cache)}:  # a snapshot: other threads may add meanwhile
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        cache.clear()
 
 
 def interpolate_ladder(logs: torch.Tensor, quality: torch.Tensor) -> torch.Tensor:

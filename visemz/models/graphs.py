@@ -9,8 +9,7 @@ operators, each a Python call, a dispatch and a launch.  A CUDA graph captured o
 (function, model, input shapes and dtypes, quality...) replays all of them in one launch.
 
 ``run`` captures ``fn`` on its first call for a key (one eager warm-up run first, then the
-capture, then a replay: every result of a key, the first included, comes from the graph, so a
-key's outputs never depend on whether its graph was new), and replays it afterwards: the
+capture, then a replay: the first result of a key, too, comes from its graph), and replays it afterwards: the
 inputs are copied into the graph's own input tensors, the graph launched on the current
 stream, and the outputs cloned out of the graph's memory, so they stay valid after the next
 replay.  Streams share a graph: a replay waits (on the GPU, not the host) for the previous
@@ -23,7 +22,10 @@ per process (least recently used dropped; 0 turns graphs off).  ``fn`` must be c
 no host reads, no host-to-device copies (the models' gains are cached per quality, so the
 warm-up makes them; ``keep`` holds the cached tensors with the graph), no data-dependent shapes.
 A capture that fails turns graphs off for the process (a failed capture may leave CUDA state
-behind), so a capture problem costs speed, never a result.  Captures take a lock, one at a
+behind), so a capture problem costs speed, never a result; one that runs out of memory leaves
+its key eager.  A key's results come from its graph while the graph is held; a key captured
+again after being dropped (or running eagerly) may take other cuDNN kernels, so its float
+results can differ in the last bits, as between any two loads of the GPU.  Captures take a lock, one at a
 time, one per key; a graph dropped from the cache waits for its last replay first.  Other threads keep
 launching work on their own streams meanwhile, but a device-wide synchronisation during a capture
 fails (in whichever thread): the codec's and pipeline's go through ``synchronize`` /
@@ -44,7 +46,7 @@ from ..config import DEFAULTS
 
 _LOCK = threading.Lock()
 _GRAPHS: OrderedDict[tuple, "_Graph | None"] = OrderedDict()  # key -> graph (None: did not capture), oldest first
-_FAILED_MAX = 256  # keys remembered as not capturable
+_FAILED_MAX = 256  # keys remembered as not capturable (out of memory while capturing)
 
 
 @dataclass
@@ -68,7 +70,8 @@ def run(fn, inputs: tuple[torch.Tensor, ...], *, key: tuple, owner, pixels: int,
     result is kept with the graph, so that their memory is never reused while the graph may run."""
     if not usable(inputs, pixels):
         return fn(*inputs)
-    full = (key, id(owner), inputs[0].device, tuple((tuple(t.shape), t.dtype) for t in inputs))
+    full = (key, id(owner), inputs[0].device, tuple((tuple(t.shape), t.dtype) for t in inputs),
+            torch.backends.cudnn.allow_tf32)  # a graph keeps the kernels of the math setting it was captured under
     entry = _lookup(full)
     if entry is False:
         with _CAPTURE_LOCK:  # one capture at a time, and one per key: the first caller's
@@ -147,31 +150,58 @@ def count() -> int:
 
 
 def _capture(fn, inputs: tuple[torch.Tensor, ...], owner, keep) -> _Graph | None:
+    """A graph of ``fn`` (None: it ran out of memory capturing).  The warm-up's own errors (a bad input, out of
+    memory) are the caller's, as an eager run's would be; a capture that fails otherwise turns graphs off."""
     global _BROKEN
     device = inputs[0].device
     caller = torch.cuda.current_stream(device)
     static = tuple(t.clone() for t in inputs)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(caller)
+    cap = _capture_stream(device)
+    cap.wait_stream(caller)
+    with torch.cuda.stream(cap):
+        fn(*static)  # warm-up: cuDNN's plans, workspaces, the gains' cached tensors
+    caller.wait_stream(cap)
+    kept = keep() if keep is not None else None
+    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.stream(side):
-            fn(*static)  # warm-up: cuDNN's plans, workspaces, the gains' cached tensors
-        caller.wait_stream(side)
-        kept = keep() if keep is not None else None
-        graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (pipeline lanes) keep working on their streams during the capture
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, stream=cap, capture_error_mode="thread_local"):
             outputs = fn(*static)
     except Exception as e:  # noqa: BLE001 (any capture failure: the eager path gives the same results)
+        _settle(device)
+        if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e):
+            return None  # this key runs eagerly; others still capture
         _BROKEN = True
         warnings.warn(f"visemz: a network pass did not capture as a CUDA graph; CUDA graphs are off in this "
                       f"process, every pass runs eagerly: {e}", RuntimeWarning, stacklevel=3)
-        try:
-            torch.cuda.synchronize(device)
-        except Exception:  # noqa: BLE001 (the failure's own state; the eager path reports real errors)
-            pass
         return None
     return _Graph(graph, static, outputs, owner, kept)
+
+
+def _settle(device) -> None:
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 (the failed capture's own state; the eager path reports real errors)
+        pass
+
+
+_STREAMS: dict = {}  # device index -> (cupy stream, torch view of it): the captures' own stream
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """A stream of this device that nothing else uses.  torch.cuda.Stream() hands out one of a pool of 32
+    shared streams in turn (and torch.cuda.graph's default capture stream is one of them), so after 32
+    pipeline lanes a lane could get the very stream a capture is recording: its work would go into the
+    graph.  A stream made by cupy is outside that pool."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _STREAMS:
+        from ..cuda import require_cupy
+
+        cp = require_cupy()
+        with cp.cuda.Device(index):
+            raw = cp.cuda.Stream(non_blocking=True)
+        _STREAMS[index] = (raw, torch.cuda.ExternalStream(raw.ptr, device=torch.device("cuda", index)))
+    return _STREAMS[index][1]
 
 
 def _insert(key: tuple, entry: _Graph | None) -> None:

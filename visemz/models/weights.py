@@ -13,7 +13,6 @@ loaded model as ``model.visemz_tables``: a decoder never recomputes them.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
@@ -127,24 +126,29 @@ def load(spec: ModelSpec, device: str = "cpu") -> tuple[torch.nn.Module, str]:
     Thread-safe: several pipeline streams asking at once get one model, fully on the device.  Built
     outside inference mode whatever the caller's, so the cached model's tensors are ordinary ones that
     autograd may use later (encoder-side refinement differentiates through the model, ``refine.py``)."""
-    hit = _LOADED.get((spec, device))
+    key = (spec, device)
+    hit = _LOADED.get(key)
     if hit is not None:  # the common case, without the lock and the inference-mode switch (issue 14: host time)
         return hit
     with _LOAD_LOCK, torch.inference_mode(False):
-        hit = _LOADED[(spec, device)] = _load(spec, device)
+        hit = _LOADED.get(key)
+        if hit is None:
+            hit = _load(spec, device)
+            while len(_LOADED) >= _LOADED_MAX:
+                del _LOADED[next(iter(_LOADED))]  # the oldest load
+            _LOADED[key] = hit
         return hit
 
 
-_LOADED: dict[tuple, tuple[torch.nn.Module, str]] = {}  # what _load returned, read without the lock
+_LOADED: dict[tuple, tuple[torch.nn.Module, str]] = {}  # (spec, device) -> model and id, read without the lock
+_LOADED_MAX = 32
 
 
 def _cache_clear() -> None:
     with _LOAD_LOCK:
         _LOADED.clear()
-        _load.cache_clear()
 
 
-@functools.lru_cache(maxsize=32)
 def _load(spec: ModelSpec, device: str) -> tuple[torch.nn.Module, str]:
     path = weights_path(spec)
     if not path.is_file():

@@ -45,8 +45,9 @@ def run(n: int, job, *args, device: str | None = None):
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="visemz-ranks-") as tmp:
         store = Path(tmp) / "rendezvous"
-        procs = [ctx.Process(target=_worker, args=(r, n, str(store), device, results, job, args), daemon=True)
-                 for r in range(n)]
+        # not daemons: a worker may start processes of its own (DALI's parallel sources); the finally below
+        # stops any still running when this returns
+        procs = [ctx.Process(target=_worker, args=(r, n, str(store), device, results, job, args)) for r in range(n)]
         for p in procs:
             p.start()
         try:

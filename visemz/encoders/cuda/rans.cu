@@ -140,18 +140,23 @@ extern "C" __global__ void rans_encode(const uint2* __restrict__ code, long long
     if (k == 0) sizes[blockIdx.x] = (u32)(stride - pos);
 }
 
-// Copies each group's stream (the tail of its scratch region) to out at the sum of the earlier groups' sizes,
-// which each block adds up itself (a few hundred groups at most a stream: no scan launch, no host work).
+// Copies each group's stream (the tail of its scratch region) to out at the sum of the earlier groups' sizes:
+// ends[g] when given (the host's scan, for streams of many groups), else the sum each block adds up itself
+// (a Kodak image's few groups: no scan launch, no host work; the work grows with the square of the groups).
 extern "C" __global__ void rans_gather(const u8* __restrict__ scratch, long long stride, const u32* __restrict__ sizes,
-                                       u8* __restrict__ out) {
+                                       const long long* __restrict__ ends, u8* __restrict__ out) {
     __shared__ unsigned long long dst;
-    if (threadIdx.x == 0) dst = 0;
-    __syncthreads();
-    unsigned long long part = 0;
-    for (unsigned g = threadIdx.x; g < blockIdx.x; g += blockDim.x) part += sizes[g];
-    if (part) atomicAdd(&dst, part);
-    __syncthreads();
     const long long size = sizes[blockIdx.x];
+    if (ends != nullptr) {
+        if (threadIdx.x == 0) dst = (unsigned long long)(ends[blockIdx.x] - size);
+    } else {
+        if (threadIdx.x == 0) dst = 0;
+        __syncthreads();
+        unsigned long long part = 0;
+        for (unsigned g = threadIdx.x; g < blockIdx.x; g += blockDim.x) part += sizes[g];
+        if (part) atomicAdd(&dst, part);
+    }
+    __syncthreads();
     const u8* src = scratch + (long long)blockIdx.x * stride + stride - size;
     for (long long i = threadIdx.x; i < size; i += blockDim.x) out[dst + i] = src[i];
 }
