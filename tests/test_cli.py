@@ -98,6 +98,9 @@ def test_compress_resume_decompress_verify(tree, cli, tmp_path):
     out = tmp_path / "out"
     r = cli("decompress", dst, out, "--format", "tiff", "--json", "--device", "cpu")
     assert r.exit_code == 0, r.stdout + r.stderr
+    restored = json.loads(r.stdout)  # ratio and bpp are the .vsz files' either way
+    assert restored["bpp"] == summary["bpp"] and restored["bytes_in"] == summary["bytes_out"]
+    assert restored["ratio"] == round(restored["bytes_out"] / restored["bytes_in"], 3)
     for rel, img in images.items():
         back = tifffile.imread(out / (rel + ".tif" if not rel.endswith(".tif") else rel))
         assert back.dtype == img.dtype and back.shape == img.shape

@@ -215,6 +215,25 @@ def test_probes_turn_down_what_a_gpu_loader_would_get_wrong(tmp_path):
 
 
 # ------------------------------------------------------------------ CPU loader
+def test_planar_tiff_pages_are_read_with_channels_last(tmp_path):
+    """PlanarConfiguration 2 stores each sample as a plane (tifffile reads 'SYX'): the loader moves
+    the samples last, as for chunky pages, instead of taking the planes for rows."""
+    rgb = np.random.default_rng(2).integers(0, 65535, (20, 30, 3), dtype=np.uint16)
+    planar = np.moveaxis(rgb, -1, 0)
+    tifffile.imwrite(tmp_path / "planar.tif", planar, photometric="rgb", planarconfig="separate")
+    assert tifffile.TiffFile(tmp_path / "planar.tif").pages[0].axes == "SYX"
+    pic = loaders.load(tmp_path / "planar.tif")
+    assert not pic.paged
+    np.testing.assert_array_equal(pic.pixels, rgb)
+    assert pic.pixels.flags.c_contiguous
+    with tifffile.TiffWriter(tmp_path / "planar_pages.tif") as w:
+        for _ in range(2):
+            w.write(planar, photometric="rgb", planarconfig="separate")
+    pic = loaders.load(tmp_path / "planar_pages.tif")
+    assert pic.paged and pic.page_shape == (20, 30, 3)
+    np.testing.assert_array_equal(pic.pixels, np.stack([rgb, rgb]))
+
+
 def test_multi_page_tiff_is_one_stack_of_pages(tmp_path):
     stack = np.random.default_rng(1).integers(0, 4096, (4, 20, 30), dtype=np.uint16)
     tifffile.imwrite(tmp_path / "s.tif", stack, photometric="minisblack")

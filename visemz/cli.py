@@ -65,10 +65,11 @@ def _progress(total_hint: str, quiet: bool):
     task = bar.add_task(total_hint, total=None)
     state = {"n": 0, "bytes": 0}
     t0 = time.perf_counter()
+    image_side = "bytes_out" if total_hint == "decompress" else "bytes_in"  # MB/s of image files, as the summary's
 
     def update(result):
         state["n"] += 1
-        state["bytes"] += result.bytes_in
+        state["bytes"] += getattr(result, image_side)
         dt = max(time.perf_counter() - t0, 1e-9)
         bar.update(task, advance=1, description=f"{total_hint} {state['n'] / dt:.1f} img/s {state['bytes'] / 1e6 / dt:.1f} MB/s")
 

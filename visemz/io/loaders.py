@@ -112,13 +112,23 @@ def _tiff(path: Path) -> tuple[np.ndarray, bool]:
     with tifffile.TiffFile(path) as tif:
         pages = list(tif.pages)
         if len(pages) == 1:
-            return pages[0].asarray(), False
+            return _page_pixels(pages[0]), False
         first = (pages[0].shape, pages[0].dtype)
         for k, p in enumerate(pages):
             if (p.shape, p.dtype) != first:
                 raise InputError(f"{str(path)!r}: page {k} is {p.shape} {p.dtype}, page 0 is {first[0]} {first[1]}; "
                                  "the pages of a multi-page TIFF must share one shape and dtype")
-        return np.stack([p.asarray() for p in pages]), True
+        return np.stack([_page_pixels(p) for p in pages]), True
+
+
+def _page_pixels(page) -> np.ndarray:
+    """A TIFF page as HxW[xC].  A planar page (PlanarConfiguration 2: each sample stored as a plane
+    of its own, tifffile's axes 'SYX') is read samples-first; its samples move to the last axis,
+    where every other loader puts channels."""
+    img = page.asarray()
+    if page.axes.startswith("S") and img.ndim == 3:
+        img = np.ascontiguousarray(np.moveaxis(img, 0, -1))
+    return img
 
 
 def _dicom(path: Path) -> np.ndarray:

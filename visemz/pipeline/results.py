@@ -24,6 +24,7 @@ class ItemResult:
 class Summary:
     results: list[ItemResult] = field(default_factory=list)
     seconds: float = 0.0
+    compressed: str = "out"  # which side of each item is the .vsz file: "out" (compress) or "in" (decompress)
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -33,18 +34,22 @@ class Summary:
         return [r for r in self.results if r.status == "failed"]
 
     def to_dict(self) -> dict:
+        """The run's figures.  ``ratio`` and ``bpp`` describe the .vsz files whichever way the job ran
+        (image file bytes over .vsz bytes, .vsz bits per pixel); ``MB_per_s`` counts the image files'
+        bytes (read by a compression, written by a decompression)."""
         done = [r for r in self.results if r.status == "done"]
         bytes_in = sum(r.bytes_in for r in done)
         bytes_out = sum(r.bytes_out for r in done)
         pixels = sum(r.pixels for r in done)
+        vsz, image = (bytes_out, bytes_in) if self.compressed == "out" else (bytes_in, bytes_out)
         return {
             "items": len(self.results), "done": len(done), "skipped": self.count("skipped"),
             "failed": len(self.failed), "seconds": round(self.seconds, 3),
             "images_per_s": round(len(done) / self.seconds, 3) if self.seconds else None,
-            "MB_per_s": round(bytes_in / 1e6 / self.seconds, 3) if self.seconds else None,
+            "MB_per_s": round(image / 1e6 / self.seconds, 3) if self.seconds else None,
             "bytes_in": bytes_in, "bytes_out": bytes_out,
-            "ratio": round(bytes_in / bytes_out, 3) if bytes_out else None,
-            "bpp": round(bpp(bytes_out, pixels), 4) if pixels else None,
+            "ratio": round(image / vsz, 3) if vsz else None,
+            "bpp": round(bpp(vsz, pixels), 4) if pixels else None,
             "loaders": dict(sorted(Counter(r.loader for r in done if r.loader).items())),
             "fallbacks": [{"file": r.rel, "reason": r.note} for r in self.results if r.note],
             "errors": [{"file": r.rel, "error": r.error} for r in self.failed],
