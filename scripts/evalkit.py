@@ -188,3 +188,21 @@ def compressai_encode(net, img: np.ndarray, quality: float, device: str) -> tupl
     with torch.inference_mode():
         enc = architectures.compressai_compress(net, pixels.to_batch(t, meta), quality)
     return enc, meta
+
+
+def latent_symbols(codec, img: np.ndarray, model: str, quality: float):
+    """(net, its float64 copy, the symbol tensors) of one image (one tile) as the codec's encode computes them
+    on its device: what the scripts that measure the symbols' codings start from."""
+    from visemz import tiling
+    from visemz.codec import _model64, network_math
+    from visemz.models import registry
+    from visemz.models import weights as W
+
+    t = pixels.as_tensor(img, "cpu")
+    meta = pixels.describe(t)
+    spec = registry.spec(model, meta.variant)
+    net, _ = W.load(spec, codec.device)
+    with network_math():
+        net64 = _model64(spec, codec.device)
+        _, symbols = next(tiling.analyse(net, t, meta, quality, tiling.grid_for(meta, None), 1, codec.device))
+    return net, net64, symbols

@@ -22,16 +22,13 @@ from pathlib import Path
 
 import torch
 
+import evalkit
 from visemz import ImageCodec, latents
 from visemz import device as dev
-from visemz.codec import _model64, network_math
+from visemz.codec import network_math
 from visemz.encoders import EncoderConfig, encode_ints_many
 from visemz.io import loaders
 from visemz.io.writers import write_atomic
-from visemz.models import registry
-from visemz.models import weights as W
-from visemz.pixels import as_tensor, describe
-from visemz import tiling
 
 EXTENSIONS = {".png", ".tif", ".tiff", ".jpg", ".npy"}
 
@@ -39,14 +36,8 @@ EXTENSIONS = {".png", ".tif", ".tiff", ".jpg", ".npy"}
 def sizes(codec: ImageCodec, img, model: str, quality: float) -> tuple[dict[str, tuple[int, int]], float | None]:
     """({section: (rANS bytes, ints-stream bytes)}, the share of z's symbols that are 0 or None) for one image
     (one tile)."""
-    t = as_tensor(img, "cpu")
-    meta = describe(t)
-    spec = registry.spec(model, meta.variant)
-    net, _ = W.load(spec, codec.device)
+    net, net64, symbols = evalkit.latent_symbols(codec, img, model, quality)
     with network_math():
-        net64 = _model64(spec, codec.device)
-        grid = tiling.grid_for(meta, None)
-        _, symbols = next(tiling.analyse(net, t, meta, quality, grid, 1, codec.device))
         rans = latents._encode_rans(net, net64, symbols, quality)
         cfg = EncoderConfig(latents.SYMBOL_POLICY, **codec.enc)
         ints = encode_ints_many([(dev.torch_to_ints(s), cfg) for s in symbols.values()])

@@ -324,3 +324,28 @@ def test_loaded_models_are_frozen_for_inference():
     assert not any(k.endswith("_eff") for k in net.state_dict())
     n64 = codec._model64(spec, "cpu")
     assert all(m.frozen_dtype == torch.float64 == m.gamma_eff.dtype for m in n64.modules() if isinstance(m, FrozenGDN))
+
+
+@pytest.mark.parametrize("model,quality", [("mbt2018-mean", 1), ("balle2016", 6)])  # balle2016's y is rANS-coded there
+def test_skipping_near_certain_zeros_keeps_the_symbols(cpu, model, quality, monkeypatch):
+    """With VISEMZ_RANS_SKIP_FREQ the image's rANS sections are version-3 streams with fewer coded symbols, the
+    file decodes to the same symbols and pixels, and its size moves by under 1%."""
+    from dataclasses import replace
+
+    from visemz import tile_index
+    from visemz.encoders import rans
+    from visemz.encoders import rans_layout as RL
+
+    img = data.astronaut()
+    plain = cpu.compress(img, model=model, quality=quality)
+    monkeypatch.setattr(rans, "DEFAULTS", replace(rans.DEFAULTS, rans_skip_freq=65531))
+    skipping = cpu.compress(img, model=model, quality=quality)
+    c = container.unpack(skipping)
+    t = c.meta["tiles"]
+    index = tile_index.TileIndex(c.sections, 1, t["parts"], t["symbols"], c.meta["format"])
+    versions = {k: bytes(index.part(0, k))[4] for k, v in index.coding(0).items() if v == "rans"}
+    assert versions and set(versions.values()) == {RL.VERSION_SKIP}, versions
+    a, b = symbols_of(skipping), symbols_of(plain)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    np.testing.assert_array_equal(cpu.decompress(skipping), cpu.decompress(plain))
+    assert abs(len(skipping) / len(plain) - 1) < 0.01, (len(skipping), len(plain))

@@ -150,19 +150,26 @@ def golden_inputs():
 
 
 GOLDEN_PLANS = {"one_group": {}, "groups": {"lane_bytes": 1, "lane_symbols": 64}}
+# the skip threshold of each version's golden streams: version 3's skips the two narrowest tables (scales 0.11
+# and 0.5), whose symbols are not all 0 here, so the stream lists exceptions as well as escapes
+GOLDEN_SKIP = {1: 0, 2: 0, 3: 40_000}
 
 
 @pytest.mark.parametrize("version", RL.VERSIONS)
 @pytest.mark.parametrize("name", GOLDEN_PLANS)
 def test_golden_stream_still_decodes_and_encodes_the_same(name, version):
-    """Every version's golden streams decode; today's version encodes to the same bytes, and the
-    versions differ only in their framing: the lanes' bytes are the same."""
+    """Every version's golden streams decode; the versions written today (2, and 3 with a skip threshold)
+    encode to the same bytes, and versions 1 and 2 differ only in their framing: the lanes' bytes are
+    the same."""
     sym, idx, tables = golden_inputs()
     stored = (GOLDEN / f"{name}_v{version}.vzrc").read_bytes()
     np.testing.assert_array_equal(decode_conditional(stored, idx, tables), sym)
-    again = encode_conditional(sym, idx, tables, **GOLDEN_PLANS[name])
-    if version == RL.VERSION:
+    again = encode_conditional(sym, idx, tables, skip_freq=GOLDEN_SKIP[version], **GOLDEN_PLANS[name])
+    if version >= RL.VERSION:
         assert again == stored
+    if version == RL.VERSION_SKIP:
+        skip = RL.parse(stored, idx.size, tables.fingerprint).skip
+        assert skip.freq == GOLDEN_SKIP[version] and skip.positions.size > 0
     a, b = RL.parse(stored, idx.size, tables.fingerprint), RL.parse(again, idx.size, tables.fingerprint)
     assert a.plan == b.plan and a.escapes == b.escapes > 0 and list(a.sizes) == list(b.sizes)
     assert bytes(a.buf[int(a.starts[0]):int(a.starts[-1] + a.sizes[-1])]) == \
@@ -184,10 +191,11 @@ def write_golden() -> None:  # python -c "from tests.test_rans import write_gold
         GOLDEN.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(inputs, symbols=sym, indexes=idx, **tables.to_dict())
     sym, idx, tables = golden_inputs()
-    for name, plan in GOLDEN_PLANS.items():
-        path = GOLDEN / f"{name}_v{RL.VERSION}.vzrc"
-        if not path.is_file():
-            path.write_bytes(encode_conditional(sym, idx, tables, **plan))
+    for version in (RL.VERSION, RL.VERSION_SKIP):
+        for name, plan in GOLDEN_PLANS.items():
+            path = GOLDEN / f"{name}_v{version}.vzrc"
+            if not path.is_file():
+                path.write_bytes(encode_conditional(sym, idx, tables, skip_freq=GOLDEN_SKIP[version], **plan))
 
 
 # ---------------------------------------------------------------- damaged streams
@@ -282,7 +290,7 @@ def test_inconsistent_headers_are_refused(tables, small):
     must_fail(reframe(buf, n=301), np.zeros(301, np.int32), tables, CorruptStreamError)
     must_fail(buf, idx[:-1], tables, CorruptStreamError)  # other symbol count than the stream's
     must_fail(reframe(buf, tables=0), idx, tables, UnsupportedFormatError)
-    must_fail(reframe(buf, version=3), idx, tables, UnsupportedFormatError)
+    must_fail(reframe(buf, version=4), idx, tables, UnsupportedFormatError)
     huge = reframe(buf, n=10**9)
     must_fail(huge, np.zeros(4, np.int32), tables, LimitExceededError)
     long_lane = RL.MAX_STEPS + 1  # one lane of more steps than any encoder makes
@@ -386,3 +394,124 @@ def test_gpu_encoders_one_read_covers_the_streams(tables, kind):
             parsed = RL.parse(buf, n, tables.fingerprint)
             assert parsed.plan == RL.plan(n, est, lane_bytes, lane_symbols)
             assert int(parsed.sizes.sum()) <= rans_gpu._read_guess(est, parsed.plan)
+
+
+# ---------------------------------------------------------------- skipped symbols (version 3)
+SKIPS = (65533, 65531, 40_000, 1, 1 << 16)
+
+
+def coded_mask(idx, tables, freq):
+    return tables.zero_freq[idx.reshape(-1)] < freq
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_skipping_keeps_only_the_unskipped_symbols_in_the_lanes(tables, kind):
+    """Version 3 decodes to the symbols for every threshold; its lanes hold exactly the symbols whose table's
+    zero frequency is below it, coded as version 2 codes them alone (same plan, same group bytes), and the
+    skipped symbols that are not 0 are listed by position and value."""
+    for i, n in enumerate((0, 1, 33, 1000, 20_001)):
+        sym, idx = make_case(kind, n, seed=40 + i)
+        for freq in SKIPS:
+            buf = roundtrip(sym, idx, tables, lane_bytes=8, lane_symbols=64, skip_freq=freq)
+            parsed = RL.parse(buf, n, tables.fingerprint)
+            m = coded_mask(idx, tables, freq)
+            assert buf[4] == RL.VERSION_SKIP and parsed.skip.freq == freq and parsed.plan.n == int(m.sum())
+            np.testing.assert_array_equal(parsed.skip.positions, np.flatnonzero(~m & (sym != 0)))
+            np.testing.assert_array_equal(parsed.skip.values, sym[parsed.skip.positions])
+            alone = RL.parse(encode_conditional(sym[m], idx[m], tables, lane_bytes=8, lane_symbols=64), None, None)
+            assert alone.plan == parsed.plan and list(alone.sizes) == list(parsed.sizes)
+            if parsed.plan.n:
+                assert bytes(alone.buf[int(alone.starts[0]):int(alone.starts[-1] + alone.sizes[-1])]) == \
+                    bytes(parsed.buf[int(parsed.starts[0]):int(parsed.starts[-1] + parsed.sizes[-1])])
+            parts = RL.pieces(buf)
+            assert sum(parts.values()) == len(buf) and min(parts.values()) >= 0, parts
+            assert (parts["exceptions"] > 0) == (parsed.skip.positions.size > 0)
+
+
+def test_skipping_near_certain_zeros_cuts_the_steps_not_the_bytes(tables):
+    """Latent-like symbols, most with the narrowest scales: skipping the two narrowest tables removes their
+    sequential steps at about the same size (what VISEMZ_RANS_SKIP_FREQ=65531 is for)."""
+    rng = np.random.default_rng(3)
+    n = 300_000
+    idx = np.where(rng.random(n) < 0.75, rng.integers(0, 2, n), rng.integers(0, 64, n)).astype(np.int32)
+    from visemz.encoders.cdf_tables import default_scale_table
+
+    sym = np.round(rng.normal(0, 1, n) * default_scale_table()[idx]).astype(np.int32)
+    plain = RL.parse(roundtrip(sym, idx, tables), n, tables.fingerprint)
+    buf = roundtrip(sym, idx, tables, skip_freq=65531)
+    skipping = RL.parse(buf, n, tables.fingerprint)
+    assert skipping.plan.steps < 0.5 * plain.plan.steps, (skipping.plan, plain.plan)
+    assert len(buf) <= 1.005 * len(plain.buf), (len(buf), len(plain.buf))
+
+
+def test_skip_threshold_is_checked_by_name(tables, monkeypatch):
+    from visemz import config
+
+    sym, idx = make_case("gaussian", 100, seed=1)
+    for bad in (-1, (1 << 16) + 1, 1.5, True, "65531"):
+        with pytest.raises(InvalidArgumentError, match="skip_freq"):
+            encode_conditional(sym, idx, tables, skip_freq=bad)
+    monkeypatch.setenv("VISEMZ_RANS_SKIP_FREQ", "65531")
+    assert config._from_env().rans_skip_freq == 65531
+    for bad in ("-1", "65537"):
+        monkeypatch.setenv("VISEMZ_RANS_SKIP_FREQ", bad)
+        with pytest.raises(InvalidArgumentError, match="VISEMZ_RANS_SKIP_FREQ"):
+            config._from_env()
+
+
+def reframe3(buf: bytes, *, positions=None, values=None, **counts) -> bytes:
+    """A version-3 stream with its counts (total, freq, n, group_symbols, escapes, exceptions) or its exception
+    list rewritten, the checksum recomputed, as a hostile writer could."""
+    mv = memoryview(buf)
+    names = ("total", "freq", "n", "group_symbols", "escapes", "exceptions")
+    head, pos = read_varints(mv, RL.HEAD2, 6, "counts")
+    fields = dict(zip(names, (int(v) for v in head)))
+    parsed = RL.parse(buf, None, None)
+    listed = RL.exception_varints(parsed.skip.positions, parsed.skip.values)
+    middle = buf[pos : len(buf) - len(listed)]
+    if positions is not None or values is not None:
+        listed = RL.exception_varints(parsed.skip.positions if positions is None else positions,
+                                      parsed.skip.values if values is None else values)
+    fields.update(counts)
+    return with_body(buf, write_varints([fields[k] for k in names]) + middle + listed)
+
+
+@pytest.fixture(scope="module")
+def skipping(tables):
+    sym, idx = make_case("escapes", 400, seed=21)
+    idx[:200] = 0  # the narrowest table: skipped, with a few non-zero symbols among them
+    sym[[3, 150]] = [2, -1]
+    buf = encode_conditional(sym, idx, tables, lane_bytes=8, lane_symbols=64, skip_freq=65531)
+    parsed = RL.parse(buf, idx.size, tables.fingerprint)
+    assert parsed.skip.positions.size >= 2 and parsed.escapes > 0
+    return sym, idx, buf
+
+
+def test_skip_streams_inconsistent_with_their_indexes_are_refused(tables, skipping):
+    """A version-3 stream whose counts, exceptions or indexes disagree is refused, never decoded into garbage."""
+    sym, idx, buf = skipping
+    np.testing.assert_array_equal(decode_conditional(reframe3(buf), idx, tables), sym)  # the helper changes nothing
+    parsed = RL.parse(buf, idx.size, tables.fingerprint)
+    skip, p = parsed.skip, parsed.plan
+    for counts in ({"freq": 0}, {"freq": (1 << 16) + 1}, {"n": p.n + 1}, {"n": p.n - 1}, {"total": 401},
+                   {"n": 401}, {"exceptions": skip.positions.size + 1}, {"exceptions": skip.positions.size - 1},
+                   {"exceptions": 400 - p.n + 1}, {"freq": 65533}, {"freq": 65511}):
+        must_fail(reframe3(buf, **counts), idx, tables, CorruptStreamError)
+    coded = np.flatnonzero(coded_mask(idx, tables, 65531))
+    for positions, values in ((np.r_[skip.positions[:-1], 400], None),  # beyond the symbols
+                              (np.r_[skip.positions[:-1], coded[-1]], None),  # a position whose symbol is coded
+                              (None, np.r_[skip.values[:-1], 0])):  # a zero value
+        positions = skip.positions if positions is None else np.sort(positions)
+        must_fail(reframe3(buf, positions=positions, values=values), idx, tables, CorruptStreamError)
+    wrong = idx.copy()
+    wrong[0] = 40  # a skipped symbol's table made wide: the indexes leave one more symbol coded
+    must_fail(buf, wrong, tables, CorruptStreamError)
+    wrong = idx.copy()
+    wrong[coded[0]] = 0  # a coded symbol's table made the narrowest: one fewer coded
+    must_fail(buf, wrong, tables, CorruptStreamError)
+    for cut in range(len(buf)):
+        must_fail(buf[:cut], idx, tables)
+    must_fail(buf + b"\0", idx, tables, CorruptStreamError)
+    for _, bad in damaged_copies(buf, seed=2):
+        with pytest.raises(VisemzError):
+            decode_conditional(bad, idx, tables)

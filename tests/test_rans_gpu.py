@@ -9,7 +9,7 @@ from visemz.encoders.rans import decode_conditional, encode_conditional
 from visemz.errors import CorruptStreamError, InvalidArgumentError, VisemzError
 
 from .rans_cases import KINDS, PLANS, SIZES, gaussian_tables, make_case
-from .test_rans import GOLDEN_PLANS, golden_inputs, with_body
+from .test_rans import GOLDEN_PLANS, GOLDEN_SKIP, SKIPS, golden_inputs, reframe3, with_body
 
 pytestmark = pytest.mark.gpu
 
@@ -82,8 +82,9 @@ def test_golden_streams_on_the_gpu(cp):
         for name, plan in GOLDEN_PLANS.items():
             stored = (GOLDEN / f"{name}_v{version}.vzrc").read_bytes()
             np.testing.assert_array_equal(decode_conditional(stored, cp.asarray(idx), tables).get(), sym)
-            if version == RL.VERSION:
-                assert encode_conditional(cp.asarray(sym), cp.asarray(idx), tables, **plan) == stored
+            if version >= RL.VERSION:
+                assert encode_conditional(cp.asarray(sym), cp.asarray(idx), tables, skip_freq=GOLDEN_SKIP[version],
+                                          **plan) == stored
 
 
 def test_torch_cuda_tensors(cp, tables):
@@ -158,3 +159,42 @@ def test_frequency_one_symbols(cp):
         sym[rng.random(n) < 0.01] = 5000  # escapes
         check_both_ways(cp, sym, np.zeros(n, np.int32), t)
         check_both_ways(cp, sym, np.zeros(n, np.int32), t, lane_bytes=8, lane_symbols=64)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_skipping_streams_are_the_same_bytes_on_the_gpu(cp, tables, kind):
+    """Version 3 (skipped symbols gathered and listed by cupy as the reference does with NumPy): the same
+    bytes as the reference, decoded both ways, for every threshold, plan and size."""
+    for i, n in enumerate(SIZES + (300_001,)):
+        sym, idx = make_case(kind, n, seed=60 + i)
+        for freq in SKIPS:
+            for plan in PLANS:
+                check_both_ways(cp, sym, idx, tables, lane_bytes=plan[0], lane_symbols=plan[1], skip_freq=freq)
+
+
+def test_gpu_refuses_skip_streams_inconsistent_with_their_indexes(cp, tables):
+    """What the CPU decoder refuses of a version-3 stream, the GPU decoder refuses: bad indexes first, then
+    counts and exceptions that disagree with the indexes."""
+    sym, idx = make_case("escapes", 400, seed=21)
+    idx[:200] = 0
+    sym[[3, 150]] = [2, -1]
+    buf = encode_conditional(sym, idx, tables, lane_bytes=8, lane_symbols=64, skip_freq=65531)
+    skip = RL.parse(buf, idx.size, tables.fingerprint).skip
+    coded = np.flatnonzero(tables.zero_freq[idx] < 65531)
+    bad = [reframe3(buf, freq=65533), reframe3(buf, exceptions=skip.positions.size - 1),
+           reframe3(buf, positions=np.sort(np.r_[skip.positions[:-1], coded[-1]]))]
+    for stream in bad:
+        with pytest.raises(CorruptStreamError):
+            decode_conditional(stream, idx, tables)
+        with pytest.raises(CorruptStreamError):
+            decode_conditional(stream, cp.asarray(idx), tables)
+    wrong = idx.copy()
+    wrong[0] = 40
+    with pytest.raises(CorruptStreamError):
+        decode_conditional(buf, cp.asarray(wrong), tables)
+    wrong[0] = 64
+    with pytest.raises(InvalidArgumentError, match="0..63"):
+        decode_conditional(buf[:-1], cp.asarray(wrong), tables)
+    with pytest.raises(InvalidArgumentError, match="0..63"):
+        encode_conditional(cp.asarray(sym), cp.asarray(wrong), tables, skip_freq=65531)
+    np.testing.assert_array_equal(decode_conditional(buf, cp.asarray(idx), tables).get(), sym)

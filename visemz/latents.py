@@ -108,17 +108,24 @@ def zero_share(t: torch.Tensor) -> float:
 
 
 def _encode_rans(net, net64, symbols: dict[str, torch.Tensor], quality: float) -> dict[str, bytes]:
+    coded, scales = rans_inputs(net, net64, symbols, quality)
+    out = {k: encode_conditional(sym, idx, tables, lane_symbols=lanes) for k, (sym, idx, tables, lanes) in coded.items()}
+    return out if scales is None else {**out, SCALES: scales}
+
+
+def rans_inputs(net, net64, symbols: dict[str, torch.Tensor], quality: float) -> tuple[dict[str, tuple], bytes | None]:
+    """What format 3's rANS coder codes of each symbol tensor, ``{name: (symbols, table indexes, tables,
+    lane_symbols)}`` (the coders' arrays, on the codec's device), and a hyperprior model's scale-exception
+    section (None for the factorized model)."""
     tables = _tables(net)
     if "z" not in symbols:
-        return {"y": encode_conditional(_array(symbols["y"]), _channels(symbols["y"].shape, symbols["y"].device),
-                                        tables.factorized)}
+        y = symbols["y"]
+        return {"y": (_array(y), _channels(y.shape, y.device), tables.factorized, None)}, None
     z = symbols["z"]
     idx, ambiguous = scale_indexes(_array(_scales(net64, z, quality)), tables.scale_table)
     hyper_lanes = min(DEFAULTS.rans_lane_symbols, DEFAULTS.rans_hyper_lane_symbols)
-    return {"z": encode_conditional(_array(z), _channels(z.shape, z.device), tables.factorized,
-                                    lane_symbols=hyper_lanes),
-            "y": encode_conditional(_array(symbols["y"]), idx, tables.gaussian),
-            SCALES: encode_scale_exceptions(idx, ambiguous)}
+    return ({"z": (_array(z), _channels(z.shape, z.device), tables.factorized, hyper_lanes),
+             "y": (_array(symbols["y"]), idx, tables.gaussian, None)}, encode_scale_exceptions(idx, ambiguous))
 
 
 def decode(net, net64, sections: dict, shapes: dict[str, tuple], quality: float, device: str,

@@ -87,6 +87,14 @@ class CdfTables:
         return (PRECISION * COST_UNIT - log[inverse]).astype(np.int32)
 
     @functools.cached_property
+    def zero_freq(self) -> np.ndarray:
+        """Per table, the frequency of the value 0 (every table's range holds it), int32: how nearly
+        certain a 0 is.  A version-3 stream skips the symbols whose table's zero frequency reaches its
+        threshold (``rans.py``), so this is part of the format and computed from the integers alone."""
+        zero = self.cdf_start[:-1].astype(np.int64) - self.offsets
+        return (self.cdf[zero + 1].astype(np.int64) - self.cdf[zero]).astype(np.int32)
+
+    @functools.cached_property
     def lut(self) -> np.ndarray:
         """(n_tables, 2**LUT_BITS) int32: for slot bucket b, the symbol whose interval holds slot b << 8."""
         t = np.repeat(np.arange(self.n_tables), 1 << LUT_BITS)

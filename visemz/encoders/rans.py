@@ -12,6 +12,12 @@ A value outside its table's range is coded as the table's escape symbol; its exc
 beyond the range (value - hi > 0 above, value - lo < 0 below) goes, in symbol order, to
 the end of the stream as a zigzag varint (version 1 streams, still read, hold them in an
 ints stream), written on the CPU from the same integers on both devices.
+
+With ``skip_freq`` F (default ``VISEMZ_RANS_SKIP_FREQ``; 0: none), the symbols whose table
+gives the value 0 a frequency of at least F (``CdfTables.zero_freq``) stay out of the
+lanes: each would cost a sequential step for almost no bits.  They decode to 0 but for
+the rare non-zero ones, listed by position and value (stream version 3).  Which symbols
+are skipped follows from the indexes, which encoder and decoder share.
 """
 
 from __future__ import annotations
@@ -33,27 +39,33 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 def encode_conditional(symbols, indexes, tables: CdfTables, *, lane_bytes: int | None = None,
-                       lane_symbols: int | None = None) -> bytes:
+                       lane_symbols: int | None = None, skip_freq: int | None = None) -> bytes:
     """Code ``symbols[i]`` with table ``indexes[i]`` (same size; flattened in C order).
 
     lane_bytes / lane_symbols: the lane plan's targets (defaults: VISEMZ_RANS_LANE_BYTES,
-    VISEMZ_RANS_LANE_SYMBOLS); the stream records the plan, so any plan decodes.
+    VISEMZ_RANS_LANE_SYMBOLS); the stream records the plan, so any plan decodes.  skip_freq:
+    see the module notes (default VISEMZ_RANS_SKIP_FREQ); the plan then covers the coded symbols.
     """
     lane_bytes = DEFAULTS.rans_lane_bytes if lane_bytes is None else int(lane_bytes)
     lane_symbols = DEFAULTS.rans_lane_symbols if lane_symbols is None else int(lane_symbols)
+    skip_freq = check_skip_freq(DEFAULTS.rans_skip_freq if skip_freq is None else skip_freq)
     RL.plan(0, 0, lane_bytes, lane_symbols)  # checks them
     if dev.is_gpu_array(symbols) or dev.is_gpu_array(indexes):
         from . import rans_gpu
 
-        return rans_gpu.encode(symbols, indexes, tables, lane_bytes, lane_symbols)
+        return rans_gpu.encode(symbols, indexes, tables, lane_bytes, lane_symbols, skip_freq)
     s, t = check_inputs(np.asarray(symbols), np.asarray(indexes), tables)
+    skip = None
+    if skip_freq:
+        coded, skip = split(np, s, t, tables.zero_freq, skip_freq)
+        s, t = s[coded], t[coded]
     entry, escaped = prepare(s, t, tables)
     est = int(tables.cost[entry].sum(dtype=np.int64)) // (8 * COST_UNIT)
     p = RL.plan(s.size, est, lane_bytes, lane_symbols)
     start = tables.cdf[entry].astype(np.int64)
     sizes, groups = reference.encode_lanes(start, tables.cdf[entry + 1] - start, p)
     excess = escape_excess(s[escaped], t[escaped], tables)
-    return RL.pack(p, excess.size, tables.fingerprint, sizes, groups, escape_stream(excess))
+    return RL.pack(p, excess.size, tables.fingerprint, sizes, groups, escape_stream(excess), skip)
 
 
 def decode_conditional(buf, indexes, tables: CdfTables):
@@ -69,8 +81,15 @@ def decode_conditional(buf, indexes, tables: CdfTables):
     idx = np.asarray(indexes)
     t = check_indexes(idx, tables)
     parsed = RL.parse(buf, t.size, tables.fingerprint)
+    coded = coded_positions(np, t, tables.zero_freq, parsed)
+    values = _decode_coded(parsed, t if coded is None else t[coded], tables)
+    return merge(np, values, coded, parsed.skip, t.size).reshape(idx.shape)
+
+
+def _decode_coded(parsed: RL.Parsed, t: np.ndarray, tables: CdfTables) -> np.ndarray:
+    """The lanes' symbols (int32; their tables ``t``), escapes restored."""
     if t.size == 0:
-        return np.zeros(idx.shape, np.int32)
+        return np.zeros(0, np.int32)
     entry = reference.decode_lanes(parsed, t, tables)
     sym = entry - tables.cdf_start[t]
     escaped = sym == tables.n_symbols[t] - 1
@@ -79,10 +98,56 @@ def decode_conditional(buf, indexes, tables: CdfTables):
     values = tables.offsets[t] + sym
     pos = np.flatnonzero(escaped)
     values[pos] = escaped_values(parsed.escape_stream, parsed.escapes, t[pos], tables)
-    return values.astype(np.int32).reshape(idx.shape)
+    return values.astype(np.int32)
 
 
 # ------------------------------------------------------------------ shared steps
+def check_skip_freq(freq) -> int:
+    """A skip threshold: 0 (skip none) or a zero frequency in 1..2**16; InvalidArgumentError naming it otherwise."""
+    if isinstance(freq, bool) or not isinstance(freq, (int, np.integer)) or not 0 <= freq <= RL.TOTAL_FREQ:
+        raise InvalidArgumentError(f"skip_freq={freq!r}: expected 0 (skip none) or a frequency in 1..{RL.TOTAL_FREQ}")
+    return int(freq)
+
+
+def split(xp, s, t, zero_freq, freq: int) -> tuple[object, RL.Skip]:
+    """The coded symbols' positions (``xp`` int64) and the skipped ones' exceptions (NumPy) of flat
+    symbols ``s`` and valid table indexes ``t`` (NumPy or cupy alike; ``zero_freq`` on their device)."""
+    skipped = zero_freq[t] >= freq
+    coded = xp.flatnonzero(~skipped)
+    listed = xp.flatnonzero(skipped & (s != 0))
+    values = s[listed]
+    return coded, RL.Skip(int(s.size), freq, dev.as_numpy(listed).astype(np.int64), dev.as_numpy(values).astype(np.int64))
+
+
+def coded_positions(xp, t, zero_freq, parsed: RL.Parsed):
+    """Where a version-3 stream's coded symbols go among all ``t.size`` (``xp`` int64), checked against its
+    header: the count of coded symbols, and every exception a skipped position; None for versions 1 and 2.
+    ``t``: the decoder's valid table indexes (its device's), ``zero_freq`` on that device."""
+    skip = parsed.skip
+    if not skip.freq:
+        return None
+    skipped = zero_freq[t] >= skip.freq
+    coded = xp.flatnonzero(~skipped)
+    if coded.size != parsed.plan.n:
+        raise CorruptStreamError(f"conditional rANS stream codes {parsed.plan.n} symbols, but its indexes leave "
+                                 f"{coded.size} of {t.size} unskipped at zero frequency {skip.freq}")
+    if skip.positions.size and not bool(skipped[xp.asarray(skip.positions)].all()):
+        raise CorruptStreamError("conditional rANS stream lists an exception at a position its indexes do not skip")
+    return coded
+
+
+def merge(xp, values, coded, skip: RL.Skip, n: int):
+    """All ``n`` symbols (int32): the lanes' ``values`` at the ``coded`` positions (all of them when None),
+    the skipped ones 0 but for the listed exceptions."""
+    if coded is None:
+        return values
+    out = xp.zeros(n, xp.int32)
+    out[coded] = values
+    if skip.positions.size:
+        out[xp.asarray(skip.positions)] = xp.asarray(skip.values.astype(np.int32))
+    return out
+
+
 def check_indexes(idx, tables: CdfTables) -> np.ndarray:
     """Flat int32 table indexes, each checked to name a table (NumPy or cupy)."""
     if idx.dtype.kind not in "iu":

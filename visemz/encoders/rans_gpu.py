@@ -5,7 +5,9 @@ three totals (code length, escapes, bad indexes) to plan the lanes, the group si
 the final bytes; the decoder's, one status word (escapes, error bits, bad indexes).  The
 bytes equal the NumPy reference's (tests/test_rans_gpu.py).  Escapes are rare: their few
 values go through the host and the CPU ints encoder, which is where the reference puts
-them too.
+them too.  With a skip threshold (stream version 3) the coded symbols are gathered on the
+device by the same cupy calls as the reference's NumPy ones (``rans.split``,
+``rans.coded_positions``, ``rans.merge``), at the cost of a host read for their count.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def kernel(name: str):
 @functools.lru_cache(maxsize=32)
 def _device_tables(tables: CdfTables, device_id: int) -> dict:
     """The tables' integer arrays on one GPU (cached per tables object and device: copied once, not per image)."""
-    names = ("cdf", "cdf_start", "offsets", "cost", "lut")
-    host = (tables.cdf, tables.cdf_start, tables.offsets, tables.cost, tables.lut.reshape(-1))
+    names = ("cdf", "cdf_start", "offsets", "cost", "lut", "zero_freq")
+    host = (tables.cdf, tables.cdf_start, tables.offsets, tables.cost, tables.lut.reshape(-1), tables.zero_freq)
     return dict(zip(names, dev.resident_copy([np.ascontiguousarray(a, np.int32) for a in host], device_id)))
 
 
@@ -68,7 +70,7 @@ def _flat_int32(a, what: str):
 
 
 # ------------------------------------------------------------------ encode
-def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: int) -> bytes:
+def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: int, skip_freq: int = 0) -> bytes:
     cp = dev.require_cupy()
     sym_in = dev.as_cupy(symbols)
     L.check_dtype(sym_in.dtype.name)
@@ -80,6 +82,12 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
     if n > RL.MAX_SYMBOLS:
         raise InvalidArgumentError(f"{n} symbols exceed the conditional coder's limit of {RL.MAX_SYMBOLS}")
     tb = _tables(tables)
+    skip = None
+    if skip_freq:  # the skipped symbols leave the lanes: every index checked first, as the reference does
+        _refuse_bad_indexes(int(((idx < 0) | (idx >= tables.n_tables)).sum()) if n else 0, tables)
+        coded, skip = rans.split(cp, sym, idx, tb["zero_freq"], skip_freq)
+        sym, idx = sym[coded], idx[coded]
+        n = sym.size
     code = cp.empty((n, 2), cp.uint32)  # per symbol (start | freq << 16, reciprocal of freq): rans_prepare
     esc = cp.empty(n, cp.uint8)
     totals = cp.zeros(3, cp.uint64)
@@ -88,8 +96,7 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
             sym, idx, np.int64(n), tb["cdf_start"], tb["offsets"], tb["cost"], tb["cdf"], np.int32(tables.n_tables),
             code, esc, totals))
     bits, n_esc, bad = (int(v) for v in totals.get())
-    if bad:
-        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1} ({bad} do not)")
+    _refuse_bad_indexes(bad, tables)
     est = bits // (8 * COST_UNIT)
     p = RL.plan(n, est, lane_bytes, lane_symbols)
     sizes, body = _encode_lanes(code, p, est)
@@ -97,7 +104,7 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
     if n_esc:
         pos = cp.flatnonzero(esc)
         excess = rans.escape_excess(sym[pos].get(), idx[pos].get(), tables)
-    return RL.pack(p, excess.size, tables.fingerprint, sizes, body, rans.escape_stream(excess))
+    return RL.pack(p, excess.size, tables.fingerprint, sizes, body, rans.escape_stream(excess), skip)
 
 
 def _encode_lanes(code, p: RL.Plan, est_bytes: int) -> tuple[np.ndarray, bytes]:
@@ -159,11 +166,26 @@ def decode(buf, indexes, tables: CdfTables):
     # on an error path only, where its wait costs nothing per image
     with checked_first_on_error(lambda: _check_indexes(int(status[2].get()), tables)):
         parsed = RL.parse(buf, n, tables.fingerprint)
+    tb = _tables(tables)
+    coded = None
+    if parsed.skip.freq:  # version 3: its count of coded symbols is checked now, so the bad indexes first
+        _check_indexes(int(status[2].get()), tables)
+        coded = rans.coded_positions(cp, safe, tb["zero_freq"], parsed)
+        safe = safe[coded]
+    out = _decode_coded(parsed, safe, tables, tb, status)
+    return rans.merge(cp, out, coded, parsed.skip, n).reshape(idx_in.shape)
+
+
+def _decode_coded(parsed: RL.Parsed, safe, tables: CdfTables, tb: dict, status):
+    """The lanes' symbols (cupy int32) of tables ``safe`` (valid indexes), escapes restored; ``status``:
+    [escapes, error bits, bad indexes of the caller's], the last read here with the others."""
+    cp = dev.require_cupy()
+    n = safe.size
     out = cp.empty(n, cp.int32)
     if n == 0:
-        return out.reshape(idx_in.shape)
+        _check_indexes(int(status[2].get()), tables)
+        return out
     p = parsed.plan
-    tb = _tables(tables)
     data = cp.asarray(np.frombuffer(parsed.buf, np.uint8))
     spans = cp.asarray(np.concatenate([parsed.starts, parsed.sizes]))  # the groups' starts, then sizes: one copy
     entry = cp.empty(n, cp.int32)
@@ -184,7 +206,13 @@ def decode(buf, indexes, tables: CdfTables):
         pos = cp.flatnonzero(esc)
         values = rans.escaped_values(parsed.escape_stream, n_esc, safe[pos].get(), tables)
         out[pos] = cp.asarray(values.astype(np.int32))
-    return out.reshape(idx_in.shape)
+    return out
+
+
+def _refuse_bad_indexes(bad: int, tables: CdfTables) -> None:
+    """The encoder's refusal of ``bad`` table indexes out of range."""
+    if bad:
+        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1} ({bad} do not)")
 
 
 def _check_indexes(n_bad: int, tables: CdfTables) -> None:
