@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -206,3 +207,28 @@ def latent_symbols(codec, img: np.ndarray, model: str, quality: float):
         net64 = _model64(spec, codec.device)
         _, symbols = next(tiling.analyse(net, t, meta, quality, tiling.grid_for(meta, None), 1, codec.device))
     return net, net64, symbols
+
+
+SET_EXTENSIONS = {".png", ".tif", ".tiff", ".jpg", ".npy"}
+
+
+def set_cases(data: Path, models: str, qualities: str, limit: int | None = None):
+    """(set name, image path, image, model, quality) for every image of every sub-folder of ``data`` (a set),
+    model of ``models`` and quality of ``qualities`` (comma-separated): what the per-image scripts walk."""
+    for folder in sorted(p for p in data.iterdir() if p.is_dir()):
+        for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in SET_EXTENSIONS)[:limit]:
+            img = load_image(path)
+            for model in models.split(","):
+                for q in (float(v) for v in qualities.split(",")):
+                    yield folder.name, path, img, model, q
+
+
+def write_jsonl(out: Path, rows: list[dict], summary: list[dict], head: dict | None = None) -> None:
+    """``rows`` as JSON lines, after ``head`` when given and before ``{"summary": summary}``, written atomically;
+    the summary is printed too."""
+    from visemz.io.writers import write_atomic
+
+    lines = ([json.dumps(head)] if head else []) + [json.dumps(r) for r in rows] + [json.dumps({"summary": summary})]
+    write_atomic(out, ("\n".join(lines) + "\n").encode())
+    for s in summary:
+        print(json.dumps(s))

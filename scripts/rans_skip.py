@@ -31,11 +31,6 @@ from visemz import device as dev
 from visemz.codec import network_math
 from visemz.encoders import rans_layout as RL
 from visemz.encoders.rans import decode_conditional, encode_conditional
-from visemz.io import loaders
-from visemz.io.writers import write_atomic
-
-EXTENSIONS = {".png", ".tif", ".tiff", ".jpg", ".npy"}
-
 
 def sections(codec: ImageCodec, img, model: str, quality: float) -> dict[str, tuple]:
     """{section: (symbols, table indexes, tables, lane_symbols)} of what format 3 codes by rANS."""
@@ -97,26 +92,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     name = torch.cuda.get_device_name() if sync else "CPU"
     print(f"device: {name}", flush=True)
     rows = []
-    for folder in sorted(p for p in args.data.iterdir() if p.is_dir()):
-        paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in EXTENSIONS)[: args.limit]
-        for path in paths:
-            img = loaders.load_image(path)
-            for model in args.models.split(","):
-                for q in (float(v) for v in args.qualities.split(",")):
-                    for section, (sym, idx, tables, lanes) in sections(codec, img, model, q).items():
-                        for skip in skips:
-                            row = {"set": folder.name, "image": path.name, "model": model, "quality": q,
-                                   "section": section, "skip": skip,
-                                   **measure_section(sym, idx, tables, lanes, skip, args.reps, sync)}
-                            rows.append(row)
-                            print(json.dumps(row), flush=True)
+    for set_name, path, img, model, q in evalkit.set_cases(args.data, args.models, args.qualities, args.limit):
+        for section, (sym, idx, tables, lanes) in sections(codec, img, model, q).items():
+            for skip in skips:
+                row = {"set": set_name, "image": path.name, "model": model, "quality": q, "section": section,
+                       "skip": skip, **measure_section(sym, idx, tables, lanes, skip, args.reps, sync)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     summary = summarise(rows)
-    lines = [json.dumps({"device": name})] + [json.dumps(r) for r in rows] + [json.dumps({"summary": summary})]
-    write_atomic(args.out, ("\n".join(lines) + "\n").encode())
-    for s in summary:
-        print(json.dumps(s))
+    evalkit.write_jsonl(args.out, rows, summary, {"device": name})
     return summary
-
 
 if __name__ == "__main__":
     main()

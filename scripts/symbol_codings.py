@@ -27,11 +27,6 @@ from visemz import ImageCodec, latents
 from visemz import device as dev
 from visemz.codec import network_math
 from visemz.encoders import EncoderConfig, encode_ints_many
-from visemz.io import loaders
-from visemz.io.writers import write_atomic
-
-EXTENSIONS = {".png", ".tif", ".tiff", ".jpg", ".npy"}
-
 
 def sizes(codec: ImageCodec, img, model: str, quality: float) -> tuple[dict[str, tuple[int, int]], float | None]:
     """({section: (rANS bytes, ints-stream bytes)}, the share of z's symbols that are 0 or None) for one image
@@ -65,24 +60,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = ap.parse_args(argv)
     codec = ImageCodec(args.device)
     rows = []
-    for folder in sorted(p for p in args.data.iterdir() if p.is_dir()):
-        for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in EXTENSIONS):
-            img = loaders.load_image(path)
-            for model in args.models.split(","):
-                for q in (float(v) for v in args.qualities.split(",")):
-                    sections, zeros = sizes(codec, img, model, q)
-                    row = {"set": folder.name, "image": path.name, "model": model, "quality": q, "sections": sections}
-                    if zeros is not None:
-                        row["z_zeros"] = round(zeros, 6)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+    for set_name, path, img, model, q in evalkit.set_cases(args.data, args.models, args.qualities):
+        sections, zeros = sizes(codec, img, model, q)
+        row = {"set": set_name, "image": path.name, "model": model, "quality": q, "sections": sections}
+        if zeros is not None:
+            row["z_zeros"] = round(zeros, 6)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     summary = summarise(rows)
-    lines = [json.dumps(r) for r in rows] + [json.dumps({"summary": summary})]
-    write_atomic(args.out, ("\n".join(lines) + "\n").encode())
-    for s in summary:
-        print(json.dumps(s))
+    evalkit.write_jsonl(args.out, rows, summary)
     return summary
-
 
 if __name__ == "__main__":
     main()
