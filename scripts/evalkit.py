@@ -209,14 +209,11 @@ def latent_symbols(codec, img: np.ndarray, model: str, quality: float):
     return net, net64, symbols
 
 
-SET_EXTENSIONS = {".png", ".tif", ".tiff", ".jpg", ".npy"}
-
-
 def set_cases(data: Path, models: str, qualities: str, limit: int | None = None):
     """(set name, image path, image, model, quality) for every image of every sub-folder of ``data`` (a set),
     model of ``models`` and quality of ``qualities`` (comma-separated): what the per-image scripts walk."""
     for folder in sorted(p for p in data.iterdir() if p.is_dir()):
-        for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in SET_EXTENSIONS)[:limit]:
+        for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)[:limit]:
             img = load_image(path)
             for model in models.split(","):
                 for q in (float(v) for v in qualities.split(",")):

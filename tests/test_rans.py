@@ -509,9 +509,36 @@ def test_skip_streams_inconsistent_with_their_indexes_are_refused(tables, skippi
     wrong = idx.copy()
     wrong[coded[0]] = 0  # a coded symbol's table made the narrowest: one fewer coded
     must_fail(buf, wrong, tables, CorruptStreamError)
-    for cut in range(len(buf)):
-        must_fail(buf[:cut], idx, tables)
-    must_fail(buf + b"\0", idx, tables, CorruptStreamError)
-    for _, bad in damaged_copies(buf, seed=2):
-        with pytest.raises(VisemzError):
-            decode_conditional(bad, idx, tables)
+    listed = RL.exception_varints(skip.positions, skip.values)
+    head = buf[RL.HEAD2 : len(buf) - len(listed)]
+    for tail in (listed[:-1], listed + b"\x02", listed[:-1] + b"\x80",  # a value short, one more, unterminated
+                 write_varints(np.diff(skip.positions, prepend=-1) - 1) + RL.escape_varints(skip.values[:-1])
+                 + write_varints([1 << 33])):  # a value beyond int32
+        must_fail(with_body(buf, head + tail), idx, tables, CorruptStreamError)
+    gap = write_varints([int(skip.positions[0])])  # the first position written in 6 bytes (at most 5)
+    long_gap = bytes(b | 0x80 for b in gap) + b"\x80" * (5 - len(gap)) + b"\x00"
+    must_fail(with_body(buf, head + long_gap + listed[len(gap):]), idx, tables, CorruptStreamError)
+
+
+def test_version_3_edge_counts_are_refused(tables):
+    """All symbols skipped (n = 0) with lanes or a group size claimed, no symbols with an exception, and gaps
+    whose sum would wrap: refused behind a valid checksum."""
+    idx = np.zeros(50, np.int32)  # every symbol skipped at 65531
+    sym = np.zeros(50, np.int32)
+    sym[[4, 40]] = [3, -2]
+    buf = roundtrip(sym, idx, tables, skip_freq=65531)
+    parsed = RL.parse(buf, idx.size, tables.fingerprint)
+    assert parsed.plan.n == 0 and list(parsed.skip.positions) == [4, 40]
+    listed = RL.exception_varints(parsed.skip.positions, parsed.skip.values)
+    for counts in ([50, 65531, 0, 1, 0, 2], [50, 65531, 0, 0, 1, 2]):  # C or E non-zero without coded symbols
+        must_fail(with_body(buf, write_varints(counts) + listed), idx, tables, CorruptStreamError)
+    must_fail(with_body(buf, write_varints([50, 65531, 0, 0, 0, 2]) + b"\x01" + listed), idx, tables,
+              CorruptStreamError)  # a stray byte before the exceptions
+    prefix = RL.PREFIX2.pack(RL.MAGIC, RL.VERSION_SKIP, 1, tables.fingerprint & 0xFFFFFFFF)  # K = 1 without lanes
+    body = buf[RL.HEAD2 :]
+    must_fail(prefix + struct.pack("<Q", RL.checksum(prefix, body)) + body, idx, tables, CorruptStreamError)
+    empty = np.zeros(0, np.int32)
+    must_fail(with_body(buf, write_varints([0, 65531, 0, 0, 0, 1]) + write_varints([0]) + RL.escape_varints([1])),
+              empty, tables, CorruptStreamError)  # an exception among no symbols
+    wrap = write_varints([(1 << 35) - 1] * 3) + RL.escape_varints([1, 1, 1])  # gaps whose int64 sum could wrap
+    must_fail(with_body(buf, write_varints([50, 65531, 0, 0, 0, 3]) + wrap), idx, tables, CorruptStreamError)

@@ -192,9 +192,39 @@ def test_gpu_refuses_skip_streams_inconsistent_with_their_indexes(cp, tables):
     wrong[0] = 40
     with pytest.raises(CorruptStreamError):
         decode_conditional(buf, cp.asarray(wrong), tables)
-    wrong[0] = 64
-    with pytest.raises(InvalidArgumentError, match="0..63"):
-        decode_conditional(buf[:-1], cp.asarray(wrong), tables)
+    wrong[0] = 64  # a bad index is reported first, before the count its stand-in would upset, as on the CPU
+    for stream in (buf, buf[:-1], reframe3(buf, freq=65533)):
+        for device_idx in (cp.asarray(wrong), wrong):
+            with pytest.raises(InvalidArgumentError, match="0..63"):
+                decode_conditional(stream, device_idx, tables)
     with pytest.raises(InvalidArgumentError, match="0..63"):
         encode_conditional(cp.asarray(sym), cp.asarray(wrong), tables, skip_freq=65531)
     np.testing.assert_array_equal(decode_conditional(buf, cp.asarray(idx), tables).get(), sym)
+
+
+def test_wide_indexes_are_checked_before_the_int32_cast(cp, tables):
+    """An int64 or uint32 index of 2**32 + k would wrap to k in int32: refused on the GPU as on the CPU."""
+    sym, idx = make_case("gaussian", 1000, seed=3)
+    buf = encode_conditional(sym, idx, tables)
+    for dtype in (np.int64, np.uint32, np.uint64):
+        wide = idx.astype(dtype)
+        wide[10] = np.array(2**32 + 1).astype(dtype) if dtype != np.uint32 else np.uint32(2**32 - 1)
+        for device_idx in (wide, cp.asarray(wide)):
+            with pytest.raises(InvalidArgumentError, match="0..63"):
+                decode_conditional(buf, device_idx, tables)
+            with pytest.raises(InvalidArgumentError, match="0..63"):
+                encode_conditional(sym, device_idx, tables)
+        np.testing.assert_array_equal(decode_conditional(buf, cp.asarray(idx.astype(dtype)), tables).get(), sym)
+
+
+def test_torch_cuda_tensors_with_skipped_symbols(cp, tables):
+    """The codec hands its sections to the coder as torch CUDA tensors: version 3 from them is the reference's."""
+    import torch
+
+    sym, idx = make_case("escapes", 50_000, seed=25)
+    idx[::3] = 0  # the narrowest table: skipped
+    ref = encode_conditional(sym, idx, tables, skip_freq=65531)
+    t_sym = torch.from_numpy(sym).cuda().reshape(2, 25_000)
+    t_idx = torch.from_numpy(idx).cuda().reshape(2, 25_000)
+    assert encode_conditional(t_sym, t_idx, tables, skip_freq=65531) == ref
+    np.testing.assert_array_equal(decode_conditional(ref, t_idx, tables).get().reshape(-1), sym)

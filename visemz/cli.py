@@ -56,8 +56,9 @@ app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
                   help="GPU-first compression for scientific images.")
 
 
-def _progress(total_hint: str, quiet: bool):
-    """A rich progress bar with images/s and MB/s, or nothing when quiet / not a terminal."""
+def _progress(total_hint: str, quiet: bool, vsz_in: bool):
+    """A rich progress bar with images/s and MB/s of the image files (the outputs when ``vsz_in``: a
+    decompression), or nothing when quiet / not a terminal."""
     if quiet or not sys.stderr.isatty():
         return None, None
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} images"),
@@ -65,7 +66,7 @@ def _progress(total_hint: str, quiet: bool):
     task = bar.add_task(total_hint, total=None)
     state = {"n": 0, "bytes": 0}
     t0 = time.perf_counter()
-    image_side = "bytes_out" if total_hint == "decompress" else "bytes_in"  # MB/s of image files, as the summary's
+    image_side = "bytes_out" if vsz_in else "bytes_in"  # MB/s of image files, as the summary's
 
     def update(result):
         state["n"] += 1
@@ -89,8 +90,8 @@ def _report(summary, as_json: bool) -> None:
     raise typer.Exit(1 if d["failed"] else 0)
 
 
-def _run_with_progress(label: str, quiet: bool, job):
-    bar, update = _progress(label, quiet)
+def _run_with_progress(label: str, quiet: bool, job, vsz_in: bool = False):
+    bar, update = _progress(label, quiet, vsz_in)
     if bar is None:
         return job(None)
     with bar:
@@ -179,7 +180,7 @@ def decompress(
     if format not in ("png", "tiff", "npy"):
         raise typer.BadParameter(f"{format!r}: expected png, tiff or npy", param_hint="--format")
     cfg = DecompressConfig(format, device, streams, writer, _region(region) if region is not None else None)
-    summary = _run_with_progress("decompress", as_json, lambda p: decompress_folder(src, dst, cfg, p))
+    summary = _run_with_progress("decompress", as_json, lambda p: decompress_folder(src, dst, cfg, p), vsz_in=True)
     _report(summary, as_json)
 
 

@@ -115,8 +115,8 @@ def split(xp, s, t, zero_freq, freq: int) -> tuple[object, RL.Skip]:
     skipped = zero_freq[t] >= freq
     coded = xp.flatnonzero(~skipped)
     listed = xp.flatnonzero(skipped & (s != 0))
-    values = s[listed]
-    return coded, RL.Skip(int(s.size), freq, dev.as_numpy(listed).astype(np.int64), dev.as_numpy(values).astype(np.int64))
+    both = dev.as_numpy(xp.stack([listed, s[listed].astype(xp.int64)]))  # one read on a GPU
+    return coded, RL.Skip(int(s.size), freq, both[0], both[1])
 
 
 def coded_positions(xp, t, zero_freq, parsed: RL.Parsed):

@@ -7,7 +7,9 @@ bytes equal the NumPy reference's (tests/test_rans_gpu.py).  Escapes are rare: t
 values go through the host and the CPU ints encoder, which is where the reference puts
 them too.  With a skip threshold (stream version 3) the coded symbols are gathered on the
 device by the same cupy calls as the reference's NumPy ones (``rans.split``,
-``rans.coded_positions``, ``rans.merge``), at the cost of a host read for their count.
+``rans.coded_positions``, ``rans.merge``); that costs the encoder three more host waits (the
+index check, the gather's count, the exceptions) and the decoder three (the index check, the
+gather's count, the exceptions' check).
 """
 
 from __future__ import annotations
@@ -69,13 +71,22 @@ def _flat_int32(a, what: str):
     return cp.ascontiguousarray(a.reshape(-1), dtype=cp.int32)
 
 
+def _flat_indexes(indexes, tables: CdfTables):
+    """Flat int32 table indexes.  Indexes of a wider type are range-checked before the cast (one host
+    wait), which would otherwise wrap 2**32 + k to k; narrower ones are checked by the kernels."""
+    a = dev.as_cupy(indexes)
+    if a.dtype.kind in "iu" and a.dtype.itemsize >= 4 and a.dtype != dev.require_cupy().int32:
+        rans.check_indexes(a, tables)
+    return _flat_int32(a, "table indexes")
+
+
 # ------------------------------------------------------------------ encode
 def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: int, skip_freq: int = 0) -> bytes:
     cp = dev.require_cupy()
     sym_in = dev.as_cupy(symbols)
     L.check_dtype(sym_in.dtype.name)
     sym = _flat_int32(sym_in, "symbols")
-    idx = _flat_int32(indexes, "table indexes")
+    idx = _flat_indexes(indexes, tables)
     n = sym.size
     if idx.size != n:
         raise InvalidArgumentError(f"{n} symbols but {idx.size} table indexes")
@@ -84,7 +95,7 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
     tb = _tables(tables)
     skip = None
     if skip_freq:  # the skipped symbols leave the lanes: every index checked first, as the reference does
-        _refuse_bad_indexes(int(((idx < 0) | (idx >= tables.n_tables)).sum()) if n else 0, tables)
+        _check_indexes(int(((idx < 0) | (idx >= tables.n_tables)).sum()), tables)
         coded, skip = rans.split(cp, sym, idx, tb["zero_freq"], skip_freq)
         sym, idx = sym[coded], idx[coded]
         n = sym.size
@@ -96,7 +107,7 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
             sym, idx, np.int64(n), tb["cdf_start"], tb["offsets"], tb["cost"], tb["cdf"], np.int32(tables.n_tables),
             code, esc, totals))
     bits, n_esc, bad = (int(v) for v in totals.get())
-    _refuse_bad_indexes(bad, tables)
+    _check_indexes(bad, tables)
     est = bits // (8 * COST_UNIT)
     p = RL.plan(n, est, lane_bytes, lane_symbols)
     sizes, body = _encode_lanes(code, p, est)
@@ -148,7 +159,7 @@ def _read_guess(est_bytes: int, p: RL.Plan) -> int:
 def decode(buf, indexes, tables: CdfTables):
     cp = dev.require_cupy()
     idx_in = dev.as_cupy(indexes)
-    idx = _flat_int32(idx_in, "table indexes")
+    idx = _flat_indexes(idx_in, tables)
     n = idx.size
     if n > RL.MAX_SYMBOLS:
         raise InvalidArgumentError(f"{n} symbols exceed the conditional coder's limit of {RL.MAX_SYMBOLS}")
@@ -209,12 +220,6 @@ def _decode_coded(parsed: RL.Parsed, safe, tables: CdfTables, tb: dict, status):
     return out
 
 
-def _refuse_bad_indexes(bad: int, tables: CdfTables) -> None:
-    """The encoder's refusal of ``bad`` table indexes out of range."""
-    if bad:
-        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1} ({bad} do not)")
-
-
 def _check_indexes(n_bad: int, tables: CdfTables) -> None:
     if n_bad:
-        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1}")
+        raise InvalidArgumentError(f"table indexes must lie in 0..{tables.n_tables - 1} ({n_bad} do not)")

@@ -161,6 +161,7 @@ class Parsed:
     buf: memoryview
     escape_stream: memoryview | np.ndarray  # version 1: the ints stream of the excesses; 2, 3: the excesses (int64)
     skip: Skip = NO_SKIP  # version 3's skipped symbols (freq 0: none skipped)
+    listed_at: int | None = None  # version 3: where the exceptions start in ``buf`` (None for versions 1 and 2)
 
 
 def parse(buf, n: int | None, tables_id: int | None) -> Parsed:
@@ -255,13 +256,15 @@ def _parse3(mv: memoryview, n: int | None, tables_id: int | None) -> Parsed:
                                  f"symbols with {exceptions} exceptions")
     p, starts, sizes, end = _lanes(mv, pos, lanes, count, group_symbols, escapes)
     excess, end = _zigzags(mv, end, escapes, "escape excesses")
+    listed_at = end
     gaps, end = read_varints(mv, end, exceptions, "conditional rANS stream exception positions", POSITION_BYTES)
-    positions = np.cumsum(gaps.astype(np.int64) + 1) - 1
-    if exceptions and positions[-1] >= total:
-        raise CorruptStreamError(f"conditional rANS stream lists an exception at position {int(positions[-1])} of {total}")
+    # every gap below N before the sum, so that a sum of up to N of them cannot wrap
+    positions = np.cumsum(np.minimum(gaps, total).astype(np.int64) + 1) - 1
+    if exceptions and int(positions[-1]) >= total:
+        raise CorruptStreamError(f"conditional rANS stream lists exceptions at or beyond position {total}")
     values, end = _zigzags(mv, end, exceptions, "exception values")
     _check_end(mv, end)
-    return Parsed(p, escapes, starts, sizes, mv, excess, Skip(total, freq, positions, values))
+    return Parsed(p, escapes, starts, sizes, mv, excess, Skip(total, freq, positions, values), listed_at)
 
 
 def _zigzags(mv: memoryview, pos: int, count: int, what: str) -> tuple[np.ndarray, int]:
@@ -310,8 +313,8 @@ def pieces(buf) -> dict[str, int]:
     coded bytes).  The stream is checked by ``parse``, against the symbol count and tables its own header
     states."""
     parsed = parse(buf, None, None)
-    p, size, skip = parsed.plan, len(parsed.buf), parsed.skip
-    listed = len(exception_varints(skip.positions, skip.values)) if skip.freq else 0
+    p, size = parsed.plan, len(parsed.buf)
+    listed = 0 if parsed.listed_at is None else size - parsed.listed_at
     if p.n == 0:
         return {"header": size - listed, "lane_states": 0, "escapes": 0, "exceptions": listed, "body": 0}
     table_end, coded = int(parsed.starts[0]), int(parsed.sizes.sum())

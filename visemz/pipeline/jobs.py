@@ -250,7 +250,7 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
     t0 = time.perf_counter()
     feeds = [executor.parallel_feed(range(len(items)), read, cpu_threads())]
     results, _ = _run([it.rel for it in items], feeds, compute, write, codec.device, cfg.streams, progress)
-    return Summary(results, time.perf_counter() - t0, compressed="in")
+    return Summary(results, time.perf_counter() - t0, vsz_in=True)
 
 
 # ------------------------------------------------------------------ verify

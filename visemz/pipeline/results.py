@@ -24,7 +24,7 @@ class ItemResult:
 class Summary:
     results: list[ItemResult] = field(default_factory=list)
     seconds: float = 0.0
-    compressed: str = "out"  # which side of each item is the .vsz file: "out" (compress) or "in" (decompress)
+    vsz_in: bool = False  # whether each item's input is the .vsz file (a decompression) rather than its output
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
@@ -41,7 +41,7 @@ class Summary:
         bytes_in = sum(r.bytes_in for r in done)
         bytes_out = sum(r.bytes_out for r in done)
         pixels = sum(r.pixels for r in done)
-        vsz, image = (bytes_out, bytes_in) if self.compressed == "out" else (bytes_in, bytes_out)
+        vsz, image = (bytes_in, bytes_out) if self.vsz_in else (bytes_out, bytes_in)
         return {
             "items": len(self.results), "done": len(done), "skipped": self.count("skipped"),
             "failed": len(self.failed), "seconds": round(self.seconds, 3),
