@@ -176,3 +176,30 @@ def test_fit_corrections_needs_separable_samples():
     with pytest.raises(InvalidArgumentError, match="do not separate"):
         fit_corrections([(1.0, 1, 1.0, 1.0), (2.0, 2, 2.0, 1.0)])  # codec time proportional to exchanges
     assert fit_corrections([(1.0, 1, 0.0, 1.0), (3.0, 1, 1.0, 1.0)]) == pytest.approx((1.0, 2.0))
+
+
+def test_a_plans_chooser_keeps_its_answer_until_the_model_or_the_ratio_changes(monkeypatch):
+    """Chooser asks the model once per (model, observed ratio): a call that keeps its choice reads two dicts,
+    and a new ratio (observe), a new model (use_model) or none (recalibration) is asked again."""
+    from visemz.collectives import ErrorBounded
+
+    class Group:  # any weakly referenceable object keys the state; the model is installed, never calibrated
+        pass
+
+    group, codec = Group(), ErrorBounded(1e-3)
+    asked = []
+    real = CostModel.choose
+    monkeypatch.setattr(CostModel, "choose", lambda self, n, r=None: asked.append((n, r)) or real(self, n, r))
+    slow_link = CostModel.from_timings(2, SIZES, timings(1e8, 1e11, 4.0), 4.0)  # compressing pays
+    fast_link = CostModel.from_timings(2, SIZES, timings(1e12, 1e9, 4.0), 4.0)  # plain wins
+    autotune.use_model(group, codec, "float32", slow_link)
+    choose = autotune.Chooser(group, codec, "float32", 64 * MIB)
+    flat = torch.zeros(4)
+    first = choose(flat)
+    assert first in ("ring", "recursive_doubling") and all(choose(flat) == first for _ in range(5))
+    assert asked == [(64 * MIB, None)]
+    autotune.observe(group, codec, "float32", 64 * MIB, 64 * MIB)  # ratio 1: compressing no longer pays
+    assert choose(flat) == "plain" and asked[-1] == (64 * MIB, 1.0) and len(asked) == 2
+    autotune.use_model(group, codec, "float32", fast_link)
+    assert choose(flat) == "plain" and len(asked) == 3
+    assert choose(flat) == "plain" and len(asked) == 3

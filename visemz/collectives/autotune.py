@@ -82,12 +82,27 @@ def prepare(flat: torch.Tensor, codec, dtype: str, group) -> CostModel:
     return state.models[key]
 
 
-def choose(flat: torch.Tensor, codec, dtype: str, group) -> str:
-    """The algorithm for an error-bounded all_reduce of ``flat``.  Must run on every rank, in the
-    same order of calls (``prepare`` may calibrate)."""
-    m = prepare(flat, codec, dtype, group)
-    state, key = _state(group, codec, dtype)
-    return m.choose(flat.numel() * flat.element_size(), state.ratios.get(key))
+class Chooser:
+    """The algorithm for a plan's error-bounded all_reduce calls (tensors of ``nbytes``): called with the
+    call's flat tensor, on every rank in the same order of calls (the first call may calibrate).
+
+    The setting's state is looked up once, and the last answer is kept while the model (the same object)
+    and the observed ratio stay as they were: they change only by ``observe``, ``use_model`` or a new
+    calibration, so a call that keeps its choice costs two dictionary reads (issue 15: the host time of
+    a small all_reduce that ``auto`` sends to plain NCCL)."""
+
+    def __init__(self, group, codec, dtype: str, nbytes: int):
+        self.group, self.codec, self.dtype, self.nbytes = group, codec, dtype, nbytes
+        self.state, self.key = _state(group, codec, dtype)
+        self._inputs: tuple | None = None  # (model, ratio) of the last answer
+        self._chosen = ""
+
+    def __call__(self, flat: torch.Tensor) -> str:
+        m = self.state.models.get(self.key) or prepare(flat, self.codec, self.dtype, self.group)
+        ratio = self.state.ratios.get(self.key)
+        if self._inputs is None or self._inputs[0] is not m or self._inputs[1] != ratio:
+            self._inputs, self._chosen = (m, ratio), m.choose(self.nbytes, ratio)
+        return self._chosen
 
 
 def observe(group, codec, dtype: str, nbytes: int, payload_bytes: int) -> None:

@@ -55,6 +55,7 @@ class Plan:
         self.world = T.world(group)
         agree(self.key, group, "all_reduce plan")
         self.fixed = self._fixed_algorithm()
+        self._choose = None if self.fixed else autotune.Chooser(group, codec, self.dtype, self.n * like.element_size())
         self.engine = engine_for(like, codec, self.row) if codec is not None else None
         unit = self.row or 1  # 2-D prediction: ring chunks are whole rows
         self.edges = [(a * unit, b * unit) for a, b in bounds(self.n // unit, self.world)]
@@ -85,7 +86,7 @@ class Plan:
     def _reduce(self, tensor: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """The all_reduce of ``tensor`` (``values``: its checked flat view)."""
         with peer_failures("all_reduce"):
-            chosen = self.fixed or autotune.choose(values, self.codec, self.dtype, self.group)
+            chosen = self.fixed or self._choose(values)
             set_last_algorithm(chosen)
             if chosen == "plain":
                 dist.all_reduce(tensor, group=self.group)
