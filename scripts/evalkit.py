@@ -13,11 +13,14 @@ import cv2
 import numpy as np
 import torch
 
-from visemz import measure, pixels
+from visemz import measure, pixels, tiling
+from visemz.codec import _model64, network_math
 from visemz.evaluation import metrics
 from visemz.io.files import IMAGE_EXTENSIONS
 from visemz.io.loaders import load_image
-from visemz.models import architectures
+from visemz.io.writers import write_atomic
+from visemz.models import architectures, registry
+from visemz.models import weights as W
 
 
 def load_folder(folder: Path, gray: bool, limit: int | None = None) -> list[tuple[str, np.ndarray]]:
@@ -194,11 +197,6 @@ def compressai_encode(net, img: np.ndarray, quality: float, device: str) -> tupl
 def latent_symbols(codec, img: np.ndarray, model: str, quality: float):
     """(net, its float64 copy, the symbol tensors) of one image (one tile) as the codec's encode computes them
     on its device: what the scripts that measure the symbols' codings start from."""
-    from visemz import tiling
-    from visemz.codec import _model64, network_math
-    from visemz.models import registry
-    from visemz.models import weights as W
-
     t = pixels.as_tensor(img, "cpu")
     meta = pixels.describe(t)
     spec = registry.spec(model, meta.variant)
@@ -223,8 +221,6 @@ def set_cases(data: Path, models: str, qualities: str, limit: int | None = None)
 def write_jsonl(out: Path, rows: list[dict], summary: list[dict], head: dict | None = None) -> None:
     """``rows`` as JSON lines, after ``head`` when given and before ``{"summary": summary}``, written atomically;
     the summary is printed too."""
-    from visemz.io.writers import write_atomic
-
     lines = ([json.dumps(head)] if head else []) + [json.dumps(r) for r in rows] + [json.dumps({"summary": summary})]
     write_atomic(out, ("\n".join(lines) + "\n").encode())
     for s in summary:

@@ -32,6 +32,7 @@ from visemz.codec import network_math
 from visemz.encoders import rans_layout as RL
 from visemz.encoders.rans import decode_conditional, encode_conditional
 
+
 def sections(codec: ImageCodec, img, model: str, quality: float) -> dict[str, tuple]:
     """{section: (symbols, table indexes, tables, lane_symbols)} of what format 3 codes by rANS."""
     net, net64, symbols = evalkit.latent_symbols(codec, img, model, quality)
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     summary = summarise(rows)
     evalkit.write_jsonl(args.out, rows, summary, {"device": name})
     return summary
+
 
 if __name__ == "__main__":
     main()

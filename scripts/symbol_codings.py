@@ -28,6 +28,7 @@ from visemz import device as dev
 from visemz.codec import network_math
 from visemz.encoders import EncoderConfig, encode_ints_many
 
+
 def sizes(codec: ImageCodec, img, model: str, quality: float) -> tuple[dict[str, tuple[int, int]], float | None]:
     """({section: (rANS bytes, ints-stream bytes)}, the share of z's symbols that are 0 or None) for one image
     (one tile)."""
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     summary = summarise(rows)
     evalkit.write_jsonl(args.out, rows, summary)
     return summary
+
 
 if __name__ == "__main__":
     main()

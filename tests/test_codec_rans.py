@@ -328,8 +328,8 @@ def test_loaded_models_are_frozen_for_inference():
 
 @pytest.mark.parametrize("model,quality", [("mbt2018-mean", 1), ("balle2016", 6)])  # balle2016's y is rANS-coded there
 def test_skipping_near_certain_zeros_keeps_the_symbols(cpu, model, quality, monkeypatch):
-    """With VISEMZ_RANS_SKIP_FREQ the image's rANS sections are version-3 streams with fewer coded symbols, the
-    file decodes to the same symbols and pixels, and its size moves by under 1%."""
+    """With VISEMZ_RANS_SKIP_FREQ the image's rANS sections are version-3 streams, the file decodes to the same
+    symbols and pixels, and its size moves by under 1%."""
     from dataclasses import replace
 
     from visemz import tile_index

@@ -2,7 +2,6 @@
 
 import struct
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest

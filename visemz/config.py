@@ -58,8 +58,8 @@ class Defaults:
     #: frequency (of 65536), i.e. a 0 that is nearly certain, and list the rare non-zero ones instead
     #: (stream version 3; 0 writes version 2, skipping none).  Such symbols cost next to no bits but a
     #: sequential step each: 65531 (the two narrowest Gaussian scales, a factorized prior's unused
-    #: channels) took 47-59% of y's steps at quality 1 on Kodak for the same bytes (CPU).  0 until the
-    #: GPU path of version 3 has run on a GPU.
+    #: channels) left 0.43x of y's steps at quality 1 on Kodak for the same bytes (CPU, scripts/rans_skip.py).
+    #: 0 until the GPU path of version 3 has run on a GPU.
     rans_skip_freq: int = 0  # VISEMZ_RANS_SKIP_FREQ
     #: Image codec: core tile size in pixels (a multiple of 64 in 64..32768: ``tiling.check_tile``).  An
     #: image larger than one tile is compressed tile by tile (image formats 4 and 5), so GPU memory follows the

@@ -112,8 +112,7 @@ def check_skip_freq(freq) -> int:
 def split(xp, s, t, zero_freq, freq: int) -> tuple[object, RL.Skip]:
     """The coded symbols' positions (``xp`` int64) and the skipped ones' exceptions (NumPy) of flat
     symbols ``s`` and valid table indexes ``t`` (NumPy or cupy alike; ``zero_freq`` on their device)."""
-    skipped = zero_freq[t] >= freq
-    coded = xp.flatnonzero(~skipped)
+    skipped, coded = _skipped(xp, t, zero_freq, freq)
     listed = xp.flatnonzero(skipped & (s != 0))
     both = dev.as_numpy(xp.stack([listed, s[listed].astype(xp.int64)]))  # one read on a GPU
     return coded, RL.Skip(int(s.size), freq, both[0], both[1])
@@ -126,14 +125,20 @@ def coded_positions(xp, t, zero_freq, parsed: RL.Parsed):
     skip = parsed.skip
     if not skip.freq:
         return None
-    skipped = zero_freq[t] >= skip.freq
-    coded = xp.flatnonzero(~skipped)
+    skipped, coded = _skipped(xp, t, zero_freq, skip.freq)
     if coded.size != parsed.plan.n:
         raise CorruptStreamError(f"conditional rANS stream codes {parsed.plan.n} symbols, but its indexes leave "
                                  f"{coded.size} of {t.size} unskipped at zero frequency {skip.freq}")
     if skip.positions.size and not bool(skipped[xp.asarray(skip.positions)].all()):
         raise CorruptStreamError("conditional rANS stream lists an exception at a position its indexes do not skip")
     return coded
+
+
+def _skipped(xp, t, zero_freq, freq: int):
+    """Which symbols a threshold ``freq`` skips (bool mask) and where the coded ones are (int64): the one rule
+    both encoder and decoder apply to the table indexes ``t``."""
+    skipped = zero_freq[t] >= freq
+    return skipped, xp.flatnonzero(~skipped)
 
 
 def merge(xp, values, coded, skip: RL.Skip, n: int):
