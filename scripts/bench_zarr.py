@@ -61,7 +61,7 @@ import zarr
 
 import visemz
 from evalkit import Device, mib, mosaic, sources
-from visemz import measure
+from visemz import measure, zarr_codecs
 from visemz.io.writers import write_atomic
 
 try:  # optional: without it the JPEG 2000 / JPEG XL rows are skipped
@@ -86,6 +86,12 @@ if imagecodecs is not None:
             self.level = None if level is None else float(level)
 
     numcodecs.register_codec(Jpeg2kFractional)
+
+# Zarr reads a codec back by its id, which an installed visemz registers through its numcodecs entry points; a
+# checkout run without installing (PYTHONPATH) has none, so register the codecs in this process where missing.
+for _codec in (zarr_codecs.Visemz, zarr_codecs.VisemzErrorBounded, zarr_codecs.VisemzLossless):
+    if _codec.codec_id not in numcodecs.registry.codec_registry:
+        numcodecs.register_codec(_codec)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "eval"

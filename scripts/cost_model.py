@@ -2,6 +2,8 @@
 
     python scripts/cost_model.py socket.json --bytes 1073741824 --case image/eb=0.0001
     python scripts/cost_model.py codecs.json --measured collectives_socket_2gpu.json   # fit, check, extrapolate
+    python scripts/cost_model.py codecs.json --measured socket_2gpu.json socket_4gpu.json  # one fit over both
+    python scripts/cost_model.py codecs.json --measured socket_2gpu.json --check socket_4gpu.json  # fit on 2, predict 4
 
 The lines are ``visemz.collectives.cost.CostModel.analytic``, the same model ``auto`` chooses
 with (there fitted to timings on the group, here built from first principles).  A plain ring
@@ -18,7 +20,8 @@ NCCL's time at the largest size, then two corrections the first-principles lines
 (seconds per compressed exchange; how much slower the codec runs inside a collective) are
 fitted by least squares on the ring and recursive-doubling rows, each row printed with
 the measured time beside the uncorrected and corrected model, and the extrapolation uses
-the corrected lines.
+the corrected lines.  Several ``--measured`` JSONs (e.g. 2 and 4 GPUs) are fitted together;
+``--check`` JSONs are not fitted to, only compared with the fitted model (an out-of-sample check).
 """
 
 from __future__ import annotations
@@ -69,15 +72,20 @@ def measured_rows(measured: dict, codecs: dict, kind: str, api: str | None = Non
     return bw, pairs
 
 
-def fit(world: int, alpha: float, bw: float, pairs: list) -> tuple[float, float]:
-    samples = []
+def fit(groups: list[tuple[int, float, list]], alpha: float) -> tuple[float, float]:
+    """The corrections fitted over every (world, link bytes/s, pairs) group at once."""
+    return fit_corrections([s for world, bw, pairs in groups for s in samples(world, alpha, bw, pairs)])
+
+
+def samples(world: int, alpha: float, bw: float, pairs: list) -> list[tuple]:
+    out = []
     for r, c in pairs:
         m = model(world, alpha, bw, c)
         cost = m.costs[r["algorithm"]]
         wire = r["bytes"] * cost.wire * m.link / m.ratio
-        samples.append((r["seconds"] - cost.latency - wire, exchanges(r["algorithm"], world), r["bytes"] * cost.codec,
-                        1 / r["seconds"]))
-    return fit_corrections(samples)
+        out.append((r["seconds"] - cost.latency - wire, exchanges(r["algorithm"], world), r["bytes"] * cost.codec,
+                    1 / r["seconds"]))
+    return out
 
 
 def check_table(world: int, alpha: float, bw: float, pairs: list, corr: tuple[float, float]) -> str:
@@ -114,13 +122,21 @@ def table(c: dict, size: float, alpha: float, gbits: list[float], worlds: list[i
     return "\n".join(lines)
 
 
+def group(path: Path, codecs: dict, args) -> tuple[str, int, float, list]:
+    """(file name, world size, link bytes/s, [(row, codec row)]) of a measured JSON."""
+    measured = json.loads(path.read_text())
+    bw, pairs = measured_rows(measured, codecs, args.kind, args.api)
+    return path.name, int(measured["world"]), bw, pairs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bench", type=Path, help="JSON written by scripts/bench_collectives.py (its 'codecs' section)")
     ap.add_argument("--case", default="image/eb=0.0001", help="which measured codec row to use")
     ap.add_argument("--bytes", type=float, default=float(1 << 30), help="all_reduce size S in bytes")
     ap.add_argument("--alpha-us", type=float, default=5.0, help="latency per message, microseconds")
-    ap.add_argument("--measured", type=Path, help="bench_collectives.py JSON of all_reduce rows to fit corrections to")
+    ap.add_argument("--measured", type=Path, nargs="+", help="bench_collectives.py JSONs of all_reduce rows to fit corrections to")
+    ap.add_argument("--check", type=Path, nargs="+", default=[], help="JSONs whose rows are compared with the fit, not fitted to")
     ap.add_argument("--kind", default="image", help="data kind of the measured rows to fit on")
     ap.add_argument("--api", choices=("functional", "plan"), help="fit on the measured rows of this API only")
     args = ap.parse_args()
@@ -132,14 +148,15 @@ def main() -> None:
     alpha = args.alpha_us * 1e-6
     corr = (0.0, 1.0)
     if args.measured:
-        measured = json.loads(args.measured.read_text())
-        world = int(measured["world"])
-        bw, pairs = measured_rows(measured, codecs, args.kind, args.api)
-        corr = fit(world, alpha, bw, pairs)
-        print(f"Fitted to {len(pairs)} measured compressed all_reduces on {world}x {measured.get('device')} "
-              f"({args.measured.name}, link {bw * 8 / 1e9:.1f} Gb/s from NCCL): {corr[0] * 1e3:.2f} ms per compressed "
-              f"exchange, codec work {corr[1]:.2f}x its kernel benchmark's time\n")
-        print(check_table(world, alpha, bw, pairs, corr) + "\n")
+        fitted = [group(path, codecs, args) for path in args.measured]
+        corr = fit([g[1:] for g in fitted], alpha)
+        print(f"Fitted to {sum(len(g[3]) for g in fitted)} measured compressed all_reduces "
+              f"({', '.join(f'{g[0]}, {g[1]} GPUs' for g in fitted)}): {corr[0] * 1e3:.2f} ms per compressed exchange, "
+              f"codec work {corr[1]:.2f}x its kernel benchmark's time\n")
+        for label, path in [("fitted", p) for p in args.measured] + [("not fitted to", p) for p in args.check]:
+            name, world, bw, pairs = group(path, codecs, args)
+            print(f"{name} ({label}): {world}x {json.loads(path.read_text()).get('device')}, link {bw * 8 / 1e9:.1f} "
+                  f"Gb/s from NCCL\n\n" + check_table(world, alpha, bw, pairs, corr) + "\n")
     label = "alpha-beta with measured corrections" if args.measured else "alpha-beta"
     print(f"**Model** ({label}, not measured): all_reduce of {args.bytes / 2**20:.0f} MiB, alpha {args.alpha_us} us; "
           f"codec figures measured on {report.get('device')} ({args.case}: ratio {c['ratio']:.2f}, encode "

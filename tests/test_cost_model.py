@@ -126,30 +126,55 @@ def test_script_prints_a_labelled_model(tmp_path, capsys, monkeypatch):
         cm.main()
 
 
-def test_corrections_are_recovered_from_measurements_built_with_them(tmp_path, capsys, monkeypatch):
-    """Rows made by the corrected model itself give back its corrections, and the script's check
-    table prints them beside the measured times."""
-    codec = {"ratio": 2.5, "encode_GBps": 229.0, "decode_GBps": 346.0, "homomorphic_add_GBps": 109.0}
-    alpha, world, link_Bps = 5e-6, 2, 4e9
-    truth = (1.6e-3, 3.5)
+CODEC = {"ratio": 2.5, "encode_GBps": 229.0, "decode_GBps": 346.0, "homomorphic_add_GBps": 109.0}
+
+
+def _rows_of_the_model(world: int, alpha: float, link_Bps: float, corrections: tuple) -> dict:
+    """A measured JSON whose compressed rows are the corrected model's own times on ``world`` GPUs."""
     rows = [{"op": "all_reduce", "data": "image", "algorithm": "nccl", "bytes": 1 << 30, "eb": None,
              "seconds": (1 << 30) * 2 * (world - 1) / world / link_Bps}]
     for a in ("ring", "recursive_doubling"):
         for mb in (1, 16, 256, 1024):
-            t = cm.model(world, alpha, link_Bps, codec, truth).seconds(a, mb * MIB)
+            t = cm.model(world, alpha, link_Bps, CODEC, corrections).seconds(a, mb * MIB)
             rows.append({"op": "all_reduce", "data": "image", "algorithm": a, "bytes": mb * MIB, "eb": 1e-4, "seconds": t})
-    measured = {"world": world, "device": "test", "rows": rows}
-    bw, pairs = cm.measured_rows(measured, {"image/eb=0.0001": codec}, "image")
+    return {"world": world, "device": "test", "rows": rows}
+
+
+def test_corrections_are_recovered_from_measurements_built_with_them(tmp_path, capsys, monkeypatch):
+    """Rows made by the corrected model itself give back its corrections, and the script's check
+    table prints them beside the measured times."""
+    alpha, world, link_Bps = 5e-6, 2, 4e9
+    truth = (1.6e-3, 3.5)
+    measured = _rows_of_the_model(world, alpha, link_Bps, truth)
+    bw, pairs = cm.measured_rows(measured, {"image/eb=0.0001": CODEC}, "image")
     assert bw == pytest.approx(link_Bps) and len(pairs) == 8
-    assert cm.fit(world, alpha, bw, pairs) == pytest.approx(truth, rel=1e-6)
+    assert cm.fit([(world, bw, pairs)], alpha) == pytest.approx(truth, rel=1e-6)
     # the script: fit, check table, corrected extrapolation
     bench, meas = tmp_path / "codecs.json", tmp_path / "measured.json"
-    bench.write_text(json.dumps({"device": "test", "codecs": {"image/eb=0.0001": codec}}))
+    bench.write_text(json.dumps({"device": "test", "codecs": {"image/eb=0.0001": CODEC}}))
     meas.write_text(json.dumps(measured))
     monkeypatch.setattr("sys.argv", ["cost_model.py", str(bench), "--measured", str(meas)])
     cm.main()
     out = capsys.readouterr().out
     assert "1.60 ms per compressed exchange" in out and "3.50x" in out and "with measured corrections" in out
+
+
+def test_one_fit_over_two_world_sizes_and_a_check_on_rows_not_fitted_to(tmp_path, capsys, monkeypatch):
+    """Two- and four-GPU rows of one model are fitted together back to its corrections; a ``--check``
+    file's rows are printed against the fit without moving it (rows of another model would)."""
+    alpha, truth = 5e-6, (1.1e-3, 5.2)
+    bench = tmp_path / "codecs.json"
+    bench.write_text(json.dumps({"device": "test", "codecs": {"image/eb=0.0001": CODEC}}))
+    paths = []
+    for world, link_Bps, corr in ((2, 3e9, truth), (4, 3.3e9, truth), (4, 3.3e9, (9e-3, 1.0))):
+        paths.append(tmp_path / f"m{len(paths)}.json")
+        paths[-1].write_text(json.dumps(_rows_of_the_model(world, alpha, link_Bps, corr)))
+    monkeypatch.setattr("sys.argv", ["cost_model.py", str(bench), "--measured", str(paths[0]), str(paths[1]),
+                                     "--check", str(paths[2])])
+    cm.main()
+    out = capsys.readouterr().out
+    assert "Fitted to 16 measured compressed all_reduces" in out and "1.10 ms per compressed exchange" in out
+    assert "5.20x" in out and "m2.json (not fitted to): 4x test" in out and out.count("(fitted)") == 2
 
 
 def test_measured_rows_pair_each_row_with_its_predictors_codec_and_keep_one_api():

@@ -59,7 +59,9 @@ class Defaults:
     #: (stream version 3; 0 writes version 2, skipping none).  Such symbols cost next to no bits but a
     #: sequential step each: 65531 (the two narrowest Gaussian scales, a factorized prior's unused
     #: channels) left 0.43x of y's steps at quality 1 on Kodak for the same bytes (CPU, scripts/rans_skip.py).
-    #: 0 until the GPU path of version 3 has run on a GPU.
+    #: 0 because on a GPU it costs more than it saves (H200, same script: the rANS sections' encode + decode
+    #: 0.84x at Kodak quality 1, 1.22-1.62x at 3-8: version 3 adds host waits per section); opt in for CPU
+    #: coding (0.48x the time at quality 1) or the X-rays' bytes (0.90-0.98x at quality 1).
     rans_skip_freq: int = 0  # VISEMZ_RANS_SKIP_FREQ
     #: Image codec: core tile size in pixels (a multiple of 64 in 64..32768: ``tiling.check_tile``).  An
     #: image larger than one tile is compressed tile by tile (image formats 4 and 5), so GPU memory follows the
