@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from visemz.collectives import ErrorBounded, all_reduce, plan
+from visemz.collectives.cost import exchanges
 
 
 def sync(dev: torch.device) -> None:
@@ -88,8 +89,9 @@ def main() -> None:
             profile.disable()
             if dist.get_rank() == 0:
                 stats = pstats.Stats(profile)
-                print(f"== {alg} ({api}): median {statistics.median(times) * 1e3:.3f} ms per call, "
-                      f"{stats.total_calls / args.reps:.0f} Python-level calls per call "
+                ms, ex = statistics.median(times) * 1e3, exchanges(alg, dist.get_world_size())
+                print(f"== {alg} ({api}): median {ms:.3f} ms per call ({ms / ex:.3f} ms for each of its {ex} compressed "
+                      f"exchanges), {stats.total_calls / args.reps:.0f} Python-level calls per call "
                       f"({stats.prim_calls / args.reps:.0f} primitive)", flush=True)
                 for key in ("tottime", "cumulative"):
                     text = io.StringIO()

@@ -190,6 +190,24 @@ def test_fused_encode_reports_bad_values_at_the_size_read(cp, dtype):
         ErrorBounded(1e-7).encode(big.cuda())
 
 
+def test_sizes_read_together_equal_sizes_read_one_by_one_and_raise_the_same(cp):
+    """``gpu.read_sizes`` (one host read for many streams, as encode_many uses it) gives each stream the
+    size its own read gives, streams of no values included, and raises what a bad stream's read raises."""
+    codec = ErrorBounded(1e-3)
+    xs = [next(_inputs(n, n, torch.float32))[1].cuda() for n in (0, 1, 8193, 100_003)]
+    together = [codec.encode_device(x)[0] for x in xs]
+    gpu.read_sizes(together)
+    assert [s.known for s in together] == [codec.encode_device(x)[0].nbytes() for x in xs]
+    assert all(s.known is not None for s in together)
+    bad = xs[2].clone()
+    bad[77] = float("inf")
+    streams = [codec.encode_device(x)[0] for x in (xs[3], bad)]
+    with pytest.raises(InvalidArgumentError, match="NaN or Inf"):
+        gpu.read_sizes(streams)
+    with pytest.raises(LimitExceededError):
+        gpu.read_sizes([ErrorBounded(1e-7).encode_device(torch.full((9000,), 2048.0, device="cuda"))[0]])
+
+
 def test_fused_decode_refuses_a_damaged_stream(cp):
     codec = ErrorBounded(1e-3)
     s, _ = codec.encode_device(next(_inputs(20_000, 5, torch.float32))[1].cuda())

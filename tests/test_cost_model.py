@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from visemz.collectives import autotune
-from visemz.collectives.cost import ALGORITHMS, CostModel, Line, fit_corrections, messages, wire_factor
+from visemz.collectives.cost import ALGORITHMS, CostModel, Line, exchanges, fit_corrections, messages, wire_factor
 from visemz.errors import InvalidArgumentError
 
 spec = importlib.util.spec_from_file_location("cost_model", Path(__file__).parents[1] / "scripts" / "cost_model.py")
@@ -35,7 +35,8 @@ def test_wire_factors_and_messages():
     assert wire_factor("ring", 8) == pytest.approx(2 * 7 / 8)
     assert wire_factor("recursive_doubling", 8) == 3
     assert wire_factor("recursive_doubling", 6) == 2 + 2  # log2 4, plus fold-in and hand-back
-    assert messages("plain", 4) == 6 and messages("ring", 4) == 12 and messages("recursive_doubling", 3) == 2 * 3
+    assert messages("plain", 4) == 6 and messages("ring", 4) == 6 + 1 + 3 and messages("recursive_doubling", 3) == 2 * 3
+    assert exchanges("ring", 4) == 6 and exchanges("recursive_doubling", 8) == 3 and exchanges("recursive_doubling", 6) == 4
     with pytest.raises(InvalidArgumentError, match="tree"):
         wire_factor("tree", 4)
 
@@ -100,12 +101,13 @@ def test_script_formulas_and_limits():
     size, alpha, bw = 1 << 30, 5e-6, 12.5e9
     assert cm.plain_seconds(size, 2, alpha, bw) == pytest.approx(2 * alpha + size / bw)
     free = {"ratio": 1.0, "encode_GBps": float("inf"), "decode_GBps": float("inf"), "homomorphic_add_GBps": float("inf")}
-    # free codecs at ratio 1: the ring moves the same bytes, plus one size word per message
-    extra = 2 * 63 * alpha
+    # free codecs at ratio 1: the ring moves the same bytes, plus the reduce-scatter phase's 63 size words
+    # and the one all_gather of the all-gather phase's sizes
+    extra, plain_latency = (63 + 1) * alpha, 2 * 63 * alpha
     assert cm.compressed_seconds(size, 64, alpha, bw, free) == pytest.approx(cm.plain_seconds(size, 64, alpha, bw) + extra)
     c = dict(free, ratio=4.0)
     # with free codecs, a 4x ratio divides the bandwidth term by 4
-    want = 2 * extra + (cm.plain_seconds(size, 64, alpha, bw) - extra) / 4
+    want = plain_latency + extra + (cm.plain_seconds(size, 64, alpha, bw) - plain_latency) / 4
     assert cm.compressed_seconds(size, 64, alpha, bw, c) == pytest.approx(want)
     slow = dict(c, encode_GBps=100.0, decode_GBps=100.0, homomorphic_add_GBps=50.0)
     codec = size / 100e9 * 2 + size * 63 / 64 / 50e9

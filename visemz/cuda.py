@@ -38,7 +38,15 @@ def external_stream(handle: int, device_index: int = -1):
 
     cupy 14 deprecates ExternalStream for Stream.from_external and the __cuda_stream__ protocol,
     which torch's streams do not all speak; ExternalStream still takes the raw handle and device,
-    so it is used with its deprecation notice silenced here, in one place."""
+    so it is used with its deprecation notice silenced here, in one place.  The wrappers are cached
+    per handle and device: the collectives enter one per codec call (tens per all_reduce), and
+    making one (with its warnings filter) costs more than the work it wraps.  A wrapper holds only
+    the handle, and which stream is current is cupy's per-thread state, so threads share them."""
+    return _external_stream(handle, device_index)
+
+
+@functools.lru_cache(maxsize=256)
+def _external_stream(handle: int, device_index: int):
     cupy = require_cupy()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

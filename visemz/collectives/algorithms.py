@@ -94,10 +94,12 @@ def ring(eng, flat: torch.Tensor, group, name: str, edges=None) -> tuple[torch.T
     with phase("compress"):
         chunks = eng.encode_many([flat[a:b] for a, b in edges])
     chunks[r] = ring_reduce_scatter(eng, chunks, sizes, group)
+    with phase("communicate"):  # chunk i's reduced payload is rank i's: one all_gather of their sizes, then no size words
+        reduced = T.all_sizes(chunks[r].numel(), group)
     for s in range(w - 1):
         send_i, recv_i = (r - s) % w, (r - s - 1) % w
         with phase("communicate"):
-            chunks[recv_i] = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group)
+            chunks[recv_i] = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group, reduced[recv_i])
     with phase("decompress"):
         total = torch.cat([eng.values(c, k, name) for c, k in zip(chunks, sizes)])
     return total, sum(c.numel() for c in chunks)

@@ -56,6 +56,7 @@ class DeviceEngine:
 
     def __init__(self, codec, device: torch.device, row: int = 0):
         self.codec, self.device, self.kwargs = codec, device, _encode_args(codec, row)
+        self._streams: list[torch.cuda.Stream] = []  # encode_many's side streams, made once (a plan's engine lives long)
 
     def _stream_of(self, p: torch.Tensor, n: int):
         """A received payload as a DeviceStream: its size is known on the host, so no device size word."""
@@ -72,16 +73,21 @@ class DeviceEngine:
             return torch.as_tensor(raw, device=self.device)
 
     def encode_many(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each tensor on its own CUDA stream; sizes are read once all are launched."""
+        """Each tensor on its own CUDA stream; once all are launched, their sizes in one host read."""
         main = torch.cuda.current_stream(self.device)
         if len(tensors) == 1:
             return [self._payload(self._launch(tensors[0]))]
-        streams = [torch.cuda.Stream(self.device) for _ in tensors]
+        while len(self._streams) < len(tensors):
+            self._streams.append(torch.cuda.Stream(self.device))
+        streams = self._streams[: len(tensors)]
         encoded = []
         for s, t in zip(streams, tensors):
             s.wait_stream(main)
             with torch.cuda.stream(s):
                 encoded.append(self._launch(t))
+        for s in streams:
+            main.wait_stream(s)
+        gpu.read_sizes([e for e in encoded if isinstance(e, gpu.DeviceStream)])  # on main, after every encoder
         out = []
         for s, e in zip(streams, encoded):
             with torch.cuda.stream(s):

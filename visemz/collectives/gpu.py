@@ -117,7 +117,10 @@ class DeviceStream:
     def _read_size(self) -> int:
         if self.cells is None:
             return int(self.size.get()[0])
-        size, err, worst = (int(v) for v in self.cells.get())
+        return self.checked(*(int(v) for v in self.cells.get()))
+
+    def checked(self, size: int, err: int, worst: int) -> int:
+        """``size`` from the fused encoder's result cells as read, or what they report raised."""
         if err & EB_NONFINITE:
             raise InvalidArgumentError("tensor holds NaN or Inf: error-bounded compression needs finite values")
         if err & EB_TOO_MANY_STEPS:
@@ -131,6 +134,21 @@ class DeviceStream:
 
     def bytes_view(self):
         return self.data[: self.nbytes()]
+
+
+def read_sizes(streams: list[DeviceStream]) -> None:
+    """Every stream's size in one device-to-host read instead of one each (``nbytes`` then reads nothing),
+    raising what any encoder reported as ``nbytes`` would.  Runs on the current stream, which must
+    follow the streams' encoders."""
+    pending = [s for s in streams if s.known is None]
+    if not pending:
+        return
+    with torch_stream() as cp:
+        words = cp.concatenate([s.size if s.cells is None else s.cells for s in pending]).get().tolist()
+    for s in pending:
+        k = 1 if s.cells is None else 3
+        s.known = words[0] if k == 1 else s.checked(*words[:3])
+        words = words[k:]
 
 
 def encode_symbols(q) -> DeviceStream:

@@ -44,7 +44,10 @@ def _global(group, r: int) -> int:
 
 
 def _size_word(n: int, group) -> torch.Tensor:
-    return torch.tensor([n], dtype=torch.int64, device=device(group))
+    """``n`` as a one-element int64 tensor on the group's device, written by a fill (on CUDA a kernel
+    queued on the current stream: no host-to-device copy, which from pageable memory would wait for
+    the stream's queued work)."""
+    return torch.full((1,), n, dtype=torch.int64, device=device(group))
 
 
 def _post(ops: list, group) -> None:
@@ -74,24 +77,29 @@ def _host_wait_limit(group):
         return None
 
 
-def exchange(sends: dict[int, torch.Tensor], frm: list[int], group) -> dict[int, torch.Tensor]:
+def exchange(sends: dict[int, torch.Tensor], frm: list[int], group, sizes: dict[int, int] | None = None
+             ) -> dict[int, torch.Tensor]:
     """Send ``sends[to]`` to each rank ``to`` while receiving one payload from each rank in ``frm``.
 
     Two batches whatever the number of peers: every size word, then every payload; the host
-    reads the incoming sizes once, in between."""
+    reads the incoming sizes once, in between.  With ``sizes`` (each incoming payload's byte count,
+    already known on every side, e.g. from ``all_sizes``) the size words are left out: one batch."""
     dev = device(group)
     sends = {to: p.to(dev) for to, p in sends.items()}
-    in_n = torch.empty(len(frm), dtype=torch.int64, device=dev)
-    _post([(dist.isend, _size_word(p.numel(), group), to) for to, p in sends.items()]
-          + [(dist.irecv, in_n[i : i + 1], f) for i, f in enumerate(frm)], group)
-    incoming = {f: torch.empty(k, dtype=torch.uint8, device=dev) for f, k in zip(frm, in_n.tolist())}
+    if sizes is None:
+        in_n = torch.empty(len(frm), dtype=torch.int64, device=dev)
+        _post([(dist.isend, _size_word(p.numel(), group), to) for to, p in sends.items()]
+              + [(dist.irecv, in_n[i : i + 1], f) for i, f in enumerate(frm)], group)
+        sizes = dict(zip(frm, in_n.tolist()))
+    incoming = {f: torch.empty(sizes[f], dtype=torch.uint8, device=dev) for f in frm}
     _post([(dist.isend, p, to) for to, p in sends.items()] + [(dist.irecv, incoming[f], f) for f in frm], group)
     return incoming
 
 
-def sendrecv(payload: torch.Tensor, to: int, frm: int, group) -> torch.Tensor:
-    """Send ``payload`` to rank ``to`` while receiving one from rank ``frm`` (no ordering deadlock)."""
-    return exchange({to: payload}, [frm], group)[frm]
+def sendrecv(payload: torch.Tensor, to: int, frm: int, group, size: int | None = None) -> torch.Tensor:
+    """Send ``payload`` to rank ``to`` while receiving one from rank ``frm`` (no ordering deadlock);
+    ``size``: the incoming payload's byte count where every side knows it already (no size words)."""
+    return exchange({to: payload}, [frm], group, None if size is None else {frm: size})[frm]
 
 
 def send(payload: torch.Tensor, to: int, group) -> None:
@@ -102,12 +110,17 @@ def recv(frm: int, group) -> torch.Tensor:
     return exchange({}, [frm], group)[frm]
 
 
+def all_sizes(n: int, group) -> list[int]:
+    """Every rank's ``n``, on every rank: one all_gather of size words and one host read."""
+    sizes = torch.empty(world(group), dtype=torch.int64, device=device(group))
+    _all_gather_single(sizes, _size_word(n, group), group)
+    return sizes.tolist()
+
+
 def all_gather(payload: torch.Tensor, group) -> list[torch.Tensor]:
     """Every rank's payload, on every rank: sizes first, then payloads padded to the largest."""
     w, dev = world(group), device(group)
-    sizes = torch.empty(w, dtype=torch.int64, device=dev)
-    _all_gather_single(sizes, _size_word(payload.numel(), group), group)
-    n = sizes.tolist()
+    n = all_sizes(payload.numel(), group)
     slot = -(-max(n) // 16) * 16  # 16-byte slots keep every payload aligned for the GPU decoders
     padded = torch.zeros(slot, dtype=torch.uint8, device=dev)
     padded[: payload.numel()] = payload.to(dev)
