@@ -19,6 +19,8 @@ integer sections, which it holds to the arrays stored here.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -33,7 +35,7 @@ from visemz import codec as image_codec
 from visemz.collectives import codecs as float_codecs
 from visemz.config import DEFAULTS
 from visemz.device import as_numpy
-from visemz.encoders import decode_ints, encode_ints, reference
+from visemz.encoders import decode_ints, encode_ints, rans, reference
 from visemz.encoders import layout as L
 from visemz.encoders import stream
 from visemz.io.writers import write_atomic
@@ -167,15 +169,33 @@ TILED_IMAGES = (  # (model, dtype, shape, max_error, tile): several tiles, edge 
 )
 
 
+SKIPPED_IMAGES = ("mbt2018-mean",)  # also written with skipped symbols (conditional rANS stream version 3)
+SKIP_FREQ = 65531
+
+
+@contextlib.contextmanager
+def _rans_skip(freq: int):
+    """Write conditional rANS sections with this skip threshold, whatever VISEMZ_RANS_SKIP_FREQ says."""
+    saved = rans.DEFAULTS
+    rans.DEFAULTS = dataclasses.replace(saved, rans_skip_freq=freq)
+    try:
+        yield
+    finally:
+        rans.DEFAULTS = saved
+
+
 def images(w: Writer) -> None:
     for model, dtype, shape, e, tile in [(*i, None) for i in IMAGES] + list(TILED_IMAGES):
         img = _image(dtype, shape, seed=len(shape))
-        buf = visemz.compress(img, model=model, quality=1, max_error=e, device="cpu", tile=tile)
-        fmt = container.unpack(buf).meta["format"]
-        name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "") \
-            + _container_suffix()
-        w.add(name, "image", fmt, buf, ".vsz", {"image": img, **_sections(buf)}, model=model, quality=1,
-              max_error=e, container=container.VERSION, **({"tile": tile} if tile else {}))
+        for skip in (0, SKIP_FREQ) if model in SKIPPED_IMAGES else (0,):
+            with _rans_skip(skip):
+                buf = visemz.compress(img, model=model, quality=1, max_error=e, device="cpu", tile=tile)
+            fmt = container.unpack(buf).meta["format"]
+            name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "") \
+                + _container_suffix() + (f"-skip{skip}" if skip else "")
+            w.add(name, "image", fmt, buf, ".vsz", {"image": img, **_sections(buf)}, model=model, quality=1,
+                  max_error=e, container=container.VERSION, **({"tile": tile} if tile else {}),
+                  **({"rans_skip_freq": skip} if skip else {}))
 
 
 def page_stack(w: Writer) -> None:

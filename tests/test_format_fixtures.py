@@ -229,6 +229,30 @@ def test_image_files(f):
     assert c.meta["max_error"] == f["settings"]["max_error"]
 
 
+SKIPPED = [p for p in of("image") if "rans_skip_freq" in p.values[0]["settings"]]
+
+
+def test_some_image_fixtures_were_written_with_skipped_symbols():
+    assert SKIPPED, "no image fixture with skipped symbols: run python scripts/make_format_fixtures.py"
+
+
+@pytest.mark.parametrize("f", SKIPPED)
+def test_images_written_with_skipped_symbols_hold_version_3_sections(f):
+    """Every conditional rANS part of such a file is a version-3 stream with the threshold it was written with."""
+    buf, arrays = load(f)
+    c = container.unpack(buf)
+    t = c.meta["tiles"]
+    n = t["grid"][0] * t["grid"][1]
+    index = tile_index.TileIndex(c.sections, n, t["parts"], t["symbols"], c.meta["format"])
+    parts = [(index.part(i, name), arrays[f"tile{i}_section_{name}"]) for i in range(n) for name in t["parts"]
+             if index.coding(i).get(name) == "rans"]
+    assert parts
+    for body, symbols in parts:
+        assert bytes(body[4:5]) == bytes([RL.VERSION_SKIP])
+        parsed = RL.parse(bytes(body), symbols.size, RL.PREFIX2.unpack_from(bytes(body))[-1])
+        assert parsed.skip.freq == f["settings"]["rans_skip_freq"] and parsed.skip.total == symbols.size
+
+
 @pytest.mark.parametrize("f", of("pages"))
 def test_page_files(f):
     buf, arrays = load(f)
