@@ -90,8 +90,9 @@ def main() -> None:
             if dist.get_rank() == 0:
                 stats = pstats.Stats(profile)
                 ms, ex = statistics.median(times) * 1e3, exchanges(alg, dist.get_world_size())
-                print(f"== {alg} ({api}): median {ms:.3f} ms per call ({ms / ex:.3f} ms for each of its {ex} compressed "
-                      f"exchanges), {stats.total_calls / args.reps:.0f} Python-level calls per call "
+                per = f"; call time / its {ex} compressed exchanges: {ms / ex:.3f} ms" if ex else ""
+                print(f"== {alg} ({api}): median {ms:.3f} ms per call{per}, "
+                      f"{stats.total_calls / args.reps:.0f} Python-level calls per call "
                       f"({stats.prim_calls / args.reps:.0f} primitive)", flush=True)
                 for key in ("tottime", "cumulative"):
                     text = io.StringIO()

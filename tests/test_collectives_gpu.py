@@ -195,10 +195,12 @@ def test_sizes_read_together_equal_sizes_read_one_by_one_and_raise_the_same(cp):
     size its own read gives, streams of no values included, and raises what a bad stream's read raises."""
     codec = ErrorBounded(1e-3)
     xs = [next(_inputs(n, n, torch.float32))[1].cuda() for n in (0, 1, 8193, 100_003)]
-    together = [codec.encode_device(x)[0] for x in xs]
+    q = cp.arange(-5000, 5000, dtype=cp.int32)
+    # fused-encoder streams (three result cells each) with a plain block stream (one size word) between them
+    together = [codec.encode_device(x)[0] for x in xs[:2]] + [gpu.encode_symbols(q)] + [codec.encode_device(x)[0] for x in xs[2:]]
     gpu.read_sizes(together)
-    assert [s.known for s in together] == [codec.encode_device(x)[0].nbytes() for x in xs]
-    assert all(s.known is not None for s in together)
+    alone = [codec.encode_device(x)[0] for x in xs[:2]] + [gpu.encode_symbols(q)] + [codec.encode_device(x)[0] for x in xs[2:]]
+    assert [s.known for s in together] == [s.nbytes() for s in alone]
     bad = xs[2].clone()
     bad[77] = float("inf")
     streams = [codec.encode_device(x)[0] for x in (xs[3], bad)]

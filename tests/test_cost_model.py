@@ -35,8 +35,10 @@ def test_wire_factors_and_messages():
     assert wire_factor("ring", 8) == pytest.approx(2 * 7 / 8)
     assert wire_factor("recursive_doubling", 8) == 3
     assert wire_factor("recursive_doubling", 6) == 2 + 2  # log2 4, plus fold-in and hand-back
-    assert messages("plain", 4) == 6 and messages("ring", 4) == 6 + 1 + 3 and messages("recursive_doubling", 3) == 2 * 3
+    assert messages("plain", 4) == 6 and messages("ring", 4) == 12 and messages("recursive_doubling", 3) == 2 * 3
     assert exchanges("ring", 4) == 6 and exchanges("recursive_doubling", 8) == 3 and exchanges("recursive_doubling", 6) == 4
+    with pytest.raises(InvalidArgumentError, match="plain"):
+        exchanges("plain", 4)
     with pytest.raises(InvalidArgumentError, match="tree"):
         wire_factor("tree", 4)
 
@@ -102,8 +104,8 @@ def test_script_formulas_and_limits():
     assert cm.plain_seconds(size, 2, alpha, bw) == pytest.approx(2 * alpha + size / bw)
     free = {"ratio": 1.0, "encode_GBps": float("inf"), "decode_GBps": float("inf"), "homomorphic_add_GBps": float("inf")}
     # free codecs at ratio 1: the ring moves the same bytes, plus the reduce-scatter phase's 63 size words
-    # and the one all_gather of the all-gather phase's sizes
-    extra, plain_latency = (63 + 1) * alpha, 2 * 63 * alpha
+    # and the 63 steps of the all_gather of the all-gather phase's sizes
+    extra, plain_latency = 2 * 63 * alpha, 2 * 63 * alpha
     assert cm.compressed_seconds(size, 64, alpha, bw, free) == pytest.approx(cm.plain_seconds(size, 64, alpha, bw) + extra)
     c = dict(free, ratio=4.0)
     # with free codecs, a 4x ratio divides the bandwidth term by 4

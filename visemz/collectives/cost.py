@@ -50,22 +50,24 @@ def wire_factor(algorithm: str, world: int) -> float:
 
 
 def messages(algorithm: str, world: int) -> int:
-    """Sequential messages on the critical path.  A compressed exchange sends its size word first,
-    but for the ring's all-gather phase, whose W sizes one all_gather hands out before it (counted
-    as one message)."""
+    """Sequential messages on the critical path.  A compressed exchange sends its size word first; the
+    ring's all-gather phase instead gets its W sizes from one all_gather beforehand, whose W - 1 ring
+    steps are as many messages."""
     if algorithm == "plain":
         return 2 * (world - 1)
     if algorithm == "ring":
-        return 2 * (world - 1) + 1 + (world - 1)
+        return 2 * (world - 1) + (world - 1) + (world - 1)
     return 2 * exchanges(algorithm, world)
 
 
 def exchanges(algorithm: str, world: int) -> int:
-    """Compressed payload exchanges on the critical path (each with its host work: posting, waits)."""
+    """Compressed payload exchanges on the critical path, each with its host work (posting, waits)."""
     if algorithm == "ring":
         return 2 * (world - 1)
-    p = _power_of_two_below(world)
-    return int(math.log2(p)) + (2 if world > p else 0)
+    if algorithm == "recursive_doubling":
+        p = _power_of_two_below(world)
+        return int(math.log2(p)) + (2 if world > p else 0)
+    raise InvalidArgumentError(f"algorithm={algorithm!r}: compressed exchanges of {list(ALGORITHMS[1:])} only")
 
 
 def fit_corrections(samples: list[tuple[float, float, float, float]]) -> tuple[float, float]:
@@ -178,8 +180,8 @@ class CostModel:
         tensor, plus ``adds_per_byte`` homomorphic additions).
 
         Measured corrections for the compressed algorithms (``fit_corrections``): ``step_overhead``
-        seconds per exchange on the critical path (kernel launches, the size word read back by
-        the host, allocation) and ``codec_scale``, how much slower the codec work runs inside a
+        seconds per exchange on the critical path (kernel launches, host reads of size and
+        result words, allocation) and ``codec_scale``, how much slower the codec work runs inside a
         collective than in the kernels' own benchmark."""
         costs = {"plain": AlgorithmCost(messages("plain", world) * alpha, 0.0, wire_factor("plain", world))}
         for a in ALGORITHMS[1:]:

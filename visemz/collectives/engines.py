@@ -87,7 +87,8 @@ class DeviceEngine:
                 encoded.append(self._launch(t))
         for s in streams:
             main.wait_stream(s)
-        gpu.read_sizes([e for e in encoded if isinstance(e, gpu.DeviceStream)])  # on main, after every encoder
+        with torch.cuda.stream(main):  # main (and its device) now follows every encoder
+            gpu.read_sizes([e for e in encoded if isinstance(e, gpu.DeviceStream)])
         out = []
         for s, e in zip(streams, encoded):
             with torch.cuda.stream(s):

@@ -1,7 +1,7 @@
 """Moving compressed payloads between ranks with torch.distributed (NCCL or Gloo carry every byte).
 
-Payloads are 1-D uint8 tensors.  Each exchange sends sizes before payloads, so receivers
-allocate exactly what arrives.  Tensors travel on the group's own device: CUDA for NCCL
+Payloads are 1-D uint8 tensors.  An exchange sends sizes before payloads (unless every side
+already knows them, e.g. from ``all_sizes``), so receivers allocate exactly what arrives.  Tensors travel on the group's own device: CUDA for NCCL
 (compressed bytes never visit the host; only the int64 size words are read back), the CPU for
 Gloo.  Received payloads come back on that device; callers move them where their codec runs.
 Ranks here are ranks within ``group``; they are mapped to global ranks for point-to-point calls.
