@@ -135,8 +135,10 @@ def main() -> None:
     ap.add_argument("--case", default="image/eb=0.0001", help="which measured codec row to use")
     ap.add_argument("--bytes", type=float, default=float(1 << 30), help="all_reduce size S in bytes")
     ap.add_argument("--alpha-us", type=float, default=5.0, help="latency per message, microseconds")
-    ap.add_argument("--measured", type=Path, nargs="+", help="bench_collectives.py JSONs of all_reduce rows to fit corrections to")
-    ap.add_argument("--check", type=Path, nargs="+", default=[], help="JSONs whose rows are compared with the fit, not fitted to")
+    ap.add_argument("--measured", type=Path, nargs="+",
+                    help="bench_collectives.py JSONs of all_reduce rows to fit corrections to")
+    ap.add_argument("--check", type=Path, nargs="+", default=[],
+                    help="JSONs whose rows are compared with the fit, not fitted to")
     ap.add_argument("--kind", default="image", help="data kind of the measured rows to fit on")
     ap.add_argument("--api", choices=("functional", "plan"), help="fit on the measured rows of this API only")
     args = ap.parse_args()

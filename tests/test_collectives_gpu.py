@@ -196,11 +196,14 @@ def test_sizes_read_together_equal_sizes_read_one_by_one_and_raise_the_same(cp):
     codec = ErrorBounded(1e-3)
     xs = [next(_inputs(n, n, torch.float32))[1].cuda() for n in (0, 1, 8193, 100_003)]
     q = cp.arange(-5000, 5000, dtype=cp.int32)
-    # fused-encoder streams (three result cells each) with a plain block stream (one size word) between them
-    together = [codec.encode_device(x)[0] for x in xs[:2]] + [gpu.encode_symbols(q)] + [codec.encode_device(x)[0] for x in xs[2:]]
+
+    def streams():  # fused-encoder streams (three result cells each) with a plain block stream (one size word) between
+        fused = [codec.encode_device(x)[0] for x in xs]
+        return fused[:2] + [gpu.encode_symbols(q)] + fused[2:]
+
+    together = streams()
     gpu.read_sizes(together)
-    alone = [codec.encode_device(x)[0] for x in xs[:2]] + [gpu.encode_symbols(q)] + [codec.encode_device(x)[0] for x in xs[2:]]
-    assert [s.known for s in together] == [s.nbytes() for s in alone]
+    assert [s.known for s in together] == [s.nbytes() for s in streams()]
     bad = xs[2].clone()
     bad[77] = float("inf")
     streams = [codec.encode_device(x)[0] for x in (xs[3], bad)]

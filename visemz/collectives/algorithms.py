@@ -94,7 +94,8 @@ def ring(eng, flat: torch.Tensor, group, name: str, edges=None) -> tuple[torch.T
     with phase("compress"):
         chunks = eng.encode_many([flat[a:b] for a, b in edges])
     chunks[r] = ring_reduce_scatter(eng, chunks, sizes, group)
-    with phase("communicate"):  # chunk i's reduced payload is rank i's: one all_gather of their sizes, then no size words
+    # chunk i's reduced payload is rank i's: their sizes in one all_gather, so the exchanges below send no size words
+    with phase("communicate"):
         reduced = T.all_sizes(chunks[r].numel(), group)
     for s in range(w - 1):
         send_i, recv_i = (r - s) % w, (r - s - 1) % w

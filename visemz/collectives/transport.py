@@ -1,9 +1,9 @@
 """Moving compressed payloads between ranks with torch.distributed (NCCL or Gloo carry every byte).
 
 Payloads are 1-D uint8 tensors.  An exchange sends sizes before payloads (unless every side
-already knows them, e.g. from ``all_sizes``), so receivers allocate exactly what arrives.  Tensors travel on the group's own device: CUDA for NCCL
-(compressed bytes never visit the host; only the int64 size words are read back), the CPU for
-Gloo.  Received payloads come back on that device; callers move them where their codec runs.
+already knows them, e.g. from ``all_sizes``), so receivers allocate exactly what arrives.
+Tensors travel on the group's own device: CUDA for NCCL (compressed bytes never visit the
+host; only the int64 size words are read back), the CPU for Gloo.  Received payloads come back on that device; callers move them where their codec runs.
 Ranks here are ranks within ``group``; they are mapped to global ranks for point-to-point calls.
 
 The settings agreement every collective starts with (``agree``) is a small all_gather read back
@@ -81,9 +81,9 @@ def exchange(sends: dict[int, torch.Tensor], frm: list[int], group, sizes: dict[
              ) -> dict[int, torch.Tensor]:
     """Send ``sends[to]`` to each rank ``to`` while receiving one payload from each rank in ``frm``.
 
-    Two batches whatever the number of peers: every size word, then every payload; the host
-    reads the incoming sizes once, in between.  With ``sizes`` (each incoming payload's byte count,
-    already known on every side, e.g. from ``all_sizes``) the size words are left out: one batch."""
+    Two batches whatever the number of peers (every size word, then every payload; the host
+    reads the incoming sizes once, in between), or one with ``sizes`` (each incoming payload's byte count,
+    already known on every side, e.g. from ``all_sizes``), which leaves the size words out."""
     dev = device(group)
     sends = {to: p.to(dev) for to, p in sends.items()}
     if sizes is None:
