@@ -152,8 +152,14 @@ def bench_all_reduce(args, pool, dev, report: Report, kind: str, size: int) -> N
     work = torch.empty_like(x)
     t_nccl = slowest(median_seconds(lambda: dist.all_reduce(work.copy_(x)), args.reps))
     report.add("rows", row("all_reduce", "nccl", kind, size, None, t_nccl, world, psnr(work, exact)))
-    t = slowest(median_seconds(lambda: all_reduce(work.copy_(x), codec=None), args.reps))
-    report.add("rows", row("all_reduce", "plain", kind, size, None, t, world, psnr(work, exact), t_nccl))
+    for api in args.api:  # ours, uncompressed: through a plan (agreed once) or the functional API (agreed per call)
+        run = plan(work, codec=None) if api == "plan" else None
+
+        def plain(run=run):
+            return all_reduce(work.copy_(x), codec=None) if run is None else run(work.copy_(x))
+
+        t = slowest(median_seconds(plain, args.reps))
+        report.add("rows", row("all_reduce", "plain", kind, size, None, t, world, psnr(work, exact), t_nccl, api=api))
     for eb in args.ebs:
         for predictor in args.predictors:
             codec = ErrorBounded(eb, predictor)

@@ -73,8 +73,10 @@ def bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(edges))
 
 
-def ring_reduce_scatter(eng, chunks: list[torch.Tensor], sizes: list[int], group) -> torch.Tensor:
-    """Homomorphic ring: rank r ends with the compressed sum of chunk r."""
+def ring_reduce_scatter(eng, chunks: list, sizes: list[int], group):
+    """Homomorphic ring: rank r ends with the compressed sum of chunk r (lazy on a GPU: its size
+    still in device memory).  Each step's sum is the next step's send, so on a GPU each step reads
+    the host once: the sum's size word and error bits with the incoming size."""
     r, w = T.rank(group), T.world(group)
     for s in range(w - 1):
         send_i, recv_i = (r - s - 1) % w, (r - s - 2) % w
@@ -93,17 +95,19 @@ def ring(eng, flat: torch.Tensor, group, name: str, edges=None) -> tuple[torch.T
     sizes = [b - a for a, b in edges]
     with phase("compress"):
         chunks = eng.encode_many([flat[a:b] for a, b in edges])
-    chunks[r] = ring_reduce_scatter(eng, chunks, sizes, group)
-    # chunk i's reduced payload is rank i's: their sizes in one all_gather, so the exchanges below send no size words
+    mine = ring_reduce_scatter(eng, chunks, sizes, group)
+    # chunk i's reduced payload is rank i's: their sizes (and any rank's add errors) in one all_gather,
+    # so the exchanges below send no size words
     with phase("communicate"):
-        reduced = T.all_sizes(chunks[r].numel(), group)
+        reduced = T.all_sizes(mine if isinstance(mine, T.Lazy) else mine.numel(), group)
+    chunks[r] = T.payload(mine)
     for s in range(w - 1):
         send_i, recv_i = (r - s) % w, (r - s - 1) % w
         with phase("communicate"):
             chunks[recv_i] = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group, reduced[recv_i])
     with phase("decompress"):
-        total = torch.cat([eng.values(c, k, name) for c, k in zip(chunks, sizes)])
-    return total, sum(c.numel() for c in chunks)
+        total = torch.cat(eng.values_many(chunks, sizes, name))
+    return total, sum(reduced)
 
 
 def recursive_doubling(eng, flat: torch.Tensor, group, name: str, edges=None) -> tuple[torch.Tensor, int]:
@@ -112,12 +116,14 @@ def recursive_doubling(eng, flat: torch.Tensor, group, name: str, edges=None) ->
     n = flat.numel()
     with phase("compress"):
         buf = eng.encode_many([flat])[0]
-    buf = _doubling(eng, buf, n, group)
+    buf = T.payload(_doubling(eng, buf, n, group))
     with phase("decompress"):
         return eng.values(buf, n, name), buf.numel()
 
 
-def _doubling(eng, buf: torch.Tensor, n: int, group) -> torch.Tensor:
+def _doubling(eng, buf, n: int, group):
+    """The doubling rounds; the result may be lazy (a GPU sum not read yet).  Each round's sum is the
+    next round's send, so on a GPU each round reads the host once."""
     r, w = T.rank(group), T.world(group)
     p = 1 << (w.bit_length() - 1)  # largest power of two <= w
     if r >= p:  # extra ranks hand their data to a partner and wait for the result
@@ -134,7 +140,7 @@ def _doubling(eng, buf: torch.Tensor, n: int, group) -> torch.Tensor:
         with phase("communicate"):
             got = T.sendrecv(buf, r ^ k, r ^ k, group)
         with phase("reduce"):
-            buf = eng.add(buf, got, n)
+            buf = eng.add(buf, got, n)  # buf was settled by the exchange
         k <<= 1
     if r < w - p:
         with phase("communicate"):

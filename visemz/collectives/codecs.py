@@ -196,7 +196,11 @@ class ErrorBounded:
     def decode_device(self, s, dtype: str = "float64", row: int | None = None):
         """``gpu.DeviceStream`` -> cupy array of 2 eb q: float64 (the exact reconstruction), or
         ``dtype`` rounded as ``decode`` rounds (bf16 as uint16 bit patterns)."""
-        return gpu.eb_decode(s, self.eb, dtype, self.prediction(None, row))
+        return self.decode_device_many([s], dtype, row)[0]
+
+    def decode_device_many(self, streams: list, dtype: str = "float64", row: int | None = None) -> list:
+        """``decode_device`` of several streams, with one host read for all their error words."""
+        return gpu.eb_decode_many(streams, self.eb, dtype, self.prediction(None, row))
 
     def _head(self, dtype: str, pred: Prediction | None = None) -> bytes:
         pred = pred or self.prediction()

@@ -2,7 +2,9 @@
 
 The algorithms in ``ops.py`` are written once over payloads (1-D uint8 tensors) and call an
 engine to encode, add homomorphically and decode; both engines give the same bytes, so a ring
-over CUDA tensors and one over CPU tensors produce identical results.  ``engine_for(tensor)``
+over CUDA tensors and one over CPU tensors produce identical results.  The device engine's sums
+are ``transport.Lazy`` payloads (their size still on the GPU), which the transport reads with
+what it receives; every payload an engine takes may be lazy.  ``engine_for(tensor)``
 picks the device engine for CUDA tensors.
 """
 
@@ -13,6 +15,7 @@ import torch
 
 from .. import cuda
 from . import gpu
+from . import transport as T
 from .codecs import ErrorBounded, Lossless, _to_float64, predicts_rows
 from .homomorphic import add as host_add
 
@@ -41,14 +44,18 @@ class HostEngine:
     def encode_many(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [_u8(self.codec.encode(t.reshape(-1), **self.kwargs)) for t in tensors]
 
-    def add(self, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
-        return _u8(host_add(_bytes(a), _bytes(b), self.codec))
+    def add(self, a, b, n: int) -> torch.Tensor:
+        return _u8(host_add(_bytes(T.payload(a)), _bytes(T.payload(b)), self.codec))
 
-    def values(self, p: torch.Tensor, n: int, name: str) -> torch.Tensor:
+    def values(self, p, n: int, name: str) -> torch.Tensor:
         """float64 values of a payload (error-bounded: the exact 2 eb q)."""
+        raw = _bytes(T.payload(p))
         if isinstance(self.codec, ErrorBounded):
-            return torch.from_numpy(self.codec.decode(_bytes(p), exact=True))
-        return torch.from_numpy(np.ascontiguousarray(_to_float64(self.codec.decode(_bytes(p)), name)))
+            return torch.from_numpy(self.codec.decode(raw, exact=True))
+        return torch.from_numpy(np.ascontiguousarray(_to_float64(self.codec.decode(raw), name)))
+
+    def values_many(self, payloads: list, sizes: list[int], name: str) -> list[torch.Tensor]:
+        return [self.values(p, n, name) for p, n in zip(payloads, sizes)]
 
 
 class DeviceEngine:
@@ -58,8 +65,9 @@ class DeviceEngine:
         self.codec, self.device, self.kwargs = codec, device, _encode_args(codec, row)
         self._streams: list[torch.cuda.Stream] = []  # encode_many's side streams, made once (a plan's engine lives long)
 
-    def _stream_of(self, p: torch.Tensor, n: int):
-        """A received payload as a DeviceStream: its size is known on the host, so no device size word."""
+    def _stream_of(self, p, n: int):
+        """A payload as a DeviceStream: its size is known on the host (a lazy one's read now if it is not yet)."""
+        p = T.payload(p).to(self.device)
         with gpu.torch_stream() as cp:
             return gpu.DeviceStream(cp.asarray(p), None, n, known=p.numel())
 
@@ -87,28 +95,38 @@ class DeviceEngine:
                 encoded.append(self._launch(t))
         for s in streams:
             main.wait_stream(s)
-        with torch.cuda.stream(main):  # main (and its device) now follows every encoder
+        # main (and its device) now follows every encoder.  The payloads' memory is cupy's, from the
+        # side streams' pools: a side stream reuses it only after its next wait_stream(main) above
+        with torch.cuda.stream(main):
             gpu.read_sizes([e for e in encoded if isinstance(e, gpu.DeviceStream)])
+            return [self._payload(e) for e in encoded]
+
+    def add(self, a, b, n: int) -> T.Lazy:
+        """The homomorphic sum, lazy: its size and error word stay on the GPU until the transport
+        reads them with the words it receives (no host read here)."""
+        s = gpu.add(self._stream_of(a, n), self._stream_of(b, n), lazy=True)
+        with gpu.torch_stream() as cp:
+            data = torch.as_tensor(s.data, device=self.device)
+            words = torch.as_tensor(s.cells.view(cp.int64), device=self.device)
+        return T.Lazy(data, words, s.checked)
+
+    def values(self, p, n: int, name: str) -> torch.Tensor:
+        return self.values_many([p], [n], name)[0]
+
+    def values_many(self, payloads: list, sizes: list[int], name: str) -> list[torch.Tensor]:
+        """float64 values of each payload; error-bounded: every decoder queued, then one host read
+        of all their error words."""
+        if isinstance(self.codec, ErrorBounded):
+            streams = [self._stream_of(p, n) for p, n in zip(payloads, sizes)]
+            with gpu.torch_stream():
+                return [torch.as_tensor(v, device=self.device)
+                        for v in self.codec.decode_device_many(streams, **self.kwargs)]
         out = []
-        for s, e in zip(streams, encoded):
-            with torch.cuda.stream(s):
-                p = self._payload(e)
-            p.record_stream(main)
-            out.append(p)
-            main.wait_stream(s)
+        for p, n in zip(payloads, sizes):
+            p = T.payload(p).to(self.device)
+            with gpu.torch_stream():
+                out.append(torch.as_tensor(self.codec.decode_device(cuda.as_cupy(p), n, name), device=self.device))
         return out
-
-    def add(self, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
-        return self._payload(gpu.add(self._stream_of(a.to(self.device), n), self._stream_of(b.to(self.device), n)))
-
-    def values(self, p: torch.Tensor, n: int, name: str) -> torch.Tensor:
-        p = p.to(self.device)
-        with gpu.torch_stream():
-            if isinstance(self.codec, ErrorBounded):
-                v = self.codec.decode_device(self._stream_of(p, n), **self.kwargs)
-            else:
-                v = self.codec.decode_device(cuda.as_cupy(p), n, name)
-            return torch.as_tensor(v, device=self.device)
 
 
 def engine_for(tensor: torch.Tensor, codec: ErrorBounded | Lossless, row: int = 0):

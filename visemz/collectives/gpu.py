@@ -95,21 +95,24 @@ STEP_OVERFLOW = 256  # eb_dequantise: a decoded step (prefix sum of residuals) l
 class DeviceStream:
     """A block stream in device memory: ``data`` (uint8, capacity >= size), its byte count on the device.
 
-    A stream from the fused encoder also carries its ``cells`` (size, error bits, worst |x|) and
-    ``eb``: the encoder reports bad input there instead of stopping the GPU for a read, and the
-    first size read (which every consumer of a stream makes) raises it.  ``known`` is the size
-    once the host has it (read once, or given by whoever already knows it, e.g. a receive buffer).
+    A stream from the fused encoder or the homomorphic add also carries its result ``cells``
+    (encoder: size, error bits, worst |x|; add: size, error bits) and ``source`` ("encode" or
+    "add"): the kernels report bad input there instead of stopping the GPU for a read, and the
+    first size read (which every consumer of a stream makes) raises it.  ``eb``: the encoder's
+    bound, for its message.  ``known`` is the size once the host has it (read once, or given by
+    whoever already knows it, e.g. a receive buffer).
     """
 
     data: object  # cupy uint8
     size: object  # cupy uint64, shape (1,)
     n: int
-    cells: object = None  # cupy uint64, shape (3,): size, error bits, worst |x| (fused encoder only)
+    cells: object = None  # cupy uint64 result cells, the size first (see above)
     eb: float | None = None
     known: int | None = None
+    source: str = "encode"
 
     def nbytes(self) -> int:
-        """The stream's length (one small device-to-host read, the first time); raises what the encoder found."""
+        """The stream's length (one small device-to-host read, the first time); raises what the kernel found."""
         if self.known is None:
             self.known = self._read_size()
         return self.known
@@ -117,10 +120,17 @@ class DeviceStream:
     def _read_size(self) -> int:
         if self.cells is None:
             return int(self.size.get()[0])
-        return self.checked(*(int(v) for v in self.cells.get()))
+        return self.checked([int(v) for v in self.cells.get()])
 
-    def checked(self, size: int, err: int, worst: int) -> int:
-        """``size`` from the fused encoder's result cells as read, or what they report raised."""
+    def checked(self, words: list[int]) -> int:
+        """The size from the result cells as read (``words``), or what they report raised."""
+        size = words[0]
+        if self.source == "add":
+            _raise_add_errors(words[1] & 0xFFFFFFFF)
+            if size > self.data.size:
+                raise VisemzError(f"GPU homomorphic add failed (reported size {size:#x})")
+            return size
+        err, worst = words[1], words[2]
         if err & EB_NONFINITE:
             raise InvalidArgumentError("tensor holds NaN or Inf: error-bounded compression needs finite values")
         if err & EB_TOO_MANY_STEPS:
@@ -138,16 +148,16 @@ class DeviceStream:
 
 def read_sizes(streams: list[DeviceStream]) -> None:
     """Every stream's size in one device-to-host read instead of one each (``nbytes`` then reads nothing),
-    raising what any encoder reported as ``nbytes`` would.  Runs on the current stream, which must
-    follow the streams' encoders."""
+    raising what any kernel reported as ``nbytes`` would.  Runs on the current stream, which must
+    follow the streams' kernels."""
     pending = [s for s in streams if s.known is None]
     if not pending:
         return
     with torch_stream() as cp:
         words = cp.concatenate([s.size if s.cells is None else s.cells for s in pending]).get().tolist()
     for s in pending:
-        k = 1 if s.cells is None else 3
-        s.known = words[0] if k == 1 else s.checked(*words[:3])
+        k = 1 if s.cells is None else s.cells.size
+        s.known = words[0] if s.cells is None else s.checked(words[:k])
         words = words[k:]
 
 
@@ -201,44 +211,67 @@ def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64", pred=None):
     along rows, then columns, and ``eb_dequantise_*``.  The header is checked on the device; one
     host read of the error word.
     """
+    return eb_decode_many([s], eb, dtype, pred)[0]
+
+
+def eb_decode_many(streams: list[DeviceStream], eb: float, dtype: str = "float64", pred=None) -> list:
+    """``eb_decode`` of several streams (their sizes known on the host): every decoder launched, then
+    one host read of all their error words."""
     if dtype not in SUFFIX:
         raise UnsupportedFormatError(f"dtype {dtype} is not one the error-bounded decoder writes: {list(SUFFIX)}")
-    predicted = pred is not None and pred.code != 0
     with torch_stream() as cp:
-        raw = s.bytes_view()
-        out = cp.empty(s.n, cp.uint16 if dtype == "bfloat16" else dtype)
-        if s.n == 0:
-            return out
-        if predicted:
-            pred.check_count(s.n)
-        ntiles = L.n_tiles(s.n)
-        grid, args = (ntiles,), (raw, np.int64(raw.size), np.int64(s.n))
-        if predicted and pred.row == 0:  # 1-D Lorenzo: one kernel, prefix sums by decoupled look-back
-            cells = cp.zeros(2, cp.uint64)  # [look-back gave up (~0)], [error bits (int32 in the low word)]
-            scratch = G.workspace(ntiles)
-            kernel(f"eb_decode_lorenzo_{SUFFIX[dtype]}")(grid, (G.THREADS,), (
-                *args, np.float64(2 * eb), out, scratch.status, scratch.tile_counter, cells))
-            gave_up, word = (int(v) for v in cells.get())
-            if gave_up:
-                raise VisemzError(f"GPU error-bounded decoder failed (look-back word {gave_up:#x})")
-            code = word & 0xFFFFFFFF
-        else:
-            err = cp.zeros(1, cp.int32)
-            if not predicted:
-                kernel(f"eb_decode_{SUFFIX[dtype]}")(grid, (G.THREADS,), (*args, np.float64(2 * eb), out, err))
-            else:  # 2-D Lorenzo: the residuals widened, cupy's prefix sums along rows and down columns
-                r = cp.empty(s.n, cp.int64)
-                kernel("eb_residuals")(grid, (G.THREADS,), (*args, r, err))
-                q = cp.cumsum(cp.cumsum(r.reshape(-1, pred.row), axis=1), axis=0).reshape(-1)
-                kernel(f"eb_dequantise_{SUFFIX[dtype]}")((stride_grid(s.n),), (G.THREADS,), (
-                    q, np.int64(s.n), np.float64(2 * eb), out, err))
-            code = int(err.get()[0])
+        launched = [_eb_decode_launch(cp, s, eb, dtype, pred) for s in streams]
+        words = [w for _, w in launched if w is not None]
+        if words:
+            read = cp.concatenate(words).get().tolist()
+            for w in words:
+                _raise_decode_errors(read[: w.size])
+                read = read[w.size :]
+    return [out for out, _ in launched]
+
+
+def _eb_decode_launch(cp, s: DeviceStream, eb: float, dtype: str, pred):
+    """Queue one stream's decode: (output, its error words as int64 to read, or None for no values).
+
+    The words are [look-back gave up (~0), error bits] for 1-D Lorenzo, [error bits] otherwise."""
+    predicted = pred is not None and pred.code != 0
+    raw = s.bytes_view()
+    out = cp.empty(s.n, cp.uint16 if dtype == "bfloat16" else dtype)
+    if s.n == 0:
+        return out, None
+    if predicted:
+        pred.check_count(s.n)
+    ntiles = L.n_tiles(s.n)
+    grid, args = (ntiles,), (raw, np.int64(raw.size), np.int64(s.n))
+    if predicted and pred.row == 0:  # 1-D Lorenzo: one kernel, prefix sums by decoupled look-back
+        cells = cp.zeros(2, cp.uint64)  # [look-back gave up (~0)], [error bits (int32 in the low word)]
+        scratch = G.workspace(ntiles)
+        kernel(f"eb_decode_lorenzo_{SUFFIX[dtype]}")(grid, (G.THREADS,), (
+            *args, np.float64(2 * eb), out, scratch.status, scratch.tile_counter, cells))
+        return out, cells.view(cp.int64)
+    err = cp.zeros(1, cp.int64)  # the kernels write an int32: the low half
+    err32 = err.view(cp.int32)[:1]
+    if not predicted:
+        kernel(f"eb_decode_{SUFFIX[dtype]}")(grid, (G.THREADS,), (*args, np.float64(2 * eb), out, err32))
+    else:  # 2-D Lorenzo: the residuals widened, cupy's prefix sums along rows and down columns
+        r = cp.empty(s.n, cp.int64)
+        kernel("eb_residuals")(grid, (G.THREADS,), (*args, r, err32))
+        q = cp.cumsum(cp.cumsum(r.reshape(-1, pred.row), axis=1), axis=0).reshape(-1)
+        kernel(f"eb_dequantise_{SUFFIX[dtype]}")((stride_grid(s.n),), (G.THREADS,), (
+            q, np.int64(s.n), np.float64(2 * eb), out, err32))
+    return out, err
+
+
+def _raise_decode_errors(words: list[int]) -> None:
+    """What a decoder's error words (``_eb_decode_launch``) report, raised."""
+    if len(words) == 2 and words[0]:
+        raise VisemzError(f"GPU error-bounded decoder failed (look-back word {words[0] & 0xFFFFFFFFFFFFFFFF:#x})")
+    code = words[-1] & 0xFFFFFFFF
     if code & ~STEP_OVERFLOW:
         raise CorruptStreamError("error-bounded device stream is inconsistent: " + ", ".join(
             w for bit, w in ADD_ERRORS.items() if code & bit) + f" (GPU decoder error bits 0x{code:x})")
     if code:
         raise LimitExceededError("decoded steps leave int32: a sum of streams that int32 cannot hold, or a damaged stream")
-    return out
 
 
 def stream_bytes(s: DeviceStream) -> bytes:
@@ -248,24 +281,16 @@ def stream_bytes(s: DeviceStream) -> bytes:
     return stream.pack(len(raw), E.KINDS["none"], DEFAULTS.entropy_chunk, [raw])
 
 
-class _AddCells:
-    """Per-(device, stream) result cells of block_add: [stream size, error word]."""
-
-    def __init__(self, cp):
-        self.cells = cp.zeros(2, cp.uint64)
-
-
-_CELLS: dict = {}
-
-
-def _cells(cp):
-    key = (cp.cuda.Device().id, cp.cuda.get_current_stream().ptr)
-    if key not in _CELLS:
-        _CELLS[key] = _AddCells(cp)
-    return _CELLS[key].cells
+def _raise_add_errors(err: int) -> None:
+    """What block_add's error word reports, raised as the NumPy ``homomorphic.add`` raises it."""
+    if err & 64:
+        raise LimitExceededError("the sum leaves int32: use a larger error bound for this many additions")
+    if err:
+        raise CorruptStreamError("homomorphic add input is inconsistent: " + ", ".join(
+            w for bit, w in ADD_ERRORS.items() if err & bit))
 
 
-def add(a: DeviceStream, b: DeviceStream, inplace: bool = False) -> DeviceStream:
+def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = False) -> DeviceStream:
     """Homomorphic sum of two device streams with the fused ``block_add`` kernel.
 
     ``inplace=True`` leaves the sum in ``a.data``: the kernel writes a scratch stream (its tiles
@@ -273,6 +298,10 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False) -> DeviceStream
     sized copy on the same stream moves it back; ``a.data`` must hold the worst case, which
     ``encode_symbols`` and the transport's receive buffers allocate.
     Raises like the NumPy ``homomorphic.add``: a sum that leaves int32 is LimitExceededError.
+    ``lazy=True`` leaves the sum's size and error word on the device (the stream's ``cells``; no
+    host read; an in-place sum is then copied before anything is checked): its first size read (``nbytes``, ``read_sizes``, or the transport reading the
+    cells with the words it receives) raises what the kernel found.  Both inputs' sizes must be
+    known on the host (the kernel checks each stream's structure against its exact length).
     """
     if a.n != b.n:
         raise InvalidArgumentError(f"cannot add a {a.n}-value stream to a {b.n}-value stream")
@@ -283,29 +312,22 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False) -> DeviceStream
         sa, sb = a.bytes_view(), b.bytes_view()
         n, ntiles = a.n, L.n_tiles(a.n)
         out = cp.empty(cap, cp.uint8)
+        cells = cp.zeros(2, cp.uint64)  # [stream size], [error word (int32 in the low half)]; fresh: a lazy sum keeps its own
         if n == 0:
             out[: L.HEADER_SIZE] = cp.asarray(np.frombuffer(L.Header(BLOCK, True, 0, 0, 0, 0).pack(), np.uint8))
-            size, size_word = cp.asarray([L.HEADER_SIZE], cp.uint64), L.HEADER_SIZE
+            cells[0] = L.HEADER_SIZE
         else:
             scratch = G.workspace(ntiles)
-            cells = _cells(cp)
-            cells.fill(0)
             G.kernel("block_add")((ntiles,), (G.THREADS,), (
                 sa, np.int64(sa.size), sb, np.int64(sb.size), np.int64(n), np.int32(1), out, scratch.status, scratch.tile_counter,
                 cells[0:1], cells[1:2].view(cp.int32)))
-            size_word, err = (int(v) for v in cells.get())  # one read: size and error bits
-            if err & 64:
-                raise LimitExceededError("the sum leaves int32: use a larger error bound for this many additions")
-            if err:
-                raise CorruptStreamError("homomorphic add input is inconsistent: " + ", ".join(
-                    w for bit, w in ADD_ERRORS.items() if err & bit))
-            if size_word > cap:
-                raise VisemzError(f"GPU homomorphic add failed (reported size {size_word:#x})")
-            size = cells[0:1].copy()
-        if not inplace:
-            return DeviceStream(out, size, n, known=size_word)
-        G.kernel("copy_sized")((min(-(-cap // G.THREADS), 4096),), (G.THREADS,), (out, a.data, size, np.int64(cap)))
-        return DeviceStream(a.data, size, n, known=size_word)
+        s = DeviceStream(out, cells[0:1], n, cells, source="add")
+        if not lazy:
+            s.nbytes()  # raised here, before an in-place copy would overwrite ``a``
+        if inplace:
+            G.kernel("copy_sized")((min(-(-cap // G.THREADS), 4096),), (G.THREADS,), (out, a.data, cells[0:1], np.int64(cap)))
+            s.data = a.data
+    return s
 
 
 # ------------------------------------------------------------------- lossless

@@ -13,8 +13,10 @@ W x eb (W ranks) plus the float32 stack's own rounding (half a unit in the last 
 (one GPU per rank, NCCL) frames are summed on the GPU and the compressed all_reduce runs
 there too.  The compressed all_reduce is timed twice: once as is (its total, for the speedup)
 and once with a device sync around each phase (compress, communicate, reduce, decompress).
-The report names the algorithm that ran (auto's choice); a warm-up call before the timing
-keeps first-use costs (kernel compilation, connections, auto's calibration) out of it.
+The report names the algorithm that ran (auto's choice).  The all_reduce runs through a plan
+(``plans.plan``: the ranks agree on its settings once, when it is made; ``plan_setup`` in the
+report), and a warm-up call before the timing keeps first-use costs (kernel compilation,
+connections, auto's calibration) out of it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from ..errors import InvalidArgumentError
 from ..io import files, loaders, writers
 from . import transport as T
 from .codecs import ErrorBounded
-from .ops import all_reduce, last_algorithm, phase_times
+from .ops import last_algorithm, phase_times
+from .plans import plan
 
 
 @dataclass(frozen=True)
@@ -92,17 +95,20 @@ def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None)
     t["plain_allreduce"] = time.perf_counter() - t0
 
     stacked = partial.clone().contiguous()  # stays on cfg.device: GPU frames are reduced on the GPU
+    t0 = time.perf_counter()
+    reduce = plan(stacked, group=group, codec=ErrorBounded(eb), algorithm=cfg.algorithm)  # settings agreed once, here
+    t["plan_setup"] = time.perf_counter() - t0
     # a warm-up call keeps first-use costs out of the timing: kernel compilation, the point-to-point
     # connections, and for auto its calibration (once per setting)
-    all_reduce(partial.clone().contiguous(), codec=ErrorBounded(eb), algorithm=cfg.algorithm, group=group)
+    reduce(partial.clone().contiguous())
     _sync(cfg.device)
     t0 = time.perf_counter()
-    all_reduce(stacked, codec=ErrorBounded(eb), algorithm=cfg.algorithm, group=group)
+    reduce(stacked)
     _sync(cfg.device)
     t["compress_communicate_reduce"] = time.perf_counter() - t0
     algorithm = last_algorithm()
     with phase_times() as phases:  # the same call again, with a sync around each phase
-        all_reduce(partial.clone().contiguous(), codec=ErrorBounded(eb), algorithm=cfg.algorithm, group=group)
+        reduce(partial.clone().contiguous())
     stacked = stacked.cpu()
 
     if rank != 0:

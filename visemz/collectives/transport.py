@@ -1,7 +1,10 @@
 """Moving compressed payloads between ranks with torch.distributed (NCCL or Gloo carry every byte).
 
-Payloads are 1-D uint8 tensors.  An exchange sends sizes before payloads (unless every side
-already knows them, e.g. from ``all_sizes``), so receivers allocate exactly what arrives.
+Payloads are 1-D uint8 tensors, or ``Lazy`` ones: made on the GPU with their byte count still in
+device memory (a homomorphic sum).  An exchange sends sizes before payloads (unless every side
+already knows them, e.g. from ``all_sizes``), so receivers allocate exactly what arrives; a lazy
+payload's size word goes out straight from device memory and the host reads it together with the
+incoming sizes, one read for both.
 Tensors travel on the group's own device: CUDA for NCCL (compressed bytes never visit the
 host; only the int64 size words are read back), the CPU for Gloo.  Received payloads come back on that device; callers move them where their codec runs.
 Ranks here are ranks within ``group``; they are mapped to global ranks for point-to-point calls.
@@ -14,7 +17,10 @@ alone, not for the work the caller queued before (a copy into the tensor, a back
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -77,32 +83,80 @@ def _host_wait_limit(group):
         return None
 
 
-def exchange(sends: dict[int, torch.Tensor], frm: list[int], group, sizes: dict[int, int] | None = None
+@dataclass
+class Lazy:
+    """A payload whose byte count is still in device memory.
+
+    ``data``: uint8 room for the payload; ``words``: int64 words on data's device, the byte count
+    first, then what its maker reports beside it (error bits), zero when all is well; ``settle``:
+    the words as read -> the byte count, raising what they report.  ``settle`` is a pure check,
+    which ``all_sizes`` also applies (count word set to 0) to other ranks' words, so every rank
+    raises what any rank's maker reported.  ``n``: the byte count once read."""
+
+    data: torch.Tensor
+    words: torch.Tensor
+    settle: Callable[[list[int]], int]
+    n: int | None = None
+
+    def settled(self, words: list[int]) -> torch.Tensor:
+        self.n = self.settle(words)
+        return self.data[: self.n]
+
+
+def payload(p: torch.Tensor | Lazy) -> torch.Tensor:
+    """The exact payload: ``p`` itself, or a lazy one's bytes (its words read now if no exchange has)."""
+    if not isinstance(p, Lazy):
+        return p
+    return p.data[: p.n] if p.n is not None else p.settled(p.words.tolist())
+
+
+def _settle(lazy: list[Lazy], read: list[int]) -> None:
+    """Settle each lazy payload from its words in ``read`` (their concatenation, in order)."""
+    for p in lazy:
+        k = p.words.numel()
+        p.settled(read[:k])
+        read = read[k:]
+
+
+def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes: dict[int, int] | None = None
              ) -> dict[int, torch.Tensor]:
     """Send ``sends[to]`` to each rank ``to`` while receiving one payload from each rank in ``frm``.
 
     Two batches whatever the number of peers (every size word, then every payload; the host
-    reads the incoming sizes once, in between), or one with ``sizes`` (each incoming payload's byte count,
-    already known on every side, e.g. from ``all_sizes``), which leaves the size words out."""
+    reads the incoming sizes, with the words of any lazy payload sent, once, in between), or one
+    with ``sizes`` (each incoming payload's byte count, already known on every side, e.g. from
+    ``all_sizes``), which leaves the size words out.  Lazy payloads come back settled."""
     dev = device(group)
-    sends = {to: p.to(dev) for to, p in sends.items()}
+    lazy = [p for p in sends.values() if isinstance(p, Lazy) and p.n is None]
     if sizes is None:
         in_n = torch.empty(len(frm), dtype=torch.int64, device=dev)
-        _post([(dist.isend, _size_word(p.numel(), group), to) for to, p in sends.items()]
+        _post([(dist.isend, _count_word(p, group), to) for to, p in sends.items()]
               + [(dist.irecv, in_n[i : i + 1], f) for i, f in enumerate(frm)], group)
-        sizes = dict(zip(frm, in_n.tolist()))
+        read = torch.cat([in_n, *(p.words.to(dev) for p in lazy)]).tolist()
+        sizes = dict(zip(frm, read[: len(frm)]))
+        _settle(lazy, read[len(frm) :])
+    elif lazy:
+        _settle(lazy, torch.cat([p.words.to(dev) for p in lazy]).tolist())
+    sends = {to: payload(p).to(dev) for to, p in sends.items()}
     incoming = {f: torch.empty(sizes[f], dtype=torch.uint8, device=dev) for f in frm}
     _post([(dist.isend, p, to) for to, p in sends.items()] + [(dist.irecv, incoming[f], f) for f in frm], group)
     return incoming
 
 
-def sendrecv(payload: torch.Tensor, to: int, frm: int, group, size: int | None = None) -> torch.Tensor:
+def _count_word(p: torch.Tensor | Lazy, group) -> torch.Tensor:
+    """The size word sent ahead of ``p``: a lazy payload's own count word in device memory."""
+    if isinstance(p, Lazy) and p.n is None:
+        return p.words[:1].to(device(group))
+    return _size_word(payload(p).numel(), group)
+
+
+def sendrecv(payload: torch.Tensor | Lazy, to: int, frm: int, group, size: int | None = None) -> torch.Tensor:
     """Send ``payload`` to rank ``to`` while receiving one from rank ``frm`` (no ordering deadlock);
     ``size``: the incoming payload's byte count where every side knows it already (no size words)."""
     return exchange({to: payload}, [frm], group, None if size is None else {frm: size})[frm]
 
 
-def send(payload: torch.Tensor, to: int, group) -> None:
+def send(payload: torch.Tensor | Lazy, to: int, group) -> None:
     exchange({to: payload}, [], group)
 
 
@@ -110,11 +164,25 @@ def recv(frm: int, group) -> torch.Tensor:
     return exchange({}, [frm], group)[frm]
 
 
-def all_sizes(n: int, group) -> list[int]:
-    """Every rank's ``n``, on every rank: one all_gather of size words and one host read."""
-    sizes = torch.empty(world(group), dtype=torch.int64, device=device(group))
-    _all_gather_single(sizes, _size_word(n, group), group)
-    return sizes.tolist()
+def all_sizes(n: int | Lazy, group) -> list[int]:
+    """Every rank's byte count ``n``, on every rank: one all_gather and one host read.
+
+    A lazy payload sends all its words and comes back settled; every rank then checks every
+    rank's reports, so what one rank's maker reported is raised on all of them."""
+    if not isinstance(n, Lazy):
+        sizes = torch.empty(world(group), dtype=torch.int64, device=device(group))
+        _all_gather_single(sizes, _size_word(n, group), group)
+        return sizes.tolist()
+    k = n.words.numel()
+    table = torch.empty(world(group) * k, dtype=torch.int64, device=device(group))
+    _all_gather_single(table, n.words.to(device(group)), group)
+    read = table.tolist()
+    rows = [read[i * k : (i + 1) * k] for i in range(world(group))]
+    n.settled(rows[rank(group)])
+    for i, row in enumerate(rows):
+        if i != rank(group):
+            n.settle([0, *row[1:]])  # another rank's reports (its count needs no room here)
+    return [row[0] for row in rows]
 
 
 def all_gather(payload: torch.Tensor, group) -> list[torch.Tensor]:
@@ -143,46 +211,64 @@ def agree(values: list[float], group, what: str, fields=None) -> None:
     never hangs); the message names each differing field (``fields[i]`` names ``values[i]``) and
     every rank's value of it."""
     dev = device(group)
-    gather = _gather_on_side_stream if dev.type == "cuda" else _gather_on_host
-    table = gather(torch.tensor(values, dtype=torch.float64), group, dev).reshape(world(group), len(values))
-    differ = (table != table[0]).any(0).nonzero().flatten().tolist()
+    w, k = world(group), len(values)
+    if dev.type == "cuda":
+        table = _gather_on_side_stream(values, group, dev)
+    else:
+        table = _gather_on_host(torch.tensor(values, dtype=torch.float64), group).numpy()
+    table = table.reshape(w, k)
+    differ = np.flatnonzero((table != table[0]).any(0)).tolist()
     if differ:
-        names = list(fields) if fields is not None and len(fields) == len(values) else [f"setting {i}" for i in range(len(values))]
+        names = list(fields) if fields is not None and len(fields) == k else [f"setting {i}" for i in range(k)]
         rows = "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {v:g}" for r, v in enumerate(table[:, i].tolist())) for i in differ)
         raise PlanMismatchError(f"ranks disagree on {what}: {rows}")
 
 
-def _gather_on_host(mine: torch.Tensor, group, dev: torch.device) -> torch.Tensor:
+def _gather_on_host(mine: torch.Tensor, group) -> torch.Tensor:
     everyone = torch.empty(world(group) * mine.numel(), dtype=mine.dtype)
     _all_gather_single(everyone, mine, group)
     return everyone
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-_SIDE_LOCK = threading.Lock()
+class _AgreeBuffers:
+    """The side stream and buffers of a device's settings agreements, made once: a pinned host row,
+    its device copy, the device table and its pinned host copy (the functional API agrees on every
+    call, so per-call allocations and pinning would be a fixed cost of each)."""
+
+    def __init__(self, dev: torch.device, k: int, w: int):
+        self.stream = torch.cuda.Stream(dev)
+        self.lock = threading.Lock()  # a plan made on one thread while a call agrees on the background one
+        self.host_in = torch.empty(k, dtype=torch.float64, pin_memory=True)
+        self.dev_in = torch.empty(k, dtype=torch.float64, device=dev)
+        self.dev_out = torch.empty(w * k, dtype=torch.float64, device=dev)
+        self.host_out = torch.empty(w * k, dtype=torch.float64, pin_memory=True)
 
 
-def _side_stream(dev: torch.device) -> torch.cuda.Stream:
-    with _SIDE_LOCK:
-        if dev.index not in _SIDE_STREAMS:
-            _SIDE_STREAMS[dev.index] = torch.cuda.Stream(dev)
-        return _SIDE_STREAMS[dev.index]
+_AGREE: dict[tuple, _AgreeBuffers] = {}
+_AGREE_LOCK = threading.Lock()
 
 
-def _gather_on_side_stream(mine: torch.Tensor, group, dev: torch.device) -> torch.Tensor:
+def _agree_buffers(dev: torch.device, k: int, w: int) -> _AgreeBuffers:
+    with _AGREE_LOCK:
+        key = (dev.index, k, w)
+        if key not in _AGREE:
+            _AGREE[key] = _AgreeBuffers(dev, k, w)
+        return _AGREE[key]
+
+
+def _gather_on_side_stream(values: list[float], group, dev: torch.device) -> np.ndarray:
     """all_gather of a few numbers on ``dev`` without waiting for the caller's queued work.
 
     Upload, all_gather and read-back are queued on an otherwise idle side stream: NCCL's
     stream then depends on that stream only (not on the caller's), and the host waits for
-    this stream alone.  Host buffers are pinned (from torch's caching host allocator) so the
-    copies are true asynchronous copies on that stream."""
-    side = _side_stream(dev)
-    mine = mine.pin_memory()
-    out = torch.empty(world(group) * mine.numel(), dtype=mine.dtype, pin_memory=True)
-    with torch.cuda.stream(side):
-        on_dev = mine.to(dev, non_blocking=True)
-        everyone = torch.empty(out.numel(), dtype=mine.dtype, device=dev)
-        _all_gather_single(everyone, on_dev, group)
-        out.copy_(everyone, non_blocking=True)
-        side.synchronize()
-    return out
+    this stream alone.  Host buffers are pinned, so the copies are true asynchronous copies on
+    that stream; they are written only after the previous agreement's stream work is done."""
+    b = _agree_buffers(dev, len(values), world(group))
+    with b.lock:
+        b.host_in.numpy()[:] = values
+        with torch.cuda.stream(b.stream):
+            b.dev_in.copy_(b.host_in, non_blocking=True)
+            _all_gather_single(b.dev_out, b.dev_in, group)
+            b.host_out.copy_(b.dev_out, non_blocking=True)
+            b.stream.synchronize()
+        return b.host_out.numpy().copy()

@@ -1,0 +1,76 @@
+"""CUDA tensors over Gloo, every rank on the one GPU there is (marker gpu): the device engine's
+rings and doubling (lazy sums, sizes read with what arrives, decodes read together) give the
+very values the host engine gives CPU tensors, and an add error on one rank reaches every rank.
+
+A one-GPU machine runs these multi-rank device paths, which otherwise need one GPU per rank (NCCL)."""
+
+import pytest
+import torch
+
+from visemz.collectives import ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, reduce_scatter, scatter
+from visemz.errors import LimitExceededError
+
+from .collective_checks import data, run_checks, run_ranks
+
+pytestmark = pytest.mark.gpu
+GPU = torch.device("cuda", 0)
+
+
+def _same(fn, make) -> bool:
+    """``fn`` run on CPU tensors and on CUDA copies of them: identical values (the engines' bytes agree)."""
+    cpu = make()
+    gpu = [t.to(GPU) for t in cpu]
+    fn(*cpu)
+    fn(*gpu)
+    return all(torch.equal(c, g.cpu()) for c, g in zip(cpu, gpu))
+
+
+def _device_checks(rank: int, world: int) -> list[str]:
+    ErrorBounded(1e-3).encode_device(torch.zeros(64, device=GPU))  # kernels built before any collective
+    done = []
+    for codec in (ErrorBounded(1e-3), ErrorBounded(1e-3, "none"), ErrorBounded(1e-2, "lorenzo2d")):
+        for algorithm in ("ring", "recursive_doubling"):
+            shape = (97, 103) if codec.predictor == "lorenzo2d" else (10_007,)
+            assert _same(lambda t: all_reduce(t, codec=codec, algorithm=algorithm),
+                         lambda: [data(rank, n=97 * 103).reshape(shape) if len(shape) == 2 else data(rank)]), (codec, algorithm)
+    done.append("all_reduce ring and recursive doubling: CUDA over Gloo == CPU")
+
+    for codec in (ErrorBounded(1e-3), Lossless()):
+        assert _same(lambda out, *ins: reduce_scatter(out, list(ins), codec=codec),
+                     lambda: [torch.empty(997), *(data(rank, n=997) * (j + 1) for j in range(world))]), codec
+        assert _same(lambda t, *outs: all_gather(list(outs), t, codec=codec),
+                     lambda: [data(rank), *(torch.empty(10_007) for _ in range(world))]), codec
+        assert _same(lambda *ts: all_to_all(list(ts[:world]), list(ts[world:]), codec=codec),
+                     lambda: [*(torch.empty(300) for _ in range(world)), *(data(rank * world + j, n=300) for j in range(world))])
+        root = world - 1
+        assert _same(lambda out, *parts: scatter(out, list(parts) if rank == root else None, root, codec=codec),
+                     lambda: [torch.empty(501), *(data(j, n=501) for j in range(world))]), codec
+    done.append("reduce_scatter, all_gather, all_to_all, scatter: CUDA over Gloo == CPU")
+
+    if world == 2:
+        # rank 0's reduced chunk (the first half) leaves int32 steps; rank 1's does not: both raise
+        t = torch.full((4096,), 1.0, device=GPU)
+        t[:2048] = 2.0**30 * 2e-9
+        try:
+            all_reduce(t, codec=ErrorBounded(1e-9, "none"), algorithm="ring")
+            raise AssertionError("a sum leaving int32 was not refused")
+        except LimitExceededError as e:
+            assert "int32" in str(e)
+        done.append("an add error on one rank's chunk is raised on every rank")
+    return done
+
+
+def _worker(rank: int, world: int, init_file: str, queue) -> None:
+    run_checks(_device_checks, rank, world, init_file, queue, "gloo")
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("world", [2, 3])
+def test_cuda_tensors_over_gloo_equal_cpu_tensors(world, tmp_path):
+    pytest.importorskip("cupy")
+    results = run_ranks(_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q), timeout=360)
+    errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
+    assert not errors, "\n".join(errors)
+    raised_everywhere = ["an add error on one rank's chunk is raised on every rank" in msg for _, _, msg in results]
+    assert raised_everywhere == [world == 2] * world
