@@ -48,9 +48,10 @@ def _device_checks(rank: int, world: int) -> list[str]:
     done.append("reduce_scatter, all_gather, all_to_all, scatter: CUDA over Gloo == CPU")
 
     if world == 2:
-        # rank 0's reduced chunk (the first half) leaves int32 steps; rank 1's does not: both raise
+        # rank 0's reduced chunk (the first half: 1.5 * 2**30 steps of 2 eb on each rank) leaves int32
+        # steps when summed; rank 1's (5e8 steps each) does not: both raise
         t = torch.full((4096,), 1.0, device=GPU)
-        t[:2048] = 2.0**30 * 2e-9
+        t[:2048] = 1.5 * 2.0**30 * 2e-9
         try:
             all_reduce(t, codec=ErrorBounded(1e-9, "none"), algorithm="ring")
             raise AssertionError("a sum leaving int32 was not refused")
