@@ -7,10 +7,11 @@ A one-GPU machine runs these multi-rank device paths, which otherwise need one G
 import pytest
 import torch
 
-from visemz.collectives import ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, reduce_scatter, scatter
+from visemz.collectives import (ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, last_algorithm, reduce_scatter,
+                                scatter)
 from visemz.errors import LimitExceededError
 
-from .collective_checks import data, run_checks, run_ranks
+from .collective_checks import bounded, data, exact_sum, run_checks, run_ranks
 
 pytestmark = pytest.mark.gpu
 GPU = torch.device("cuda", 0)
@@ -34,6 +35,11 @@ def _device_checks(rank: int, world: int) -> list[str]:
             assert _same(lambda t: all_reduce(t, codec=codec, algorithm=algorithm),
                          lambda: [data(rank, n=97 * 103).reshape(shape) if len(shape) == 2 else data(rank)]), (codec, algorithm)
     done.append("all_reduce ring and recursive doubling: CUDA over Gloo == CPU")
+
+    t = data(rank).to(GPU)
+    all_reduce(t, codec=ErrorBounded(1e-3), algorithm="auto")  # calibrates at the default sizes on this GPU
+    assert bounded(t, exact_sum(world), world * 1e-3) and last_algorithm() in ("plain", "ring", "recursive_doubling")
+    done.append(f"auto at the default calibration sizes chose {last_algorithm()}")
 
     for codec in (ErrorBounded(1e-3), Lossless()):
         assert _same(lambda out, *ins: reduce_scatter(out, list(ins), codec=codec),

@@ -44,7 +44,12 @@ class Defaults:
     dali_batch: int = 16  # VISEMZ_DALI_BATCH
     #: Collectives: the two sizes (KiB) at which all_reduce(algorithm="auto") times every algorithm, once per
     #: group and codec setting, for GPU tensors; CPU tensors use 1/64 of them (collectives/autotune.py).
-    collective_calibration_kib: str = "1024,32768"  # VISEMZ_COLLECTIVE_CALIBRATION_KIB
+    #: The larger is above a GPU's L2 cache (50-60 MB on H100/H200) and far enough from the smaller that
+    #: the per-byte costs are not lost in millisecond host jitter: with 32 MiB, a four-H200 calibration
+    #: put recursive doubling at 4.3 ms for 1 GiB over NVLink (it took 14.1 ms) and auto ran it at
+    #: 0.37x NCCL (issue 15, session 17; docs/results/auto_replay_4gpu_h200_session17.txt).  About
+    #: 2 GB of device memory at the larger size, for the calibration only.
+    collective_calibration_kib: str = "1024,262144"  # VISEMZ_COLLECTIVE_CALIBRATION_KIB
     #: Conditional rANS: code bytes per lane.  A lane costs about 3.5 bytes (its final state), so
     #: 512 keeps that under 1%; fewer bytes per lane means more lanes, hence more GPU parallelism.
     rans_lane_bytes: int = 512  # VISEMZ_RANS_LANE_BYTES

@@ -2,8 +2,8 @@
 
 Calibration runs at the first ``auto`` call of a setting (group, error bound, dtype): every
 candidate (plain, ring, recursive doubling) is timed for real on the call's device at two
-sizes (``VISEMZ_COLLECTIVE_CALIBRATION_KIB``, default 1 MiB and 32 MiB on a GPU; CPU
-tensors, whose codecs run in NumPy, use 1/64 of these), on the call's own values tiled to
+sizes (``VISEMZ_COLLECTIVE_CALIBRATION_KIB``, default 1 MiB and 256 MiB on a GPU, the larger
+above the GPU's L2 cache; CPU tensors, whose codecs run in NumPy, use 1/64 of these), on the call's own values tiled to
 those sizes, so the codec sees the data it will compress.  Each timing is the median of
 ``REPS`` runs after a warm-up.  The table of timings is max-reduced over the group once (the
 slowest rank's figures: every rank then holds the same numbers), and ``cost.CostModel``
