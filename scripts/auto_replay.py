@@ -48,6 +48,8 @@ def replay(rows: list[dict], cal: tuple[int, int], api: str) -> list[str]:
     lines = []
     cases = sorted({(k, eb) for k, eb, a, _ in t if a != "plain"})
     sizes = sorted({mb for *_, mb in t})
+    if not cases:
+        return [f"no compressed all_reduce rows of the {api} API"]
     for kind, eb in cases:
         ratio = observed_ratio(rows, kind, eb)
 
