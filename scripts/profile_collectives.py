@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 2 scripts/profile_collectives.py [--mb 1] [--eb 1e-4] [--reps 20]
     torchrun --nproc-per-node 2 scripts/profile_collectives.py --device cpu   # Gloo, CPU tensors, NumPy codecs
+    torchrun --nproc-per-node 2 scripts/profile_collectives.py --backend gloo # CUDA tensors over Gloo (one GPU will do)
 
 For each algorithm (ring, recursive doubling), through the functional API (``all_reduce``) and
 through a persistent plan (``visemz.collectives.plan``): the median milliseconds per call over
@@ -53,13 +54,17 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=22, help="profile lines printed per ordering")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: Gloo with CPU tensors")
     ap.add_argument("--api", choices=("functional", "plan", "both"), default="both")
+    ap.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                    help="for --device cuda: gloo moves the payloads through the host, and ranks may share GPUs "
+                         "(rank r on GPU r mod count), so the device engine's host work can be profiled on one GPU")
     args = ap.parse_args()
     local = int(os.environ["LOCAL_RANK"])
     if args.device == "cuda":
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=dev)
-        name = torch.cuda.get_device_name()
+        index = local % torch.cuda.device_count() if args.backend == "gloo" else local
+        torch.cuda.set_device(index)
+        dev = torch.device("cuda", index)
+        dist.init_process_group(args.backend, **({"device_id": dev} if args.backend == "nccl" else {}))
+        name = f"{torch.cuda.get_device_name()} ({args.backend})"
     else:
         dev = torch.device("cpu")
         dist.init_process_group("gloo")

@@ -19,7 +19,6 @@ on the host.  cupy runs on torch's current stream, so torch, cupy and NCCL work 
 
 from __future__ import annotations
 
-import contextlib
 import struct
 from dataclasses import dataclass
 
@@ -50,13 +49,42 @@ def stride_grid(n: int) -> int:
     return min(-(-n // G.THREADS), G.sm_count() * 8)
 
 
-@contextlib.contextmanager
-def torch_stream():
-    """Run cupy work on torch's current CUDA stream (so NCCL and torch ops see it in order)."""
-    cp = cuda.require_cupy()
-    s = torch.cuda.current_stream()
-    with cp.cuda.Device(s.device.index), cuda.external_stream(s.cuda_stream, s.device.index):
-        yield cp
+# torch's raw current-stream query (what Triton calls): two C calls instead of torch.cuda.current_stream()'s
+# Python wrapper and Stream object; a torch without it takes the public path
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_CUPY = None
+
+
+def _current_stream() -> tuple[int, int]:
+    """(device index, raw handle) of torch's current CUDA stream."""
+    if _RAW_STREAM is None or not torch.cuda.is_initialized():
+        s = torch.cuda.current_stream()
+        return s.device.index, s.cuda_stream
+    idx = torch._C._cuda_getDevice()
+    return idx, _RAW_STREAM(idx)
+
+
+class torch_stream:
+    """``with torch_stream() as cp``: run cupy work on torch's current CUDA stream (so NCCL and torch
+    ops see it in order).  A class rather than a generator context: a collective enters one tens of
+    times per call (issue 15: the host time of an exchange is Python), and this costs a few calls."""
+
+    __slots__ = ("_device", "_stream")
+
+    def __enter__(self):
+        global _CUPY
+        if _CUPY is None:
+            _CUPY = cuda.require_cupy()
+        idx, handle = _current_stream()
+        self._device, self._stream = _CUPY.cuda.Device(idx), cuda.external_stream(handle, idx)
+        self._device.__enter__()
+        self._stream.__enter__()
+        return _CUPY
+
+    def __exit__(self, *exc) -> bool:
+        self._stream.__exit__(*exc)
+        self._device.__exit__(*exc)
+        return False
 
 
 def float_bits(x) -> tuple[object, str]:
