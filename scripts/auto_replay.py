@@ -22,36 +22,39 @@ from visemz.collectives.cost import ALGORITHMS, CostModel
 MB = 1 << 20
 
 
-def timings(rows: list[dict], api: str) -> dict:
+def _ours(r: dict, api: str, predictor: str) -> bool:
+    """A compressed all_reduce row of this API and predictor (rows without the field were written by one)."""
+    return r["op"] == "all_reduce" and r.get("api", api) == api and r.get("predictor", predictor) == predictor
+
+
+def timings(rows: list[dict], api: str, predictor: str) -> dict:
     """(kind, eb, algorithm, MiB) -> seconds; plain is NCCL's row (its eb None)."""
     out = {}
     for r in rows:
-        if r["op"] != "all_reduce":
-            continue
-        if r["algorithm"] == "nccl":
+        if r["op"] == "all_reduce" and r["algorithm"] == "nccl":
             out[(r["data"], None, "plain", r["bytes"] // MB)] = r["seconds"]
-        elif r["algorithm"] in ALGORITHMS[1:] and r.get("api", api) == api:
+        elif r["algorithm"] in ALGORITHMS[1:] and _ours(r, api, predictor):
             out[(r["data"], r["eb"], r["algorithm"], r["bytes"] // MB)] = r["seconds"]
     return out
 
 
-def observed_ratio(rows: list[dict], kind: str, eb: float) -> float | None:
-    """The last compression ratio auto recorded for this kind and bound (None if no auto row has one)."""
-    seen = [r["auto_ratio"] for r in rows if r["op"] == "all_reduce" and r["algorithm"] == "auto"
+def observed_ratio(rows: list[dict], kind: str, eb: float, api: str, predictor: str) -> float | None:
+    """The last compression ratio auto recorded for this case (None if no auto row has one)."""
+    seen = [r["auto_ratio"] for r in rows if r["algorithm"] == "auto" and _ours(r, api, predictor)
             and r["data"] == kind and r["eb"] == eb and r.get("auto_ratio")]
     return seen[-1] if seen else None
 
 
-def replay(rows: list[dict], cal: tuple[int, int], api: str) -> list[str]:
-    t = timings(rows, api)
+def replay(rows: list[dict], cal: tuple[int, int], api: str, predictor: str = "lorenzo") -> list[str]:
+    t = timings(rows, api, predictor)
     world = max(r["world"] for r in rows)
     lines = []
     cases = sorted({(k, eb) for k, eb, a, _ in t if a != "plain"})
     sizes = sorted({mb for *_, mb in t})
     if not cases:
-        return [f"no compressed all_reduce rows of the {api} API"]
+        return [f"no compressed all_reduce rows of the {api} API with predictor {predictor}"]
     for kind, eb in cases:
-        ratio = observed_ratio(rows, kind, eb)
+        ratio = observed_ratio(rows, kind, eb, api, predictor)
 
         def sec(a, mb, kind=kind, eb=eb):
             return t.get((kind, None if a == "plain" else eb, a, mb))
@@ -76,8 +79,10 @@ def replay(rows: list[dict], cal: tuple[int, int], api: str) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bench", type=Path, nargs="+", help="JSON written by scripts/bench_collectives.py")
-    ap.add_argument("--calibration-mb", default="1,32", help="the two calibration sizes in MiB (sizes the JSON has)")
+    ap.add_argument("--calibration-mb", default="1,256", help="the two calibration sizes in MiB (sizes the JSON has; "
+                    "auto's default is 1 and 256)")
     ap.add_argument("--api", default="plan", choices=("plan", "functional"), help="whose compressed rows to use")
+    ap.add_argument("--predictor", default="lorenzo", help="whose compressed rows to use (none, lorenzo)")
     args = ap.parse_args()
     try:
         cal = tuple(int(s) for s in args.calibration_mb.split(","))
@@ -88,7 +93,7 @@ def main() -> None:
     for path in args.bench:
         data = json.loads(path.read_text())
         print(f"== {path.name} ({data.get('device')}, {data.get('label')}), calibration at {cal[0]} and {cal[1]} MiB")
-        for line in replay(data["rows"], cal, args.api):
+        for line in replay(data["rows"], cal, args.api, args.predictor):
             print(line)
 
 

@@ -263,6 +263,6 @@ def test_auto_replay_picks_what_its_lines_say_and_names_the_measured_best():
     (line,) = mod.replay(rows(2e-4), (1, 256), "plan")
     assert "1 MiB: plain 1.00x (best plain" in line and "1024 MiB: ring" in line and "(best ring" in line
     (line,) = mod.replay(rows(2e-4), (1, 16), "functional")  # no functional rows: said, not guessed
-    assert line == "no compressed all_reduce rows of the functional API"
+    assert line == "no compressed all_reduce rows of the functional API with predictor lorenzo"
     (line,) = mod.replay(rows(2e-4), (1, 64), "plan")  # a calibration size the run lacks
     assert "no auto ratio or no rows at (1, 64) MiB" in line

@@ -75,7 +75,7 @@ def bounds(n: int, parts: int) -> list[tuple[int, int]]:
 
 def ring_reduce_scatter(eng, chunks: list, sizes: list[int], group):
     """Homomorphic ring: rank r ends with the compressed sum of chunk r (lazy on a GPU: its size
-    still in device memory).  Each step's sum is the next step's send, so on a GPU each step reads
+    still in device memory).  Each step's sum is the next step's send, so on an NCCL group each step reads
     the host once: the sum's size word and error bits with the incoming size."""
     r, w = T.rank(group), T.world(group)
     for s in range(w - 1):
@@ -100,7 +100,7 @@ def ring(eng, flat: torch.Tensor, group, name: str, edges=None) -> tuple[torch.T
     # so the exchanges below send no size words
     with phase("communicate"):
         reduced = T.all_sizes(mine if isinstance(mine, T.Lazy) else mine.numel(), group)
-    chunks[r] = T.payload(mine)
+    chunks[r] = T.exact(mine)
     for s in range(w - 1):
         send_i, recv_i = (r - s) % w, (r - s - 1) % w
         with phase("communicate"):
@@ -116,14 +116,14 @@ def recursive_doubling(eng, flat: torch.Tensor, group, name: str, edges=None) ->
     n = flat.numel()
     with phase("compress"):
         buf = eng.encode_many([flat])[0]
-    buf = T.payload(_doubling(eng, buf, n, group))
+    buf = T.exact(_doubling(eng, buf, n, group))
     with phase("decompress"):
         return eng.values(buf, n, name), buf.numel()
 
 
 def _doubling(eng, buf, n: int, group):
     """The doubling rounds; the result may be lazy (a GPU sum not read yet).  Each round's sum is the
-    next round's send, so on a GPU each round reads the host once."""
+    next round's send, so on an NCCL group each round reads the host once."""
     r, w = T.rank(group), T.world(group)
     p = 1 << (w.bit_length() - 1)  # largest power of two <= w
     if r >= p:  # extra ranks hand their data to a partner and wait for the result

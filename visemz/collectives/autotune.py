@@ -66,7 +66,7 @@ def calibration_bytes(device: torch.device) -> tuple[int, int]:
         kib = []
     if len(kib) != 2 or not 0 < kib[0] < kib[1]:
         raise InvalidArgumentError(f"VISEMZ_COLLECTIVE_CALIBRATION_KIB={raw!r}: expected two sizes in KiB, "
-                                   "the smaller first (e.g. 1024,32768)")
+                                   "the smaller first (e.g. 1024,262144)")
     scale = 1 if device.type == "cuda" else HOST_SCALE
     return kib[0] * 1024 // scale, kib[1] * 1024 // scale
 

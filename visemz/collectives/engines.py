@@ -45,11 +45,11 @@ class HostEngine:
         return [_u8(self.codec.encode(t.reshape(-1), **self.kwargs)) for t in tensors]
 
     def add(self, a, b, n: int) -> torch.Tensor:
-        return _u8(host_add(_bytes(T.payload(a)), _bytes(T.payload(b)), self.codec))
+        return _u8(host_add(_bytes(T.exact(a)), _bytes(T.exact(b)), self.codec))
 
     def values(self, p, n: int, name: str) -> torch.Tensor:
         """float64 values of a payload (error-bounded: the exact 2 eb q)."""
-        raw = _bytes(T.payload(p))
+        raw = _bytes(T.exact(p))
         if isinstance(self.codec, ErrorBounded):
             return torch.from_numpy(self.codec.decode(raw, exact=True))
         return torch.from_numpy(np.ascontiguousarray(_to_float64(self.codec.decode(raw), name)))
@@ -67,7 +67,7 @@ class DeviceEngine:
 
     def _stream_of(self, p, n: int):
         """A payload as a DeviceStream: its size is known on the host (a lazy one's read now if it is not yet)."""
-        p = T.payload(p).to(self.device)
+        p = T.exact(p).to(self.device)
         with gpu.torch_stream() as cp:
             return gpu.DeviceStream(cp.asarray(p), None, n, known=p.numel())
 
@@ -103,7 +103,7 @@ class DeviceEngine:
 
     def add(self, a, b, n: int) -> T.Lazy:
         """The homomorphic sum, lazy: its size and error word stay on the GPU until the transport
-        reads them with the words it receives (no host read here)."""
+        reads them with the words it receives (no host read of the sum here; a lazy input is read first)."""
         s = gpu.add(self._stream_of(a, n), self._stream_of(b, n), lazy=True)
         with gpu.torch_stream() as cp:
             data = torch.as_tensor(s.data, device=self.device)
@@ -123,7 +123,7 @@ class DeviceEngine:
                         for v in self.codec.decode_device_many(streams, **self.kwargs)]
         out = []
         for p, n in zip(payloads, sizes):
-            p = T.payload(p).to(self.device)
+            p = T.exact(p).to(self.device)
             with gpu.torch_stream():
                 out.append(torch.as_tensor(self.codec.decode_device(cuda.as_cupy(p), n, name), device=self.device))
         return out

@@ -151,8 +151,9 @@ class DeviceStream:
         return self.checked([int(v) for v in self.cells.get()])
 
     def checked(self, words: list[int]) -> int:
-        """The size from the result cells as read (``words``), or what they report raised."""
-        size = words[0]
+        """The size from the result cells as read (``words``; unsigned or, through a torch int64 view,
+        signed: a failure's ~0 is then -1), or what they report raised."""
+        size = words[0] & 0xFFFFFFFFFFFFFFFF
         if self.source == "add":
             _raise_add_errors(words[1] & 0xFFFFFFFF)
             if size > self.data.size:
@@ -327,12 +328,14 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
     ``encode_symbols`` and the transport's receive buffers allocate.
     Raises like the NumPy ``homomorphic.add``: a sum that leaves int32 is LimitExceededError.
     ``lazy=True`` leaves the sum's size and error word on the device (the stream's ``cells``; no
-    host read; an in-place sum is then copied before anything is checked): its first size read (``nbytes``, ``read_sizes``, or the transport reading the
+    host read; not with ``inplace``): its first size read (``nbytes``, ``read_sizes``, or the transport reading the
     cells with the words it receives) raises what the kernel found.  Both inputs' sizes must be
     known on the host (the kernel checks each stream's structure against its exact length).
     """
     if a.n != b.n:
         raise InvalidArgumentError(f"cannot add a {a.n}-value stream to a {b.n}-value stream")
+    if inplace and lazy:
+        raise InvalidArgumentError("an in-place add is checked before it overwrites its input: lazy=True does not apply")
     cap = L.max_stream_size(BLOCK, a.n)
     if inplace and a.data.size < cap:
         raise LimitExceededError(f"in-place add needs a {cap}-byte buffer, the stream has {a.data.size}")
@@ -349,7 +352,7 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
             G.kernel("block_add")((ntiles,), (G.THREADS,), (
                 sa, np.int64(sa.size), sb, np.int64(sb.size), np.int64(n), np.int32(1), out, scratch.status, scratch.tile_counter,
                 cells[0:1], cells[1:2].view(cp.int32)))
-        s = DeviceStream(out, cells[0:1], n, cells, source="add")
+        s = DeviceStream(out, cells[0:1], n, cells, source="add", known=L.HEADER_SIZE if n == 0 else None)
         if not lazy:
             s.nbytes()  # raised here, before an in-place copy would overwrite ``a``
         if inplace:

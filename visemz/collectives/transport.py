@@ -3,8 +3,8 @@
 Payloads are 1-D uint8 tensors, or ``Lazy`` ones: made on the GPU with their byte count still in
 device memory (a homomorphic sum).  An exchange sends sizes before payloads (unless every side
 already knows them, e.g. from ``all_sizes``), so receivers allocate exactly what arrives; a lazy
-payload's size word goes out straight from device memory and the host reads it together with the
-incoming sizes, one read for both.
+payload's size word goes out straight from device memory and, on an NCCL group, the host reads it
+together with the incoming sizes, one read for both (a Gloo group copies it to the host to send it).
 Tensors travel on the group's own device: CUDA for NCCL (compressed bytes never visit the
 host; only the int64 size words are read back), the CPU for Gloo.  Received payloads come back on that device; callers move them where their codec runs.
 Ranks here are ranks within ``group``; they are mapped to global ranks for point-to-point calls.
@@ -24,10 +24,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..errors import PlanMismatchError
+from ..errors import CorruptStreamError, InvalidArgumentError, PlanMismatchError
 
 # torch 2.14 renamed all_gather_into_tensor (now a deprecated alias) to all_gather_single; older torch has only the first
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+SIZE_WORDS = 2  # a lazy payload's words, and what all_sizes gathers per rank: the byte count, then reports
 
 
 def rank(group) -> int:
@@ -83,27 +86,33 @@ def _host_wait_limit(group):
         return None
 
 
-@dataclass
+@dataclass(eq=False)
 class Lazy:
     """A payload whose byte count is still in device memory.
 
-    ``data``: uint8 room for the payload; ``words``: int64 words on data's device, the byte count
-    first, then what its maker reports beside it (error bits), zero when all is well; ``settle``:
-    the words as read -> the byte count, raising what they report.  ``settle`` is a pure check,
-    which ``all_sizes`` also applies (count word set to 0) to other ranks' words, so every rank
-    raises what any rank's maker reported.  ``n``: the byte count once read."""
+    ``data``: uint8 room for the payload; ``words``: two int64 words on data's device, the byte
+    count, then what its maker reports beside it (error bits), zero when all is well; a maker
+    that failed writes a count of ~0 (-1 as int64).  ``settle``: the words as read -> the byte
+    count, raising what they report.  ``settle`` is a pure check, which ``all_sizes`` also applies
+    to other ranks' words (their count only when it is -1: real counts are checked against the
+    room their own rank has), so every rank raises what any rank's maker reported.  ``n``: the
+    byte count once read."""
 
     data: torch.Tensor
     words: torch.Tensor
     settle: Callable[[list[int]], int]
     n: int | None = None
 
+    def __post_init__(self):
+        if self.words.numel() != SIZE_WORDS:
+            raise InvalidArgumentError(f"a lazy payload carries {SIZE_WORDS} words (count, reports), not {self.words.numel()}")
+
     def settled(self, words: list[int]) -> torch.Tensor:
         self.n = self.settle(words)
         return self.data[: self.n]
 
 
-def payload(p: torch.Tensor | Lazy) -> torch.Tensor:
+def exact(p: torch.Tensor | Lazy) -> torch.Tensor:
     """The exact payload: ``p`` itself, or a lazy one's bytes (its words read now if no exchange has)."""
     if not isinstance(p, Lazy):
         return p
@@ -128,16 +137,23 @@ def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes
     ``all_sizes``), which leaves the size words out.  Lazy payloads come back settled."""
     dev = device(group)
     lazy = [p for p in sends.values() if isinstance(p, Lazy) and p.n is None]
+    if lazy and sizes is not None:
+        _settle(lazy, torch.cat([p.words.to(dev) for p in lazy]).tolist())
+        lazy = []
     if sizes is None:
+        # a lazy payload's count word goes out as it is, a failure's -1 included, and is checked after:
+        # then the sender raises what its kernel found and the receiver raises on the -1, neither waits
         in_n = torch.empty(len(frm), dtype=torch.int64, device=dev)
         _post([(dist.isend, _count_word(p, group), to) for to, p in sends.items()]
               + [(dist.irecv, in_n[i : i + 1], f) for i, f in enumerate(frm)], group)
         read = torch.cat([in_n, *(p.words.to(dev) for p in lazy)]).tolist()
         sizes = dict(zip(frm, read[: len(frm)]))
         _settle(lazy, read[len(frm) :])
-    elif lazy:
-        _settle(lazy, torch.cat([p.words.to(dev) for p in lazy]).tolist())
-    sends = {to: payload(p).to(dev) for to, p in sends.items()}
+        bad = {f: k for f, k in sizes.items() if k < 0}
+        if bad:  # a peer's kernel failed (its count word ~0): that peer raises what it found
+            raise CorruptStreamError(f"ranks {sorted(bad)} sent size words {sorted(bad.values())}: their GPU kernels "
+                                     "failed to size a payload")
+    sends = {to: exact(p).to(dev) for to, p in sends.items()}
     incoming = {f: torch.empty(sizes[f], dtype=torch.uint8, device=dev) for f in frm}
     _post([(dist.isend, p, to) for to, p in sends.items()] + [(dist.irecv, incoming[f], f) for f in frm], group)
     return incoming
@@ -147,7 +163,7 @@ def _count_word(p: torch.Tensor | Lazy, group) -> torch.Tensor:
     """The size word sent ahead of ``p``: a lazy payload's own count word in device memory."""
     if isinstance(p, Lazy) and p.n is None:
         return p.words[:1].to(device(group))
-    return _size_word(payload(p).numel(), group)
+    return _size_word(exact(p).numel(), group)
 
 
 def sendrecv(payload: torch.Tensor | Lazy, to: int, frm: int, group, size: int | None = None) -> torch.Tensor:
@@ -165,23 +181,29 @@ def recv(frm: int, group) -> torch.Tensor:
 
 
 def all_sizes(n: int | Lazy, group) -> list[int]:
-    """Every rank's byte count ``n``, on every rank: one all_gather and one host read.
+    """Every rank's byte count ``n``, on every rank: one all_gather of two words per rank (count,
+    reports) and one host read, whether ``n`` is a number or a lazy payload (so ranks may mix them).
 
-    A lazy payload sends all its words and comes back settled; every rank then checks every
-    rank's reports, so what one rank's maker reported is raised on all of them."""
-    if not isinstance(n, Lazy):
-        sizes = torch.empty(world(group), dtype=torch.int64, device=device(group))
-        _all_gather_single(sizes, _size_word(n, group), group)
-        return sizes.tolist()
-    k = n.words.numel()
-    table = torch.empty(world(group) * k, dtype=torch.int64, device=device(group))
-    _all_gather_single(table, n.words.to(device(group)), group)
+    A lazy payload comes back settled; every rank then checks every rank's reports, so what one
+    rank's maker reported is raised on all of them."""
+    dev, w, me = device(group), world(group), rank(group)
+    if isinstance(n, Lazy):
+        mine = n.words.to(dev)
+    else:
+        mine = torch.full((SIZE_WORDS,), n, dtype=torch.int64, device=dev)
+        mine[1:] = 0  # a fill: no host-to-device copy
+    table = torch.empty(w * SIZE_WORDS, dtype=torch.int64, device=dev)
+    _all_gather_single(table, mine, group)
     read = table.tolist()
-    rows = [read[i * k : (i + 1) * k] for i in range(world(group))]
-    n.settled(rows[rank(group)])
-    for i, row in enumerate(rows):
-        if i != rank(group):
-            n.settle([0, *row[1:]])  # another rank's reports (its count needs no room here)
+    rows = [read[i * SIZE_WORDS : (i + 1) * SIZE_WORDS] for i in range(w)]
+    if isinstance(n, Lazy):
+        n.settled(rows[me])
+        for i, row in enumerate(rows):
+            if i != me:  # another rank's reports, and its count only if it is a failure word (-1)
+                n.settle([min(row[0], 0), *row[1:]])
+    bad = {i: row for i, row in enumerate(rows) if row[0] < 0 or any(row[1:])}
+    if bad:  # reports this rank cannot read (it holds no lazy payload): the reporting ranks raise them
+        raise CorruptStreamError(f"ranks {sorted(bad)} reported failures with their payloads (words {list(bad.values())})")
     return [row[0] for row in rows]
 
 
