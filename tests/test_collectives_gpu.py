@@ -206,9 +206,9 @@ def test_sizes_read_together_equal_sizes_read_one_by_one_and_raise_the_same(cp):
     assert [s.known for s in together] == [s.nbytes() for s in streams()]
     bad = xs[2].clone()
     bad[77] = float("inf")
-    streams = [codec.encode_device(x)[0] for x in (xs[3], bad)]
+    with_bad = [codec.encode_device(x)[0] for x in (xs[3], bad)]
     with pytest.raises(InvalidArgumentError, match="NaN or Inf"):
-        gpu.read_sizes(streams)
+        gpu.read_sizes(with_bad)
     with pytest.raises(LimitExceededError):
         gpu.read_sizes([ErrorBounded(1e-7).encode_device(torch.full((9000,), 2048.0, device="cuda"))[0]])
 

@@ -342,12 +342,11 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
     with torch_stream() as cp:
         sa, sb = a.bytes_view(), b.bytes_view()
         n, ntiles = a.n, L.n_tiles(a.n)
-        out = cp.empty(cap, cp.uint8)
         cells = cp.zeros(2, cp.uint64)  # [stream size], [error word (int32 in the low half)]; fresh: a lazy sum keeps its own
-        if n == 0:
-            out[: L.HEADER_SIZE] = cp.asarray(np.frombuffer(L.Header(BLOCK, True, 0, 0, 0, 0).pack(), np.uint8))
-            cells[0] = L.HEADER_SIZE
+        if n == 0:  # the bare header, which is also the capacity of no values
+            out = _empty_stream(cp, cells)
         else:
+            out = cp.empty(cap, cp.uint8)
             scratch = G.workspace(ntiles)
             G.kernel("block_add")((ntiles,), (G.THREADS,), (
                 sa, np.int64(sa.size), sb, np.int64(sb.size), np.int64(n), np.int32(1), out, scratch.status, scratch.tile_counter,

@@ -52,11 +52,14 @@ def _global(group, r: int) -> int:
     return r if group is None else dist.get_global_rank(group, r)
 
 
-def _size_word(n: int, group) -> torch.Tensor:
-    """``n`` as a one-element int64 tensor on the group's device, written by a fill (on CUDA a kernel
-    queued on the current stream: no host-to-device copy, which from pageable memory would wait for
-    the stream's queued work)."""
-    return torch.full((1,), n, dtype=torch.int64, device=device(group))
+def _size_word(n: int, group, words: int = 1) -> torch.Tensor:
+    """``n`` as an int64 tensor on the group's device, followed by ``words - 1`` zero report words,
+    written by fills (on CUDA kernels queued on the current stream: no host-to-device copy, which
+    from pageable memory would wait for the stream's queued work)."""
+    t = torch.full((words,), n, dtype=torch.int64, device=device(group))
+    if words > 1:
+        t[1:] = 0
+    return t
 
 
 def _post(ops: list, group) -> None:
@@ -121,10 +124,8 @@ def exact(p: torch.Tensor | Lazy) -> torch.Tensor:
 
 def _settle(lazy: list[Lazy], read: list[int]) -> None:
     """Settle each lazy payload from its words in ``read`` (their concatenation, in order)."""
-    for p in lazy:
-        k = p.words.numel()
-        p.settled(read[:k])
-        read = read[k:]
+    for i, p in enumerate(lazy):
+        p.settled(read[i * SIZE_WORDS : (i + 1) * SIZE_WORDS])
 
 
 def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes: dict[int, int] | None = None
@@ -187,11 +188,7 @@ def all_sizes(n: int | Lazy, group) -> list[int]:
     A lazy payload comes back settled; every rank then checks every rank's reports, so what one
     rank's maker reported is raised on all of them."""
     dev, w, me = device(group), world(group), rank(group)
-    if isinstance(n, Lazy):
-        mine = n.words.to(dev)
-    else:
-        mine = torch.full((SIZE_WORDS,), n, dtype=torch.int64, device=dev)
-        mine[1:] = 0  # a fill: no host-to-device copy
+    mine = n.words.to(dev) if isinstance(n, Lazy) else _size_word(n, group, SIZE_WORDS)
     table = torch.empty(w * SIZE_WORDS, dtype=torch.int64, device=dev)
     _all_gather_single(table, mine, group)
     read = table.tolist()
