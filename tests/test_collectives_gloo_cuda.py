@@ -9,7 +9,7 @@ import torch
 
 from visemz.collectives import (ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, last_algorithm, reduce_scatter,
                                 scatter)
-from visemz.errors import LimitExceededError
+from visemz.errors import LimitExceededError, PlanMismatchError
 
 from .collective_checks import bounded, data, exact_sum, run_checks, run_ranks
 
@@ -53,6 +53,15 @@ def _device_checks(rank: int, world: int) -> list[str]:
                      lambda: [torch.empty(501), *(data(j, n=501) for j in range(world))]), codec
     done.append("reduce_scatter, all_gather, all_to_all, scatter: CUDA over Gloo == CPU")
 
+    # a rank compressing on its GPU and one on its CPU would misread each other's streams: refused on both
+    mixed = data(rank).to(GPU) if rank == 0 else data(rank)
+    try:
+        all_reduce(mixed, codec=ErrorBounded(1e-3), algorithm="ring")
+        raise AssertionError("ranks mixing GPU and CPU engines were not refused")
+    except PlanMismatchError as e:
+        assert "compressed on a GPU" in str(e)
+    done.append("GPU and CPU engines mixed: refused on every rank")
+
     if world == 2:
         # rank 0's reduced chunk (the first half: 1.5 * 2**30 steps of 2 eb on each rank) leaves int32
         # steps when summed; rank 1's (5e8 steps each) does not: both raise
@@ -73,9 +82,12 @@ def _worker(rank: int, world: int, init_file: str, queue) -> None:
 
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("world", [2, 3])
-def test_cuda_tensors_over_gloo_equal_cpu_tensors(world, tmp_path):
+@pytest.mark.parametrize(("world", "inband_kib"), [(2, None), (3, None), (2, "0")])
+def test_cuda_tensors_over_gloo_equal_cpu_tensors(world, inband_kib, tmp_path, monkeypatch):
+    """With the default in-band limit (every step here in-band) and with it off (every step sized)."""
     pytest.importorskip("cupy")
+    if inband_kib is not None:  # the spawned ranks read it at import
+        monkeypatch.setenv("VISEMZ_COLLECTIVE_INBAND_KIB", inband_kib)
     results = run_ranks(_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q), timeout=360)
     errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
     assert not errors, "\n".join(errors)

@@ -129,6 +129,31 @@ def test_fused_add_refuses_overflow_and_mismatch(cp):
         gpu.add(damaged, sa)
 
 
+def test_fused_add_takes_unread_lengths_from_device_memory(cp):
+    """An unread sum, or a sum received with its words, goes to block_add as its whole buffer and its
+    device words: the same bytes as with the length known, no host read, the words' reports carried on."""
+    codec = ErrorBounded(1e-3)
+    head = len(codec._head("float32"))
+    for n in (1, 8193, 100_003):
+        (_, a), (_, b) = list(_inputs(n, 2, torch.float32))[:2]
+        sa, sb = _dstreams(codec, a, b)
+        want = add(add(codec.encode(a), codec.encode(b), codec), codec.encode(b), codec)[head:]
+        lazy = gpu.add(sa, sb, lazy=True)
+        twice = gpu.add(lazy, sb, lazy=True)
+        assert lazy.known is None, "the add read its unread input's size on the host"
+        assert gpu.stream_bytes(twice) == want
+        received = gpu.add_input(lazy.data, cp.asarray([lazy.nbytes(), 0], cp.uint64), n)
+        assert codec._head("float32") + gpu.stream_bytes(gpu.add(sb, received)) == \
+            add(codec.encode(b), add(codec.encode(a), codec.encode(b), codec), codec)
+    words = lambda *w: cp.asarray(list(w), cp.uint64)  # noqa: E731
+    n = sa.n
+    with pytest.raises(LimitExceededError, match="int32"):  # a report of the input's maker (bit 64) reaches the sum
+        gpu.add(gpu.add_input(sa.data, words(sa.nbytes(), 64), n), sb)
+    for bad in (2**64 - 1, sa.nbytes() - 1, sa.data.size + 1):  # a failed maker's ~0; not the stream's length
+        with pytest.raises(CorruptStreamError, match="header"):
+            gpu.add(gpu.add_input(sa.data, words(bad, 0), n), sb)
+
+
 # ------------------------------------------------ fused quantise-encode / decode-dequantise kernels
 FUSED_SIZES = (0, 1, 2, 31, 32, 33, 1023, 8191, 8192, 8193, 3 * 8192 + 5, 262_147)
 _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}

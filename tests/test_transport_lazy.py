@@ -11,10 +11,8 @@ from visemz.errors import CorruptStreamError, LimitExceededError, VisemzError
 from .collective_checks import run_checks, run_ranks
 
 
-def _lazy(count: int, report: int = 0, room: int = 100) -> T.Lazy:
-    """A lazy payload of ``room`` bytes whose words say ``count`` and ``report`` (bit 64: a sum leaving int32)."""
-
-    def settle(words):  # as gpu.DeviceStream.checked does for a sum
+def _settle(room: int):
+    def settle(words):  # as gpu.settle_add does for a sum
         if words[1] & 64:
             raise LimitExceededError("the sum leaves int32")
         size = words[0] & 0xFFFFFFFFFFFFFFFF
@@ -22,7 +20,12 @@ def _lazy(count: int, report: int = 0, room: int = 100) -> T.Lazy:
             raise VisemzError(f"GPU homomorphic add failed (reported size {size:#x})")
         return size
 
-    return T.Lazy(torch.arange(room, dtype=torch.int64).to(torch.uint8), torch.tensor([count, report]), settle)
+    return settle
+
+
+def _lazy(count: int, report: int = 0, room: int = 100) -> T.Lazy:
+    """A lazy payload of ``room`` bytes whose words say ``count`` and ``report`` (bit 64: a sum leaving int32)."""
+    return T.Lazy(torch.arange(room, dtype=torch.int64).to(torch.uint8), torch.tensor([count, report]), _settle(room))
 
 
 def _raised(fn) -> str:
@@ -49,7 +52,31 @@ def _checks(rank: int, world: int) -> list[str]:
     out["report, one lazy"] = _raised(lambda: T.all_sizes(_lazy(40, 64) if rank == 0 else 40, None))
     out["failure word"] = _raised(lambda: T.all_sizes(_lazy(-1) if rank == 0 else _lazy(7), None))
     assert T.all_sizes(_lazy(9) if rank == 0 else 11, None) == [9, 11]  # numbers and lazy payloads mix
+    out.update(_inband_checks(rank))
     return [out]
+
+
+def _inband_checks(rank: int) -> dict:
+    """In-band lengths: the room and its words in one batch, the received payload lazy until read."""
+    other, ib, out = 1 - rank, T.InBand(100, _settle(100)), {}
+    got = T.sendrecv(_lazy(37 + rank), other, other, None, inband=ib)
+    assert isinstance(got, T.Lazy) and got.n is None and got.data.numel() == 100
+    assert torch.equal(got.words, torch.tensor([37 + other, 0]))  # not read on arrival: the words as sent
+    assert torch.equal(T.exact(got), torch.arange(37 + other, dtype=torch.int64).to(torch.uint8)) and got.n == 37 + other
+    # an exact payload goes out in a room of its own, its count written beside it
+    got = T.sendrecv(torch.full((20 + rank,), 7, dtype=torch.uint8), other, other, None, inband=ib)
+    assert torch.equal(T.exact(got), torch.full((20 + other,), 7, dtype=torch.uint8))
+    # what the sender's maker reported, and a failed maker's count, are raised where the payload is read
+    got = T.sendrecv(_lazy(40, 64 if rank == 0 else 0), other, other, None, inband=ib)
+    out["in-band report"] = _raised(lambda: T.exact(got))
+    got = T.sendrecv(_lazy(-1 if rank == 0 else 40), other, other, None, inband=ib)
+    out["in-band failed count"] = _raised(lambda: T.exact(got))
+    # rooms that do not agree are refused before anything is posted (so on every rank alike here)
+    out["room too small"] = _raised(lambda: T.sendrecv(_lazy(5, room=64), other, other, None, inband=ib))
+    out["payload over room"] = _raised(lambda: T.sendrecv(torch.zeros(101, dtype=torch.uint8), other, other, None,
+                                                          inband=ib))
+    T.sendrecv(_lazy(3), other, other, None, inband=ib)  # the group still works
+    return out
 
 
 def _worker(rank: int, world: int, init_file: str, queue) -> None:
@@ -65,6 +92,10 @@ def test_lazy_payload_failures_are_raised_on_every_rank(tmp_path):
     assert zero["report, both lazy"] == one["report, both lazy"] == "LimitExceededError"
     assert zero["report, one lazy"] == "LimitExceededError" and one["report, one lazy"] == "CorruptStreamError"
     assert zero["failure word"] == one["failure word"] == "VisemzError"
+    assert (zero["in-band report"], one["in-band report"]) == ("none", "LimitExceededError")
+    assert (zero["in-band failed count"], one["in-band failed count"]) == ("none", "VisemzError")
+    for case in ("room too small", "payload over room"):
+        assert zero[case] == one[case] == "InvalidArgumentError"
 
 
 def test_a_lazy_payload_carries_a_count_and_a_report():

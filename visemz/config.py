@@ -50,6 +50,13 @@ class Defaults:
     #: 0.37x NCCL (issue 15, session 17; docs/results/auto_replay_4gpu_h200_session17.txt).  About
     #: 2 GB of device memory at the larger size, for the calibration only.
     collective_calibration_kib: str = "1024,262144"  # VISEMZ_COLLECTIVE_CALIBRATION_KIB
+    #: Collectives on GPUs: error-bounded ring and recursive-doubling steps whose chunk's worst-case stream
+    #: is at most this many KiB send that whole buffer with its length words in the same transfer
+    #: (``transport.InBand``), so no step waits for a host read of a size: the host queues the steps ahead of
+    #: the GPU.  The unused bytes cost link time instead: a size round trip cost about 1 ms of host time per
+    #: exchange on four H200s (issue 15, session 17), what 1 MiB takes at 1 GB/s.  2048 so that recursive
+    #: doubling of a 1 MiB float32 tensor (a room of 1.01 MiB) goes in-band.  0: every step sized.
+    collective_inband_kib: int = 2048  # VISEMZ_COLLECTIVE_INBAND_KIB
     #: Conditional rANS: code bytes per lane.  A lane costs about 3.5 bytes (its final state), so
     #: 512 keeps that under 1%; fewer bytes per lane means more lanes, hence more GPU parallelism.
     rans_lane_bytes: int = 512  # VISEMZ_RANS_LANE_BYTES
@@ -132,6 +139,8 @@ def _from_env() -> Defaults:
     if not 0 <= d.rans_skip_freq <= 1 << 16:
         raise InvalidArgumentError(f"VISEMZ_RANS_SKIP_FREQ={d.rans_skip_freq}: expected 0 (skip none) or a frequency "
                                    "in 1..65536")
+    if d.collective_inband_kib < 0:
+        raise InvalidArgumentError(f"VISEMZ_COLLECTIVE_INBAND_KIB={d.collective_inband_kib}: expected >= 0 (0: off)")
     if d.tile_batch < 1:  # VISEMZ_TILE is checked by tiling.check_tile, the tile rule of writers and readers
         raise InvalidArgumentError(f"VISEMZ_TILE_BATCH={d.tile_batch}: expected >= 1")
     if not 1 <= d.processes <= 64:

@@ -76,12 +76,13 @@ def bounds(n: int, parts: int) -> list[tuple[int, int]]:
 def ring_reduce_scatter(eng, chunks: list, sizes: list[int], group):
     """Homomorphic ring: rank r ends with the compressed sum of chunk r (lazy on a GPU: its size
     still in device memory).  Each step's sum is the next step's send, so on an NCCL group each step reads
-    the host once: the sum's size word and error bits with the incoming size."""
+    the host once: the sum's size word and error bits with the incoming size; with in-band lengths
+    (``eng.inband``: small chunks on a GPU) none, and the sum's words carry every upstream report."""
     r, w = T.rank(group), T.world(group)
     for s in range(w - 1):
         send_i, recv_i = (r - s - 1) % w, (r - s - 2) % w
         with phase("communicate"):
-            got = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group)
+            got = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group, inband=eng.inband(sizes[send_i]))
         with phase("reduce"):
             chunks[recv_i] = eng.add(got, chunks[recv_i], sizes[recv_i])
     return chunks[r]
@@ -123,28 +124,30 @@ def recursive_doubling(eng, flat: torch.Tensor, group, name: str, edges=None) ->
 
 def _doubling(eng, buf, n: int, group):
     """The doubling rounds; the result may be lazy (a GPU sum not read yet).  Each round's sum is the
-    next round's send, so on an NCCL group each round reads the host once."""
+    next round's send, so on an NCCL group each round reads the host once; with in-band lengths
+    (``eng.inband``) none until the caller reads the result, whose words carry every round's reports."""
     r, w = T.rank(group), T.world(group)
     p = 1 << (w.bit_length() - 1)  # largest power of two <= w
+    ib = eng.inband(n)
     if r >= p:  # extra ranks hand their data to a partner and wait for the result
         with phase("communicate"):
-            T.send(buf, r - p, group)
-            return T.recv(r - p, group)
+            T.send(buf, r - p, group, ib)
+            return T.recv(r - p, group, ib)
     if r < w - p:
         with phase("communicate"):
-            got = T.recv(r + p, group)
+            got = T.recv(r + p, group, ib)
         with phase("reduce"):
             buf = eng.add(buf, got, n)
     k = 1
     while k < p:
         with phase("communicate"):
-            got = T.sendrecv(buf, r ^ k, r ^ k, group)
+            got = T.sendrecv(buf, r ^ k, r ^ k, group, inband=ib)
         with phase("reduce"):
-            buf = eng.add(buf, got, n)  # buf was settled by the exchange
+            buf = eng.add(buf, got, n)
         k <<= 1
     if r < w - p:
         with phase("communicate"):
-            T.send(buf, r + p, group)
+            T.send(buf, r + p, group, ib)
     return buf
 
 

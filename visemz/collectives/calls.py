@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
+from ..config import DEFAULTS
 from ..errors import InvalidArgumentError, PeerFailedError, UnsupportedFormatError, VisemzError
 from . import transport as T
 from .codecs import FLOATS, PREDICTORS, ErrorBounded, Lossless, predicts_rows
@@ -60,7 +61,7 @@ def algorithm_code(algorithm: str) -> int:
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "scatter", "all_to_all")
 KEY_FIELDS = ("collective", "op", "dtype", "codec", "eb", "predictor", "algorithm or root", "tensors", "values", "sizes hash",
-              "row length (2-D prediction)")
+              "row length (2-D prediction)", "compressed on a GPU", "in-band KiB (VISEMZ_COLLECTIVE_INBAND_KIB)")
 
 
 def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1, row: int = 0) -> tuple[list[float], str]:
@@ -78,9 +79,12 @@ def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1
         raise InvalidArgumentError(f"{what}: tensors mix dtypes {sorted(names)}")
     name = names.pop()
     sizes = tuple(t.numel() for t in tensors)
+    # the engine and the in-band limit decide the wire protocol of a compressed call (device streams or host
+    # bytes; in-band or sized steps): ranks that differ would misread each other, so they are settings too
+    on_gpu = codec is not None and tensors[0].is_cuda
     key = [float(COLLECTIVES.index(what)), float(OPS.index(op)), float(list(FLOATS).index(name)), *_codec_key(codec),
            float(extra), float(len(sizes)), float(sum(sizes)), float(hash(sizes) & (2**52 - 1)),  # ints hash alike in every process
-           float(row)]
+           float(row), float(on_gpu), float(DEFAULTS.collective_inband_kib if on_gpu else 0)]
     return key, name
 
 

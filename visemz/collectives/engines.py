@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from .. import cuda
+from ..config import DEFAULTS
+from ..encoders import layout as L
 from . import gpu
 from . import transport as T
 from .codecs import ErrorBounded, Lossless, _to_float64, predicts_rows
@@ -57,6 +59,10 @@ class HostEngine:
     def values_many(self, payloads: list, sizes: list[int], name: str) -> list[torch.Tensor]:
         return [self.values(p, n, name) for p, n in zip(payloads, sizes)]
 
+    def inband(self, n: int) -> None:
+        """Host payloads' sizes cost no device read: always sized exchanges."""
+        return None
+
 
 class DeviceEngine:
     """GPU codecs (``gpu.py``); payloads are CUDA tensors viewing cupy buffers, or the reverse."""
@@ -65,8 +71,23 @@ class DeviceEngine:
         self.codec, self.device, self.kwargs = codec, device, _encode_args(codec, row)
         self._streams: list[torch.cuda.Stream] = []  # encode_many's side streams, made once (a plan's engine lives long)
 
-    def _stream_of(self, p, n: int):
-        """A payload as a DeviceStream: its size is known on the host (a lazy one's read now if it is not yet)."""
+    def inband(self, n: int) -> T.InBand | None:
+        """In-band lengths (``transport.InBand``) for error-bounded chunks of ``n`` values whose worst-case
+        stream fits ``VISEMZ_COLLECTIVE_INBAND_KIB``: a ring or doubling step then reads nothing on the host."""
+        if not isinstance(self.codec, ErrorBounded):
+            return None
+        room = L.max_stream_size(gpu.BLOCK, n)
+        if room > DEFAULTS.collective_inband_kib * 1024:
+            return None
+        return T.InBand(room, lambda words: gpu.settle_add(words, room))
+
+    def _stream_of(self, p, n: int, unread: bool = False):
+        """A payload as a DeviceStream, its size known on the host (a lazy one's read now if not yet), or with
+        ``unread`` a lazy one not read yet as it is (its words on the device, for ``gpu.add``)."""
+        if unread and isinstance(p, T.Lazy) and p.n is None:
+            with gpu.torch_stream() as cp:
+                words = cp.asarray(p.words.to(self.device)).view(cp.uint64)
+                return gpu.add_input(cp.asarray(p.data.to(self.device)), words, n)
         p = T.exact(p).to(self.device)
         with gpu.torch_stream() as cp:
             return gpu.DeviceStream(cp.asarray(p), None, n, known=p.numel())
@@ -103,8 +124,9 @@ class DeviceEngine:
 
     def add(self, a, b, n: int) -> T.Lazy:
         """The homomorphic sum, lazy: its size and error word stay on the GPU until the transport
-        reads them with the words it receives (no host read of the sum here; a lazy input is read first)."""
-        s = gpu.add(self._stream_of(a, n), self._stream_of(b, n), lazy=True)
+        reads them with the words it receives, or sends them in-band.  No host read here: a lazy input's
+        length goes to the kernel from device memory, and its reports into the sum's."""
+        s = gpu.add(self._stream_of(a, n, unread=True), self._stream_of(b, n, unread=True), lazy=True)
         with gpu.torch_stream() as cp:
             data = torch.as_tensor(s.data, device=self.device)
             words = torch.as_tensor(s.cells.view(cp.int64), device=self.device)

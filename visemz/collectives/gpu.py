@@ -153,12 +153,9 @@ class DeviceStream:
     def checked(self, words: list[int]) -> int:
         """The size from the result cells as read (``words``; unsigned or, through a torch int64 view,
         signed: a failure's ~0 is then -1), or what they report raised."""
-        size = words[0] & 0xFFFFFFFFFFFFFFFF
         if self.source == "add":
-            _raise_add_errors(words[1] & 0xFFFFFFFF)
-            if size > self.data.size:
-                raise VisemzError(f"GPU homomorphic add failed (reported size {size:#x})")
-            return size
+            return settle_add(words, self.data.size)
+        size = words[0] & 0xFFFFFFFFFFFFFFFF
         err, worst = words[1], words[2]
         if err & EB_NONFINITE:
             raise InvalidArgumentError("tensor holds NaN or Inf: error-bounded compression needs finite values")
@@ -173,6 +170,16 @@ class DeviceStream:
 
     def bytes_view(self):
         return self.data[: self.nbytes()]
+
+
+def settle_add(words: list[int], room: int) -> int:
+    """A homomorphic sum's size from its words [size, error bits] as read (unsigned or through an int64
+    view), or what they report raised; ``room``: its buffer's bytes."""
+    size = words[0] & 0xFFFFFFFFFFFFFFFF
+    _raise_add_errors(words[1] & 0xFFFFFFFF)
+    if size > room:
+        raise VisemzError(f"GPU homomorphic add failed (reported size {size:#x})")
+    return size
 
 
 def read_sizes(streams: list[DeviceStream]) -> None:
@@ -329,8 +336,10 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
     Raises like the NumPy ``homomorphic.add``: a sum that leaves int32 is LimitExceededError.
     ``lazy=True`` leaves the sum's size and error word on the device (the stream's ``cells``; no
     host read; not with ``inplace``): its first size read (``nbytes``, ``read_sizes``, or the transport reading the
-    cells with the words it receives) raises what the kernel found.  Both inputs' sizes must be
-    known on the host (the kernel checks each stream's structure against its exact length).
+    cells with the words it receives) raises what the kernel found.  The kernel checks each input's
+    structure against its exact length: the host's where it knows it, else (an unread sum, ``source``
+    "add", or one received with its words: ``add_input``) the length in the input's device cells,
+    whose report bits the sum's error word then carries on.
     """
     if a.n != b.n:
         raise InvalidArgumentError(f"cannot add a {a.n}-value stream to a {b.n}-value stream")
@@ -340,7 +349,7 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
     if inplace and a.data.size < cap:
         raise LimitExceededError(f"in-place add needs a {cap}-byte buffer, the stream has {a.data.size}")
     with torch_stream() as cp:
-        sa, sb = a.bytes_view(), b.bytes_view()
+        (sa, wa), (sb, wb) = _add_input(a), _add_input(b)
         n, ntiles = a.n, L.n_tiles(a.n)
         cells = cp.zeros(2, cp.uint64)  # [stream size], [error word (int32 in the low half)]; fresh: a lazy sum keeps its own
         if n == 0:  # the bare header, which is also the capacity of no values
@@ -349,8 +358,8 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
             out = cp.empty(cap, cp.uint8)
             scratch = G.workspace(ntiles)
             G.kernel("block_add")((ntiles,), (G.THREADS,), (
-                sa, np.int64(sa.size), sb, np.int64(sb.size), np.int64(n), np.int32(1), out, scratch.status, scratch.tile_counter,
-                cells[0:1], cells[1:2].view(cp.int32)))
+                sa, np.int64(sa.size), wa, sb, np.int64(sb.size), wb, np.int64(n), np.int32(1), out, scratch.status,
+                scratch.tile_counter, cells[0:1], cells[1:2].view(cp.int32)))
         s = DeviceStream(out, cells[0:1], n, cells, source="add", known=L.HEADER_SIZE if n == 0 else None)
         if not lazy:
             s.nbytes()  # raised here, before an in-place copy would overwrite ``a``
@@ -358,6 +367,23 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
             G.kernel("copy_sized")((min(-(-cap // G.THREADS), 4096),), (G.THREADS,), (out, a.data, cells[0:1], np.int64(cap)))
             s.data = a.data
     return s
+
+
+_NULL = np.uint64(0)  # a null pointer argument: block_add then takes the buffer's length as exact
+
+
+def _add_input(s: DeviceStream):
+    """(bytes, words) block_add reads of an input: an unread sum's whole buffer and its device cells
+    [length, report bits] (no host read), else the exact bytes (its size read if not yet) and no words."""
+    if s.known is None and s.source == "add" and s.cells is not None:
+        return s.data, s.cells
+    return s.bytes_view(), _NULL
+
+
+def add_input(data, words, n: int) -> DeviceStream:
+    """A sum as received with its words (cupy uint8 room and uint64 [length, report bits]), unread: ``add``
+    takes it as it is, and its first size read raises the report (``DeviceStream.checked``)."""
+    return DeviceStream(data, words[0:1], n, words, source="add")
 
 
 # ------------------------------------------------------------------- lossless

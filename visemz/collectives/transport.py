@@ -68,7 +68,7 @@ def _post(ops: list, group) -> None:
     Every point-to-point transfer goes through ``batch_isend_irecv``, even a single one: NCCL then
     uses the group's own communicator, where a lone ``dist.send``/``dist.recv`` would set up a
     communicator for the pair of ranks the first time, in the middle of a collective."""
-    p2p = [dist.P2POp(op, t, _global(group, peer), group) for op, t, peer in ops]
+    p2p = [dist.P2POp(op, t, _global(group, peer), group, *tag) for op, t, peer, *tag in ops]
     if p2p:
         limit = _host_wait_limit(group)
         for req in dist.batch_isend_irecv(p2p):
@@ -115,6 +115,19 @@ class Lazy:
         return self.data[: self.n]
 
 
+@dataclass(frozen=True)
+class InBand:
+    """Payloads that travel with their length in-band: each is sent as ``room`` bytes (every side
+    knows the room, e.g. the codec's worst case for the chunk) plus its two words (count, reports)
+    in the same batch, so no host reads a size and the sender's kernels need not have run when the
+    host posts the transfer.  Received payloads are ``Lazy``, their words in device memory, checked by
+    ``settle`` when read.  Worth it where the host round trip of a size word costs more than the
+    room's unused bytes take to send (small payloads, fast links): ``engines.DeviceEngine.inband``."""
+
+    room: int
+    settle: Callable[[list[int]], int]
+
+
 def exact(p: torch.Tensor | Lazy) -> torch.Tensor:
     """The exact payload: ``p`` itself, or a lazy one's bytes (its words read now if no exchange has)."""
     if not isinstance(p, Lazy):
@@ -128,14 +141,17 @@ def _settle(lazy: list[Lazy], read: list[int]) -> None:
         p.settled(read[i * SIZE_WORDS : (i + 1) * SIZE_WORDS])
 
 
-def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes: dict[int, int] | None = None
-             ) -> dict[int, torch.Tensor]:
+def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes: dict[int, int] | None = None,
+             inband: InBand | None = None) -> dict[int, torch.Tensor | Lazy]:
     """Send ``sends[to]`` to each rank ``to`` while receiving one payload from each rank in ``frm``.
 
     Two batches whatever the number of peers (every size word, then every payload; the host
     reads the incoming sizes, with the words of any lazy payload sent, once, in between), or one
     with ``sizes`` (each incoming payload's byte count, already known on every side, e.g. from
-    ``all_sizes``), which leaves the size words out.  Lazy payloads come back settled."""
+    ``all_sizes``), which leaves the size words out, or one with ``inband`` (``InBand``: no host
+    read; received payloads come back lazy).  Otherwise lazy payloads come back settled."""
+    if inband is not None:
+        return _exchange_inband(sends, frm, group, inband)
     dev = device(group)
     lazy = [p for p in sends.values() if isinstance(p, Lazy) and p.n is None]
     if lazy and sizes is not None:
@@ -160,6 +176,38 @@ def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes
     return incoming
 
 
+_WORDS_TAG, _DATA_TAG = 1, 2  # an in-band payload's two messages to one peer (Gloo matches by tag; NCCL by order)
+
+
+def _exchange_inband(sends: dict, frm: list[int], group, inband: InBand) -> dict[int, Lazy]:
+    """``exchange`` with lengths in-band: one batch of every payload's words and room, no host read."""
+    dev, ops, got = device(group), [], {}
+    for to, p in sends.items():
+        data, words = _in_room(p, inband.room, group)
+        ops += [(dist.isend, words, to, _WORDS_TAG), (dist.isend, data, to, _DATA_TAG)]
+    for f in frm:
+        got[f] = Lazy(torch.empty(inband.room, dtype=torch.uint8, device=dev),
+                      torch.empty(SIZE_WORDS, dtype=torch.int64, device=dev), inband.settle)
+        ops += [(dist.irecv, got[f].words, f, _WORDS_TAG), (dist.irecv, got[f].data, f, _DATA_TAG)]
+    _post(ops, group)
+    return got
+
+
+def _in_room(p: torch.Tensor | Lazy, room: int, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """A payload as ``room`` bytes and its two words, on the group's device: a lazy one's own buffer and
+    words (whether read or not); an exact one copied into a room (its count written by a fill)."""
+    dev = device(group)
+    if isinstance(p, Lazy):
+        if p.data.numel() != room:
+            raise InvalidArgumentError(f"an in-band payload's buffer holds {p.data.numel()} bytes, not the agreed room of {room}")
+        return p.data.to(dev), p.words.to(dev)
+    if p.numel() > room:
+        raise InvalidArgumentError(f"a {p.numel()}-byte payload does not fit the agreed in-band room of {room} bytes")
+    data = torch.empty(room, dtype=torch.uint8, device=dev)
+    data[: p.numel()] = p.to(dev)
+    return data, _size_word(p.numel(), group, SIZE_WORDS)
+
+
 def _count_word(p: torch.Tensor | Lazy, group) -> torch.Tensor:
     """The size word sent ahead of ``p``: a lazy payload's own count word in device memory."""
     if isinstance(p, Lazy) and p.n is None:
@@ -167,18 +215,20 @@ def _count_word(p: torch.Tensor | Lazy, group) -> torch.Tensor:
     return _size_word(exact(p).numel(), group)
 
 
-def sendrecv(payload: torch.Tensor | Lazy, to: int, frm: int, group, size: int | None = None) -> torch.Tensor:
+def sendrecv(payload: torch.Tensor | Lazy, to: int, frm: int, group, size: int | None = None,
+             inband: InBand | None = None) -> torch.Tensor | Lazy:
     """Send ``payload`` to rank ``to`` while receiving one from rank ``frm`` (no ordering deadlock);
-    ``size``: the incoming payload's byte count where every side knows it already (no size words)."""
-    return exchange({to: payload}, [frm], group, None if size is None else {frm: size})[frm]
+    ``size``: the incoming payload's byte count where every side knows it already (no size words);
+    ``inband``: lengths in-band (``InBand``; the result is lazy)."""
+    return exchange({to: payload}, [frm], group, None if size is None else {frm: size}, inband)[frm]
 
 
-def send(payload: torch.Tensor | Lazy, to: int, group) -> None:
-    exchange({to: payload}, [], group)
+def send(payload: torch.Tensor | Lazy, to: int, group, inband: InBand | None = None) -> None:
+    exchange({to: payload}, [], group, inband=inband)
 
 
-def recv(frm: int, group) -> torch.Tensor:
-    return exchange({}, [frm], group)[frm]
+def recv(frm: int, group, inband: InBand | None = None) -> torch.Tensor | Lazy:
+    return exchange({}, [frm], group, inband=inband)[frm]
 
 
 def all_sizes(n: int | Lazy, group) -> list[int]:

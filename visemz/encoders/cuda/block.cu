@@ -392,6 +392,18 @@ struct AddInto {  // a sum that leaves int32 by the CPU's rule |s| >= 2^31 - 1 b
     }
 };
 
+// The exact length of an add input: `cap` itself when `words` is null (the host knows it), else the
+// length its maker left in device memory, words[0], with words[1] the maker's report bits, which
+// are carried into this sum's error word (so a ring's last sum reports every upstream failure).  A
+// length over `cap` (a failed maker's ~0) gives -1, which pb_header_ok refuses (error bit 128)
+// before anything past the buffer is read.
+__device__ __forceinline__ long long add_input_length(long long cap, const u64* words, int* err) {
+    if (words == nullptr) return cap;
+    const u64 k = words[0];
+    if (blockIdx.x == 0 && threadIdx.x == 0 && (words[1] & 0x7fffffffull)) atomicOr(err, (int)(words[1] & 0x7fffffffull));
+    return k <= (u64)cap ? (long long)k : -1;
+}
+
 // out = a + b on the integer symbols, block by block: decode tile i of a into registers, decode
 // b's tile onto it (AddInto: a sum that leaves int32 by the CPU's rule |s| >= 2^31 - 1 sets error
 // bit 64; one tile in registers, 79 of them on sm_90 (nvrtc 13), so 3 CTAs per SM; the payloads are staged through one shared buffer, see pb_decode_tile), re-encode
@@ -400,14 +412,16 @@ struct AddInto {  // a sum that leaves int32 by the CPU's rule |s| >= 2^31 - 1 b
 // in-place form writes a scratch stream and copies it back (copy_sized).  On any error the
 // CTA still publishes its tile (as zeros) so no successor waits forever; the host raises.
 extern "C" __global__ void __launch_bounds__(256, 3) block_add(
-    const u8* __restrict__ a, long long cap_a, const u8* __restrict__ b, long long cap_b, long long n, int bitshuffle,
-    u8* __restrict__ out, u64* status, u32* tile_counter, u64* out_size, int* err) {
+    const u8* __restrict__ a, long long cap_a, const u64* words_a, const u8* __restrict__ b, long long cap_b,
+    const u64* words_b, long long n, int bitshuffle, u8* __restrict__ out, u64* status, u32* tile_counter, u64* out_size,
+    int* err) {
     __shared__ u32 s_tile;
     if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
     __syncthreads();
     const u32 tile = s_tile;
     u32 pa = 0, pb = 0;
-    bool ok = pb_header_ok(a, cap_a, n, bitshuffle, &pa) && pb_header_ok(b, cap_b, n, bitshuffle, &pb);
+    const long long len_a = add_input_length(cap_a, words_a, err), len_b = add_input_length(cap_b, words_b, err);
+    bool ok = pb_header_ok(a, len_a, n, bitshuffle, &pa) && pb_header_ok(b, len_b, n, bitshuffle, &pb);
     if (!ok && threadIdx.x == 0) atomicOr(err, 128);
     u32 ua[PB_PER_WARP];
     Assign assign;
