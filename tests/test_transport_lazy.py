@@ -58,7 +58,7 @@ def _checks(rank: int, world: int) -> list[str]:
 
 def _inband_checks(rank: int) -> dict:
     """In-band lengths: the room and its words in one batch, the received payload lazy until read."""
-    other, ib, out = 1 - rank, T.InBand(100, _settle(100)), {}
+    other, ib, out = 1 - rank, T.InBand(100, 100, _settle(100)), {}
     got = T.sendrecv(_lazy(37 + rank), other, other, None, inband=ib)
     assert isinstance(got, T.Lazy) and got.n is None and got.data.numel() == 100
     assert torch.equal(got.words, torch.tensor([37 + other, 0]))  # not read on arrival: the words as sent
@@ -75,6 +75,10 @@ def _inband_checks(rank: int) -> dict:
     out["room too small"] = _raised(lambda: T.sendrecv(_lazy(5, room=64), other, other, None, inband=ib))
     out["payload over room"] = _raised(lambda: T.sendrecv(torch.zeros(101, dtype=torch.uint8), other, other, None,
                                                           inband=ib))
+    # rooms that differ by direction (a ring's chunks): rank 0 sends 100 bytes and receives 64, rank 1 the reverse
+    rooms = (100, 64) if rank == 0 else (64, 100)
+    got = T.sendrecv(_lazy(10 + rank, room=rooms[0]), other, other, None, inband=T.InBand(*rooms, _settle(rooms[1])))
+    assert got.data.numel() == rooms[1] and torch.equal(T.exact(got), torch.arange(10 + other, dtype=torch.int64).to(torch.uint8))
     T.sendrecv(_lazy(3), other, other, None, inband=ib)  # the group still works
     return out
 

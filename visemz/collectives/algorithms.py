@@ -82,7 +82,8 @@ def ring_reduce_scatter(eng, chunks: list, sizes: list[int], group):
     for s in range(w - 1):
         send_i, recv_i = (r - s - 1) % w, (r - s - 2) % w
         with phase("communicate"):
-            got = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group, inband=eng.inband(sizes[send_i]))
+            got = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group,
+                             inband=eng.inband(sizes[send_i], sizes[recv_i], max(sizes)))
         with phase("reduce"):
             chunks[recv_i] = eng.add(got, chunks[recv_i], sizes[recv_i])
     return chunks[r]
@@ -128,7 +129,7 @@ def _doubling(eng, buf, n: int, group):
     (``eng.inband``) none until the caller reads the result, whose words carry every round's reports."""
     r, w = T.rank(group), T.world(group)
     p = 1 << (w.bit_length() - 1)  # largest power of two <= w
-    ib = eng.inband(n)
+    ib = eng.inband(n, n, n)
     if r >= p:  # extra ranks hand their data to a partner and wait for the result
         with phase("communicate"):
             T.send(buf, r - p, group, ib)

@@ -59,7 +59,7 @@ class HostEngine:
     def values_many(self, payloads: list, sizes: list[int], name: str) -> list[torch.Tensor]:
         return [self.values(p, n, name) for p, n in zip(payloads, sizes)]
 
-    def inband(self, n: int) -> None:
+    def inband(self, n_out: int, n_in: int, largest: int) -> None:
         """Host payloads' sizes cost no device read: always sized exchanges."""
         return None
 
@@ -71,15 +71,15 @@ class DeviceEngine:
         self.codec, self.device, self.kwargs = codec, device, _encode_args(codec, row)
         self._streams: list[torch.cuda.Stream] = []  # encode_many's side streams, made once (a plan's engine lives long)
 
-    def inband(self, n: int) -> T.InBand | None:
-        """In-band lengths (``transport.InBand``) for error-bounded chunks of ``n`` values whose worst-case
-        stream fits ``VISEMZ_COLLECTIVE_INBAND_KIB``: a ring or doubling step then reads nothing on the host."""
-        if not isinstance(self.codec, ErrorBounded):
+    def inband(self, n_out: int, n_in: int, largest: int) -> T.InBand | None:
+        """In-band lengths (``transport.InBand``) for a step sending an error-bounded chunk of ``n_out`` values
+        and receiving one of ``n_in``, when the ``largest`` chunk of the collective has a worst-case stream
+        within ``VISEMZ_COLLECTIVE_INBAND_KIB`` (every rank decides alike for every step: the chunks' sizes
+        are the same everywhere): a ring or doubling step then reads nothing on the host."""
+        if not isinstance(self.codec, ErrorBounded) or _room(largest) > DEFAULTS.collective_inband_kib * 1024:
             return None
-        room = L.max_stream_size(gpu.BLOCK, n)
-        if room > DEFAULTS.collective_inband_kib * 1024:
-            return None
-        return T.InBand(room, lambda words: gpu.settle_add(words, room))
+        room_in = _room(n_in)
+        return T.InBand(_room(n_out), room_in, lambda words: gpu.settle_add(words, room_in))
 
     def _stream_of(self, p, n: int, unread: bool = False):
         """A payload as a DeviceStream, its size known on the host (a lazy one's read now if not yet), or with
@@ -149,6 +149,11 @@ class DeviceEngine:
             with gpu.torch_stream():
                 out.append(torch.as_tensor(self.codec.decode_device(cuda.as_cupy(p), n, name), device=self.device))
         return out
+
+
+def _room(n: int) -> int:
+    """The worst-case device stream of ``n`` values: the room an in-band step sends."""
+    return L.max_stream_size(gpu.BLOCK, n)
 
 
 def engine_for(tensor: torch.Tensor, codec: ErrorBounded | Lossless, row: int = 0):

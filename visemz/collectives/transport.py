@@ -117,14 +117,16 @@ class Lazy:
 
 @dataclass(frozen=True)
 class InBand:
-    """Payloads that travel with their length in-band: each is sent as ``room`` bytes (every side
-    knows the room, e.g. the codec's worst case for the chunk) plus its two words (count, reports)
-    in the same batch, so no host reads a size and the sender's kernels need not have run when the
-    host posts the transfer.  Received payloads are ``Lazy``, their words in device memory, checked by
+    """Payloads that travel with their length in-band: each is sent as its room (every side knows it,
+    e.g. the codec's worst case for the chunk) plus its two words (count, reports) in the same batch,
+    so no host reads a size and the sender's kernels need not have run when the host posts the
+    transfer.  ``room_out``: the room of what this rank sends, ``room_in``: of what it receives (a
+    ring's chunks differ).  Received payloads are ``Lazy``, their words in device memory, checked by
     ``settle`` when read.  Worth it where the host round trip of a size word costs more than the
     room's unused bytes take to send (small payloads, fast links): ``engines.DeviceEngine.inband``."""
 
-    room: int
+    room_out: int
+    room_in: int
     settle: Callable[[list[int]], int]
 
 
@@ -183,10 +185,10 @@ def _exchange_inband(sends: dict, frm: list[int], group, inband: InBand) -> dict
     """``exchange`` with lengths in-band: one batch of every payload's words and room, no host read."""
     dev, ops, got = device(group), [], {}
     for to, p in sends.items():
-        data, words = _in_room(p, inband.room, group)
+        data, words = _in_room(p, inband.room_out, group)
         ops += [(dist.isend, words, to, _WORDS_TAG), (dist.isend, data, to, _DATA_TAG)]
     for f in frm:
-        got[f] = Lazy(torch.empty(inband.room, dtype=torch.uint8, device=dev),
+        got[f] = Lazy(torch.empty(inband.room_in, dtype=torch.uint8, device=dev),
                       torch.empty(SIZE_WORDS, dtype=torch.int64, device=dev), inband.settle)
         ops += [(dist.irecv, got[f].words, f, _WORDS_TAG), (dist.irecv, got[f].data, f, _DATA_TAG)]
     _post(ops, group)
