@@ -82,12 +82,11 @@ def _worker(rank: int, world: int, init_file: str, queue) -> None:
 
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize(("world", "inband_kib"), [(2, None), (3, None), (2, "0")])
+@pytest.mark.parametrize(("world", "inband_kib"), [(2, "2048"), (3, "2048"), (2, "0")])
 def test_cuda_tensors_over_gloo_equal_cpu_tensors(world, inband_kib, tmp_path, monkeypatch):
-    """With the default in-band limit (every step here in-band) and with it off (every step sized)."""
+    """With in-band lengths (every step here in-band) and without (the default: every step sized)."""
     pytest.importorskip("cupy")
-    if inband_kib is not None:  # the spawned ranks read it at import
-        monkeypatch.setenv("VISEMZ_COLLECTIVE_INBAND_KIB", inband_kib)
+    monkeypatch.setenv("VISEMZ_COLLECTIVE_INBAND_KIB", inband_kib)  # the spawned ranks read it at import
     results = run_ranks(_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q), timeout=360)
     errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
     assert not errors, "\n".join(errors)
