@@ -84,7 +84,7 @@ def _worker(rank: int, world: int, init_file: str, queue) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(("world", "inband_kib"), [(2, "2048"), (3, "2048"), (2, "0")])
 def test_cuda_tensors_over_gloo_equal_cpu_tensors(world, inband_kib, tmp_path, monkeypatch):
-    """With in-band lengths (every step here in-band) and without (the default: every step sized)."""
+    """With in-band lengths (the default; every step here in-band) and without (every step sized)."""
     pytest.importorskip("cupy")
     monkeypatch.setenv("VISEMZ_COLLECTIVE_INBAND_KIB", inband_kib)  # the spawned ranks read it at import
     results = run_ranks(_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q), timeout=360)

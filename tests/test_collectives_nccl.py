@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 @pytest.mark.parametrize("inband_kib", ["0", "2048"])
 def test_collectives_over_nccl_match_the_uncompressed_result(inband_kib, tmp_path, monkeypatch):
-    """Sized steps (the default) and in-band lengths (the small steps in-band)."""
+    """Sized steps and in-band lengths (the default: the small steps in-band)."""
     monkeypatch.setenv("VISEMZ_COLLECTIVE_INBAND_KIB", inband_kib)  # the spawned ranks read it at import
     world = 2
     results = run_ranks(worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q, "nccl"), timeout=240)

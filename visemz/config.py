@@ -53,12 +53,12 @@ class Defaults:
     #: Collectives on GPUs: error-bounded ring and recursive-doubling steps whose chunk's worst-case stream
     #: is at most this many KiB send that whole buffer with its length words in the same transfer
     #: (``transport.InBand``), so no step waits for a host read of a size; the unused bytes cost link time
-    #: instead.  0 (off) because that trade depends on the link (four H100, issue 15, session 18,
-    #: docs/results/inband_4gpu_h100_session18): over NVLink 2048 took a 1 MiB all_reduce through a plan from
-    #: 7.85 to 6.17 ms (ring) and 3.51 to 2.68 ms (recursive doubling), over sockets the same doubling went
-    #: from 2.55 to 3.15 ms; ``auto`` runs NCCL's own call at these sizes on either link.  2048 covers the
-    #: doubling of a 1 MiB float32 tensor (a room of 1.01 MiB).
-    collective_inband_kib: int = 0  # VISEMZ_COLLECTIVE_INBAND_KIB
+    #: instead.  Measured on four H100 with 0 and 2048 alternated in one run (issue 15, session 18,
+    #: docs/results/inband_4gpu_h100_session18/inband*): 1 and 4 MiB all_reduce through a plan, ring and
+    #: recursive doubling, 0.74-1.18x the time over NVLink and 0.83-0.97x over sockets (NCCL's own call
+    #: moved 0.73-1.14x between the same runs).  2048 covers the doubling of a 1 MiB float32 tensor (a room
+    #: of 1.01 MiB).  0: every step sized.
+    collective_inband_kib: int = 2048  # VISEMZ_COLLECTIVE_INBAND_KIB
     #: Conditional rANS: code bytes per lane.  A lane costs about 3.5 bytes (its final state), so
     #: 512 keeps that under 1%; fewer bytes per lane means more lanes, hence more GPU parallelism.
     rans_lane_bytes: int = 512  # VISEMZ_RANS_LANE_BYTES
