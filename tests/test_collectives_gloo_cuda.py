@@ -9,7 +9,7 @@ import torch
 
 from visemz.collectives import (ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, last_algorithm, reduce_scatter,
                                 scatter)
-from visemz.errors import LimitExceededError, PlanMismatchError
+from visemz.errors import CorruptStreamError, LimitExceededError, PlanMismatchError
 
 from .collective_checks import bounded, data, exact_sum, run_checks, run_ranks
 
@@ -62,6 +62,18 @@ def _device_checks(rank: int, world: int) -> list[str]:
         assert "compressed on a GPU" in str(e)
     done.append("GPU and CPU engines mixed: refused on every rank")
 
+    if world == 3:
+        # every chunk's first sum (two ranks' 1.5 * 2**30 steps) leaves int32 in the middle of the ring (and in
+        # doubling's fold of the third rank): the reports travel on with the sums, and every rank raises
+        t = torch.full((3 * 2048,), 1.5 * 2.0**30 * 2e-9, device=GPU)
+        for algorithm in ("ring", "recursive_doubling"):
+            try:
+                all_reduce(t.clone(), codec=ErrorBounded(1e-9, "none"), algorithm=algorithm)
+                raise AssertionError(f"{algorithm}: a sum leaving int32 was not refused")
+            except (LimitExceededError, CorruptStreamError) as e:
+                assert "int32" in str(e), (algorithm, e)
+        done.append("a sum leaving int32 mid-ring or mid-doubling is raised on every rank")
+
     if world == 2:
         # rank 0's reduced chunk (the first half: 1.5 * 2**30 steps of 2 eb on each rank) leaves int32
         # steps when summed; rank 1's (5e8 steps each) does not: both raise
@@ -82,7 +94,7 @@ def _worker(rank: int, world: int, init_file: str, queue) -> None:
 
 @pytest.mark.timeout(400)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize(("world", "inband_kib"), [(2, "2048"), (3, "2048"), (2, "0")])
+@pytest.mark.parametrize(("world", "inband_kib"), [(2, "2048"), (3, "2048"), (2, "0"), (3, "0")])
 def test_cuda_tensors_over_gloo_equal_cpu_tensors(world, inband_kib, tmp_path, monkeypatch):
     """With in-band lengths (the default; every step here in-band) and without (every step sized)."""
     pytest.importorskip("cupy")
@@ -92,3 +104,5 @@ def test_cuda_tensors_over_gloo_equal_cpu_tensors(world, inband_kib, tmp_path, m
     assert not errors, "\n".join(errors)
     raised_everywhere = ["an add error on one rank's chunk is raised on every rank" in msg for _, _, msg in results]
     assert raised_everywhere == [world == 2] * world
+    mid_ring = ["a sum leaving int32 mid-ring or mid-doubling is raised on every rank" in msg for _, _, msg in results]
+    assert mid_ring == [world == 3] * world

@@ -52,6 +52,14 @@ def _checks(rank: int, world: int) -> list[str]:
     out["report, one lazy"] = _raised(lambda: T.all_sizes(_lazy(40, 64) if rank == 0 else 40, None))
     out["failure word"] = _raised(lambda: T.all_sizes(_lazy(-1) if rank == 0 else _lazy(7), None))
     assert T.all_sizes(_lazy(9) if rank == 0 else 11, None) == [9, 11]  # numbers and lazy payloads mix
+    # sized, a sum's reports go with its count: its rank goes on (and raises them only if it reads the sum),
+    # the receiver gets them beside exact bytes, for its own sums to carry on
+    p = _lazy(40, 64 if rank == 0 else 0)
+    got = T.sendrecv(p, other, other, None)
+    assert p.n == 40 and (isinstance(got, T.Lazy) == (rank == 1)) and torch.equal(
+        T.exact(got) if rank == 0 else got.data, torch.arange(40, dtype=torch.int64).to(torch.uint8))
+    out["sized report, sender reads"] = _raised(lambda: T.exact(p))
+    out["sized report, receiver reads"] = _raised(lambda: T.exact(got))
     out.update(_inband_checks(rank))
     return [out]
 
@@ -96,6 +104,8 @@ def test_lazy_payload_failures_are_raised_on_every_rank(tmp_path):
     assert zero["report, both lazy"] == one["report, both lazy"] == "LimitExceededError"
     assert zero["report, one lazy"] == "LimitExceededError" and one["report, one lazy"] == "CorruptStreamError"
     assert zero["failure word"] == one["failure word"] == "VisemzError"
+    assert (zero["sized report, sender reads"], one["sized report, sender reads"]) == ("LimitExceededError", "none")
+    assert (zero["sized report, receiver reads"], one["sized report, receiver reads"]) == ("none", "CorruptStreamError")
     assert (zero["in-band report"], one["in-band report"]) == ("none", "LimitExceededError")
     assert (zero["in-band failed count"], one["in-band failed count"]) == ("none", "VisemzError")
     for case in ("room too small", "payload over room"):

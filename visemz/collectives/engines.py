@@ -82,9 +82,10 @@ class DeviceEngine:
         return T.InBand(_room(n_out), room_in, lambda words: gpu.settle_add(words, room_in))
 
     def _stream_of(self, p, n: int, unread: bool = False):
-        """A payload as a DeviceStream, its size known on the host (a lazy one's read now if not yet), or with
-        ``unread`` a lazy one not read yet as it is (its words on the device, for ``gpu.add``)."""
-        if unread and isinstance(p, T.Lazy) and p.n is None:
+        """A payload as a DeviceStream, its size known on the host (a lazy one's read now if not yet, raising
+        its reports), or with ``unread`` a lazy one as it is, read or not (its words on the device, which
+        ``gpu.add`` takes its length from and carries its reports on from)."""
+        if unread and isinstance(p, T.Lazy):
             with gpu.torch_stream() as cp:
                 words = cp.asarray(p.words.to(self.device)).view(cp.uint64)
                 return gpu.add_input(cp.asarray(p.data.to(self.device)), words, n)

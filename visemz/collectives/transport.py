@@ -99,20 +99,27 @@ class Lazy:
     count, raising what they report.  ``settle`` is a pure check, which ``all_sizes`` also applies
     to other ranks' words (their count only when it is -1: real counts are checked against the
     room their own rank has), so every rank raises what any rank's maker reported.  ``n``: the
-    byte count once read."""
+    byte count once read; ``read``: the words as read.  A payload whose words went to a peer with
+    it is only ``counted`` (its reports travel on, into the peer's sums: GPU kernels carry them),
+    and ``exact`` still raises them if this rank reads its bytes."""
 
     data: torch.Tensor
     words: torch.Tensor
     settle: Callable[[list[int]], int]
     n: int | None = None
+    read: list[int] | None = None
 
     def __post_init__(self):
         if self.words.numel() != SIZE_WORDS:
             raise InvalidArgumentError(f"a lazy payload carries {SIZE_WORDS} words (count, reports), not {self.words.numel()}")
 
     def settled(self, words: list[int]) -> torch.Tensor:
-        self.n = self.settle(words)
+        self.read, self.n = words, self.settle(words)
         return self.data[: self.n]
+
+    def counted(self, words: list[int]) -> None:
+        """The count from ``words``, checked; its reports kept for ``exact`` (they went to a peer with it)."""
+        self.read, self.n = words, self.settle([words[0]] + [0] * (len(words) - 1))
 
 
 @dataclass(frozen=True)
@@ -131,10 +138,15 @@ class InBand:
 
 
 def exact(p: torch.Tensor | Lazy) -> torch.Tensor:
-    """The exact payload: ``p`` itself, or a lazy one's bytes (its words read now if no exchange has)."""
+    """The exact payload: ``p`` itself, or a lazy one's bytes (its words read now if no exchange has;
+    reports of a payload that was only counted raised now)."""
     if not isinstance(p, Lazy):
         return p
-    return p.data[: p.n] if p.n is not None else p.settled(p.words.tolist())
+    if p.n is None:
+        return p.settled(p.words.tolist())
+    if p.read is not None and any(p.read[1:]):
+        p.settle(p.read)
+    return p.data[: p.n]
 
 
 def _settle(lazy: list[Lazy], read: list[int]) -> None:
@@ -151,7 +163,11 @@ def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes
     reads the incoming sizes, with the words of any lazy payload sent, once, in between), or one
     with ``sizes`` (each incoming payload's byte count, already known on every side, e.g. from
     ``all_sizes``), which leaves the size words out, or one with ``inband`` (``InBand``: no host
-    read; received payloads come back lazy).  Otherwise lazy payloads come back settled."""
+    read; received payloads come back lazy).  Sized, each payload's two words go ahead of it: lazy
+    payloads sent come back counted, and one that arrives with reports comes back ``Lazy`` (exact
+    bytes), raising them where it is read, or carried on by a GPU sum of it; so a sum that failed in
+    the middle of a ring reaches the ring's last sums, which every rank checks, instead of stopping
+    its rank while the others wait for it."""
     if inband is not None:
         return _exchange_inband(sends, frm, group, inband)
     dev = device(group)
@@ -159,23 +175,47 @@ def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes
     if lazy and sizes is not None:
         _settle(lazy, torch.cat([p.words.to(dev) for p in lazy]).tolist())
         lazy = []
+    carried = {}
     if sizes is None:
-        # a lazy payload's count word goes out as it is, a failure's -1 included, and is checked after:
-        # then the sender raises what its kernel found and the receiver raises on the -1, neither waits
-        in_n = torch.empty(len(frm), dtype=torch.int64, device=dev)
-        _post([(dist.isend, _count_word(p, group), to) for to, p in sends.items()]
-              + [(dist.irecv, in_n[i : i + 1], f) for i, f in enumerate(frm)], group)
-        read = torch.cat([in_n, *(p.words.to(dev) for p in lazy)]).tolist()
-        sizes = dict(zip(frm, read[: len(frm)]))
-        _settle(lazy, read[len(frm) :])
+        # a payload's two words (count, reports) go out as they are, a failure's -1 included, and are
+        # checked after: a sender whose kernel failed raises it and the receiver raises on the -1, neither
+        # waits; reports with a good count travel on with the payload (``_carrying``) instead of stopping
+        # this rank while its peers wait for it
+        in_w = torch.empty(len(frm) * SIZE_WORDS, dtype=torch.int64, device=dev)
+        _post([(dist.isend, _words_of(p, group), to) for to, p in sends.items()]
+              + [(dist.irecv, in_w[i * SIZE_WORDS : (i + 1) * SIZE_WORDS], f) for i, f in enumerate(frm)], group)
+        read = torch.cat([in_w, *(p.words.to(dev) for p in lazy)]).tolist()
+        got = {f: read[i * SIZE_WORDS : (i + 1) * SIZE_WORDS] for i, f in enumerate(frm)}
+        for i, p in enumerate(lazy):
+            p.counted(read[(len(frm) + i) * SIZE_WORDS : (len(frm) + i + 1) * SIZE_WORDS])
+        sizes = {f: w[0] for f, w in got.items()}
         bad = {f: k for f, k in sizes.items() if k < 0}
         if bad:  # a peer's kernel failed (its count word ~0): that peer raises what it found
             raise CorruptStreamError(f"ranks {sorted(bad)} sent size words {sorted(bad.values())}: their GPU kernels "
                                      "failed to size a payload")
-    sends = {to: exact(p).to(dev) for to, p in sends.items()}
+        carried = {f: in_w[i * SIZE_WORDS : (i + 1) * SIZE_WORDS] for i, f in enumerate(frm) if any(got[f][1:])}
+    sends = {to: _sent_bytes(p).to(dev) for to, p in sends.items()}
     incoming = {f: torch.empty(sizes[f], dtype=torch.uint8, device=dev) for f in frm}
     _post([(dist.isend, p, to) for to, p in sends.items()] + [(dist.irecv, incoming[f], f) for f in frm], group)
-    return incoming
+    return {f: Lazy(p, carried[f], _carrying(f)) if f in carried else p for f, p in incoming.items()}
+
+
+def _sent_bytes(p: torch.Tensor | Lazy) -> torch.Tensor:
+    """The bytes a sized exchange sends of ``p``: a counted lazy payload's reports went with its words."""
+    return p.data[: p.n] if isinstance(p, Lazy) and p.n is not None else exact(p)
+
+
+def _carrying(frm: int) -> Callable[[list[int]], int]:
+    """``settle`` of a payload that arrived with reports from rank ``frm``'s kernels (its bytes are exact):
+    raised where this rank reads it; a GPU sum of it carries them on instead."""
+
+    def settle(words: list[int]) -> int:
+        if any(words[1:]):
+            raise CorruptStreamError(f"rank {frm} sent a payload with failure reports {words[1:]} from its GPU kernels "
+                                     "(bit 64 of a sum: it left int32; use a larger error bound)")
+        return words[0]
+
+    return settle
 
 
 _WORDS_TAG, _DATA_TAG = 1, 2  # an in-band payload's two messages to one peer (Gloo matches by tag; NCCL by order)
@@ -210,11 +250,11 @@ def _in_room(p: torch.Tensor | Lazy, room: int, group) -> tuple[torch.Tensor, to
     return data, _size_word(p.numel(), group, SIZE_WORDS)
 
 
-def _count_word(p: torch.Tensor | Lazy, group) -> torch.Tensor:
-    """The size word sent ahead of ``p``: a lazy payload's own count word in device memory."""
-    if isinstance(p, Lazy) and p.n is None:
-        return p.words[:1].to(device(group))
-    return _size_word(exact(p).numel(), group)
+def _words_of(p: torch.Tensor | Lazy, group) -> torch.Tensor:
+    """The two words (count, reports) sent ahead of ``p``: a lazy payload's own, in device memory."""
+    if isinstance(p, Lazy):
+        return p.words.to(device(group))
+    return _size_word(p.numel(), group, SIZE_WORDS)
 
 
 def sendrecv(payload: torch.Tensor | Lazy, to: int, frm: int, group, size: int | None = None,
