@@ -4,9 +4,12 @@ very values the host engine gives CPU tensors, and an add error on one rank reac
 
 A one-GPU machine runs these multi-rank device paths, which otherwise need one GPU per rank (NCCL)."""
 
+import os
+
 import pytest
 import torch
 
+from visemz.collectives import transport as T
 from visemz.collectives import (ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, last_algorithm, reduce_scatter,
                                 scatter)
 from visemz.errors import CorruptStreamError, LimitExceededError, PlanMismatchError
@@ -28,12 +31,17 @@ def _same(fn, make) -> bool:
 
 def _device_checks(rank: int, world: int) -> list[str]:
     ErrorBounded(1e-3).encode_device(torch.zeros(64, device=GPU))  # kernels built before any collective
-    done = []
-    for codec in (ErrorBounded(1e-3), ErrorBounded(1e-3, "none"), ErrorBounded(1e-2, "lorenzo2d")):
-        for algorithm in ("ring", "recursive_doubling"):
-            shape = (97, 103) if codec.predictor == "lorenzo2d" else (10_007,)
-            assert _same(lambda t: all_reduce(t, codec=codec, algorithm=algorithm),
-                         lambda: [data(rank, n=97 * 103).reshape(shape) if len(shape) == 2 else data(rank)]), (codec, algorithm)
+    done, inband_steps, real = [], [], T._exchange_inband
+    T._exchange_inband = lambda *args: inband_steps.append(1) or real(*args)  # counts the in-band steps taken
+    try:
+        for codec in (ErrorBounded(1e-3), ErrorBounded(1e-3, "none"), ErrorBounded(1e-2, "lorenzo2d")):
+            for algorithm in ("ring", "recursive_doubling"):
+                shape = (97, 103) if codec.predictor == "lorenzo2d" else (10_007,)
+                assert _same(lambda t: all_reduce(t, codec=codec, algorithm=algorithm),
+                             lambda: [data(rank, n=97 * 103).reshape(shape) if len(shape) == 2 else data(rank)]), (codec, algorithm)
+    finally:
+        T._exchange_inband = real
+    assert bool(inband_steps) == (os.environ["VISEMZ_COLLECTIVE_INBAND_KIB"] != "0"), len(inband_steps)
     done.append("all_reduce ring and recursive doubling: CUDA over Gloo == CPU")
 
     t = data(rank).to(GPU)
@@ -70,8 +78,15 @@ def _device_checks(rank: int, world: int) -> list[str]:
             try:
                 all_reduce(t.clone(), codec=ErrorBounded(1e-9, "none"), algorithm=algorithm)
                 raise AssertionError(f"{algorithm}: a sum leaving int32 was not refused")
-            except (LimitExceededError, CorruptStreamError) as e:
+            except LimitExceededError as e:  # the same error on every rank, whichever way the reports came
                 assert "int32" in str(e), (algorithm, e)
+        # reduce_scatter: only chunk 0's chain leaves int32 (its owner's sum carries the report): every rank raises
+        ins = [t[:2048].clone() if j == 0 else torch.zeros(2048, device=GPU) for j in range(world)]
+        try:
+            reduce_scatter(torch.empty(2048, device=GPU), ins, codec=ErrorBounded(1e-9, "none"))
+            raise AssertionError("reduce_scatter: a sum leaving int32 on chunk 0 was not refused on every rank")
+        except (LimitExceededError, CorruptStreamError) as e:
+            assert isinstance(e, LimitExceededError) == (rank == 0), (rank, e)
         done.append("a sum leaving int32 mid-ring or mid-doubling is raised on every rank")
 
     if world == 2:

@@ -83,7 +83,7 @@ def ring_reduce_scatter(eng, chunks: list, sizes: list[int], group):
         send_i, recv_i = (r - s - 1) % w, (r - s - 2) % w
         with phase("communicate"):
             got = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group,
-                             inband=eng.inband(sizes[send_i], sizes[recv_i], max(sizes)))
+                             inband=eng.inband(sizes[send_i], sizes[recv_i], max(sizes)), settle=eng.settle_carried)
         with phase("reduce"):
             chunks[recv_i] = eng.add(got, chunks[recv_i], sizes[recv_i])
     return chunks[r]
@@ -133,16 +133,16 @@ def _doubling(eng, buf, n: int, group):
     if r >= p:  # extra ranks hand their data to a partner and wait for the result
         with phase("communicate"):
             T.send(buf, r - p, group, ib)
-            return T.recv(r - p, group, ib)
+            return T.recv(r - p, group, ib, eng.settle_carried)
     if r < w - p:
         with phase("communicate"):
-            got = T.recv(r + p, group, ib)
+            got = T.recv(r + p, group, ib, eng.settle_carried)
         with phase("reduce"):
             buf = eng.add(buf, got, n)
     k = 1
     while k < p:
         with phase("communicate"):
-            got = T.sendrecv(buf, r ^ k, r ^ k, group, inband=ib)
+            got = T.sendrecv(buf, r ^ k, r ^ k, group, inband=ib, settle=eng.settle_carried)
         with phase("reduce"):
             buf = eng.add(buf, got, n)
         k <<= 1

@@ -39,6 +39,7 @@ class HostEngine:
     """NumPy codecs; payloads are CPU tensors.  ``row``: 2-D prediction's row length (else 0)."""
 
     device = torch.device("cpu")
+    settle_carried = None  # host payloads carry no reports
 
     def __init__(self, codec, row: int = 0):
         self.codec, self.kwargs = codec, _encode_args(codec, row)
@@ -80,6 +81,11 @@ class DeviceEngine:
             return None
         room_in = _room(n_in)
         return T.InBand(_room(n_out), room_in, lambda words: gpu.settle_add(words, room_in))
+
+    @staticmethod
+    def settle_carried(words: list[int]) -> int:
+        """What a sum's reports that arrived with exact bytes say, raised as this rank's own sum would raise them."""
+        return gpu.settle_add(words, words[0] & 0xFFFFFFFFFFFFFFFF)
 
     def _stream_of(self, p, n: int, unread: bool = False):
         """A payload as a DeviceStream, its size known on the host (a lazy one's read now if not yet, raising

@@ -156,7 +156,8 @@ def _settle(lazy: list[Lazy], read: list[int]) -> None:
 
 
 def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes: dict[int, int] | None = None,
-             inband: InBand | None = None) -> dict[int, torch.Tensor | Lazy]:
+             inband: InBand | None = None, settle: Callable[[list[int]], int] | None = None
+             ) -> dict[int, torch.Tensor | Lazy]:
     """Send ``sends[to]`` to each rank ``to`` while receiving one payload from each rank in ``frm``.
 
     Two batches whatever the number of peers (every size word, then every payload; the host
@@ -165,9 +166,10 @@ def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes
     ``all_sizes``), which leaves the size words out, or one with ``inband`` (``InBand``: no host
     read; received payloads come back lazy).  Sized, each payload's two words go ahead of it: lazy
     payloads sent come back counted, and one that arrives with reports comes back ``Lazy`` (exact
-    bytes), raising them where it is read, or carried on by a GPU sum of it; so a sum that failed in
-    the middle of a ring reaches the ring's last sums, which every rank checks, instead of stopping
-    its rank while the others wait for it."""
+    bytes), raising them where it is read (``settle``: how its maker's reports read, e.g.
+    ``DeviceEngine.settle_carried``; by default a CorruptStreamError naming them), or carried on by a
+    GPU sum of it; so a sum that failed in the middle of a ring reaches the ring's last sums, which
+    every rank checks, instead of stopping its rank while the others wait for it."""
     if inband is not None:
         return _exchange_inband(sends, frm, group, inband)
     dev = device(group)
@@ -197,7 +199,7 @@ def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes
     sends = {to: _sent_bytes(p).to(dev) for to, p in sends.items()}
     incoming = {f: torch.empty(sizes[f], dtype=torch.uint8, device=dev) for f in frm}
     _post([(dist.isend, p, to) for to, p in sends.items()] + [(dist.irecv, incoming[f], f) for f in frm], group)
-    return {f: Lazy(p, carried[f], _carrying(f)) if f in carried else p for f, p in incoming.items()}
+    return {f: Lazy(p, carried[f], settle or _carrying(f)) if f in carried else p for f, p in incoming.items()}
 
 
 def _sent_bytes(p: torch.Tensor | Lazy) -> torch.Tensor:
@@ -211,8 +213,7 @@ def _carrying(frm: int) -> Callable[[list[int]], int]:
 
     def settle(words: list[int]) -> int:
         if any(words[1:]):
-            raise CorruptStreamError(f"rank {frm} sent a payload with failure reports {words[1:]} from its GPU kernels "
-                                     "(bit 64 of a sum: it left int32; use a larger error bound)")
+            raise CorruptStreamError(f"rank {frm} sent a payload with failure reports {words[1:]} from its GPU kernels")
         return words[0]
 
     return settle
@@ -239,6 +240,8 @@ def _in_room(p: torch.Tensor | Lazy, room: int, group) -> tuple[torch.Tensor, to
     """A payload as ``room`` bytes and its two words, on the group's device: a lazy one's own buffer and
     words (whether read or not); an exact one copied into a room (its count written by a fill)."""
     dev = device(group)
+    # rooms come from sizes every rank agreed on, so a mismatch here is this code's own error; it is raised
+    # before anything is posted, on the ranks that meet it (a peer that does not would wait for the timeout)
     if isinstance(p, Lazy):
         if p.data.numel() != room:
             raise InvalidArgumentError(f"an in-band payload's buffer holds {p.data.numel()} bytes, not the agreed room of {room}")
@@ -258,19 +261,20 @@ def _words_of(p: torch.Tensor | Lazy, group) -> torch.Tensor:
 
 
 def sendrecv(payload: torch.Tensor | Lazy, to: int, frm: int, group, size: int | None = None,
-             inband: InBand | None = None) -> torch.Tensor | Lazy:
+             inband: InBand | None = None, settle: Callable[[list[int]], int] | None = None) -> torch.Tensor | Lazy:
     """Send ``payload`` to rank ``to`` while receiving one from rank ``frm`` (no ordering deadlock);
     ``size``: the incoming payload's byte count where every side knows it already (no size words);
-    ``inband``: lengths in-band (``InBand``; the result is lazy)."""
-    return exchange({to: payload}, [frm], group, None if size is None else {frm: size}, inband)[frm]
+    ``inband``: lengths in-band (``InBand``; the result is lazy); ``settle``: as in ``exchange``."""
+    return exchange({to: payload}, [frm], group, None if size is None else {frm: size}, inband, settle)[frm]
 
 
 def send(payload: torch.Tensor | Lazy, to: int, group, inband: InBand | None = None) -> None:
     exchange({to: payload}, [], group, inband=inband)
 
 
-def recv(frm: int, group, inband: InBand | None = None) -> torch.Tensor | Lazy:
-    return exchange({}, [frm], group, inband=inband)[frm]
+def recv(frm: int, group, inband: InBand | None = None, settle: Callable[[list[int]], int] | None = None
+         ) -> torch.Tensor | Lazy:
+    return exchange({}, [frm], group, inband=inband, settle=settle)[frm]
 
 
 def all_sizes(n: int | Lazy, group) -> list[int]:
