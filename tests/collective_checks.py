@@ -157,9 +157,9 @@ def sent_payloads():
     """The payloads this rank hands to the transport inside the block (the real transport still moves them)."""
     sent, real = [], {name: getattr(transport, name) for name in ("exchange", "all_gather", "broadcast")}
 
-    def exchange(sends, frm, group, sizes=None, inband=None):
+    def exchange(sends, frm, group, *args, **kwargs):
         sent.extend(sends.values())
-        return real["exchange"](sends, frm, group, sizes, inband)
+        return real["exchange"](sends, frm, group, *args, **kwargs)
 
     def all_gather(payload, group):
         sent.append(payload)
