@@ -78,12 +78,12 @@ def ring_reduce_scatter(eng, chunks: list, sizes: list[int], group):
     still in device memory).  Each step's sum is the next step's send, so on an NCCL group each step reads
     the host once: the sum's size word and error bits with the incoming size; with in-band lengths
     (``eng.inband``: small chunks on a GPU) none, and the sum's words carry every upstream report."""
-    r, w = T.rank(group), T.world(group)
+    r, w, largest = T.rank(group), T.world(group), max(sizes)
     for s in range(w - 1):
         send_i, recv_i = (r - s - 1) % w, (r - s - 2) % w
         with phase("communicate"):
             got = T.sendrecv(chunks[send_i], (r + 1) % w, (r - 1) % w, group,
-                             inband=eng.inband(sizes[send_i], sizes[recv_i], max(sizes)), settle=eng.settle_carried)
+                             inband=eng.inband(sizes[send_i], sizes[recv_i], largest), settle=eng.settle_carried)
         with phase("reduce"):
             chunks[recv_i] = eng.add(got, chunks[recv_i], sizes[recv_i])
     return chunks[r]
@@ -101,7 +101,7 @@ def ring(eng, flat: torch.Tensor, group, name: str, edges=None) -> tuple[torch.T
     # chunk i's reduced payload is rank i's: their sizes (and any rank's add errors) in one all_gather,
     # so the exchanges below send no size words
     with phase("communicate"):
-        reduced = T.all_sizes(mine if isinstance(mine, T.Lazy) else mine.numel(), group)
+        reduced = T.all_sizes(mine, group)
     chunks[r] = T.exact(mine)
     for s in range(w - 1):
         send_i, recv_i = (r - s) % w, (r - s - 1) % w

@@ -15,7 +15,6 @@ import torch
 
 from .. import cuda
 from ..config import DEFAULTS
-from ..encoders import layout as L
 from . import gpu
 from . import transport as T
 from .codecs import ErrorBounded, Lossless, _to_float64, predicts_rows
@@ -77,10 +76,10 @@ class DeviceEngine:
         and receiving one of ``n_in``, when the ``largest`` chunk of the collective has a worst-case stream
         within ``VISEMZ_COLLECTIVE_INBAND_KIB`` (every rank decides alike for every step: the chunks' sizes
         are the same everywhere): a ring or doubling step then reads nothing on the host."""
-        if not isinstance(self.codec, ErrorBounded) or _room(largest) > DEFAULTS.collective_inband_kib * 1024:
+        if not isinstance(self.codec, ErrorBounded) or gpu.room(largest) > DEFAULTS.collective_inband_kib * 1024:
             return None
-        room_in = _room(n_in)
-        return T.InBand(_room(n_out), room_in, lambda words: gpu.settle_add(words, room_in))
+        room_in = gpu.room(n_in)
+        return T.InBand(gpu.room(n_out), room_in, lambda words: gpu.settle_add(words, room_in))
 
     @staticmethod
     def settle_carried(words: list[int]) -> int:
@@ -156,11 +155,6 @@ class DeviceEngine:
             with gpu.torch_stream():
                 out.append(torch.as_tensor(self.codec.decode_device(cuda.as_cupy(p), n, name), device=self.device))
         return out
-
-
-def _room(n: int) -> int:
-    """The worst-case device stream of ``n`` values: the room an in-band step sends."""
-    return L.max_stream_size(gpu.BLOCK, n)
 
 
 def engine_for(tensor: torch.Tensor, codec: ErrorBounded | Lossless, row: int = 0):

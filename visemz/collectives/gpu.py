@@ -197,6 +197,12 @@ def read_sizes(streams: list[DeviceStream]) -> None:
         words = words[k:]
 
 
+def room(n: int) -> int:
+    """The worst-case device stream of ``n`` values: what the encoder and the add allocate, and what an
+    in-band step sends."""
+    return L.max_stream_size(BLOCK, n)
+
+
 def encode_symbols(q) -> DeviceStream:
     """int32 symbols on the device -> their per-block, bitshuffled block stream (no host sync)."""
     L.check_count(q.size)
@@ -225,7 +231,7 @@ def eb_encode(x, eb: float, pred) -> tuple[DeviceStream, str]:
         cells = cp.zeros(3, cp.uint64)
         if n == 0:
             return DeviceStream(_empty_stream(cp, cells), cells[0:1], 0, cells, eb), name
-        out = cp.empty(L.max_stream_size(BLOCK, n), cp.uint8)
+        out = cp.empty(room(n), cp.uint8)
         ntiles = L.n_tiles(n)
         scratch = G.workspace(ntiles)
         kernel(f"eb_encode_{SUFFIX[name]}_{pred.predictor}")((ntiles,), (G.THREADS,), (
@@ -345,7 +351,7 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
         raise InvalidArgumentError(f"cannot add a {a.n}-value stream to a {b.n}-value stream")
     if inplace and lazy:
         raise InvalidArgumentError("an in-place add is checked before it overwrites its input: lazy=True does not apply")
-    cap = L.max_stream_size(BLOCK, a.n)
+    cap = room(a.n)
     if inplace and a.data.size < cap:
         raise LimitExceededError(f"in-place add needs a {cap}-byte buffer, the stream has {a.data.size}")
     with torch_stream() as cp:

@@ -95,7 +95,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: str
             summed = ring_reduce_scatter(eng, mine, [n] * w, group)
             # every rank's sum words in one gather: a failure on any chunk's chain (which only its owner's sum
             # carries) is raised on every rank, not on the owner alone while the others go on
-            T.all_sizes(summed if isinstance(summed, T.Lazy) else summed.numel(), group)
+            T.all_sizes(summed, group)
             total = eng.values(summed, n, name)
         write_values(out, total / w if op == "avg" else total)
         return output

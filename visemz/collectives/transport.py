@@ -245,12 +245,13 @@ def _in_room(p: torch.Tensor | Lazy, room: int, group) -> tuple[torch.Tensor, to
     if isinstance(p, Lazy):
         if p.data.numel() != room:
             raise InvalidArgumentError(f"an in-band payload's buffer holds {p.data.numel()} bytes, not the agreed room of {room}")
-        return p.data.to(dev), p.words.to(dev)
-    if p.numel() > room:
+        data = p.data.to(dev)
+    elif p.numel() > room:
         raise InvalidArgumentError(f"a {p.numel()}-byte payload does not fit the agreed in-band room of {room} bytes")
-    data = torch.empty(room, dtype=torch.uint8, device=dev)
-    data[: p.numel()] = p.to(dev)
-    return data, _size_word(p.numel(), group, SIZE_WORDS)
+    else:
+        data = torch.empty(room, dtype=torch.uint8, device=dev)
+        data[: p.numel()] = p.to(dev)
+    return data, _words_of(p, group)
 
 
 def _words_of(p: torch.Tensor | Lazy, group) -> torch.Tensor:
@@ -277,14 +278,15 @@ def recv(frm: int, group, inband: InBand | None = None, settle: Callable[[list[i
     return exchange({}, [frm], group, inband=inband, settle=settle)[frm]
 
 
-def all_sizes(n: int | Lazy, group) -> list[int]:
-    """Every rank's byte count ``n``, on every rank: one all_gather of two words per rank (count,
-    reports) and one host read, whether ``n`` is a number or a lazy payload (so ranks may mix them).
+def all_sizes(n: int | torch.Tensor | Lazy, group) -> list[int]:
+    """Every rank's byte count ``n`` (a number or a payload's), on every rank: one all_gather of two
+    words per rank (count, reports) and one host read, whether ``n`` is a number, a payload or a lazy
+    payload (so ranks may mix them).
 
     A lazy payload comes back settled; every rank then checks every rank's reports, so what one
     rank's maker reported is raised on all of them."""
     dev, w, me = device(group), world(group), rank(group)
-    mine = n.words.to(dev) if isinstance(n, Lazy) else _size_word(n, group, SIZE_WORDS)
+    mine = n.words.to(dev) if isinstance(n, Lazy) else _size_word(n if isinstance(n, int) else n.numel(), group, SIZE_WORDS)
     table = torch.empty(w * SIZE_WORDS, dtype=torch.int64, device=dev)
     _all_gather_single(table, mine, group)
     read = table.tolist()
