@@ -224,16 +224,19 @@ class CropSampler:
         ramp = torch.where(flip[:, None], self.patch - 1 - self.ramp, self.ramp)
         return start[:, None] + ramp
 
-    def sample_into(self, out: torch.Tensor) -> None:
-        """Fill ``out`` (n x C x patch x patch, float) with crops scaled to [0, 1]."""
-        n = out.shape[0]
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """n crops (n x C x patch x patch, int32 values 0..65535) and the image each was cut from."""
         u = torch.rand(n, device=self.cdf.device) * self.cdf[-1]
         k = torch.searchsorted(self.cdf, u).clamp_(max=self.count - 1)
         rows = self._axis(self.y_room, k, n)
         cols = self._axis(self.x_room, k, n)
         crops = self.images[k[:, None, None, None], self.channels[None, :, None, None],
                             rows[:, None, :, None], cols[:, None, None, :]]
-        torch.div(crops.to(torch.int32) & 0xFFFF, 65535.0, out=out)
+        return crops.to(torch.int32) & 0xFFFF, k
+
+    def sample_into(self, out: torch.Tensor) -> None:
+        """Fill ``out`` (n x C x patch x patch, float) with crops scaled to [0, 1]."""
+        torch.div(self.sample(out.shape[0])[0], 65535.0, out=out)
 
 
 # -------------------------------------------------------------------------------------- training
