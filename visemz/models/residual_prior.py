@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .architectures import native_forward
+
 # sub-pixel (dy, dx) of each pass, in coding order
 PASSES = ((0, 0), (1, 1), (0, 1), (1, 0))
 CONTEXT_SCALE = 8.0  # context pixels enter as residual / (8 u): most of them then lie in [-1, 1]
@@ -86,14 +88,21 @@ class ResidualPrior(nn.Module):
         ``x01``: the reconstruction (B, C, 2h, 2w) in [0, 1]; ``log2_u``, ``log2_bin``: per sample (B,)."""
         b, _, h, w = reduced.shape
         side = torch.stack([log2_u / 8.0, log2_bin / 4.0], 1).to(reduced.dtype)[:, :, None, None].expand(b, 2, h, w)
-        return self.trunk(torch.cat([reduced, space_to_depth(x01.clamp(0, 1)), side], 1))
+        return _run(self.trunk, torch.cat([reduced, space_to_depth(x01.clamp(0, 1)), side], 1))
 
     def head(self, k: int, trunk: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pass k's (offset, log_scale), each (B, C, h, w) in units u.  ``context``: (B, 4C, h, w), the decoded
         residuals of the passes before k (divided by CONTEXT_SCALE u), zero for the others."""
-        out = self.heads[k](torch.cat([trunk, context], 1))
+        out = _run(self.heads[k], torch.cat([trunk, context], 1))
         offset, log_scale = out.chunk(2, 1)
         return offset.clamp(-OFFSET_RANGE, OFFSET_RANGE), log_scale.clamp(*LOG_SCALE_RANGE)
+
+
+def _run(layers: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """On a GPU in float64 (coding) on cuBLAS's float64 GEMM rather than cuDNN's slow float64 convolutions."""
+    if x.is_cuda and x.dtype == torch.float64:
+        return native_forward(layers, x)
+    return layers(x)
 
 
 def _log_bin_prob(lo_edge: torch.Tensor, hi_edge: torch.Tensor) -> torch.Tensor:
