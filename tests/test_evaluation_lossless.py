@@ -265,6 +265,7 @@ def test_lossless_run_writes_tables_and_results_files(sets, tmp_path, model_weig
     assert md.count("Lossless (E = 0)") == 3 and md.count("| 2 | visemz-balle2016-maxerr |") == 3
     assert "| jpeg2000 | 0 (anchor) |" in md.split("## gray16")[1]  # the 16-bit set's BD table
     assert "bits per sub-pixel" in md.split("## rgb")[1] and "bits per sub-pixel" not in md.split("## rgb")[0]
+    assert "Plots: rd_gray16.png." in md and "crops_" not in md  # the figures written, and only them
 
 
 def test_rd_eval_needs_data_and_takes_gray_crops(sets, tmp_path, capsys):

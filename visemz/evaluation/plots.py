@@ -79,8 +79,9 @@ def _matched(rows: list[dict], image: str) -> tuple[float, dict[str, dict]]:
     return target, best
 
 
-def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -> None:
-    """The dataset's first image: the original crop beside each codec's crop at the bpp closest to visemz's q=3.
+def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -> bool:
+    """The dataset's first image: the original crop beside each codec's crop at the bpp closest to visemz's q=3;
+    whether it was drawn.
 
     The chosen points are re-encoded here (the run keeps no reconstructions), with the
     same codecs and settings as in the CSV.
@@ -88,7 +89,7 @@ def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -
     ds_rows = [r for r in rows if r["dataset"] == dataset and np.isfinite(float(r["psnr"]))]
     found = find_datasets(folder, cfg.datasets, None, cfg.view)
     if not ds_rows or dataset not in found:  # only lossless points, or a dataset of another view in the CSV
-        return
+        return False
     paths = {p.name: p for p in found[dataset]}
     name = sorted({r["image"] for r in ds_rows})[0]
     image = load_view(paths[name], cfg.view)
@@ -117,3 +118,4 @@ def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -
         ax.set_title(title, fontsize=8)
     fig.suptitle(f"{dataset}/{name}: {side}x{side} crop at about {target:.3f} bpp", fontsize=10)
     _save(fig, path)
+    return True

@@ -152,8 +152,9 @@ def _where(cost: dict, device: str) -> str:
 
 
 def summary_markdown(curves: dict, failures: list[str], device_name: str, refine: dict | None = None,
-                     device: str = "cpu", rows: list[dict] = ()) -> str:
-    """The report; ``rows`` (the points CSV) give the lossless and near-lossless tables and the broken bounds."""
+                     device: str = "cpu", rows: list[dict] = (), figures: dict[str, list[str]] | None = None) -> str:
+    """The report; ``rows`` (the points CSV) give the lossless and near-lossless tables and the broken bounds,
+    ``figures`` the names of each dataset's figures."""
     out = ["# Rate-distortion evaluation", "",
            f"Device: {device_name}. bpp = output bytes x 8 / pixels; PSNR against the bit depth's range; "
            "metrics are means over each dataset's images. BD: Bjontegaard deltas with PCHIP interpolation "
@@ -168,8 +169,8 @@ def summary_markdown(curves: dict, failures: list[str], device_name: str, refine
         if rc:
             out += [*rc, ""]
         out += bound_tables.section(ds, bounds.get(ds, {}), any(int(r["channels"]) > 1 for r in rows if r["dataset"] == ds))
-        if lossy_curves(by_codec):
-            out += [f"Plots: rd_{ds}.png, crops_{ds}.png.", ""]
+        if (figures or {}).get(ds):
+            out += [f"Plots: {', '.join(figures[ds])}.", ""]
         out += ["<details><summary>every mean point</summary>", "",
                 *points_table(by_codec), "", "</details>", ""]
     broken = bound_tables.violations(list(rows))
@@ -228,12 +229,14 @@ def write_results(out: Path, rows: list[dict], curves: dict) -> None:
 
 def write_report(folder: Path, out: Path, cfg, rows: list[dict], failures: list[str], log: Callable[[str], None] = print) -> None:
     curves = mean_curves(rows)
+    figures: dict[str, list[str]] = defaultdict(list)
     for ds, by_codec in curves.items():
         if not lossy_curves(by_codec):
             continue  # lossless points only: nothing to plot
         plots.rd_plot(ds, lossy_curves(by_codec), out / f"rd_{ds}.png")
-        if cfg.crops:
-            plots.crop_figure(folder, ds, rows, cfg, out / f"crops_{ds}.png")
+        figures[ds].append(f"rd_{ds}.png")
+        if cfg.crops and plots.crop_figure(folder, ds, rows, cfg, out / f"crops_{ds}.png"):
+            figures[ds].append(f"crops_{ds}.png")
     refine = refine_costs(rows)
     for ds, costs in refine.items():
         for codec, c in costs.items():
@@ -241,5 +244,6 @@ def write_report(folder: Path, out: Path, cfg, rows: list[dict], failures: list[
                 f"{' (upper bound)' if c['upper_bound'] else ''} on {_where(c, cfg.device)} ({c['points']} points)")
     write_results(out, rows, curves)
     write_atomic(out / "summary.md",
-                 summary_markdown(curves, failures, devices_line(rows, cfg.device), refine, cfg.device, rows).encode())
+                 summary_markdown(curves, failures, devices_line(rows, cfg.device), refine, cfg.device, rows,
+                                  figures).encode())
     log(f"report: {out / 'summary.md'}")
