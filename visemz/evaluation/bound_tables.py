@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codecs import describe
+from .codecs import LOSSLESS_NAMES, describe
 
 LOSSLESS_ANCHORS = ("jpegxl-lossless", "jpegls")  # the ratios' denominators in the lossless table
 NEAR_LOSSLESS_ANCHOR = "jpegls"  # the only classical coder with a maximum error above 0
@@ -81,7 +81,14 @@ def bound_points(rows: list[dict]) -> dict[str, dict[str, dict[float, BoundPoint
             if breaks_bound(r):
                 p.broken[r["image"]] = float(r["max_abs_error"])
         out[ds][codec][bound] = p
-    return {ds: {c: dict(sorted(b.items())) for c, b in by.items()} for ds, by in out.items()}
+    return {ds: {c: dict(sorted(by[c].items())) for c in sorted(by, key=_table_order)} for ds, by in out.items()}
+
+
+def _table_order(codec: str) -> tuple:
+    """visemz's codecs first, then the classical coders in a fixed order, then the others by name."""
+    if codec.startswith("visemz-"):
+        return (0, codec)
+    return (1, LOSSLESS_NAMES.index(codec), codec) if codec in LOSSLESS_NAMES else (2, codec)
 
 
 def violations(rows: list[dict]) -> list[str]:
