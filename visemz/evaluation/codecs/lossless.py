@@ -40,12 +40,21 @@ def need_imagecodecs(name: str) -> None:
         raise VisemzError(f"codec {name!r} needs imagecodecs: pip install 'visemz[eval]'")
 
 
-def _gray_or_rgb(layout: Layout, name: str, dtypes=("uint8", "uint16")) -> str | None:
+def gray_or_rgb(layout: Layout, name: str, dtypes=("uint8", "uint16")) -> str | None:
+    """Why ``name`` cannot code images of ``layout`` (None: it can)."""
     if layout.dtype not in dtypes:
         return f"{name} codes {' and '.join(dtypes)} images only"
     if layout.channels not in (1, 3):
         return f"{name} codes gray or RGB images only"
     return None
+
+
+def as_layout(decoded, layout: Layout, name: str) -> np.ndarray:
+    """A library's decoded array in the original's shape, or CorruptStreamError when it holds something else."""
+    out = np.asarray(decoded)
+    if out.size != int(np.prod(layout.shape)) or out.dtype.name != layout.dtype:
+        raise CorruptStreamError(f"{name} decoded a {out.shape} {out.dtype} array, not {layout.shape} {layout.dtype}")
+    return out.reshape(layout.shape)
 
 
 class LosslessCodec(Codec):
@@ -59,13 +68,10 @@ class LosslessCodec(Codec):
         need_imagecodecs(self.name)
 
     def supports(self, layout):
-        return _gray_or_rgb(layout, self.name, self.dtypes)
+        return gray_or_rgb(layout, self.name, self.dtypes)
 
     def decode(self, data, setting, layout) -> np.ndarray:
-        out = np.asarray(self._decode(data, layout))
-        if out.size != int(np.prod(layout.shape)) or out.dtype.name != layout.dtype:
-            raise CorruptStreamError(f"{self.name} decoded a {out.shape} {out.dtype} array, not {layout.shape} {layout.dtype}")
-        return out.reshape(layout.shape)
+        return as_layout(self._decode(data, layout), layout, self.name)
 
     @abstractmethod
     def _decode(self, data: bytes, layout: Layout) -> np.ndarray: ...

@@ -14,7 +14,7 @@ from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 from ...errors import CorruptStreamError, DeviceUnavailableError
 from .base import Codec, Layout
-from .lossless import JPEGXL_EFFORT, THREADS, imagecodecs, need_imagecodecs
+from .lossless import JPEGXL_EFFORT, THREADS, as_layout, gray_or_rgb, imagecodecs, need_imagecodecs
 
 
 def _to_bgr(image: np.ndarray) -> np.ndarray:
@@ -95,20 +95,13 @@ class JPEGXL(Codec):
         need_imagecodecs(self.name)
 
     def supports(self, layout):
-        if layout.dtype not in ("uint8", "uint16"):
-            return f"{self.name} is evaluated on 8- and 16-bit images"
-        if layout.channels not in (1, 3):
-            return f"{self.name} codes gray or RGB images only"
-        return None
+        return gray_or_rgb(layout, self.name)
 
     def encode(self, image, setting) -> bytes:
         return bytes(imagecodecs.jpegxl_encode(image, distance=float(setting), effort=JPEGXL_EFFORT, numthreads=THREADS))
 
     def decode(self, data, setting, layout) -> np.ndarray:
-        out = imagecodecs.jpegxl_decode(data, numthreads=THREADS)
-        if out.dtype.name != layout.dtype or out.size != int(np.prod(layout.shape)):
-            raise CorruptStreamError(f"{self.name} decoded a {out.shape} {out.dtype} array, not {layout.shape} {layout.dtype}")
-        return out.reshape(layout.shape)
+        return as_layout(imagecodecs.jpegxl_decode(data, numthreads=THREADS), layout, self.name)
 
 
 class NvJPEG(Codec):
