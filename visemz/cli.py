@@ -105,7 +105,7 @@ def compress(
     model: str = typer.Option(DEFAULT_MODEL, help="balle2016 or mbt2018-mean"),
     quality: float = typer.Option(DEFAULT_QUALITY, min=1.0, max=8.0,
                                   help="1-8 on CompressAI's lambda ladder; fractions lie between"),
-    max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in pixel units (0: lossless)"),
+    max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in levels of the input dtype (absolute for float32; 0: lossless)"),
     entropy: str = typer.Option("zstd", help="zstd, ans (GPU only) or none"),
     streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),
     processes: int = typer.Option(0, min=0, max=64, help="worker processes, each a shard of the folder and its own "
@@ -303,16 +303,18 @@ def eval_cmd(
     limit: Optional[int] = typer.Option(None, help="first N images of each dataset"),
     datasets: Optional[str] = typer.Option(None, help="comma-separated sub-folder names (default: all)"),
     no_crops: bool = typer.Option(False, "--no-crops", help="skip the matched-bpp crop figures"),
+    crop: Optional[int] = typer.Option(None, "--crop", help="code each image's central N x N pixels"),
+    gray: bool = typer.Option(False, "--gray", help="code each image's luma"),
     refine_steps: int = typer.Option(0, "--refine-steps",
                                      help="also run visemz-<arch>-refine<N> (N steps of encoder-side latent "
                                           "refinement) beside each visemz-<arch> codec (default 0: none)"),
 ) -> None:
-    """Rate-distortion evaluation against JPEG, JPEG 2000, WebP, nvJPEG, SZ3, ZFP and CompressAI (resumable)."""
+    """Rate-distortion, lossless and near-lossless evaluation against the classical, scientific and CompressAI codecs (resumable)."""
     def names(s: Optional[str]):
         return tuple(n.strip() for n in s.split(",") if n.strip()) if s else None
 
     cfg = EvalConfig(codecs=names(codecs), device=resolve(device), limit=limit, datasets=names(datasets),
-                     crops=not no_crops, refine_steps=refine_steps)
+                     crops=not no_crops, refine_steps=refine_steps, crop=crop, gray=gray)
     result = evaluate(folder, out, cfg, log=lambda m: typer.echo(m, err=True))
     typer.echo(f"{result.computed} points computed, {result.skipped} already in {result.csv}, {len(result.failures)} failed; "
                f"report in {out}")
