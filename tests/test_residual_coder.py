@@ -157,17 +157,6 @@ def _tile_sections(buf) -> dict:
     return codec_module.ImageCodec("cpu")._open(buf).tile(0)[0]
 
 
-def _with_fixes(buf: bytes, fixes: bytes) -> bytes:
-    """The one-tile file with its fixes section replaced (checksums recomputed)."""
-    c = container.unpack(buf)
-    f = codec_module.ImageCodec("cpu")._open(buf)
-    sections, coding = f.tile(0)
-    parts = dict(sections, **{residual_coder.FIXES: fixes})
-    names = c.meta["tiles"]["symbols"]
-    packed = codec_module.tile_index.pack(c.meta["tiles"]["parts"], names, [(parts, coding)], c.meta["format"])
-    return container.pack(c.kind, c.meta, packed)
-
-
 def test_crafted_fixes_are_refused():
     img = _photo((20, 24))
     buf = visemz.compress(img, max_error=0, quality=2)
@@ -183,7 +172,7 @@ def test_crafted_fixes_are_refused():
     for values in bad:
         fixes = residual_coder.encode_ints(np.asarray(values, np.int32), policy="global", entropy="none")
         with pytest.raises(CorruptStreamError):
-            visemz.decompress(_with_fixes(buf, fixes))
+            visemz.decompress(_with_section(buf, residual_coder.FIXES, fixes))
 
 
 def test_damaged_pass_stream_is_refused_or_stays_in_range():
@@ -254,3 +243,57 @@ def test_tables_family_is_shipped_with_the_prior():
     res = residual_weights.load("gray")
     assert res.tables.n_tables == RT.UNIFORM + RT.MAX_SHIFT
     assert math.isclose(RT.scales()[RT.TOP], RT.SCALE_MIN * 2 ** (RT.TOP / RT.STEPS))
+
+
+# ------------------------------------------------------------------ sparse values: the palette
+def _stretched() -> np.ndarray:
+    """16-bit data stretched from 8-bit levels, as astronomy images and scaled microscope frames come."""
+    return (data.camera()[:40, :48].astype(np.float64) * (65535 / 255)).round().astype(np.uint16)
+
+
+def test_sparse_values_go_through_a_palette(monkeypatch):
+    img = _stretched()
+    buf = visemz.compress(img, max_error=0, quality=2)
+    np.testing.assert_array_equal(visemz.decompress(buf), img)
+    assert len(_tile_sections(buf)[residual_coder.PALETTE]) > 0
+    monkeypatch.setattr(residual_coder, "SPARSE", 1 << 20)  # no palette
+    plain = visemz.compress(img, max_error=0, quality=2)
+    assert len(_tile_sections(plain)[residual_coder.PALETTE]) == 0
+    np.testing.assert_array_equal(visemz.decompress(plain), img)
+    assert len(buf) < 0.75 * len(plain)
+
+
+def test_near_lossless_and_dense_images_take_no_palette():
+    for img, e in ((_stretched(), 1), (_photo((40, 48)), 0)):
+        buf = visemz.compress(img, max_error=e, quality=2)
+        assert len(_tile_sections(buf)[residual_coder.PALETTE]) == 0
+        assert _err(visemz.decompress(buf), img) <= e
+
+
+def _with_section(buf: bytes, name: str, body: bytes) -> bytes:
+    c = container.unpack(buf)
+    sections, coding = codec_module.ImageCodec("cpu")._open(buf).tile(0)
+    packed = codec_module.tile_index.pack(c.meta["tiles"]["parts"], c.meta["tiles"]["symbols"],
+                                          [(dict(sections, **{name: body}), coding)], c.meta["format"])
+    return container.pack(c.kind, c.meta, packed)
+
+
+def test_crafted_palettes_are_refused():
+    img = _stretched()
+    buf = visemz.compress(img, max_error=0, quality=2)
+    lo, hi = int(img.min()), int(img.max())
+    bad = [
+        [lo, 5, 0, 7],  # not increasing
+        [lo - 1, 3],  # below the image's range
+        [hi, 3],  # beyond it
+        list(range(lo, lo + 400)),  # not sparse: values that fill their span
+    ]
+    for values in bad:
+        gaps = np.diff(np.asarray(values, np.int64), prepend=0).astype(np.int32)
+        body = residual_coder.encode_ints(gaps, policy="block", entropy="zstd")
+        with pytest.raises(CorruptStreamError):
+            visemz.decompress(_with_section(buf, residual_coder.PALETTE, body))
+    near = visemz.compress(img, max_error=1, quality=2)  # a palette where the bound is not 0
+    body = residual_coder.encode_ints(np.array([lo, 257], np.int32), policy="block", entropy="zstd")
+    with pytest.raises(CorruptStreamError):
+        visemz.decompress(_with_section(near, residual_coder.PALETTE, body))

@@ -18,7 +18,13 @@ the encoder lists every pixel where one of those values lies within TOL of an in
 integers it used, and the decoder takes them from the list.  A pixel not listed was more than TOL
 from every boundary, so the decoder's value (off by less than 1e-8) floors alike.
 
-Sections of a tile: ``res_fixes`` (the list; empty bytes when nothing is listed, else an ints stream of
+Sparse values (lossless only): where a tile uses at most half the levels of the image's range (16-bit
+data stretched from fewer levels, 8-bit data scaled by 256, ...), its sorted values are listed (the
+palette) and the pixels coded as indexes into it, the prediction mapped to that index scale by
+interpolating between the palette's values; the prior then sees data as dense as the source's levels.
+
+Sections of a tile: ``res_palette`` (empty bytes, or an ints stream of the first value and the gaps to
+the next ones), ``res_fixes`` (the list; empty bytes when nothing is listed, else an ints stream of
 [count per pass x 4, position gaps, m0, scale indexes, centre indexes]) and ``res_p0`` .. ``res_p3``, one
 conditional rANS stream per pass (the pass's q >> k in position order, then its low bits).
 Positions are flat indexes into a pass's (planes, channels, h, w) half-resolution grid; pixels of
@@ -40,9 +46,10 @@ from .models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, 
 from .models.residual_weights import Residual
 from .pixels import ImageMeta
 
-FIXES = "res_fixes"
+FIXES, PALETTE = "res_fixes", "res_palette"
 PASS_SECTIONS = tuple(f"res_p{k}" for k in range(len(PASSES)))
-SECTIONS = (FIXES, *PASS_SECTIONS)
+SECTIONS = (PALETTE, FIXES, *PASS_SECTIONS)
+SPARSE = 2  # a lossless tile is coded through a palette when the span of its values holds this many levels per value
 TOL = 1e-6
 MAX_Q = 1 << 20  # |q| of any valid stream is below 2**18 (the largest image range over the smallest bin)
 TRUNK_HALO = 3  # half-resolution positions the trunk sees around a position (the heads see HALO - 3 more)
@@ -54,6 +61,9 @@ def encode(res: Residual, x: torch.Tensor, x01: torch.Tensor, reduced: torch.Ten
     """A tile's pixels ``x`` (its meta's layout, integers) -> its sections.  ``x01``: the tile core's float64
     reconstruction (planes, C, H, W), ``reduced``: the prior's reduction of g_s's features (half resolution)."""
     levels = _batch_levels(x, meta, x01)
+    palette = _palette_of(levels, _real_mask(meta, x01), meta) if e == 0 else None
+    if palette is not None:
+        levels = torch.searchsorted(palette, levels.contiguous()).to(torch.float64)
     fixes, streams = [], []
 
     def fix(k, m0, si, fi, amb, real):
@@ -69,8 +79,8 @@ def encode(res: Residual, x: torch.Tensor, x01: torch.Tensor, reduced: torch.Ten
         streams.append(encode_conditional(_coder_array(sym), _coder_array(idx), res.tables))
         return q
 
-    _passes(res, x01, reduced, meta, e, fix, symbols)
-    return {FIXES: _pack_fixes(fixes), **dict(zip(PASS_SECTIONS, streams))}
+    _passes(res, x01, reduced, _Domain(meta, palette), e, fix, symbols)
+    return {PALETTE: _pack_palette(palette), FIXES: _pack_fixes(fixes), **dict(zip(PASS_SECTIONS, streams))}
 
 
 def decode(res: Residual, sections: dict, x01: torch.Tensor, reduced: torch.Tensor, meta: ImageMeta,
@@ -79,6 +89,7 @@ def decode(res: Residual, sections: dict, x01: torch.Tensor, reduced: torch.Tens
     planes, c = x01.shape[0], x01.shape[1]
     grid = planes * c * (x01.shape[2] // 2) * (x01.shape[3] // 2)
     listed = _unpack_fixes(sections[FIXES], grid, x01.device)
+    palette = _unpack_palette(sections[PALETTE], meta, e, x01.device)
 
     def fix(k, m0, si, fi, amb, real):
         pos, m0_l, si_l, fi_l = listed[k]
@@ -105,26 +116,48 @@ def decode(res: Residual, sections: dict, x01: torch.Tensor, reduced: torch.Tens
             raise CorruptStreamError(f"residual pass stream decodes a value beyond {MAX_Q} bins")
         return q
 
-    out = _passes(res, x01, reduced, meta, e, fix, symbols)
+    out = _passes(res, x01, reduced, _Domain(meta, palette), e, fix, symbols)
+    if palette is not None:
+        out = palette[out.to(torch.int64)]
     return _image_layout(out, meta)
 
 
 # ------------------------------------------------------------------ the passes, alike for both sides
-def _passes(res: Residual, x01: torch.Tensor, reduced: torch.Tensor, meta: ImageMeta, e: int, fix, symbols):
+class _Domain:
+    """The integers a tile's pixels are coded as: the image's levels lo..hi, or indexes 0..n-1 into a palette."""
+
+    def __init__(self, meta: ImageMeta, palette: torch.Tensor | None):
+        self.meta, self.palette = meta, palette
+        self.lo, self.hi = (int(meta.lo), int(meta.hi)) if palette is None else (0, palette.numel() - 1)
+
+    def prediction(self, x01: torch.Tensor) -> torch.Tensor:
+        """The reconstruction in this domain's units (a palette's: interpolated between its values)."""
+        lo, span = self.meta.lo, max(self.meta.hi - self.meta.lo, 1)
+        levels = lo + x01.clamp(0, 1) * span
+        if self.palette is None:
+            return levels
+        v, n = self.palette, self.palette.numel()
+        if n == 1:
+            return torch.zeros_like(levels)
+        i = torch.searchsorted(v, levels.contiguous()).clamp(1, n - 1)
+        v0, v1 = v[i - 1], v[i]
+        return (i - 1) + ((levels - v0) / (v1 - v0)).clamp(0, 1)
+
+
+def _passes(res: Residual, x01: torch.Tensor, reduced: torch.Tensor, domain: _Domain, e: int, fix, symbols):
     """Run the four passes; ``fix(k, m0, si, fi, ambiguous, real)`` gives the integers pass k codes with and
     ``symbols(k, m0, shift, table, real)`` its q (the encoder codes them, the decoder decodes them).  Returns
-    the decoded pixels (planes, C, H, W) as float64 levels."""
+    the decoded pixels (planes, C, H, W) as float64 values of the domain."""
     prior = res.prior64
-    lo, hi = int(meta.lo), int(meta.hi)
-    span = max(hi - lo, 1)
-    u, b = span / 255.0, 2 * e + 1
+    lo, hi = domain.lo, domain.hi
+    u, b = max(hi - lo, 1) / 255.0, 2 * e + 1
     planes, c = x01.shape[0], x01.shape[1]
     side = [torch.full((planes,), v, dtype=torch.float64, device=x01.device) for v in (math.log2(u), math.log2(b))]
     rows = _stripe_rows(prior, x01)
     trunk = _by_stripes(lambda a, z: prior.condition(reduced[:, :, a:z], x01[:, :, 2 * a:2 * z], *side),
                         reduced.shape[2], TRUNK_HALO, rows)
-    pred = space_to_depth(lo + x01.clamp(0, 1) * span)
-    real = space_to_depth(_real_mask(meta, x01)).expand_as(pred)
+    pred = space_to_depth(domain.prediction(x01))
+    real = space_to_depth(_real_mask(domain.meta, x01)).expand_as(pred)
     known = torch.zeros_like(pred)
     out = torch.zeros_like(pred)
     for k in range(len(PASSES)):
@@ -226,6 +259,33 @@ def _image_layout(out: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
     x = x[0, 0] if len(meta.shape) == 2 else (x[0].permute(1, 2, 0) if meta.channels == 3 else x[:, 0].permute(1, 2, 0))
     x = x.to(torch.int32)
     return x.to(torch.uint8) if meta.dtype == "uint8" else x.to(torch.uint16)
+
+
+# ------------------------------------------------------------------ the palette
+def _palette_of(levels: torch.Tensor, real: torch.Tensor, meta: ImageMeta) -> torch.Tensor | None:
+    """A lossless tile's sorted values (float64) where they are sparse within their own span, else None
+    (values that fill their span, however narrow, are coded as they are)."""
+    values = torch.unique(levels[real.expand_as(levels)])
+    return values if SPARSE * values.numel() <= int(values[-1] - values[0]) + 1 else None
+
+
+def _pack_palette(palette: torch.Tensor | None) -> bytes:
+    if palette is None:
+        return b""
+    v = palette.to(torch.int64).cpu()
+    return encode_ints(torch.diff(v, prepend=v.new_zeros(1)).to(torch.int32).numpy(), policy="block", entropy="zstd")
+
+
+def _unpack_palette(buf, meta: ImageMeta, e: int, device) -> torch.Tensor | None:
+    """The palette section -> the tile's values (float64, strictly increasing within the image's range), or None."""
+    if len(buf) == 0:
+        return None
+    v = torch.cumsum(torch.from_numpy(decode_ints(bytes(buf)).astype(np.int64)), 0)
+    lo, hi = int(meta.lo), int(meta.hi)
+    if e != 0 or v.numel() == 0 or SPARSE * v.numel() > int(v[-1] - v[0]) + 1 or int(v[0]) < lo or int(v[-1]) > hi or \
+            bool((torch.diff(v) <= 0).any()):
+        raise CorruptStreamError("residual palette is not a sparse, increasing list of values within the image's range")
+    return v.to(device, torch.float64)
 
 
 # ------------------------------------------------------------------ coder arrays and the fixes list
