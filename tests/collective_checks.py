@@ -87,8 +87,11 @@ def checks(rank: int, world: int) -> list[str]:
     done.append("all_reduce avg and lossless")
 
     handle = all_reduce(data(rank), codec=ErrorBounded(1e-2), algorithm="ring", async_op=True)
-    assert bounded(handle.wait(120), exact_sum(world), world * 1e-2)
-    done.append("async all_reduce")
+    doubled = handle.get_future().then(lambda fut: fut.value() * 2)  # chained as torch's DDP hooks chain theirs
+    assert isinstance(handle, torch.futures.Future)
+    assert bounded(handle.wait(120), exact_sum(world), world * 1e-2) and handle.is_completed()
+    assert torch.equal(doubled.wait(), handle.value() * 2)
+    done.append("async all_reduce: a torch.futures.Future")
 
     for codec in (ErrorBounded(1e-3), Lossless()):
         inputs = [data(rank, n=997) * (j + 1) for j in range(world)]

@@ -1,0 +1,190 @@
+"""Collectives fail together and fast, on Gloo with three processes and a group timeout of 20 s.
+
+An argument wrong on one rank (the op, the dtype, contiguity, NaN or Inf, values beyond int32 steps, a
+size, the error bound, the codec, a root, a count) raises a visemz error on every rank within 5 s: its
+own error on the rank that is wrong, ``PeerFailedError`` naming that rank and its reason on the others
+(``PlanMismatchError`` everywhere for settings that differ).  A root that is no rank of the group is
+refused on every rank.  A sum that leaves int32 in the middle of a ring or of recursive doubling on the
+CPU reaches every rank (``LimitExceededError``).  A call that hung would last the group's 20 s timeout and
+then fail: the time each rank took is part of the result."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from visemz.collectives import (ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, broadcast, plan,
+                                reduce_scatter, scatter)
+from visemz.errors import (InvalidArgumentError, LimitExceededError, PeerFailedError, PlanMismatchError,
+                           UnsupportedFormatError)
+
+from .collective_checks import data, run_ranks
+
+WORLD, BAD, GROUP_TIMEOUT_S, FAST_S = 3, 1, 20, 5.0
+EB = ErrorBounded(1e-3)
+
+
+def _tampered(eb: float) -> ErrorBounded:
+    """An error-bounded codec whose bound was changed after construction (the collectives check it again)."""
+    codec = ErrorBounded(1e-3)
+    object.__setattr__(codec, "eb", eb)
+    return codec
+
+
+def _with(value: float, n: int = 1000) -> torch.Tensor:
+    t = data(BAD, n=n)
+    t[n // 2] = value
+    return t
+
+
+def _cases(rank: int) -> dict:
+    """name -> (call, what the bad rank raises, text the others' PeerFailedError carries); ``call`` runs on
+    every rank, wrong on rank BAD only.  A None text: every rank raises the bad rank's type (all refused, or
+    PlanMismatchError)."""
+    bad, w = rank == BAD, WORLD
+    t = data(rank, n=1000)
+    outs = lambda n=1000: [torch.empty(n) for _ in range(w)]  # noqa: E731
+    return {
+        "op max": (lambda: all_reduce(t, op="max" if bad else "sum", codec=EB), InvalidArgumentError, "op='max'"),
+        "float64": (lambda: all_reduce(t.double() if bad else t, codec=EB), UnsupportedFormatError, "float64"),
+        "non-contiguous": (lambda: all_reduce(t.reshape(40, 25).t() if bad else t, codec=EB), InvalidArgumentError,
+                           "contiguous"),
+        "NaN": (lambda: all_reduce(_with(float("nan")) if bad else t, codec=EB), InvalidArgumentError, "NaN or Inf"),
+        "Inf": (lambda: all_reduce(_with(float("inf")) if bad else t, codec=EB), InvalidArgumentError, "NaN or Inf"),
+        "beyond int32 steps": (lambda: all_reduce(_with(1e7) if bad else t, codec=EB), LimitExceededError, "int32 steps"),
+        "negative eb": (lambda: all_reduce(t, codec=_tampered(-1e-3) if bad else EB), InvalidArgumentError, "eb=-0.001"),
+        "not a codec": (lambda: all_reduce(t, codec=1e-3 if bad else EB), InvalidArgumentError, "codec=0.001"),
+        "size": (lambda: all_reduce(data(rank, n=1001 if bad else 1000), codec=EB), PlanMismatchError, None),
+        "2-D rows of a 1-D tensor": (lambda: all_reduce(t if bad else t.reshape(40, 25), codec=ErrorBounded(1e-3, "lorenzo2d")),
+                                     InvalidArgumentError, "lorenzo2d"),
+        "all_gather output size": (lambda: all_gather(outs(999 if bad else 1000), t, codec=EB), InvalidArgumentError,
+                                   "same number of values"),
+        "all_gather NaN": (lambda: all_gather(outs(), _with(float("nan")) if bad else t, codec=EB), InvalidArgumentError,
+                           "NaN or Inf"),
+        "broadcast src -1 on one rank": (lambda: broadcast(t, -1 if bad else 0, codec=EB), InvalidArgumentError, "src=-1"),
+        "broadcast src -1 everywhere": (lambda: broadcast(t, -1, codec=EB), InvalidArgumentError, None),
+        "broadcast root's Inf": (lambda: broadcast(_with(float("-inf")) if bad else t, BAD, codec=EB),
+                                 InvalidArgumentError, "NaN or Inf"),
+        "scatter src world+3 everywhere": (lambda: scatter(t, [t] * w, w + 3, codec=EB), InvalidArgumentError, None),
+        "scatter root's list": (lambda: scatter(t, [t] * (w - bad), BAD, codec=EB), InvalidArgumentError, "3 tensors"),
+        "scatter root's float64 part": (lambda: scatter(t, [t.double() if bad else t] * w, BAD, codec=EB),
+                                        UnsupportedFormatError, "float64"),
+        "all_to_all float64": (lambda: all_to_all(outs(), [t.double() if bad else t] * w, codec=EB), UnsupportedFormatError,
+                               "float64"),
+        "all_to_all lossless count": (lambda: all_to_all(outs(), [t] * (w + bad), codec=Lossless()), InvalidArgumentError,
+                                      "inputs"),
+        "reduce_scatter count": (lambda: reduce_scatter(torch.empty(1000), [t] * (w - bad), codec=EB), InvalidArgumentError,
+                                 "inputs"),
+        "reduce_scatter sizes": (lambda: reduce_scatter(torch.empty(999 if bad else 1000), [t] * w, codec=EB),
+                                 InvalidArgumentError, "same number of values"),
+        "plan op": (lambda: plan(t, op="max" if bad else "avg", codec=EB), InvalidArgumentError, "op='max'"),
+        "uncompressed all_reduce dtype": (lambda: all_reduce(t.double() if bad else t, codec=None), UnsupportedFormatError,
+                                          "float64"),
+    }
+
+
+def _outcome(call) -> tuple[str, str, float]:
+    dist.barrier()  # every rank starts the case together: the time is the call's own
+    t0 = time.perf_counter()
+    try:
+        out = call()
+        if hasattr(out, "wait"):
+            out.wait(60)
+        raised, text = "none", ""
+    except Exception as e:  # noqa: BLE001 (its type and text are the result)
+        raised, text = type(e).__name__, str(e)
+    return raised, text, time.perf_counter() - t0
+
+
+def _async_outcome(rank: int) -> tuple[str, str, float]:
+    """An asynchronous call with NaN on the bad rank: raised there at the call, by ``wait`` on the others."""
+    return _outcome(lambda: all_reduce(_with(float("nan")) if rank == BAD else data(rank, n=1000), codec=EB, async_op=True))
+
+
+def _refusal_worker(rank: int, init: str, queue) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    try:
+        results = {name: _outcome(call) for name, (call, _, _) in _cases(rank).items()}
+        results["async NaN"] = _async_outcome(rank)
+        t = data(rank)  # the group still works after every refusal
+        all_reduce(t, codec=EB, algorithm="ring")
+        results["afterwards"] = ("none", f"{float((t - sum(data(r) for r in range(WORLD))).abs().max()):.3g}", 0.0)
+        queue.put((rank, "ok", results))
+    except BaseException:  # noqa: BLE001 (any failure goes back to the parent as a result)
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(600)
+def test_an_argument_wrong_on_one_rank_raises_on_every_rank_within_seconds(tmp_path):
+    results = run_ranks(_refusal_worker, WORLD, lambda r, q: (r, str(tmp_path / "init"), q), timeout=540)
+    errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
+    assert not errors, "\n".join(errors)
+    by_rank = {r: msg for r, _, msg in results}
+    expected = {name: (kind, text) for name, (_, kind, text) in _cases(0).items()}
+    expected["async NaN"] = (InvalidArgumentError, "NaN or Inf")
+    for name, (kind, text) in expected.items():
+        for r in range(WORLD):
+            raised, said, seconds = by_rank[r][name]
+            assert seconds < FAST_S, f"{name}: rank {r} took {seconds:.1f} s ({raised}: {said})"
+            if r == BAD or text is None:
+                assert raised == kind.__name__, f"{name}: rank {r} raised {raised}: {said}"
+            else:  # a fine rank: the bad one named, with its reason
+                assert raised == "PeerFailedError", f"{name}: rank {r} raised {raised}: {said}"
+                assert f"rank {BAD}: {kind.__name__}" in said and text in said, f"{name}: rank {r}: {said}"
+    for r in range(WORLD):
+        assert float(by_rank[r]["afterwards"][1]) <= WORLD * 1e-3 * 1.01, by_rank[r]["afterwards"]
+
+
+# ---------------------------------------------------------------- int32 overflow in the middle of a sum
+def _overflow_outcomes(rank: int, world: int) -> dict:
+    """CPU tensors whose sums leave int32 steps in the middle of the reduction (as the CUDA-over-Gloo test)."""
+    out, codec = {}, ErrorBounded(1e-9, "none")
+    if world == 3:
+        # every chunk's first sum (two ranks' 1.5 * 2**30 steps) leaves int32: the report travels on to the last sums
+        t = torch.full((3 * 2048,), 1.5 * 2.0**30 * 2e-9)
+        for algorithm in ("ring", "recursive_doubling"):
+            for c in (codec, ErrorBounded(1e-9)):
+                out[f"{algorithm} {c.predictor}"] = _outcome(lambda: all_reduce(t.clone(), codec=c, algorithm=algorithm))
+        # only chunk 0's chain leaves int32, at its last sum (1e9 + 1e9 + 0.5e9 steps in any order), on its owner
+        chunk0 = torch.full((2048,), (0.5e9 if rank == 2 else 1e9) * 2e-9)
+        ins = [chunk0 if j == 0 else torch.zeros(2048) for j in range(world)]
+        out["reduce_scatter chunk 0"] = _outcome(lambda: reduce_scatter(torch.empty(2048), ins, codec=codec))
+    else:
+        # rank 0's reduced chunk (the first half) leaves int32 when summed; rank 1's does not
+        t = torch.full((4096,), 1.0)
+        t[:2048] = 1.5 * 2.0**30 * 2e-9
+        out["ring, one chunk"] = _outcome(lambda: all_reduce(t, codec=codec, algorithm="ring"))
+    return out
+
+
+def _overflow_worker(rank: int, world: int, init: str, queue) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    try:
+        queue.put((rank, "ok", _overflow_outcomes(rank, world)))
+    except BaseException:  # noqa: BLE001
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_sum_leaving_int32_on_the_cpu_is_raised_on_every_rank(world, tmp_path):
+    results = run_ranks(_overflow_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q), timeout=240)
+    errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
+    assert not errors, "\n".join(errors)
+    assert len(results) == world
+    for r, _, outcomes in results:
+        assert outcomes, r
+        for name, (raised, said, seconds) in outcomes.items():
+            assert raised == "LimitExceededError" and "int32" in said, f"{name}: rank {r} raised {raised}: {said}"
+            assert seconds < FAST_S, f"{name}: rank {r} took {seconds:.1f} s"
