@@ -57,6 +57,7 @@ def _cases(rank: int) -> dict:
         "NaN": (lambda: all_reduce(_with(float("nan")) if bad else t, codec=EB), InvalidArgumentError, "NaN or Inf"),
         "Inf": (lambda: all_reduce(_with(float("inf")) if bad else t, codec=EB), InvalidArgumentError, "NaN or Inf"),
         "beyond int32 steps": (lambda: all_reduce(_with(1e7) if bad else t, codec=EB), LimitExceededError, "int32 steps"),
+        # (ErrorBounded(-1e-3) itself raises where it is made, before any collective is called)
         "negative eb": (lambda: all_reduce(t, codec=_tampered(-1e-3) if bad else EB), InvalidArgumentError, "eb=-0.001"),
         "not a codec": (lambda: all_reduce(t, codec=1e-3 if bad else EB), InvalidArgumentError, "codec=0.001"),
         "size": (lambda: all_reduce(data(rank, n=1001 if bad else 1000), codec=EB), PlanMismatchError, None),
@@ -102,7 +103,8 @@ def _outcome(call) -> tuple[str, str, float]:
 
 
 def _async_outcome(rank: int) -> tuple[str, str, float]:
-    """An asynchronous call with NaN on the bad rank: raised there at the call, by ``wait`` on the others."""
+    """An asynchronous call with NaN on the bad rank (values are checked where the call runs): raised by
+    ``wait`` on every rank."""
     return _outcome(lambda: all_reduce(_with(float("nan")) if rank == BAD else data(rank, n=1000), codec=EB, async_op=True))
 
 

@@ -2,9 +2,9 @@
 every call starts with, and call ordering (one background thread per process for asynchronous calls).
 
 A call fails together or not at all: each rank first runs its own checks (op, dtype, contiguity,
-counts and sizes, codec settings, roots, and the values an error-bounded codec refuses: NaN or Inf,
-steps beyond int32), then every rank meets in one small all_gather (``agree``) of its settings and
-whether its checks refused the call, with the reason, before any compressed step.  A rank whose
+counts and sizes, codec settings, roots, and, where the call runs, the values an error-bounded codec
+refuses: NaN or Inf, steps beyond int32), then every rank meets in one small all_gather (``agree``)
+of its settings and whether its checks refused the call, with the reason, before any compressed step.  A rank whose
 checks failed raises its own error there; the others raise ``PeerFailedError`` naming it and its
 reason; ranks whose settings differ all raise ``PlanMismatchError``.  So an argument wrong on one
 rank is raised on every rank as soon as all have called, whatever the group's timeout.  With no
@@ -117,15 +117,16 @@ def row_length(codec, tensors, what: str) -> int:
 
 def flat(t: torch.Tensor) -> torch.Tensor:
     if not t.is_contiguous():
-        raise InvalidArgumentError(f"collectives work in place on contiguous tensors: got one of shape {tuple(t.shape)} "
-                                   f"with strides {t.stride()}")
+        raise InvalidArgumentError("collectives work in place on contiguous tensors: got one of shape "
+                                   f"{tuple(t.shape)} with strides {t.stride()}")
     return t.view(-1)
 
 
 def check_count(tensors, w: int, what: str, which: str) -> None:
     """InvalidArgumentError unless ``tensors`` is a list of one tensor per rank of a group of ``w``."""
     if tensors is None or len(tensors) != w:
-        raise InvalidArgumentError(f"{what} needs {w} {which} (one per rank), got {0 if tensors is None else len(tensors)}")
+        got = 0 if tensors is None else len(tensors)
+        raise InvalidArgumentError(f"{what} needs {w} {which} (one per rank), got {got}")
 
 
 def check_sizes(tensors, what: str) -> None:
@@ -146,7 +147,8 @@ def check_root(src, w: int, what: str) -> int:
 def check_values(tensors, codec) -> None:
     """What an error-bounded codec refuses in the values it is to compress (NaN or Inf, steps of 2 eb that
     int32 cannot hold), raised with the codec's own error from the largest magnitude of ``tensors``: one
-    reduction per tensor and one host read, so that it is found before any compressed step."""
+    reduction per tensor and one host read (on a GPU, after the work queued on the stream), so that it is
+    found before any compressed step."""
     if not isinstance(codec, ErrorBounded):
         return
     tops = [torch.aminmax(t.detach().reshape(-1)) for t in tensors if t.numel()]
@@ -176,24 +178,32 @@ def agree(key: list[float] | None, group, what: str, failure: Exception | None =
         raise PeerFailedError(f"{what}: another rank of the group refused the call ({said})")
 
 
-def collective(what: str, group, check, body, async_op: bool, like=None):
-    """One collective call: ``check()``, this rank's argument checks (returns the settings key and what
-    ``body`` needs; raises what is wrong here); then, in call order, the agreement (``agree``) and
-    ``body(needs)``, torch.distributed's reports of a failed peer raised as ``PeerFailedError``.
-    ``like``: a tensor of the call, whose CUDA device an asynchronous call's Future is made for.
+def collective(what: str, group, codec, check, body, async_op: bool, like=None):
+    """One collective call: ``check()``, this rank's argument checks (returns the settings key, what
+    ``body`` needs, and the tensors whose values ``codec`` is to compress; raises what is wrong here);
+    then, in call order, those values' check (``check_values``: on the thread that runs the call, so an
+    asynchronous call never waits for the device here), the agreement (``agree``) and ``body(needs)``,
+    torch.distributed's reports of a failed peer raised as ``PeerFailedError``.  ``like``: a tensor of
+    the call, whose CUDA device an asynchronous call's Future is made for.
 
-    A refused check is raised after the agreement has told the other ranks (an asynchronous call raises
+    A refused argument is raised after the agreement has told the other ranks (an asynchronous call raises
     it at once, its agreement queued to tell them), or at once where there is no process group to tell."""
     try:
-        key, needs = check()
+        key, needs, values = check()
         failure = None
     except Exception as e:
         if not (dist.is_available() and dist.is_initialized()):
             raise
-        key, needs, failure = None, None, e
+        key, needs, values, failure = None, None, [], e
 
     def work():
-        agree(key, group, what, failure)
+        refused = failure
+        if refused is None:
+            try:
+                check_values(values, codec)
+            except Exception as e:
+                refused = e
+        agree(None if refused else key, group, what, refused)
         with peer_failures(what):
             return body(needs)
 

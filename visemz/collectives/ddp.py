@@ -24,7 +24,7 @@ def ddp_hook(codec, algorithm: str = "auto"):
     def hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         try:
             return all_reduce(bucket.buffer(), op="avg", group=state, codec=codec, algorithm=algorithm, async_op=True)
-        except Exception as e:  # refused on this rank at the call (the other ranks are told): DDP surfaces it from the future
+        except Exception as e:  # refused here at the call (the other ranks are told): DDP raises it from the future
             fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
             fut.set_exception(e)
             return fut

@@ -43,8 +43,8 @@ import torch.distributed as dist
 
 from . import transport as T
 from .algorithms import phase_times, ring_reduce_scatter, write_values
-from .calls import (ALGORITHMS, DEFAULT_CODEC, OPS, Handle, check_count, check_root, check_sizes, check_values, collective,
-                    flat, last_algorithm, row_length, settings)
+from .calls import (ALGORITHMS, DEFAULT_CODEC, OPS, Handle, check_count, check_root, check_sizes, collective, flat,
+                    last_algorithm, row_length, settings)
 from .codecs import Lossless
 from .cost import CostModel
 from .engines import engine_for
@@ -64,14 +64,12 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, codec=DEFAULT_
 
     def check():
         key, _ = plan_settings(tensor, op, codec, algorithm)
-        if algorithm != "plain":
-            check_values([tensor], codec)
-        return key, None
+        return key, None, [tensor] if algorithm != "plain" else []
 
     def body(_):
         return plan_for(tensor, op, group, codec, algorithm).run(tensor)
 
-    return collective("all_reduce", group, check, body, async_op, tensor)
+    return collective("all_reduce", group, codec, check, body, async_op, tensor)
 
 
 # ------------------------------------------------------------ reduce_scatter
@@ -86,8 +84,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: str
         flat(output)
         row = row_length(codec, [output, *input_list], "reduce_scatter")
         key, name = settings([output, *input_list], op, codec, "auto", "reduce_scatter", row=row)
-        check_values(input_list, codec)
-        return key, (w, name, row)
+        return key, (w, name, row), input_list
 
     def body(found):
         w, name, row = found
@@ -112,7 +109,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: str
         write_values(out, total / w if op == "avg" else total)
         return output
 
-    return collective("reduce_scatter", group, check, body, async_op, output)
+    return collective("reduce_scatter", group, codec, check, body, async_op, output)
 
 
 # --------------------------------------------------- data-movement collectives
@@ -129,8 +126,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
             flat(t)
         row = row_length(codec, [tensor, *tensor_list], "all_gather")
         key, name = settings([tensor, *tensor_list], "sum", codec, "auto", "all_gather", row=row)
-        check_values([tensor], codec)
-        return key, (name, row)
+        return key, (name, row), [tensor]
 
     def body(found):
         name, row = found
@@ -142,7 +138,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
             _decode_into(eng, p, flat(out), name)
         return tensor_list
 
-    return collective("all_gather", group, check, body, async_op, tensor)
+    return collective("all_gather", group, codec, check, body, async_op, tensor)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None, codec=DEFAULT_CODEC, async_op: bool = False):
@@ -151,9 +147,7 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec=DEFAULT_CODEC, a
         flat(tensor)
         row = row_length(codec, [tensor], "broadcast")
         key, name = settings([tensor], "sum", codec, "auto", "broadcast", root, row)
-        if T.rank(group) == root:  # the others' tensors are outputs
-            check_values([tensor], codec)
-        return key, (root, name, row)
+        return key, (root, name, row), [tensor] if T.rank(group) == root else []  # the others' tensors are outputs
 
     def body(found):
         root, name, row = found
@@ -165,7 +159,7 @@ def broadcast(tensor: torch.Tensor, src: int, group=None, codec=DEFAULT_CODEC, a
         _decode_into(eng, T.broadcast(mine, root, group), flat(tensor), name)
         return tensor
 
-    return collective("broadcast", group, check, body, async_op, tensor)
+    return collective("broadcast", group, codec, check, body, async_op, tensor)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int, group=None,
@@ -183,10 +177,9 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: 
             parts = list(scatter_list)
             check_sizes([tensor, *parts], "scatter")
             settings([tensor, *parts], "sum", codec, "auto", "scatter")  # one dtype
-            check_values(parts, codec)
         row = row_length(codec, [tensor, *parts], "scatter")  # the root's parts too
         key, name = settings([tensor], "sum", codec, "auto", "scatter", root, row)
-        return key, (r, root, parts, name, row)
+        return key, (r, root, parts, name, row), parts
 
     def body(found):
         r, root, parts, name, row = found
@@ -202,7 +195,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: 
             _decode_into(eng, T.exchange({}, [root], group)[root], flat(tensor), name)
         return tensor
 
-    return collective("scatter", group, check, body, async_op, tensor)
+    return collective("scatter", group, codec, check, body, async_op, tensor)
 
 
 def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], group=None,
@@ -220,8 +213,7 @@ def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], 
             flat(t)
         row = row_length(codec, [*input_list, *output_list], "all_to_all")
         key, name = settings([*input_list, *output_list], "sum", codec, "auto", "all_to_all", row=row)
-        check_values(input_list, codec)
-        return key, (w, name, row)
+        return key, (w, name, row), input_list
 
     def body(found):
         w, name, row = found
@@ -239,4 +231,4 @@ def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], 
             _decode_into(eng, got[j], flat(output_list[j]), name)
         return output_list
 
-    return collective("all_to_all", group, check, body, async_op, output_list[0] if output_list else None)
+    return collective("all_to_all", group, codec, check, body, async_op, output_list[0] if output_list else None)

@@ -12,8 +12,9 @@ Afterwards a call checks its tensor against the plan on this rank alone (element
 device, contiguity) and runs with no agreement: the engine, the chunk bounds of the ring and the
 resolved algorithm (``auto`` asks the calibrated cost model, which communicates only when it
 calibrates) are the plan's.  So a plan's call does not check its values across ranks: NaN or Inf
-in one rank's tensor is raised by that rank's encoder (on the CPU, the others then wait for the
-group's timeout); the functional ``all_reduce`` checks them in its per-call agreement.
+in one rank's tensor is raised by that rank's encoder, and the others raise ``PeerFailedError``
+only when the group's timeout runs out; the functional ``all_reduce`` checks values in its per-call
+agreement.
 Every rank must call the plans it made in the same order, as with torch.distributed's own calls.
 
 A rank that dies, leaves or stalls makes the others raise ``PeerFailedError`` (torch.distributed's
@@ -62,7 +63,8 @@ class Plan:
     def __init__(self, like: torch.Tensor, op: str = "sum", group=None, codec=DEFAULT_CODEC, algorithm: str = "auto",
                  agreed: bool = False):
         def check():
-            return plan_settings(like, op, codec, algorithm)
+            key, found = plan_settings(like, op, codec, algorithm)
+            return key, found, []  # no values to check: a plan is made, not run, here
 
         def setup(found: tuple[int, str]) -> None:
             self._setup(like, op, group, codec, algorithm, *found)
@@ -70,7 +72,7 @@ class Plan:
         if agreed:
             setup(check()[1])
         else:  # in call order, like any call: a plan made while an asynchronous call is pending agrees after it
-            collective("all_reduce plan", group, check, setup, async_op=False)
+            collective("all_reduce plan", group, codec, check, setup, async_op=False)
 
     def _setup(self, like: torch.Tensor, op: str, group, codec, algorithm: str, row: int, dtype: str) -> None:
         self.row, self.dtype = row, dtype

@@ -357,7 +357,8 @@ def agree(values: list[float], group, what: str, fields=None, refusal: str | Non
     if differ:
         names = list(fields) if fields is not None and len(fields) == k else [f"setting {i}" for i in range(k)]
         shown = keys.view(np.float64)
-        rows = "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {v:g}" for r, v in enumerate(shown[:, i].tolist())) for i in differ)
+        rows = "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {v:g}" for r, v in enumerate(shown[:, i].tolist()))
+                         for i in differ)
         raise PlanMismatchError(f"ranks disagree on {what}: {rows}")
     return {}
 
