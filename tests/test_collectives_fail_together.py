@@ -10,6 +10,7 @@ then fail: the time each rank took is part of the result."""
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from datetime import timedelta
@@ -18,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from visemz.collectives import (ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, broadcast, plan,
+from visemz.collectives import (ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, broadcast, plan, transport,
                                 reduce_scatter, scatter)
 from visemz.errors import (InvalidArgumentError, LimitExceededError, PeerFailedError, PlanMismatchError,
                            UnsupportedFormatError)
@@ -190,3 +191,46 @@ def test_a_sum_leaving_int32_on_the_cpu_is_raised_on_every_rank(world, tmp_path)
         for name, (raised, said, seconds) in outcomes.items():
             assert raised == "LimitExceededError" and "int32" in said, f"{name}: rank {r} raised {raised}: {said}"
             assert seconds < FAST_S, f"{name}: rank {r} took {seconds:.1f} s"
+
+
+# ---------------------------------------------------------------- a peer that dies in the compressed phase
+def _dies_in_the_middle(rank: int, init: str, queue, which: str) -> None:
+    """Rank WORLD - 1 passes the agreement, then exits inside the compressed phase (its transport call
+    replaced by an exit); the others report what their call raised."""
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    try:
+        calls = {"all_gather": lambda: all_gather([torch.empty(1000) for _ in range(WORLD)], data(rank, n=1000), codec=EB),
+                 "all_to_all": lambda: all_to_all([torch.empty(100) for _ in range(WORLD)],
+                                                  [data(rank * WORLD + j, n=100) for j in range(WORLD)], codec=EB)}
+        if rank == WORLD - 1:
+            queue.put((rank, "ok", "dies on purpose"))
+            queue.close()
+            queue.join_thread()  # the result is out before the process is
+            die = lambda *args, **kwargs: os._exit(3)  # noqa: E731
+            setattr(transport, {"all_gather": "all_gather", "all_to_all": "exchange"}[which], die)
+        t0 = time.perf_counter()
+        try:
+            calls[which]()
+            queue.put((rank, "error", f"{which} finished without rank {WORLD - 1}"))
+        except Exception as e:  # noqa: BLE001 (its type is the result)
+            queue.put((rank, "ok", (type(e).__name__, type(e.__cause__).__name__, str(e)[:300], time.perf_counter() - t0)))
+    except BaseException:  # noqa: BLE001
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        queue.close()
+        queue.join_thread()
+        os._exit(0)  # destroying a group with a dead member may itself wait for it
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("which", ["all_gather", "all_to_all"])
+def test_a_peer_dying_in_the_compressed_phase_is_peer_failed_error(which, tmp_path):
+    results = run_ranks(_dies_in_the_middle, WORLD, lambda r, q: (r, str(tmp_path / "init"), q, which), timeout=120)
+    errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
+    assert not errors, "\n".join(errors)
+    for r, _, got in results:
+        if r != WORLD - 1:
+            raised, cause, said, seconds = got
+            assert (raised, cause) == ("PeerFailedError", "RuntimeError"), f"rank {r}: {got}"
+            assert which in said and seconds < FAST_S, f"rank {r}: {got}"

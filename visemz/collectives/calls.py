@@ -4,11 +4,13 @@ every call starts with, and call ordering (one background thread per process for
 A call fails together or not at all: each rank first runs its own checks (op, dtype, contiguity,
 counts and sizes, codec settings, roots, and, where the call runs, the values an error-bounded codec
 refuses: NaN or Inf, steps beyond int32), then every rank meets in one small all_gather (``agree``)
-of its settings and whether its checks refused the call, with the reason, before any compressed step.  A rank whose
-checks failed raises its own error there; the others raise ``PeerFailedError`` naming it and its
-reason; ranks whose settings differ all raise ``PlanMismatchError``.  So an argument wrong on one
+of its settings and whether its checks refused the call, with the reason, before any compressed
+step.  A rank whose checks failed raises its own error there; the others raise ``PeerFailedError``
+naming it and its reason; ranks whose settings differ all raise ``PlanMismatchError``.  So an argument wrong on one
 rank is raised on every rank as soon as all have called, whatever the group's timeout.  With no
-process group there is no one to tell, and a refused call raises at once.
+process group there is no one to tell, and a refused call raises at once.  (One refusal is left to
+the encoder, on its own rank, after the agreement: a Lorenzo residual beyond int32, which only a
+tensor with steps beyond 2**29, values beyond 2**30 eb, can give.)
 
 Calls run in the order they are made, on every rank: an ``async_op=True`` call runs on this
 process's one background thread (on the caller's CUDA device and stream), and a later call,
