@@ -5,8 +5,9 @@ size, the error bound, the codec, a root, a count) raises a visemz error on ever
 own error on the rank that is wrong, ``PeerFailedError`` naming that rank and its reason on the others
 (``PlanMismatchError`` everywhere for settings that differ).  A root that is no rank of the group is
 refused on every rank.  A sum that leaves int32 in the middle of a ring or of recursive doubling on the
-CPU reaches every rank (``LimitExceededError``).  A call that hung would last the group's 20 s timeout and
-then fail: the time each rank took is part of the result."""
+CPU reaches every rank (``LimitExceededError``), and a peer that dies inside a compressed phase is
+``PeerFailedError`` on the others.  A call that hung would last the group's 20 s timeout and then fail:
+the time each rank took is part of the result."""
 
 from __future__ import annotations
 
@@ -109,110 +110,94 @@ def _async_outcome(rank: int) -> tuple[str, str, float]:
     return _outcome(lambda: all_reduce(_with(float("nan")) if rank == BAD else data(rank, n=1000), codec=EB, async_op=True))
 
 
-def _refusal_worker(rank: int, init: str, queue) -> None:
+def _overflow_cases(rank: int) -> dict:
+    """name -> call: CPU tensors whose sums leave int32 steps in the middle of the reduction (as the
+    CUDA-over-Gloo test has them on the GPU); every rank must raise LimitExceededError."""
+    codec, out = ErrorBounded(1e-9, "none"), {}
+    # every chunk's first sum (two ranks' 1.5 * 2**30 steps) leaves int32: the report travels on to the last sums
+    t = torch.full((3 * 2048,), 1.5 * 2.0**30 * 2e-9)
+    for algorithm in ("ring", "recursive_doubling"):
+        for c in (codec, ErrorBounded(1e-9)):
+            out[f"{algorithm} {c.predictor}"] = lambda a=algorithm, c=c: all_reduce(t.clone(), codec=c, algorithm=a)
+    # only chunk 0's chain leaves int32, at its last sum (1e9 + 1e9 + 0.5e9 steps in any order), on its owner
+    chunk0 = torch.full((2048,), (0.5e9 if rank == 2 else 1e9) * 2e-9)
+    first = torch.cat([chunk0, torch.zeros(2 * 2048)])
+    out["ring, chunk 0 only"] = lambda: all_reduce(first.clone(), codec=codec, algorithm="ring")
+    ins = [chunk0 if j == 0 else torch.zeros(2048) for j in range(WORLD)]
+    out["reduce_scatter, chunk 0 only"] = lambda: reduce_scatter(torch.empty(2048), ins, codec=codec)
+    return out
+
+
+def _worker(rank: int, init: str, queue) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     try:
-        results = {name: _outcome(call) for name, (call, _, _) in _cases(rank).items()}
-        results["async NaN"] = _async_outcome(rank)
-        t = data(rank)  # the group still works after every refusal
+        refusals = {name: _outcome(call) for name, (call, _, _) in _cases(rank).items()}
+        refusals["async NaN"] = _async_outcome(rank)
+        overflows = {name: _outcome(call) for name, call in _overflow_cases(rank).items()}
+        t = data(rank)  # the group still works after every refusal and overflow
         all_reduce(t, codec=EB, algorithm="ring")
-        results["afterwards"] = ("none", f"{float((t - sum(data(r) for r in range(WORLD))).abs().max()):.3g}", 0.0)
-        queue.put((rank, "ok", results))
+        afterwards = float((t - sum(data(r) for r in range(WORLD))).abs().max())
+        queue.put((rank, "ok", {"refusals": refusals, "overflows": overflows, "afterwards": afterwards}))
     except BaseException:  # noqa: BLE001 (any failure goes back to the parent as a result)
         queue.put((rank, "error", traceback.format_exc()))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.timeout(600)
-def test_an_argument_wrong_on_one_rank_raises_on_every_rank_within_seconds(tmp_path):
-    results = run_ranks(_refusal_worker, WORLD, lambda r, q: (r, str(tmp_path / "init"), q), timeout=540)
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict:
+    """Every case above, run once on three Gloo ranks: rank -> what each raised, and how fast."""
+    init = str(tmp_path_factory.mktemp("fail-together") / "init")
+    results = run_ranks(_worker, WORLD, lambda r, q: (r, init, q), timeout=540)
     errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
     assert not errors, "\n".join(errors)
-    by_rank = {r: msg for r, _, msg in results}
+    return {r: msg for r, _, msg in results}
+
+
+@pytest.mark.timeout(600)
+def test_an_argument_wrong_on_one_rank_raises_on_every_rank_within_seconds(outcomes):
     expected = {name: (kind, text) for name, (_, kind, text) in _cases(0).items()}
     expected["async NaN"] = (InvalidArgumentError, "NaN or Inf")
     for name, (kind, text) in expected.items():
         for r in range(WORLD):
-            raised, said, seconds = by_rank[r][name]
+            raised, said, seconds = outcomes[r]["refusals"][name]
             assert seconds < FAST_S, f"{name}: rank {r} took {seconds:.1f} s ({raised}: {said})"
             if r == BAD or text is None:
                 assert raised == kind.__name__, f"{name}: rank {r} raised {raised}: {said}"
             else:  # a fine rank: the bad one named, with its reason
                 assert raised == "PeerFailedError", f"{name}: rank {r} raised {raised}: {said}"
                 assert f"rank {BAD}: {kind.__name__}" in said and text in said, f"{name}: rank {r}: {said}"
+    for r in range(WORLD):  # and the group still works
+        assert outcomes[r]["afterwards"] <= WORLD * 1e-3 * 1.01, outcomes[r]["afterwards"]
+
+
+@pytest.mark.timeout(600)
+def test_a_sum_leaving_int32_on_the_cpu_is_raised_on_every_rank(outcomes):
     for r in range(WORLD):
-        assert float(by_rank[r]["afterwards"][1]) <= WORLD * 1e-3 * 1.01, by_rank[r]["afterwards"]
-
-
-# ---------------------------------------------------------------- int32 overflow in the middle of a sum
-def _overflow_outcomes(rank: int, world: int) -> dict:
-    """CPU tensors whose sums leave int32 steps in the middle of the reduction (as the CUDA-over-Gloo test)."""
-    out, codec = {}, ErrorBounded(1e-9, "none")
-    if world == 3:
-        # every chunk's first sum (two ranks' 1.5 * 2**30 steps) leaves int32: the report travels on to the last sums
-        t = torch.full((3 * 2048,), 1.5 * 2.0**30 * 2e-9)
-        for algorithm in ("ring", "recursive_doubling"):
-            for c in (codec, ErrorBounded(1e-9)):
-                out[f"{algorithm} {c.predictor}"] = _outcome(lambda: all_reduce(t.clone(), codec=c, algorithm=algorithm))
-        # only chunk 0's chain leaves int32, at its last sum (1e9 + 1e9 + 0.5e9 steps in any order), on its owner
-        chunk0 = torch.full((2048,), (0.5e9 if rank == 2 else 1e9) * 2e-9)
-        ins = [chunk0 if j == 0 else torch.zeros(2048) for j in range(world)]
-        out["reduce_scatter chunk 0"] = _outcome(lambda: reduce_scatter(torch.empty(2048), ins, codec=codec))
-    else:
-        # rank 0's reduced chunk (the first half) leaves int32 when summed; rank 1's does not
-        t = torch.full((4096,), 1.0)
-        t[:2048] = 1.5 * 2.0**30 * 2e-9
-        out["ring, one chunk"] = _outcome(lambda: all_reduce(t, codec=codec, algorithm="ring"))
-    return out
-
-
-def _overflow_worker(rank: int, world: int, init: str, queue) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=GROUP_TIMEOUT_S))
-    try:
-        queue.put((rank, "ok", _overflow_outcomes(rank, world)))
-    except BaseException:  # noqa: BLE001
-        queue.put((rank, "error", traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("world", [2, 3])
-def test_a_sum_leaving_int32_on_the_cpu_is_raised_on_every_rank(world, tmp_path):
-    results = run_ranks(_overflow_worker, world, lambda r, q: (r, world, str(tmp_path / "init"), q), timeout=240)
-    errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
-    assert not errors, "\n".join(errors)
-    assert len(results) == world
-    for r, _, outcomes in results:
-        assert outcomes, r
-        for name, (raised, said, seconds) in outcomes.items():
+        assert sorted(outcomes[r]["overflows"]) == sorted(_overflow_cases(0)), outcomes[r]["overflows"]
+        for name, (raised, said, seconds) in outcomes[r]["overflows"].items():
             assert raised == "LimitExceededError" and "int32" in said, f"{name}: rank {r} raised {raised}: {said}"
             assert seconds < FAST_S, f"{name}: rank {r} took {seconds:.1f} s"
 
 
 # ---------------------------------------------------------------- a peer that dies in the compressed phase
-def _dies_in_the_middle(rank: int, init: str, queue, which: str) -> None:
-    """Rank WORLD - 1 passes the agreement, then exits inside the compressed phase (its transport call
-    replaced by an exit); the others report what their call raised."""
+def _dies_in_the_middle(rank: int, init: str, queue) -> None:
+    """Rank WORLD - 1 passes all_gather's agreement, then exits inside its compressed phase (its transport's
+    all_gather replaced by an exit); the others report what their call raised.  One data-movement
+    collective stands for all: ``calls.collective`` runs every collective's compressed phase alike."""
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     try:
-        calls = {"all_gather": lambda: all_gather([torch.empty(1000) for _ in range(WORLD)], data(rank, n=1000), codec=EB),
-                 "all_to_all": lambda: all_to_all([torch.empty(100) for _ in range(WORLD)],
-                                                  [data(rank * WORLD + j, n=100) for j in range(WORLD)], codec=EB)}
         if rank == WORLD - 1:
             queue.put((rank, "ok", "dies on purpose"))
             queue.close()
             queue.join_thread()  # the result is out before the process is
-            die = lambda *args, **kwargs: os._exit(3)  # noqa: E731
-            setattr(transport, {"all_gather": "all_gather", "all_to_all": "exchange"}[which], die)
+            transport.all_gather = lambda *args, **kwargs: os._exit(3)
         t0 = time.perf_counter()
         try:
-            calls[which]()
-            queue.put((rank, "error", f"{which} finished without rank {WORLD - 1}"))
+            all_gather([torch.empty(1000) for _ in range(WORLD)], data(rank, n=1000), codec=EB)
+            queue.put((rank, "error", f"all_gather finished without rank {WORLD - 1}"))
         except Exception as e:  # noqa: BLE001 (its type is the result)
             queue.put((rank, "ok", (type(e).__name__, type(e.__cause__).__name__, str(e)[:300], time.perf_counter() - t0)))
     except BaseException:  # noqa: BLE001
@@ -224,13 +209,13 @@ def _dies_in_the_middle(rank: int, init: str, queue, which: str) -> None:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("which", ["all_gather", "all_to_all"])
-def test_a_peer_dying_in_the_compressed_phase_is_peer_failed_error(which, tmp_path):
-    results = run_ranks(_dies_in_the_middle, WORLD, lambda r, q: (r, str(tmp_path / "init"), q, which), timeout=120)
+def test_a_peer_dying_in_the_compressed_phase_is_peer_failed_error(tmp_path):
+    results = run_ranks(_dies_in_the_middle, WORLD, lambda r, q: (r, str(tmp_path / "init"), q), timeout=120)
     errors = [f"rank {r}:\n{msg}" for r, status, msg in results if status != "ok"]
     assert not errors, "\n".join(errors)
+    assert len(results) == WORLD
     for r, _, got in results:
         if r != WORLD - 1:
             raised, cause, said, seconds = got
             assert (raised, cause) == ("PeerFailedError", "RuntimeError"), f"rank {r}: {got}"
-            assert which in said and seconds < FAST_S, f"rank {r}: {got}"
+            assert "all_gather" in said and seconds < FAST_S, f"rank {r}: {got}"
