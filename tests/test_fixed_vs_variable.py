@@ -1,4 +1,4 @@
-"""Fixed-rate training (MODEL@qQ in scripts/train.py) and scripts/fixed_vs_variable.py (issue 13's measurement)."""
+"""Fixed-rate training (MODEL@qQ in scripts/train.py) and scripts/fixed_vs_variable.py (variable rate against fixed rate)."""
 
 import json
 import math
