@@ -1,6 +1,6 @@
 """Rate-distortion report over the evaluation sets (the same function as ``visemz eval``).
 
-    python scripts/rd_eval.py --data ../shared/data/eval --out report/ --device cuda [--limit N] \
+    python scripts/rd_eval.py --data DATA/eval --out report/ --device cuda [--limit N] \
         [--datasets kodak,xray] [--codecs jpeg,jpeg2000,...] [--refine-steps 100] \
         [--ladder visemz-mbt2018-mean-refine100=1,2,4,8]
 
@@ -38,7 +38,7 @@ def parse_ladder(text: str) -> tuple[str, tuple]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("../shared/data/eval"))
+    ap.add_argument("--data", type=Path, required=True, help="the evaluation folder, e.g. DATA/eval: one sub-folder of images per set (kodak/, xray/)")
     ap.add_argument("--out", type=Path, default=Path("report"))
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--limit", type=int, default=None, help="first N images of each dataset")
