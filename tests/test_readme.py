@@ -131,8 +131,8 @@ print("fine")
 ```
 
 ```python
-import visemz
-visemz.decompress(b"not a vsz file")
+import json
+json.loads("not JSON")
 ```
 """
 
@@ -145,7 +145,7 @@ def test_a_broken_block_fails_and_is_named(tmp_path):
     (tmp_path / "second").mkdir()
     r = run_steps(steps[2:], tmp_path / "second")
     assert r.returncode != 0 and "README.md:11: the python block failed" in r.stderr, r.stderr
-    assert "CorruptStreamError" in r.stderr
+    assert "JSONDecodeError" in r.stderr
 
 
 @pytest.mark.parametrize("body, runnable", [
@@ -159,3 +159,12 @@ def test_which_bash_blocks_run(body, runnable):
     assert bool(steps) == runnable
     if runnable and "compress" in body:
         assert steps == [["cli", 2, ["compress", "a", "b", "--quality", "2"]]]
+
+
+def test_ci_installs_and_tests_as_the_readme_says():
+    """.ci/run runs the README's first bash block (install, first run, tests) line by line."""
+    first = next(body for lang, _, body in blocks((ROOT / "README.md").read_text()) if lang == "bash")
+    wanted = [re.sub(r"\s+#.*$", "", c) for c in commands(first)]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert any("pip install" in c for c in wanted) and any("pytest" in c for c in wanted), wanted
+    assert [c for c in wanted if c not in ci] == [], ci
