@@ -115,7 +115,7 @@ def test_the_readme_has_runnable_blocks_of_both_kinds():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # about 40 s on an idle 2-core CPU; a loaded one takes several times that
+@pytest.mark.timeout(600)  # every README example in one process: minutes on a loaded 2-core CPU
 def test_every_readme_block_runs(tmp_path):
     steps = steps_of((ROOT / "README.md").read_text())
     r = run_steps(steps, tmp_path)
