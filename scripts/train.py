@@ -1,6 +1,6 @@
 """Train visemz's variable-rate models on GPUs: several models per process, images resident on the GPU.
 
-    python scripts/train.py --data ../shared/data --models balle2016-rgb mbt2018-mean-rgb \
+    python scripts/train.py --data DATA --models balle2016-rgb mbt2018-mean-rgb \
         --out runs/r1 [--resume runs/r0] [--init-from visemz/models/weights] [--time-limit 1500]
 
     torchrun --nproc-per-node 4 scripts/train.py ...      # the models are dealt out over the GPUs
@@ -24,7 +24,7 @@ quality Q (its lambda, its gains), all else as for MODEL; the reference that
 scripts/fixed_vs_variable.py measures the variable-rate model against.  Loss: the
 batch mean of lambda * 255^2 * MSE + bpp; Adam (--lr) with a linear warm-up whenever Adam's
 moments start afresh, constant after it; --final-decay F lowers the LR along a half cosine to
-x0.05 over the last F of --time-limit (give it in the last session only); the entropy
+x0.05 over the last F of --time-limit (give it to the last run of a training only); the entropy
 bottleneck's auxiliary loss has its own Adam (lr 1e-3).  Transforms run under bf16 autocast,
 gains and entropy models in float32.  On CUDA each model's whole step is one CUDA graph.
 
@@ -452,7 +452,8 @@ class Log:
 # ------------------------------------------------------------------------------------------- main
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("../shared/data"))
+    ap.add_argument("--data", type=Path, required=True,
+                    help="the data folder, e.g. DATA: train/ and train2/ (see above); eval/ is never read")
     ap.add_argument("--models", nargs="+", required=True,
                     help="e.g. balle2016-rgb mbt2018-mean-gray balle2016-gray@area mbt2018-mean-rgb@q2")
     ap.add_argument("--out", type=Path, required=True, help="compact checkpoints and the log")
@@ -462,7 +463,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=10_000_000, help="stop when every model has this many steps")
     ap.add_argument("--time-limit", type=float, default=float("inf"), help="seconds of training in this run")
     ap.add_argument("--final-decay", type=float, default=0.0,
-                    help="fraction of --time-limit at the end over which the LR falls to x0.05 (last session only)")
+                    help="fraction of --time-limit at the end over which the LR falls to x0.05 (the last run of a training only)")
     ap.add_argument("--checkpoint-every", type=float, default=180.0, help="seconds between checkpoints")
     ap.add_argument("--gray-mix", default=DEFAULT_GRAY_MIX, help="shares of the gray groups (xray, science, photo)")
     ap.add_argument("--upscale", default="", help="enlarge a group's images at load, e.g. xray=2 (see above)")

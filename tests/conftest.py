@@ -17,7 +17,7 @@ from .helpers import optional
 def pytest_collection_modifyitems(config, items):
     if cuda.cuda_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine with -m gpu)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on a GPU machine with -m gpu)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

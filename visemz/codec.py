@@ -45,7 +45,7 @@ from .pixels import (
 from .refine import RefineSettings, settings_for
 
 KIND = "image"
-# 1: fixed-rate N=64/M=96 models, one per integer quality 1-4 (sessions 1-4), no longer decoded;
+# 1: fixed-rate N=64/M=96 models, one per integer quality 1-4 (the first releases), no longer decoded;
 # 2: variable-rate N=128/M=192 models with gain units, a float quality in the header, symbols
 #    block-coded (ints streams); still read, and written on request (``image_format=2``);
 # 3: the same models, symbols coded by conditional rANS with the weights' tables (``latents.py``);

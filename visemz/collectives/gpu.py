@@ -67,7 +67,7 @@ def _current_stream() -> tuple[int, int]:
 class torch_stream:
     """``with torch_stream() as cp``: run cupy work on torch's current CUDA stream (so NCCL and torch
     ops see it in order).  A class rather than a generator context: a collective enters one tens of
-    times per call (issue 15: the host time of an exchange is Python), and this costs a few calls."""
+    times per call (the host time of an exchange is Python), and this costs a few calls."""
 
     __slots__ = ("_device", "_stream")
 
