@@ -73,6 +73,14 @@ def tree(tmp_path):
     return src, images
 
 
+def strict_json(text: str):
+    """JSON as any parser reads it: Infinity and NaN are refused."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def _digest(folder: Path) -> dict:
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
 
@@ -108,31 +116,31 @@ def test_compress_resume_decompress_verify(tree, cli, tmp_path):
     r = cli("decompress", dst, tmp_path / "png", "--format", "png", "--json", "--device", "cpu")
     assert r.exit_code == 1 and "top.npy.vsz" in r.stdout and "--format tiff" in r.stdout
 
-    r = cli("verify", src, dst, "--device", "cpu")
-    rows = {row["file"]: row for row in json.loads(r.stdout)}
-    assert r.exit_code == 1 and all(rows[rel]["max_error"] == 0 for rel in GOOD)
+    r = cli("verify", src, dst, "--device", "cpu", "--json")
+    rows = {row["file"]: row for row in strict_json(r.stdout)}  # lossless: PSNR "inf", never Infinity
+    assert r.exit_code == 1 and all(rows[rel]["max_error"] == 0 and rows[rel]["psnr"] == "inf" for rel in GOOD)
     assert all("error" in rows[b] for b in BAD)
+    assert r.stderr.strip().endswith(f"{len(GOOD)} verified, {len(BAD)} failed; lowest PSNR inf dB, largest max error 0")
 
-    info = json.loads(cli("info", dst / "a/b/rgb8.png.vsz").stdout)
+    info = strict_json(cli("info", dst / "a/b/rgb8.png.vsz", "--json").stdout)
     assert info["kind"] == "image" and info["meta"]["shape"] == [33, 47, 3] and info["bpp"] > 0
-    info = json.loads(cli("info", dst / "c/stack16.tif.vsz").stdout)
+    info = strict_json(cli("info", dst / "c/stack16.tif.vsz", "--json").stdout)
     assert info["kind"] == "pages" and info["meta"]["shape"] == [3, 20, 30] and info["bpp"] > 0
 
 
-def test_unwritable_output_is_reported(tree, cli, tmp_path):
+def test_unwritable_destination_is_a_usage_error(tree, cli, tmp_path):
+    """A destination the job cannot write into at all stops it before any file, in one line (exit 2)."""
     src, _ = tree
     blocker = tmp_path / "a-file"
     blocker.write_text("in the way")
     r = cli("compress", src / "a", blocker / "out", "--json", "--device", "cpu")
-    summary = json.loads(r.stdout)
-    assert r.exit_code == 1 and summary["done"] == 0 and summary["failed"] == 3
-    assert all("cannot write" in e["error"] for e in summary["errors"])
+    assert r.exit_code == 2 and "cannot write into" in r.stderr and "Traceback" not in r.stderr
     if os.geteuid() != 0:  # root ignores directory permissions
         ro = tmp_path / "ro"
         ro.mkdir()
         ro.chmod(0o555)
         r = cli("compress", src / "a", ro, "--json", "--device", "cpu")
-        assert r.exit_code == 1 and json.loads(r.stdout)["failed"] == 3
+        assert r.exit_code == 2 and "cannot write into" in r.stderr
 
 
 def test_usage_errors_exit_2(cli, tmp_path):
@@ -145,8 +153,10 @@ def test_usage_errors_exit_2(cli, tmp_path):
     r = cli("compress", tmp_path, tmp_path / "out", "--loader", "nvjpeg")
     assert r.exit_code == 2 and "nvjpeg" in r.stderr
     if not dali_source.available():  # an explicit GPU loader that is not installed is named, never silently replaced
-        r = cli("compress", tmp_path, tmp_path / "out", "--loader", "dali")
-        assert r.exit_code == 2 and "DALI is not installed" in r.stderr
+        _write(tmp_path / "src" / "a.png", _array("uint8", (8, 8), 0))
+        r = cli("compress", tmp_path / "src", tmp_path / "out", "--loader", "dali", "--device", "cpu")
+        assert r.exit_code == 2 and ("DALI is not installed" in r.stderr or "needs device 'cuda'" in r.stderr)
+    assert not (tmp_path / "out").exists()
 
 
 def test_killed_run_resumes_without_loss(cli, model_weights, tmp_path):
@@ -170,21 +180,34 @@ def test_killed_run_resumes_without_loss(cli, model_weights, tmp_path):
     written = list(dst.rglob("*.vsz"))
     assert 0 < len(written) < len(images), "the run was not interrupted part-way"
     assert all(is_complete(p) for p in written)  # no partial file under a final name
+    assert not (dst / "visemz-manifest.json").exists() and list(dst.glob(".visemz-journal-*.jsonl"))
+    (dst / "d1").mkdir(exist_ok=True)
+    (dst / "d1" / ".visemz-tmp-left-by-a-kill").write_bytes(b"partial")  # as a kill mid-write leaves one
 
     r = cli("compress", src, dst, "--max-error", "0", "--json", "--device", "cpu")
     summary = json.loads(r.stdout)
     assert r.exit_code == 0 and summary["done"] + summary["skipped"] == len(images)
-    assert summary["skipped"] >= len(written)
+    assert summary["skipped"] >= len(written)  # the journal recorded each output before it was placed
+    assert not list(dst.rglob(".visemz-tmp-*")) and not list(dst.glob(".visemz-journal-*"))
+    assert any("temporary file(s) an interrupted run left" in n for n in summary["notes"])
+    manifest = json.loads((dst / "visemz-manifest.json").read_text())
+    assert sorted(f["rel"] for f in manifest["files"]) == sorted(images)
+    assert {f["status"] for f in manifest["files"]} <= {"done", "skipped"}
     out = tmp_path / "out"
-    assert cli("decompress", dst, out, "--format", "png", "--device", "cpu").exit_code == 0
+    assert cli("decompress", dst, out, "--device", "cpu").exit_code == 0
     for rel, img in images.items():
         np.testing.assert_array_equal(cv2.cvtColor(cv2.imread(str(out / rel)), cv2.COLOR_BGR2RGB), img)
 
 
-def test_demo_runs_the_main_job(cli):
-    r = cli("demo", "--device", "cpu")
+def test_demo_runs_the_main_job_and_says_where_its_outputs_are(cli, tmp_path):
+    out = tmp_path / "demo"
+    r = cli("demo", "--device", "cpu", "--out", out)
     assert r.exit_code == 0, r.stderr
     assert "compressed 8 sample images" in r.stdout and "PSNR" in r.stdout
+    assert f"outputs in {out}" in r.stdout
+    assert len(list((out / "compressed").glob("*.vsz"))) == 8 and len(list((out / "restored").glob("[!.]*"))) == 9  # and the manifest
+    r = cli("demo", "--device", "cpu", "--out", out)  # never into a folder that holds something
+    assert r.exit_code == 2 and "not an empty folder" in r.stderr
 
 
 def test_version_prints_the_package_version(cli):

@@ -124,6 +124,7 @@ def compress(
 
     cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "", tile, refine)
     resolved = check_compress(cfg)  # before the codec loads: a bad setting is one message, exit 2
+    files.check_source(src, dst, *files.IMAGES)
     from .pipeline import jobs
 
     rank, world = _torchrun_group(resolved)
@@ -133,8 +134,7 @@ def compress(
     if workers > 1 and world == 1:  # this process starts the ranks (under torchrun, torchrun did)
         from .pipeline.processes import run as processes_run
 
-        jobs.check_settings(cfg)
-        jobs.plan_compress(src, dst)  # a bad source or destination: refused here, before any worker starts
+        jobs.check_settings(cfg)  # refused here, before any worker starts
         summary = processes_run(workers, jobs.compress_folder, src, dst, cfg, device=resolved)
     else:
         with _progress("compress", quiet or rank > 0) as progress:
@@ -190,6 +190,7 @@ def decompress(
     cfg = DecompressConfig(format, device, streams, writer, _region(region) if region is not None else None,
                            not no_resume)
     check_decompress(cfg)
+    files.check_source(src, dst, *files.VSZ_FILES)
     from .pipeline import jobs
 
     with _progress("decompress", quiet, vsz_in=True) as progress:

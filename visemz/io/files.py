@@ -28,6 +28,9 @@ from ..errors import InvalidArgumentError
 SUFFIX = ".vsz"
 IMAGE_EXTENSIONS = {".png", ".tif", ".tiff", ".jpg", ".jpeg", ".jp2", ".bmp", ".pgm", ".ppm", ".npy", ".dcm"}
 HASH_CHUNK = 1 << 22  # bytes read at a time when hashing a file
+# what a job reads: (extensions, name suffix, what they are called), as discover and check_source take them
+IMAGES = (IMAGE_EXTENSIONS, "", "images")
+VSZ_FILES = (None, SUFFIX, ".vsz files")
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,23 @@ def discover(src: Path, extensions: set[str] | None = None, suffix: str = "") ->
     """Files under ``src`` (or ``src`` itself), sorted; hidden files and folders are skipped.
 
     Links are listed as found (links to folders too, which are not followed); ``plan`` judges them."""
+    return list(_walk(src, extensions, suffix))
+
+
+def check_source(src: Path, dst: Path, extensions: set[str] | None, suffix: str, what: str) -> None:
+    """Refuse, before any work, a job whose source and destination overlap (``check_apart``) or
+    whose source holds nothing to do (it stops at the first input it finds)."""
+    check_apart(src, dst)
+    if next(_walk(src, extensions, suffix), None) is None:
+        raise InvalidArgumentError(f"no {what} in '{shown(src)}': nothing to do")
+
+
+def _walk(src: Path, extensions: set[str] | None, suffix: str):
     if src.is_file():
-        return [src]
+        yield src
+        return
     if not src.is_dir():
         raise InvalidArgumentError(f"source '{shown(src)}' is neither a file nor a folder")
-    found = []
     for root, dirs, files in os.walk(src):
         linked = [d for d in dirs if os.path.islink(os.path.join(root, d))]  # os.walk does not enter them
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in linked)
@@ -79,8 +94,7 @@ def discover(src: Path, extensions: set[str] | None = None, suffix: str = "") ->
             if f.startswith(".") or (suffix and not f.endswith(suffix)):
                 continue
             if extensions is None or suffix or p.suffix.lower() in extensions or f in linked:
-                found.append(p)
-    return found
+                yield p
 
 
 def plan(src: Path, dst: Path, files: list[Path], to_name) -> list[Item]:

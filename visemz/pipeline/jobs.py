@@ -114,12 +114,9 @@ def _device_index(device: str) -> int | None:
 def _planned(src: Path, dst: Path, extensions, suffix: str, to_name, what: str) -> list[files.Item]:
     """The items of a job, checked before anything is written: source and destination apart, at
     least one input, no two inputs with one output."""
-    files.check_apart(src, dst)
-    found = files.discover(src, extensions, suffix)
-    if not found:
-        raise InvalidArgumentError(f"no {what} in '{files.shown(src)}': nothing to do")
+    files.check_source(src, dst, extensions, suffix, what)
     items, seen = [], {}
-    for it in files.plan(src, dst, found, to_name):
+    for it in files.plan(src, dst, files.discover(src, extensions, suffix), to_name):
         if it.dst in seen and not it.problem:
             it = files.Item(it.src, it.dst, it.rel, f"its output '{files.shown(it.dst.name)}' is also the output "
                                                     f"of '{files.shown(seen[it.dst])}'")
@@ -331,17 +328,13 @@ class _LossCheck:
             self.warnings.append(warning)
 
 
-def plan_compress(src: Path, dst: Path) -> list[files.Item]:
-    """A compression's items (every rank's), or the error that stops it before any work."""
-    return _planned(src, dst, files.IMAGE_EXTENSIONS, "", files.compressed_name, "images")
-
-
 def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig(), progress=None,
                     rank: int = 0, world: int = 1) -> Summary:
-    check_settings(cfg)
-    items = files.shard(plan_compress(src, dst), rank, world)
-    codec = ImageCodec(cfg.device, entropy=cfg.entropy)
-    plan = sources.installed_plan(cfg.loader or DEFAULTS.loader, codec.device)
+    device = check_settings(cfg)
+    plan = sources.installed_plan(cfg.loader or DEFAULTS.loader, device)
+    extensions, suffix, what = files.IMAGES
+    items = files.shard(_planned(src, dst, extensions, suffix, files.compressed_name, what), rank, world)
+    codec = ImageCodec(device, entropy=cfg.entropy)
     settings = shaping(cfg)
     gate, first, loss = _gate(codec.device, cfg.streams, world), _FirstUse(codec.device), _LossCheck(cfg)
     owned: dict = {}
@@ -431,9 +424,10 @@ def _whole_pixels(f: pages.Unpacked) -> tuple[int, int, bool]:
 
 
 def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressConfig(), progress=None) -> Summary:
-    check_decompress(cfg)
-    items = _planned(src, dst, None, files.SUFFIX, restored_name(cfg.fmt), ".vsz files")
-    codec = ImageCodec(cfg.device)
+    device = check_decompress(cfg)
+    extensions, suffix, what = files.VSZ_FILES
+    items = _planned(src, dst, extensions, suffix, restored_name(cfg.fmt), what)
+    codec = ImageCodec(device)
     gpu_writer = codec.device == "cuda" and cfg.fmt == "npy" and (
         cfg.writer == "kvikio" or (cfg.writer == "auto" and kvikio_io.available()))
     if cfg.writer == "kvikio" and not gpu_writer:
