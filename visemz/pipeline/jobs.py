@@ -314,7 +314,7 @@ class _LossCheck:
         self.lock = threading.Lock()
         self.warnings: list[str] = []
 
-    def __call__(self, rel: str, pic: loaders.Picture, data: bytes, codec: ImageCodec) -> None:
+    def __call__(self, rel: str, pic: loaders.Picture, data: bytes, codec: ImageCodec, first: _FirstUse) -> None:
         if not self.wanted or str(pic.pixels.dtype) not in ("uint16", "torch.uint16"):
             return
         with self.lock:
@@ -322,7 +322,8 @@ class _LossCheck:
                 return
             self.wanted = False
         ref = as_numpy(pic.pixels)
-        rec, _ = pages.decode(data, codec.decompress)
+        with first.first("decode"):  # the job's only decode: a first use on a GPU
+            rec, _ = pages.decode(data, codec.decompress)
         warning = checks.lost_range(files.shown(rel), ref, np.asarray(rec))
         if warning:
             self.warnings.append(warning)
@@ -352,7 +353,7 @@ def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig()
                 with first.first((pic.page_shape[2:], str(pic.pixels.dtype))):
                     data = pages.encode(pixels, one) if pic.paged else one(pixels)
                 lane.finish()
-                loss(items[i].rel, pic, data, codec)
+                loss(items[i].rel, pic, data, codec, first)
         except torch.cuda.OutOfMemoryError as e:
             raise _out_of_memory(e, items[i].rel, pic.pixels.shape) from None
         return _Encoded(data, pic.nbytes, measure.pixel_count(pic.pixels.shape, pic.paged), pic.loader, pic.note,

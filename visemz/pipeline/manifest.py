@@ -2,9 +2,10 @@
 
 Every output a job places is recorded first: its identity (size, modification time, xxh64), the
 identity of the source it was made from, and the settings that shaped it.  A record goes into the
-rank's journal (``.visemz-journal-R.jsonl``, one JSON line each, fsynced) *before* the output is
-renamed into place, so a job killed at any moment leaves no output it has no record of; at the end
-the journal is folded into ``visemz-manifest.json`` and removed.
+rank's journal (``.visemz-journal-R.jsonl``, one JSON line each, written out with one system call)
+*before* the output is renamed into place, so a job killed at any moment leaves no output it has no
+record of (a killed process's writes stay in the system's cache; no fsync is spent per line); at
+the end the journal is folded into ``visemz-manifest.json`` and removed.
 
 A rerun decides per output (``Manifest.decide``):
 
@@ -174,7 +175,6 @@ class Journal:
                 self._file = open(self.path, "ab")
             self._file.write(line)
             self._file.flush()
-            os.fsync(self._file.fileno())
 
     def close(self) -> None:
         with self._lock:
