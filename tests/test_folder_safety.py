@@ -306,3 +306,18 @@ def test_the_folder_job_gates_cpu_lanes_unless_the_user_chose_them(src, tmp_path
     compress_folder(src, tmp_path / "D2", CompressConfig(device="cpu", streams=2))
     decompress_folder(tmp_path / "D2", tmp_path / "O", DecompressConfig(device="cpu", streams=1))
     assert seen == []
+
+
+def test_outputs_of_an_earlier_manifest_are_made_again_not_refused(cli, src, tmp_path):
+    """A destination written by visemz 0.1 (its manifest lists the files done, with no identities):
+    the .vsz files it lists are the job's and are made again once; a file it does not list is not."""
+    dst = tmp_path / "D"
+    assert cli("compress", src, dst, "--device", "cpu").exit_code == 0
+    old = {"source": str(src), "config": {}, "files": [{"rel": rel, "status": "done", "error": ""}
+                                                        for rel in ("a.png", "sub/b.png")]}
+    (dst / manifest.MANIFEST).write_text(json.dumps(old))
+    d = strict_json(cli("compress", src, dst, "--device", "cpu", "--json").stdout)
+    assert d["done"] == 2 and d["redone"] == {"made by an earlier visemz": 2}
+    assert [e["file"] for e in d["errors"]] == ["sub/deep/c.png"]
+    d = strict_json(cli("compress", src, dst, "--device", "cpu", "--json").stdout)
+    assert (d["done"], d["skipped"], d["failed"]) == (0, 2, 1)

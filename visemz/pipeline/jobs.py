@@ -238,6 +238,8 @@ def _finished(results: list[ItemResult], items: list[files.Item], dest: _Destina
         r.output = dest.records.key(items[i].dst)
         if r.record is None and r.status != "done":
             r.record = owned.get(i)
+        if r.record is not None and r.record.output is None:  # an earlier visemz's output, kept: known from now on
+            r.record = manifest.Record(files.identify(items[i].dst), None, {})
         if r.status == "done":
             r.reason = reasons.get(i, "")
     return results

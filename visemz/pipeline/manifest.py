@@ -147,7 +147,7 @@ class Manifest:
             return Decision("refuse", f"output '{shown(path)}' exists and is not an output of this job "
                                       f"(no record of it in {MANIFEST}); it is left as it is: move it away, "
                                       "or choose another destination")
-        if owned.output is None:
+        if owned.output is None or not owned.settings:
             return Decision("write", "made by an earlier visemz (no record of its source or settings)", owned)
         if not resume:
             return Decision("write", "--no-resume", owned)
