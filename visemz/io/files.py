@@ -98,7 +98,7 @@ def _walk(src: Path, extensions: set[str] | None, suffix: str):
 
 
 def plan(src: Path, dst: Path, files: list[Path], to_name) -> list[Item]:
-    """Pair each input with its output path (``to_name(rel, path)``), with the reason it cannot be
+    """Pair each input with its output path (``dst / to_name(rel)``), with the reason it cannot be
     read when it cannot."""
     root = src.resolve() if src.is_dir() else src.resolve().parent
     dst = dst.absolute()
@@ -106,7 +106,7 @@ def plan(src: Path, dst: Path, files: list[Path], to_name) -> list[Item]:
     for f in files:
         rel = f.name if not src.is_dir() else f.relative_to(src).as_posix()
         target, problem = _target(f, root)
-        items.append(Item(target, dst / to_name(rel, target), rel, problem))
+        items.append(Item(target, dst / to_name(rel), rel, problem))
     return items
 
 
@@ -133,7 +133,7 @@ def _target(f: Path, root: Path) -> tuple[Path, str]:
     return target, ""
 
 
-def compressed_name(rel: str, _path: Path | None = None) -> str:
+def compressed_name(rel: str) -> str:
     return rel + SUFFIX
 
 

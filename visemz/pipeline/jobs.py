@@ -398,7 +398,7 @@ class _Decoded:
 def restored_name(fmt: str):
     """The output name of a .vsz file: ``auto``: the source's own name when visemz writes its type
     (.png, .tif, .tiff, .npy), else the name + .png; a format: the name + its suffix unless it has it."""
-    def to_name(rel: str, _path=None) -> str:
+    def to_name(rel: str) -> str:
         stem = rel[: -len(files.SUFFIX)]
         if fmt == AUTO:
             return stem if os.path.splitext(stem)[1].lower() in BY_SUFFIX else stem + FORMATS["png"]
