@@ -399,4 +399,5 @@ def test_user_errors_of_other_commands_print_no_traceback(cli, tmp_path):
     r = cli("stack", frames, "--out", tmp_path / "stack.tif", "--device", "cpu")
     report = strict_json(r.stdout)
     assert r.exit_code == 0 and report["ranks"] == 1 and "one rank" in report["note"]
+    assert r.stderr.strip().startswith("stacked 2 frames on 1 rank(s) with plain: max error")
     assert strict_json((tmp_path / "stack.tif.json").read_text()) == report

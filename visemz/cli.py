@@ -340,6 +340,9 @@ def stack_cmd(
         report = stack(folder, out, StackConfig(error_bound, algorithm, dev))
         if report is not None:
             typer.echo(to_json(report))
+            _say(f"stacked {report['frames']} frames on {report['ranks']} rank(s) with {report['algorithm']}: max error "
+                 f"{report['max_abs_error']:.3g} (bound {report['bound_total']:.3g}), PSNR {report['psnr_db']:.2f} dB; "
+                 f"{files.shown(out)} and its .json report")
     finally:
         if started:
             dist.destroy_process_group()
