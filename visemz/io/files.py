@@ -61,7 +61,7 @@ def check_apart(src: Path, dst: Path) -> None:
     else:
         return
     raise InvalidArgumentError(f"destination '{shown(dst)}' {why} '{shown(src)}'"
-                               + (f" (both resolve under '{shown(d)}')" if d != dst.absolute() else "")
+                               + (f" (it resolves to '{shown(d)}')" if d != dst.absolute() else "")
                                + ": inputs are never written over; choose a folder outside the source")
 
 

@@ -239,7 +239,10 @@ def _finished(results: list[ItemResult], items: list[files.Item], dest: _Destina
         if r.record is None and r.status != "done":
             r.record = owned.get(i)
         if r.record is not None and r.record.output is None:  # an earlier visemz's output, kept: known from now on
-            r.record = manifest.Record(files.identify(items[i].dst), None, {})
+            try:
+                r.record = manifest.Record(files.identify(items[i].dst), None, {})
+            except OSError:
+                r.record = None
         if r.status == "done":
             r.reason = reasons.get(i, "")
     return results
