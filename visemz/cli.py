@@ -100,8 +100,8 @@ def compress(
     max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in pixel units "
                                               "(0: lossless); without it the error is not bounded"),
     entropy: str = typer.Option("zstd", help="zstd, ans (GPU only) or none"),
-    streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU (0: automatic; "
-                                               "on a CPU as many as the memory there is holds)"),
+    streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU "
+                                               "(0: automatic; on a CPU as many as the memory there is holds)"),
     processes: int = typer.Option(0, min=0, max=64, help="worker processes, each a shard of the folder and its own "
                                                           "streams, on GPU rank mod count (0: VISEMZ_PROCESSES, else 1)"),
     loader: Optional[str] = typer.Option(None, help="auto, dali, kvikio or cpu (default: VISEMZ_LOADER, else auto)"),
@@ -118,8 +118,7 @@ def compress(
 ) -> None:
     """Compress images into .vsz files, mirroring the source tree (a large TIFF or .npy: tile by tile).
 
-    A rerun makes only what is missing, what was made from a source that changed since, or with
-    other settings; it never writes over a file it did not make."""
+    A rerun makes what is missing, changed at its source or made with other settings; never over another's file."""
     from .pipeline.settings import CompressConfig, check_compress
 
     cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "", tile, refine)
@@ -273,7 +272,8 @@ def _info_text(r: dict) -> str:
     figures = f", {r['bpp']} bpp, ratio {r['ratio']}" if "bpp" in r else ""
     what = f"{m.get('model')} quality {m.get('quality')}, {lossy}, " if r["kind"] == "image" else ""
     sections = ", ".join(f"{k} {v}" for k, v in r["sections"].items())
-    return f"{r['file']}: {r['kind']} {shape} {m.get('dtype')}, {what}{r['bytes']} bytes{figures}\n  sections: {sections}"
+    return (f"{r['file']}: {r['kind']} {shape} {m.get('dtype')}, {what}{r['bytes']} bytes{figures}\n"
+            f"  sections: {sections}")
 
 
 @app.command()
@@ -281,10 +281,12 @@ def verify(
     src: Path = typer.Argument(..., help="the source images (a file or a folder)"),
     dst: Path = typer.Argument(..., help="the folder their .vsz files were written to"),
     device: Optional[str] = typer.Option(None),
-    as_json: bool = typer.Option(False, "--json", help="JSON rows on standard output (the summary line on standard error)"),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="JSON rows on standard output (the summary line on standard error)"),
 ) -> None:
-    """Decode the outputs in DST of the images in SRC and compare: PSNR (against the data's own
-    peak, e.g. 4095 for 12-bit data in 16-bit files) and max error."""
+    """Decode the outputs in DST of the images in SRC and compare: PSNR and max error.
+
+    PSNR is measured against the data's own peak (e.g. 4095 for 12-bit data in 16-bit files), which each row names."""
     from .pipeline import jobs
 
     rows = jobs.verify(src, dst, device)
@@ -295,7 +297,8 @@ def verify(
     else:
         for r in rows:
             typer.echo(f"{r['file']}: error: {r['error']}" if "error" in r else
-                       f"{r['file']}: PSNR {r['psnr']} dB (peak {r['peak']:g}), max error {r['max_error']:g}, {r['bytes']} bytes")
+                       f"{r['file']}: PSNR {r['psnr']} dB (peak {r['peak']:g}), max error {r['max_error']:g}, "
+                       f"{r['bytes']} bytes")
         typer.echo(line)
     raise typer.Exit(1 if any("error" in r for r in rows) else 0)
 
@@ -340,8 +343,8 @@ def stack_cmd(
         report = stack(folder, out, StackConfig(error_bound, algorithm, dev))
         if report is not None:
             typer.echo(to_json(report))
-            _say(f"stacked {report['frames']} frames on {report['ranks']} rank(s) with {report['algorithm']}: max error "
-                 f"{report['max_abs_error']:.3g} (bound {report['bound_total']:.3g}), PSNR {report['psnr_db']:.2f} dB; "
+            _say(f"stacked {report['frames']} frames on {report['ranks']} rank(s) with {report['algorithm']}: "
+                 f"max error {report['max_abs_error']:.3g} (bound {report['bound_total']:.3g}), PSNR {report['psnr_db']:.2f} dB; "
                  f"{files.shown(out)} and its .json report")
     finally:
         if started:
@@ -358,8 +361,7 @@ def demo(
                                                   "folder under the system's temporary folder, kept)"),
     device: Optional[str] = typer.Option(None),
 ) -> None:
-    """The main job on an embedded default: compress scikit-image's sample images, decompress and
-    verify them; prints where the outputs are."""
+    """The main job on scikit-image's sample images: compress, verify, decompress; says where the outputs are."""
     from .cuda import resolve
 
     dev = resolve(device)

@@ -118,7 +118,8 @@ def load_image(path: Path) -> np.ndarray:
     """HxW or HxWxC array (RGB channel order) of the file's own dtype; a single image only."""
     pic = load(path)
     if pic.paged:
-        raise InputError(f"'{shown(path)}' is a multi-page TIFF ({pic.pixels.shape[0]} pages); a single image is needed here")
+        raise InputError(f"'{shown(path)}' is a multi-page TIFF ({pic.pixels.shape[0]} pages); "
+                         "a single image is needed here")
     return pic.pixels
 
 

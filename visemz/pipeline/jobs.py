@@ -166,7 +166,8 @@ class _Destination:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
         if stale:
-            self.notes.append(f"removed {len(stale)} temporary file(s) an interrupted run left in {files.shown(self.dst)}")
+            self.notes.append(f"removed {len(stale)} temporary file(s) an interrupted run left in "
+                              f"{files.shown(self.dst)}")
 
     def __exit__(self, *exc):
         self.journal.close()
@@ -195,7 +196,8 @@ class _Destination:
         into place; ``data``: its bytes, or a function ``data(before_replace)`` that writes the file
         atomically (``writers.atomic_file``) and calls ``before_replace`` with the open temporary file."""
         if owned is None and os.path.lexists(item.dst):  # appeared since the triage: not ours
-            raise writers.OutputError(f"output '{files.shown(item.dst)}' appeared while the job ran; it is left as it is")
+            raise writers.OutputError(f"output '{files.shown(item.dst)}' appeared while the job ran; "
+                                      "it is left as it is")
         placed = {}
 
         def record(f):
@@ -510,7 +512,8 @@ def _verified(item: files.Item, codec: ImageCodec) -> dict:
         data = loaders.read_file(item.dst)[0]
         rec, _ = pages.decode(data, codec.decompress)
         if rec.shape != img.shape:
-            raise InvalidArgumentError(f"{files.shown(item.rel)}: decoded shape {rec.shape} differs from the input's {img.shape}")
+            raise InvalidArgumentError(f"{files.shown(item.rel)}: decoded shape {rec.shape} differs from the "
+                                       f"input's {img.shape}")
         return dict(checks.compare(img, rec), bytes=len(data))
     except Exception as e:  # noqa: BLE001 (this file's row says why; the others go on)
         return {"error": executor.describe(e)}

@@ -30,7 +30,7 @@ from ..io.files import Identity, Item, identify, shown
 
 MANIFEST = "visemz-manifest.json"
 JOURNAL_PREFIX = ".visemz-journal-"
-VERSION = 2  # 1: visemz 0.1's manifest, with no identities (its outputs are rewritten once, as made by an earlier visemz)
+VERSION = 2  # 1: visemz 0.1's, with no identities (its outputs are made again once, as an earlier visemz's)
 
 
 @dataclass(frozen=True)
@@ -94,12 +94,13 @@ class Manifest:
                 settings = doc.get("settings_table") or []
                 for f in files:
                     rec = f.get("record")
-                    if isinstance(rec, dict) and isinstance(rec.get("settings"), int) and rec["settings"] < len(settings):
-                        rec = dict(rec, settings=settings[rec["settings"]])
+                    k = rec.get("settings") if isinstance(rec, dict) else None
+                    if isinstance(k, int) and 0 <= k < len(settings):
+                        rec = dict(rec, settings=settings[k])
                     self._add(f.get("output"), Record.from_dict(rec))
             else:  # version 1: the sources a compression did (its outputs: each name + .vsz), nothing else
-                self._legacy = {f"{f['rel']}.vsz" for f in files
-                                if isinstance(f, dict) and isinstance(f.get("rel"), str) and f.get("status") in ("done", "skipped")}
+                self._legacy = {f"{f['rel']}.vsz" for f in files if isinstance(f, dict)
+                                and isinstance(f.get("rel"), str) and f.get("status") in ("done", "skipped")}
         for journal in sorted(self.dst.glob(JOURNAL_PREFIX + "*.jsonl")):
             for line in journal.read_bytes().splitlines():
                 try:

@@ -58,7 +58,8 @@ def _meminfo_available() -> int | None:
 
 def _cgroup_room() -> int | None:
     """limit - usage of this process's cgroup (v2, else v1); None without a limit."""
-    for limit, usage in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+    for limit, usage in (("memory.max", "memory.current"),
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
         try:
             text = (CGROUP / limit).read_text().strip()
             if text == "max":
