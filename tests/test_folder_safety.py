@@ -91,6 +91,17 @@ def test_files_the_job_did_not_write_are_never_written_over(cli, src, tmp_path):
     assert (out / "visemz-manifest.json").read_text() == "notes of my own"
 
 
+def test_a_link_in_the_destination_never_leads_a_write_into_the_source(cli, src, tmp_path):
+    dst = tmp_path / "D"
+    dst.mkdir()
+    (dst / "sub").symlink_to(src / "sub")
+    before = _digest(src)
+    d = strict_json(cli("compress", src, dst, "--device", "cpu", "--json").stdout)
+    assert d["done"] == 1 and sorted(e["file"] for e in d["errors"]) == ["sub/b.png", "sub/deep/c.png"]
+    assert all("leads out of the destination" in e["error"] for e in d["errors"])
+    assert _digest(src) == before and not list(src.rglob("*.vsz"))
+
+
 def test_an_empty_source_is_refused_and_nothing_is_created(cli, tmp_path):
     (tmp_path / "empty" / "sub").mkdir(parents=True)
     (tmp_path / "empty" / "notes.txt").write_text("not an image")

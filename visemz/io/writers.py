@@ -106,7 +106,7 @@ class FolderLock:
     def __enter__(self):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
         except OSError as e:
             raise OutputError(f"cannot write into {str(self.path.parent)!r}: {e.strerror}") from None
         try:

@@ -134,6 +134,9 @@ class Manifest:
 
     def decide(self, item: Item, settings: dict, resume: bool = True) -> Decision:
         path = item.dst
+        if not path.parent.resolve().is_relative_to(self.dst.resolve()):  # a link in the destination's tree
+            return Decision("refuse", f"output '{shown(path)}' would be written through a link that leads out of "
+                                      f"the destination (to '{shown(path.parent.resolve())}'); it is not written")
         try:
             st = path.lstat()
         except FileNotFoundError:
@@ -173,7 +176,8 @@ class Journal:
         with self._lock:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.path, "ab")
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, writers.FILE_MODE)
+                self._file = os.fdopen(fd, "ab")  # never through a link: a journal is the job's own file
             self._file.write(line)
             self._file.flush()
 
