@@ -1,10 +1,10 @@
 """Benchmark the compressed collectives on GPUs against NCCL's own, in the same run.
 
     # codec throughputs only (one GPU, no torchrun):
-    python scripts/bench_collectives.py --data ../shared/data/eval/xray --label h100 --out codec.json --quick --codecs-only --codec-mb 64
+    python scripts/bench_collectives.py --data DATA/eval/xray --label h100 --out codec.json --quick --codecs-only --codec-mb 64
     # all_reduce, all_to_all and scatter over NVLink on N GPUs, then over TCP sockets on loopback
     # (a stand-in for an inter-node link):
-    torchrun --nproc-per-node N scripts/bench_collectives.py --data ../shared/data/eval/xray --label nvlink \\
+    torchrun --nproc-per-node N scripts/bench_collectives.py --data DATA/eval/xray --label nvlink \\
       --out nvlink.json --ops all_reduce,all_to_all,scatter --sizes-mb 1,16,256 --ebs 1e-2,1e-4
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 \\
       torchrun --nproc-per-node N scripts/bench_collectives.py ... --label socket --out socket.json
@@ -300,7 +300,7 @@ def _numbers(text: str, kind=float) -> list:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, help="folder of image frames (e.g. ../shared/data/eval/xray); needed for 'image' data")
+    ap.add_argument("--data", type=Path, help="folder of image frames (e.g. DATA/eval/xray); needed for 'image' data")
     ap.add_argument("--label", required=True, help="name of this run (e.g. nvlink, socket)")
     ap.add_argument("--out", type=Path, required=True, help="JSON report (written by rank 0)")
     ap.add_argument("--quick", action="store_true", help="1, 16 and 256 MB; eb 1e-2 and 1e-4; 3 repetitions")

@@ -1,10 +1,10 @@
 """The learned transforms' speed and accuracy under each GPU math setting, against exact float32.
 
-    python scripts/bench_network.py --images ../shared/data/eval/kodak/kodim01.png ../shared/data/eval/xray/xray_15.png \
+    python scripts/bench_network.py --images DATA/eval/kodak/kodim01.png DATA/eval/xray/xray_15.png \
         --quality 4 --repeat 20 --out bench_network.json
 
 For each image (an RGB image runs the shipped rgb model, a grayscale one the gray model) and each
-setting: exact float32 (no TF32, NCHW: what the codec ran until session 13), TF32 convolutions,
+setting: exact float32 (no TF32, NCHW: what the codec once ran), TF32 convolutions,
 and either with channels-last tensors, plus bfloat16 autocast for comparison.  Per setting:
 
 - analysis (g_a, h_a, the symbols) and synthesis (g_s on the decoded latent) in milliseconds, the

@@ -1,7 +1,7 @@
 """Folder-compression throughput on a GPU: visemz (one and several streams) against CompressAI's
 compress() loop with the same weights and against nvJPEG behind the same loader.
 
-    python scripts/bench_pipeline.py --data ../shared/data/eval --repeat-to 500 --out bench_pipeline.json
+    python scripts/bench_pipeline.py --data DATA/eval --repeat-to 500 --out bench_pipeline.json
     python scripts/bench_pipeline.py ... --quick            # one repeat, one multi-stream setting
     torchrun --nproc-per-node 2 scripts/bench_pipeline.py --torchrun --data ... --out bench_2gpu.json
 
@@ -65,7 +65,7 @@ from visemz.pipeline.results import ItemResult, Summary  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("../shared/data/eval"), help="folder of source images (recursive)")
+    ap.add_argument("--data", type=Path, required=True, help="folder of source images (recursive), e.g. DATA/eval")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one, removed)")
     ap.add_argument("--out", type=Path, default=Path("bench_pipeline.json"))
     ap.add_argument("--repeat-to", type=int, default=None, help="files in the folder at least (default 500, --quick 200)")

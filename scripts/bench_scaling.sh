@@ -5,7 +5,7 @@
 #     over NVLink and over NCCL's TCP sockets on loopback (a stand-in for an inter-node link);
 #   - the image-stacking job on all GPUs (PSNR against the exact stack, speedup over plain all_reduce).
 #
-#   bash scripts/bench_scaling.sh DATA OUT [N ...]     # DATA: e.g. ../shared/data/eval; N: GPU counts
+#   bash scripts/bench_scaling.sh DATA OUT [N ...]     # DATA: e.g. DATA/eval (kodak/, xray/); N: GPU counts
 #                                                      # (default 2, 4, 8 up to the host's GPU count)
 # Each run has a time limit (SCALING_TIMEOUT seconds, default 300) so a hung rank costs one run, not all;
 # JSON reports and logs go to OUT.  NVLink multicast stays off (NCCL_NVLS_ENABLE=0).

@@ -1,7 +1,7 @@
 """Tiled compression on large 16-bit images: peak GPU memory, throughput, region reads, seams.
 
-    python scripts/bench_tiles.py --out docs/results/bench_tiles_h200.json
-    python scripts/bench_tiles.py --sizes 256 512 --device cpu --kodak-images 1 --qualities 1 8 --out /tmp/t.json
+    python scripts/bench_tiles.py --data DATA/eval/xray --kodak DATA/eval/kodak --out tiles.json
+    python scripts/bench_tiles.py --data DATA/eval/xray --kodak DATA/eval/kodak --sizes 256 512 --device cpu --kodak-images 1 --qualities 1 8 --out /tmp/t.json
 
 For each size S of ``--sizes``: an S x S uint16 mosaic of the images under ``--data`` (gray; 8-bit
 images scaled by 257; each placement flipped differently so no two neighbours repeat), compressed
@@ -20,7 +20,7 @@ one tile's window: ``decompress_parts_mib``, printed with the part that dominate
   of ``--qualities``, and PSNR at equal bpp (the untiled curve read at the tiled bpp), BD-PSNR and
   BD-rate; ``--seams`` runs this part alone:
 
-    python scripts/bench_tiles.py --seams --kodak ../shared/data/eval/kodak --seam-tile 256 --out seams.json
+    python scripts/bench_tiles.py --seams --data DATA/eval/xray --kodak DATA/eval/kodak --seam-tile 256 --out seams.json
 
 - the folder pipeline (``compress_folder``, configured as ``visemz compress`` configures it): for each
   of ``--pipeline-sizes``, ``--pipeline-images`` mosaics written as uint16 TIFF files into a scratch folder
@@ -65,9 +65,6 @@ from visemz.io.writers import write_atomic
 from visemz.evaluation.bjontegaard import BDError, bd_psnr, bd_rate
 from visemz.models import architectures
 from visemz.pipeline.jobs import CompressConfig, compress_folder
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "eval"
 
 
 def round_trip(dev: Device, img: np.ndarray, compress, decompress, repeats: int) -> tuple[bytes, np.ndarray, dict]:
@@ -378,8 +375,8 @@ def _psnr_at_equal_bpp(curve: dict, q: float) -> float | None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=SHARED / "xray", help="images the mosaics are built from")
-    ap.add_argument("--kodak", type=Path, default=SHARED / "kodak")
+    ap.add_argument("--data", type=Path, required=True, help="images the mosaics are built from, e.g. DATA/eval/xray")
+    ap.add_argument("--kodak", type=Path, required=True, help="the Kodak images (PNG), e.g. DATA/eval/kodak")
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="mbt2018-mean")

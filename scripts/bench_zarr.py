@@ -1,7 +1,7 @@
 """Zarr v2 chunks of a large 16-bit mosaic: visemz's numcodecs codec against JPEG 2000 and JPEG XL.
 
-    python scripts/bench_zarr.py --data ../shared/data/eval/xray --out docs/results/bench_zarr_h200.json
-    python scripts/bench_zarr.py --size 2048 --chunk 1024 --device cpu --out /tmp/bench_zarr.json
+    python scripts/bench_zarr.py --data DATA/eval/xray --out zarr.json
+    python scripts/bench_zarr.py --data DATA/eval/xray --size 2048 --chunk 1024 --device cpu --out /tmp/bench_zarr.json
 
 An S x S uint16 mosaic (``--size``, default 16384) of the images under ``--data``
 (``evalkit.mosaic``: gray, 8-bit images scaled by 257, each placement flipped differently; the
@@ -93,8 +93,6 @@ for _codec in (zarr_codecs.Visemz, zarr_codecs.VisemzErrorBounded, zarr_codecs.V
     if _codec.codec_id not in numcodecs.registry.codec_registry:
         numcodecs.register_codec(_codec)
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "eval"
 CODECS = ("visemz_lossless", "visemz_lossy", "jpeg2k_lossless", "jpegxl_lossless", "jpeg2k_lossy", "jpegxl_lossy")
 # the imagecodecs feature each of its codecs needs (imagecodecs.<NAME>.available)
 FEATURES = {"imagecodecs_jpeg2k": "JPEG2K", JPEG2K_FRACTIONAL: "JPEG2K", "imagecodecs_jpegxl": "JPEGXL"}
@@ -291,7 +289,7 @@ def calibrate(img: np.ndarray, name: str, config: dict, visemz_row: dict, args) 
 # ------------------------------------------------------------------------------------- main
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=SHARED / "xray", help="images the mosaic is built from")
+    ap.add_argument("--data", type=Path, required=True, help="images the mosaic is built from, e.g. DATA/eval/xray")
     ap.add_argument("--size", type=int, default=16384, help="the mosaic is SIZE x SIZE uint16 pixels")
     ap.add_argument("--chunk", type=int, default=4096, help="Zarr chunks are CHUNK x CHUNK (e.g. 4096 or 2048)")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="visemz's device (auto: cuda when there is one)")

@@ -1,6 +1,6 @@
 """Where the bytes of visemz's image files go, against CompressAI's rANS strings with the same weights.
 
-    python scripts/bits_breakdown.py --data ../shared/data/eval --out bits.json [--limit N] [--qualities 1,2,4,8]
+    python scripts/bits_breakdown.py --data DATA/eval --out bits.json [--limit N] [--qualities 1,2,4,8]
         [--sets kodak,xray] [--xray-limit N] [--xray-qualities 1,4] [--device cpu]
 
 For each image and quality, the visemz file (``visemz.compress`` with the hyperprior model,
@@ -110,7 +110,7 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("../shared/data/eval"), help="folder holding kodak/ and xray/")
+    ap.add_argument("--data", type=Path, required=True, help="folder holding kodak/ and xray/, e.g. DATA/eval")
     ap.add_argument("--out", default="bits_breakdown.json")
     ap.add_argument("--sets", default="kodak,xray")
     ap.add_argument("--limit", type=int, default=None, help="first N Kodak images")

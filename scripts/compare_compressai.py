@@ -1,6 +1,6 @@
 """CompressAI's own compress()/decompress() (rANS on the CPU) against visemz, same weights.
 
-    python scripts/compare_compressai.py --data ../shared/data --out compare.json [--limit N] [--no-cpu]
+    python scripts/compare_compressai.py --data DATA --out compare.json [--limit N] [--no-cpu]
     python scripts/compare_compressai.py --summarise compare.json     # the summary of an earlier run
 
 For every shipped model at each --qualities point (default CompressAI's ladder 1-8): bpp, PSNR and MS-SSIM on Kodak (RGB models) and on the
@@ -31,7 +31,7 @@ from visemz.evaluation import bjontegaard
 from visemz.io.writers import write_atomic
 from visemz.models import weights as W
 
-PUBLISHED = Path(__file__).resolve().parent.parent / "docs" / "results" / "compressai_published_kodak.json"
+PUBLISHED = Path(__file__).resolve().parent.parent / "docs" / "results" / "rd" / "compressai_published_kodak.json"
 ZOO_NAMES = {"balle2016": "bmshj2018-factorized", "mbt2018-mean": "mbt2018-mean"}
 
 
@@ -47,7 +47,7 @@ def compressai_roundtrip(net, img: np.ndarray, device: str, quality: float):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("../shared/data"))
+    ap.add_argument("--data", type=Path, default=None, help="the data folder, e.g. DATA: its eval/kodak and eval/xray")
     ap.add_argument("--out", default="compare_compressai.json")
     ap.add_argument("--limit", type=int, default=None, help="first N images of each set")
     ap.add_argument("--repeat", type=int, default=3)
@@ -62,6 +62,8 @@ def main() -> None:
         report = json.loads(args.summarise.read_text())
         print_summary(report["device"], summarise(report["rows"], published))
         return
+    if args.data is None:
+        ap.error("--data is required (unless --summarise)")
 
     cuda = torch.cuda.is_available()
     dev_name = torch.cuda.get_device_name() if cuda else "CPU only"

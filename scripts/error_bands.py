@@ -1,6 +1,6 @@
 """Where a codec's error lies in frequency: visemz against JPEG 2000 on one image, at about equal rate.
 
-    python scripts/error_bands.py --image ../shared/data/eval/xray/xray_15.png --qualities 1 3 4 \
+    python scripts/error_bands.py --image DATA/eval/xray/xray_15.png --qualities 1 3 4 \
         --j2k-bpp 0.02 0.05 --device cpu [--out bands.json]
 
 Each file is real (bpp from its bytes).  The error e = decoded - original (in the image's own

@@ -2,7 +2,7 @@
 
     python scripts/export_weights.py --ckpt runs/r1 --out visemz/models/weights --qualities '' \
         [--storage-check 1,4,8 --device cpu --limit 4]          # weights and cards, int8 loss measured
-    python scripts/export_weights.py --out visemz/models/weights --data ../shared/data --device cuda
+    python scripts/export_weights.py --out visemz/models/weights --data DATA --device cuda
                                                                 # every card's eval, measured
     python scripts/export_weights.py --out visemz/models/weights --add-tables
                                                                 # (re)compute the entropy coding tables
@@ -79,7 +79,8 @@ def float32_weights(model, spec):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", type=Path, default=None, help="checkpoints to export (default: only measure --out)")
-    ap.add_argument("--data", type=Path, default=Path("../shared/data"))
+    ap.add_argument("--data", type=Path, default=None,
+                    help="the data folder (e.g. DATA: its eval/kodak and eval/xray), for --storage-check and --qualities")
     ap.add_argument("--out", type=Path, default=Path("visemz/models/weights"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--models", nargs="*", default=None, help="checkpoint names to export (default: all but NAME@tag)")
@@ -93,6 +94,8 @@ def main() -> None:
         for path in sorted(args.out.glob("*.safetensors")):
             add_tables(path)
         return
+    if args.data is None and (args.storage_check or any(q for q in args.qualities.split(","))):
+        ap.error("--data is required to measure the cards (--qualities, --storage-check; --qualities '': none)")
 
     os.environ["VISEMZ_WEIGHTS_DIR"] = str(args.out)
     import visemz

@@ -1,8 +1,8 @@
-"""Issue 13: is a variable-rate model within 0.2 dB of a fixed-rate model of the same size trained as long?
+"""Is a variable-rate model within 0.2 dB of a fixed-rate model of the same size trained as long?
 
-    python scripts/train.py --data ../shared/data --out runs/fixed --time-limit 1500 \
+    python scripts/train.py --data DATA --out runs/fixed --time-limit 1500 \
         --models mbt2018-mean-rgb mbt2018-mean-rgb@q2 mbt2018-mean-rgb@q6      # from scratch, one process
-    python scripts/fixed_vs_variable.py --ckpt runs/fixed --images ../shared/data/eval/kodak \
+    python scripts/fixed_vs_variable.py --ckpt runs/fixed --images DATA/eval/kodak \
         --device cuda --out fixed_vs_variable.json [--limit N] [--offsets ...] [--allow-unequal]
     python scripts/fixed_vs_variable.py --rescore --out fixed_vs_variable.json    # re-score saved points
 
@@ -49,7 +49,7 @@ INTERPOLATION = ("PSNR linear in log(bpp) between the two variable-rate points (
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", type=Path, default=None, help="a folder of scripts/train.py's compact checkpoints")
-    ap.add_argument("--images", type=Path, default=Path("../shared/data/eval/kodak"), help="the images to measure on")
+    ap.add_argument("--images", type=Path, default=None, help="the images to measure on, e.g. DATA/eval/kodak")
     ap.add_argument("--limit", type=int, default=None, help="the first N images (sorted by name)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
     ap.add_argument("--offsets", nargs="+", type=float, default=[-1.0, -0.75, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0],
@@ -57,13 +57,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--step-tolerance", type=float, default=0.01,
                     help="largest relative difference of the checkpoints' step counts")
     ap.add_argument("--allow-unequal", action="store_true", help="measure even when the step counts differ more")
-    ap.add_argument("--target-db", type=float, default=0.2, help="the gap issue 13 allows")
+    ap.add_argument("--target-db", type=float, default=0.2, help="the gap allowed")
     ap.add_argument("--out", type=Path, required=True, help="the JSON to write")
     ap.add_argument("--rescore", action="store_true",
                     help="recompute the comparisons of the JSON at --out from its measured points (no measuring)")
     args = ap.parse_args(argv)
     if args.ckpt is None and not args.rescore:
         ap.error("--ckpt is required (unless --rescore)")
+    if args.images is None and not args.rescore:
+        ap.error("--images is required (unless --rescore)")
     if args.limit is not None and args.limit < 1:
         ap.error(f"--limit {args.limit}: expected at least 1")
     if not (0 <= args.step_tolerance < 1):
@@ -239,7 +241,7 @@ def main(argv=None) -> dict:
     check_steps({n: loaded[n][2]["steps"] for n in names}, args.step_tolerance, args.allow_unequal)
     device = resolve(args.device)
     codec = ImageCodec(device)
-    result = {"question": "issue 13: a variable-rate model within target_db of a fixed-rate model of the same "
+    result = {"question": "a variable-rate model within target_db of a fixed-rate model of the same "
                           "size trained as long, at two qualities",
               "device": device_name(device), "weights": "float32 (the fp16 checkpoints' parameters)",
               "images": {"folder": str(args.images)}, "target_db": args.target_db, "offsets": args.offsets,

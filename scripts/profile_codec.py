@@ -1,6 +1,6 @@
 """Where the time of one image's compress and decompress goes, on a GPU (or the CPU).
 
-    python scripts/profile_codec.py --image ../shared/data/eval/kodak/kodim01.png --out prof/ [--threads 1,2,4]
+    python scripts/profile_codec.py --image DATA/eval/kodak/kodim01.png --out prof/ [--threads 1,2,4]
 
 Prints, after a warm-up: the median milliseconds of compress and of decompress (each bracketed
 by device synchronisation), and the images/s of the same compress run in 1, 2, 4... threads at

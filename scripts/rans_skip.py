@@ -1,6 +1,6 @@
 """Skipped symbols in the conditional rANS coder (stream version 3): bytes, sequential steps and coding time.
 
-    python scripts/rans_skip.py --data ../shared/data/eval --models mbt2018-mean --qualities 1,2,3,4,5,6,7,8 \
+    python scripts/rans_skip.py --data DATA/eval --models mbt2018-mean --qualities 1,2,3,4,5,6,7,8 \
         --skips 0,65533,65531,65511 --device cpu --reps 1 --out rans_skip.jsonl
 
 For every image under --data (its sub-folders are the sets: eval/kodak, eval/xray; RGB images go to the rgb

@@ -1,6 +1,6 @@
 """What encoder-side latent refinement (``visemz/refine.py``) buys: rate, quality and encode time.
 
-    python scripts/refine_eval.py --data ../shared/data/eval --set kodak \
+    python scripts/refine_eval.py --data DATA/eval --set kodak \
         --models mbt2018-mean balle2016 --steps 0 50 150 --qualities 1 2 3 4 5 6 7 8 \
         --images 24 --device cuda --out refine_kodak.json [--lr 0.02] [--rounding sga]
 

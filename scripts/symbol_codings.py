@@ -1,6 +1,6 @@
 """Each symbol section's two codings side by side: conditional rANS and the format-2 ints stream.
 
-    python scripts/symbol_codings.py --data ../shared/data/eval --models mbt2018-mean,balle2016 \
+    python scripts/symbol_codings.py --data DATA/eval --models mbt2018-mean,balle2016 \
         --qualities 1,2,3,4,5,6,7,8 --device cpu --out symbol_codings.jsonl
 
 For every image under --data (its sub-folders are the sets: eval/kodak, eval/xray; RGB images go to the rgb

@@ -1,6 +1,6 @@
 """Train visemz's variable-rate models on GPUs: several models per process, images resident on the GPU.
 
-    python scripts/train.py --data ../shared/data --models balle2016-rgb mbt2018-mean-rgb \
+    python scripts/train.py --data DATA --models balle2016-rgb mbt2018-mean-rgb \
         --out runs/r1 [--resume runs/r0] [--init-from visemz/models/weights] [--time-limit 1500]
 
     torchrun --nproc-per-node 4 scripts/train.py ...      # the models are dealt out over the GPUs
@@ -24,7 +24,7 @@ quality Q (its lambda, its gains), all else as for MODEL; the reference that
 scripts/fixed_vs_variable.py measures the variable-rate model against.  Loss: the
 batch mean of lambda * 255^2 * MSE + bpp; Adam (--lr) with a linear warm-up whenever Adam's
 moments start afresh, constant after it; --final-decay F lowers the LR along a half cosine to
-x0.05 over the last F of --time-limit (give it in the last session only); the entropy
+x0.05 over the last F of --time-limit (give it to the last run of a training only); the entropy
 bottleneck's auxiliary loss has its own Adam (lr 1e-3).  Transforms run under bf16 autocast,
 gains and entropy models in float32.  On CUDA each model's whole step is one CUDA graph.
 
@@ -224,16 +224,19 @@ class CropSampler:
         ramp = torch.where(flip[:, None], self.patch - 1 - self.ramp, self.ramp)
         return start[:, None] + ramp
 
-    def sample_into(self, out: torch.Tensor) -> None:
-        """Fill ``out`` (n x C x patch x patch, float) with crops scaled to [0, 1]."""
-        n = out.shape[0]
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """n crops (n x C x patch x patch, int32 values 0..65535) and the image each was cut from."""
         u = torch.rand(n, device=self.cdf.device) * self.cdf[-1]
         k = torch.searchsorted(self.cdf, u).clamp_(max=self.count - 1)
         rows = self._axis(self.y_room, k, n)
         cols = self._axis(self.x_room, k, n)
         crops = self.images[k[:, None, None, None], self.channels[None, :, None, None],
                             rows[:, None, :, None], cols[:, None, None, :]]
-        torch.div(crops.to(torch.int32) & 0xFFFF, 65535.0, out=out)
+        return crops.to(torch.int32) & 0xFFFF, k
+
+    def sample_into(self, out: torch.Tensor) -> None:
+        """Fill ``out`` (n x C x patch x patch, float) with crops scaled to [0, 1]."""
+        torch.div(self.sample(out.shape[0])[0], 65535.0, out=out)
 
 
 # -------------------------------------------------------------------------------------- training
@@ -449,7 +452,8 @@ class Log:
 # ------------------------------------------------------------------------------------------- main
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("../shared/data"))
+    ap.add_argument("--data", type=Path, required=True,
+                    help="the data folder, e.g. DATA: train/ and train2/ (see above); eval/ is never read")
     ap.add_argument("--models", nargs="+", required=True,
                     help="e.g. balle2016-rgb mbt2018-mean-gray balle2016-gray@area mbt2018-mean-rgb@q2")
     ap.add_argument("--out", type=Path, required=True, help="compact checkpoints and the log")
@@ -459,7 +463,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=10_000_000, help="stop when every model has this many steps")
     ap.add_argument("--time-limit", type=float, default=float("inf"), help="seconds of training in this run")
     ap.add_argument("--final-decay", type=float, default=0.0,
-                    help="fraction of --time-limit at the end over which the LR falls to x0.05 (last session only)")
+                    help="fraction of --time-limit at the end over which the LR falls to x0.05 (the last run of a training only)")
     ap.add_argument("--checkpoint-every", type=float, default=180.0, help="seconds between checkpoints")
     ap.add_argument("--gray-mix", default=DEFAULT_GRAY_MIX, help="shares of the gray groups (xray, science, photo)")
     ap.add_argument("--upscale", default="", help="enlarge a group's images at load, e.g. xray=2 (see above)")

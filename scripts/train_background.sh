@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training that outlives one GPU job: start scripts/train.py detached (setsid) on the GPU machine,
-# report on it, and copy its checkpoints out, so that a lease of several short jobs trains one run.
+# report on it, and copy its checkpoints out, so that several short GPU jobs train one run.
 #
 #   scripts/train_background.sh start WORK -- TRAIN_ARGS...   # (re)start: stops a running one (it
 #                                                             # checkpoints on SIGTERM) and resumes

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 import visemz
 from visemz import cuda
 from visemz.cli import app
-from visemz.models import all_specs, architectures
+from visemz.models import all_specs, architectures, registry, residual_prior, residual_weights
 from visemz.models import weights as W
 
 from .helpers import optional
@@ -17,7 +17,7 @@ from .helpers import optional
 def pytest_collection_modifyitems(config, items):
     if cuda.cuda_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine with -m gpu)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on a GPU machine with -m gpu)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
@@ -43,22 +43,30 @@ def model_weights(tmp_path_factory):
     The codec's guarantees (shapes, dtypes, error bound, file validation) hold for any weights;
     rate-distortion quality is measured by scripts/, not by tests.
     """
-    if all(W.weights_path(s).is_file() for s in all_specs()):
+    if all(W.weights_path(s).is_file() for s in all_specs()) and residual_weights.path_of("gray").is_file():
         yield W.weights_dir()
         return
     folder = tmp_path_factory.mktemp("weights")
     torch.manual_seed(0)
     for s in all_specs():
         W.save(architectures.build(s), s, folder / f"{s.name}.safetensors", {"note": "random weights for tests"})
+    gray = registry.spec(registry.DEFAULT_MODEL, "gray")
+    prior = residual_prior.ResidualPrior(gray.channels, gray.N)
+    for head in prior.heads:  # away from the all-zero start, so that the predictions differ from pixel to pixel
+        torch.nn.init.normal_(head[-1].weight, std=0.01)
+    residual_weights.save(prior, "gray", {"lossy_model": gray.name, "lossy_model_id": W.file_id(folder / f"{gray.name}.safetensors"),
+                                          "note": "random weights for tests"}, folder)
     old = os.environ.get("VISEMZ_WEIGHTS_DIR")
     os.environ["VISEMZ_WEIGHTS_DIR"] = str(folder)
     W.load.cache_clear()
+    residual_weights.load.cache_clear()
     yield folder
     if old is None:
         del os.environ["VISEMZ_WEIGHTS_DIR"]
     else:
         os.environ["VISEMZ_WEIGHTS_DIR"] = old
     W.load.cache_clear()
+    residual_weights.load.cache_clear()
 
 
 @pytest.fixture

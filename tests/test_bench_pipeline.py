@@ -13,14 +13,14 @@ import bench_pipeline  # noqa: E402
 
 
 def test_arguments():
-    quick = bench_pipeline.parse_args(["--quick"])
+    quick = bench_pipeline.parse_args(["--data", "DATA", "--quick"])
     assert (quick.repeat, quick.streams, quick.repeat_to) == (1, [4], 200)
-    full = bench_pipeline.parse_args(["--streams", "2,8", "--repeat-to", "600"])
+    full = bench_pipeline.parse_args(["--data", "DATA", "--streams", "2,8", "--repeat-to", "600"])
     assert (full.repeat, full.streams, full.repeat_to) == (3, [2, 8], 600)
-    assert bench_pipeline.parse_args(["--no-dali"]).loader == "cpu"
+    assert bench_pipeline.parse_args(["--data", "DATA", "--no-dali"]).loader == "cpu"
     for bad in (["--streams", "2,x"], ["--streams", "0"], ["--torchrun"], ["--repeat", "0"]):
         with pytest.raises(SystemExit) as e:
-            bench_pipeline.parse_args(bad)
+            bench_pipeline.parse_args(["--data", "DATA", *bad])
         assert e.value.code == 2
 
 

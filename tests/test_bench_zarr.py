@@ -32,16 +32,16 @@ def _data(folder: Path) -> Path:
 
 
 def test_arguments():
-    args = bench_zarr.parse_args(["--out", "x.json"])
+    args = bench_zarr.parse_args(["--data", "DATA", "--out", "x.json"])
     assert (args.size, args.chunk, args.quality, args.codecs) == (16384, 4096, 4.0, list(bench_zarr.CODECS))
-    assert bench_zarr.parse_args(["--out", "x.json", "--chunk", "2048"]).chunk == 2048
+    assert bench_zarr.parse_args(["--data", "DATA", "--out", "x.json", "--chunk", "2048"]).chunk == 2048
     bad = [["--size", "256", "--chunk", "256"], ["--repeats", "0"], ["--codecs", "jpeg"], ["--calib-steps", "0"],
            ["--calib-tol", "0"], ["--calib-tol", "1"]]
     if not torch.cuda.is_available():
         bad.append(["--device", "cuda"])
     for argv in bad:
         with pytest.raises(SystemExit) as e:
-            bench_zarr.parse_args(["--out", "x.json", *argv])
+            bench_zarr.parse_args(["--data", "DATA", "--out", "x.json", *argv])
         assert e.value.code == 2
 
 

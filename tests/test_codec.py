@@ -186,7 +186,9 @@ def test_hostile_headers_with_valid_checksums():
         (dict(shape=[20, 31]), CorruptStreamError),
         (dict(dtype="float64"), UnsupportedFormatError),
         (dict(model_id="0000000000000000"), UnsupportedFormatError),
-        (dict(format=6), UnsupportedFormatError),
+        (dict(format=7), UnsupportedFormatError),
+        (dict(residual="int"), CorruptStreamError),  # a learned residual read as a block-coded one
+        (dict(residual_id="0000000000000000"), UnsupportedFormatError),
         (dict(format=2), VisemzError),  # rANS sections read as ints streams: damage, not garbage
         (dict(quality=8.5), CorruptStreamError),
         (dict(quality="high"), CorruptStreamError),

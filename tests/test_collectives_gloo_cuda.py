@@ -12,7 +12,7 @@ import torch
 from visemz.collectives import transport as T
 from visemz.collectives import (ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, last_algorithm, reduce_scatter,
                                 scatter)
-from visemz.errors import LimitExceededError, PlanMismatchError
+from visemz.errors import InvalidArgumentError, LimitExceededError, PeerFailedError, PlanMismatchError
 
 from .collective_checks import bounded, data, exact_sum, run_checks, run_ranks
 
@@ -60,6 +60,23 @@ def _device_checks(rank: int, world: int) -> list[str]:
         assert _same(lambda out, *parts: scatter(out, list(parts) if rank == root else None, root, codec=codec),
                      lambda: [torch.empty(501), *(data(j, n=501) for j in range(world))]), codec
     done.append("reduce_scatter, all_gather, all_to_all, scatter: CUDA over Gloo == CPU")
+
+    # asynchronous: a torch.futures.Future made for the GPU, its value the synchronous call's, bit for bit
+    sync, t = data(rank).to(GPU), data(rank).to(GPU)
+    all_reduce(sync, codec=ErrorBounded(1e-3), algorithm="ring")
+    handle = all_reduce(t, codec=ErrorBounded(1e-3), algorithm="ring", async_op=True)
+    doubled = handle.then(lambda fut: fut.value() * 2)
+    assert isinstance(handle, torch.futures.Future) and torch.equal(handle.wait(120), sync)
+    assert torch.equal(doubled.wait(), sync * 2)
+    # values the codec refuses on one rank: its own error there, PeerFailedError naming it on the others
+    bad = data(rank).to(GPU)
+    bad[5] = float("nan") if rank == world - 1 else bad[5]
+    try:
+        all_reduce(bad, codec=ErrorBounded(1e-3))
+        raise AssertionError("NaN on one rank was not refused")
+    except (InvalidArgumentError, PeerFailedError) as e:
+        assert isinstance(e, InvalidArgumentError) == (rank == world - 1) and "NaN" in str(e), (rank, e)
+    done.append("async all_reduce of CUDA tensors: a Future; NaN on one rank refused on every rank")
 
     # a rank compressing on its GPU and one on its CPU would misread each other's streams: refused on both
     mixed = data(rank).to(GPU) if rank == 0 else data(rank)

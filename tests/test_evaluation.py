@@ -22,7 +22,7 @@ from .helpers import load_script, optional
 @pytest.fixture(autouse=True)
 def _eval_extra():
     """The evaluation's optional libraries (the 'eval' extra, in 'test' too): without them its tests skip."""
-    for module in ("piq", "pysz", "zfpy"):
+    for module in ("piq", "pysz", "zfpy", "imagecodecs"):
         optional(module)
 
 
@@ -260,11 +260,13 @@ def test_rd_eval_script_with_refinement(folder, tmp_path, model_weights, capsys)
 def test_report_tables(folder, tmp_path):
     cfg = EvalConfig(codecs=("jpeg", "webp", "sz3"), datasets=("rgb",))
     res = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
-    curves = mean_curves(read_points(res.csv))
+    rows = read_points(res.csv)
+    curves = mean_curves(rows)
     assert set(curves) == {"rgb"} and set(curves["rgb"]) == {"jpeg", "webp", "sz3"}
     assert all(p["images"] == 2 for p in curves["rgb"]["jpeg"])
-    md = summary_markdown(curves, [], "test")
-    assert "| jpeg | 0 (anchor) |" in md and "| sz3 |" in md and "max error" in md
+    md = summary_markdown(curves, [], "test", rows=rows)
+    assert "| jpeg | 0 (anchor) |" in md and "| sz3 |" in md and "max error seen" in md
+    assert "| 1 | sz3 | 2 |" in md and "| 32 | sz3 | 2 |" in md  # the near-lossless table, E in the images' levels
 
 
 def test_cli_eval_writes_csv_plots_and_summary(folder, tmp_path, cli):
@@ -273,8 +275,9 @@ def test_cli_eval_writes_csv_plots_and_summary(folder, tmp_path, cli):
     r = cli(*args)
     assert r.exit_code == 1, r.stderr  # broken.png is reported, the rest goes on
     assert "broken.png" in r.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["crops_gray.png", "crops_rgb.png", "points.csv", "rd_gray.png",
+    assert sorted(p.name for p in out.iterdir()) == ["crops_gray.png", "crops_rgb.png", "points.csv", "rd", "rd_gray.png",
                                                      "rd_rgb.png", "summary.md"]
+    assert sorted(p.name for p in (out / "rd").iterdir()) == ["gray.json", "rgb.json"]
     rows = _rows(out / "points.csv")
     assert len(rows) == 3 * (8 + 8 + 8)
     assert {r["codec"] for r in rows} == {"jpeg", "webp", "visemz-balle2016"}

@@ -1,4 +1,4 @@
-"""Fixed-rate training (MODEL@qQ in scripts/train.py) and scripts/fixed_vs_variable.py (issue 13's measurement)."""
+"""Fixed-rate training (MODEL@qQ in scripts/train.py) and scripts/fixed_vs_variable.py (variable rate against fixed rate)."""
 
 import json
 import math
@@ -46,7 +46,8 @@ def test_bad_training_names_are_refused_naming_the_value(name, match):
 
 def test_train_refuses_a_bad_tag_before_loading_anything(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        train.parse_args(["--models", "mbt2018-mean-rgb", "mbt2018-mean-rgb@q12", "--out", str(tmp_path)])
+        train.parse_args(["--data", "DATA", "--models", "mbt2018-mean-rgb", "mbt2018-mean-rgb@q12",
+                          "--out", str(tmp_path)])
     assert e.value.code == 2 and "fixed quality '12' is outside [1, 8]" in capsys.readouterr().err
 
 

@@ -1,6 +1,6 @@
 """The folder pipeline on a GPU: several streams, kvikio, DALI.
 
-Run on the device machine: python -m pytest -m gpu tests/test_pipeline_gpu.py
+Run on a GPU machine: python -m pytest -m gpu tests/test_pipeline_gpu.py
 (skipped without CUDA; the kvikio and DALI tests also say when those are not installed).
 """
 

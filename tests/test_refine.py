@@ -77,7 +77,7 @@ def test_refined_files_cost_less(cpu, model_weights, arch, variant):
     """Measured on the real bytes and the real decode: bpp + lambda * 255^2 * MSE is lower with 30 refinement
     steps than without, at a low and a high quality; the refined file decodes with the ordinary decoder."""
     if model_weights != W.weights_dir():
-        pytest.skip("rate-distortion needs the shipped weights (the test session made random ones)")
+        pytest.skip("rate-distortion needs the shipped weights (this test run made random ones)")
     img = _rgb() if variant == "rgb" else _gray()
     for quality in (2, 6):
         costs = {}

@@ -305,11 +305,10 @@ def _camera_float():
     return data.camera()[100:200, 150:290].astype(np.float32) / 255 * 3 - 1
 
 
-# sha256 of files written on the CPU.  First pinned with the code of main at a9bba92, before the residual
-# used the symbols in hand (every tile's were decoded again from its sections), and held since; pinned again
-# with image format 5, container version 2 and conditional rANS stream version 2 (branch bits14b: the framing changed,
-# not their symbols or residuals); the mbt2018-mean cases pinned again with the weights of session 10 and the rgb
-# case again with those of session 11 (the balle2016 case's digest held through every change).  They hold for these
+# sha256 of files written on the CPU.  First pinned before the residual used the symbols in hand (every tile's were
+# decoded again from its sections), and held since; pinned again with image format 5, container version 2 and
+# conditional rANS stream version 2 (the framing changed, not their symbols or residuals); the mbt2018-mean cases
+# pinned again with each update of their weights (the balle2016 case's digest held through every change).  They hold for these
 # weights (model_id), the default coder settings and the float32 analysis of the machine they were taken on
 # (torch 2.14 on an AVX512 CPU: another torch or instruction set may round a symbol otherwise); elsewhere the test
 # says so by skipping.

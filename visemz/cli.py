@@ -97,8 +97,8 @@ def compress(
     model: str = typer.Option(DEFAULT_MODEL, help="balle2016 or mbt2018-mean"),
     quality: float = typer.Option(DEFAULT_QUALITY, min=QUALITY_MIN, max=QUALITY_MAX,
                                   help="1-8 on CompressAI's lambda ladder; fractions lie between"),
-    max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in pixel units "
-                                              "(0: lossless); without it the error is not bounded"),
+    max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in levels of the input dtype "
+                                              "(absolute for float32; 0: lossless); without it the error is not bounded"),
     entropy: str = typer.Option("zstd", help="zstd, ans (GPU only) or none"),
     streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU "
                                                "(0: automatic; on a CPU as many as the memory there is holds)"),
@@ -430,11 +430,13 @@ def eval_cmd(
     limit: Optional[int] = typer.Option(None, help="first N images of each dataset"),
     datasets: Optional[str] = typer.Option(None, help="comma-separated sub-folder names (default: all)"),
     no_crops: bool = typer.Option(False, "--no-crops", help="skip the matched-bpp crop figures"),
+    crop: Optional[int] = typer.Option(None, "--crop", help="code each image's central N x N pixels"),
+    gray: bool = typer.Option(False, "--gray", help="code each image's luma"),
     refine_steps: int = typer.Option(0, "--refine-steps",
                                      help="also run visemz-<arch>-refine<N> (N steps of encoder-side latent "
                                           "refinement) beside each visemz-<arch> codec (default 0: none)"),
 ) -> None:
-    """Rate-distortion evaluation against JPEG, JPEG 2000, WebP, nvJPEG, SZ3, ZFP and CompressAI (resumable)."""
+    """Rate-distortion, lossless and near-lossless evaluation against the classical, scientific and CompressAI codecs (resumable)."""
     from .cuda import resolve
     from .evaluation.runner import EvalConfig, evaluate
 
@@ -442,7 +444,7 @@ def eval_cmd(
         return tuple(n.strip() for n in s.split(",") if n.strip()) if s else None
 
     cfg = EvalConfig(codecs=names(codecs), device=resolve(device), limit=limit, datasets=names(datasets),
-                     crops=not no_crops, refine_steps=refine_steps)
+                     crops=not no_crops, refine_steps=refine_steps, crop=crop, gray=gray)
     result = evaluate(folder, out, cfg, log=lambda m: typer.echo(m, err=True))
     typer.echo(f"{result.computed} points computed, {result.skipped} already in {result.csv}, {len(result.failures)} failed; "
                f"report in {out}")

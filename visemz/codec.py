@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import container, latents, residual, tile_index, tiling
+from . import container, latents, residual, residual_coder, tile_index, tiling
 from . import device as dev
 from .config import DEFAULTS
 from .encoders import encode_ints
 from .errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
-from .models import architectures, graphs, registry
+from .models import architectures, graphs, registry, residual_weights
 from .models import weights as W
 from .pixels import (
     DTYPES,
@@ -45,21 +45,25 @@ from .pixels import (
 from .refine import RefineSettings, settings_for
 
 KIND = "image"
-# 1: fixed-rate N=64/M=96 models, one per integer quality 1-4 (sessions 1-4), no longer decoded;
+# 1: fixed-rate N=64/M=96 models, one per integer quality 1-4 (the first releases), no longer decoded;
 # 2: variable-rate N=128/M=192 models with gain units, a float quality in the header, symbols
 #    block-coded (ints streams); still read, and written on request (``image_format=2``);
 # 3: the same models, symbols coded by conditional rANS with the weights' tables (``latents.py``);
 # 4: format 3's coding per tile of a grid (``tiling.py``), with a tile index (``tile_index.py``), so
 #    that memory follows the tile and a region decodes only the tiles it needs;
-# 5: format 4 with the tile index's part lengths as varints (one-tile files: 7 bytes instead of 26).
+# 5: format 4 with the tile index's part lengths as varints (one-tile files: 7 bytes instead of 26);
+# 6: format 5 whose integer images' max_error residual may be coded under the residual prior
+#    (residual "learned", ``residual_coder.py``), the prior named by ``residual_id``.
 TILED = 4
-FORMAT = tile_index.VARINT_FORMAT
-TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT)
+LEARNED = 6
+FORMAT = LEARNED
+TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED)
 FORMATS_READ = (latents.BLOCK, latents.RANS, *TILED_FORMATS)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
 META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
+TILED_KEYS = META_KEYS - {"symbols"} | {"tiles"}  # 4, 5: the grid and its parts instead of the symbol shapes
 META_KEYS_OF = {latents.BLOCK: META_KEYS, latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
-                **{f: META_KEYS - {"symbols"} | {"tiles"} for f in TILED_FORMATS}}  # 4, 5: the grid and its parts instead
+                TILED: TILED_KEYS, tile_index.VARINT_FORMAT: TILED_KEYS, LEARNED: TILED_KEYS | {"residual_id"}}
 TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
 
 
@@ -179,11 +183,15 @@ class ImageCodec:
                 return waiting.pop(i)
 
             mode = None if e is None else residual.mode_for(meta, e)
+            res = self._residual_prior(spec, mode, image_format)
+            mode = "learned" if res is not None else mode
             if e is not None:
-                pixels = self._tile_pixels(net, net64, q, meta, grid, range(grid.count), symbols_of, True)
+                pixels = self._tile_pixels(net, net64, q, meta, grid, range(grid.count), symbols_of, True, res)
                 for i, box, x01 in pixels:
                     x = t[box[0]:box[1], box[2]:box[3]].to(self.device)
-                    extra, _ = residual.encode(x, x01, tiling.tile_meta(meta, box), e, **self.enc)
+                    tm = tiling.tile_meta(meta, box)
+                    extra = residual.encode(x, x01, tm, e, **self.enc)[0] if res is None else \
+                        residual_coder.encode(res, x, *x01, tm, e)
                     tiles[i][0].update(extra)
             for i in range(len(tiles), grid.count):  # without max_error: every tile, coded and dropped
                 symbols_of(i)
@@ -192,6 +200,8 @@ class ImageCodec:
             "shape": list(meta.shape), "range": [meta.lo, meta.hi],
             "max_error": e, "residual": mode, "entropy": self.enc["entropy"],
         }
+        if image_format >= LEARNED:
+            header["residual_id"] = None if res is None else res.model_id
         if not tiled:
             sections, coding = tiles[0]
             shapes = architectures.latent_shapes(net, *_batch_and_padded(meta))
@@ -203,6 +213,15 @@ class ImageCodec:
         header["tiles"] = {"size": grid.size, "halo": list(tiling.ANALYSIS_HALO), "grid": [grid.rows, grid.cols],
                            "parts": parts, "symbols": names}
         return container.pack(KIND, header, tile_index.pack(parts, names, tiles, image_format))
+
+    def _residual_prior(self, spec: registry.ModelSpec, mode: str | None,
+                        image_format: int) -> residual_weights.Residual | None:
+        """The residual prior that codes an integer image's max_error residual (format 6), or None: the
+        block-coded residual of formats 2-5, for float32 images and where no prior fits the model."""
+        if mode != "int" or image_format < LEARNED:
+            return None
+        res = residual_weights.load(spec.variant, self.device)
+        return res if res is not None and res.lossy_model == spec.name and res.prior64.features == spec.N else None
 
     # ---------------------------------------------------------------- decompress
     def decode_symbols(self, buf) -> dict[str, torch.Tensor]:
@@ -246,10 +265,15 @@ class ImageCodec:
                 px = self._box_pixels(f, box)
                 return dev.as_numpy(px) if host else px
             pixels = self._tile_pixels(f.net, f.net64, h["quality"], meta, f.grid, f.grid.touching(box),
-                                       f.symbols, mode is not None)
+                                       f.symbols, mode is not None, f.residual)
             for i, tbox, x01 in pixels:
                 tm = tiling.tile_meta(meta, tbox)
-                px = denormalise(x01, tm) if mode is None else residual.decode(f.tile(i)[0], x01, tm, e, mode)
+                if mode is None:
+                    px = denormalise(x01, tm)
+                elif f.residual is not None:
+                    px = residual_coder.decode(f.residual, f.tile(i)[0], *x01, tm, e)
+                else:
+                    px = residual.decode(f.tile(i)[0], x01, tm, e, mode)
                 if tbox == box:  # one tile is the whole answer
                     return dev.as_numpy(px) if host else px
                 if out is None:
@@ -266,15 +290,19 @@ class ImageCodec:
         latent_of = _dequantiser(f.net, f.symbols, f.header["quality"], torch.float32)
         return denormalise(from_batch(tiling.synthesise_box(f.net, f.grid, box, latent_of), tm), tm)
 
-    def _tile_pixels(self, net, net64, q: float, meta: ImageMeta, grid: tiling.Grid, tiles, symbols_of, f64: bool):
+    def _tile_pixels(self, net, net64, q: float, meta: ImageMeta, grid: tiling.Grid, tiles, symbols_of, f64: bool,
+                     res: residual_weights.Residual | None = None):
         """(tile, its box in the image, its pixels in [0, 1] in image layout) for ``tiles``, synthesised in
         float64 (``f64``, the error-bound path) or float32 from ``symbols_of(i)``, tile i's symbols (asked
-        for once per tile whose latent the synthesis needs, the tiles around ``tiles`` included)."""
+        for once per tile whose latent the synthesis needs, the tiles around ``tiles`` included).  With a
+        residual prior ``res`` (float64) the pixels are the core's (reconstruction, reduced features) in
+        batch layout, what ``residual_coder`` takes."""
         model, dtype = (net64, torch.float64) if f64 else (net, torch.float32)
         latent_of = _dequantiser(model, symbols_of, q, dtype)
-        for i, x in tiling.synthesise(model, grid, list(tiles), latent_of, DEFAULTS.tile_batch):
+        reduce = None if res is None else res.prior64.reduce
+        for i, x in tiling.synthesise(model, grid, list(tiles), latent_of, DEFAULTS.tile_batch, reduce=reduce):
             box = tiling.pixel_box(grid, i, meta)
-            yield i, box, from_batch(x, tiling.tile_meta(meta, box))
+            yield i, box, (x if res is not None else from_batch(x, tiling.tile_meta(meta, box)))
 
     def _open(self, buf) -> "_File":
         """Parse and check a file (bytes, or a container unpacked from them): its header, image meta, grid,
@@ -305,7 +333,7 @@ class ImageCodec:
             tile_of = lambda i: (c.sections, h.get("coding"))  # noqa: E731
             rans = bool(latents.rans_sections(h))
         net64 = _model64(spec, self.device) if rans or h["residual"] is not None else None
-        return _File(self.device, h, meta, grid, net, net64, tile_of)
+        return _File(self.device, h, meta, grid, net, net64, tile_of, _learned_prior(h, spec, self.device))
 
 
 def _dequantiser(model, symbols_of, q: float, dtype):
@@ -332,6 +360,7 @@ class _File:
     net: torch.nn.Module
     net64: torch.nn.Module | None
     tile: object  # i -> (sections, coding) of tile i
+    residual: residual_weights.Residual | None  # the residual prior of a "learned" residual
 
     def symbols(self, i: int) -> dict[str, torch.Tensor]:
         return _tile_symbols(self.net, self.net64, self.header["quality"], self.device, self.meta, self.grid, i,
@@ -344,6 +373,18 @@ def _tile_symbols(net, net64, q: float, device: str, meta: ImageMeta, grid: tili
     y0, y1, x0, x1 = grid.core(i)
     shapes = architectures.latent_shapes(net, _batch_and_padded(meta)[0], y1 - y0, x1 - x0)
     return latents.decode(net, net64, sections, shapes, q, device, coding)
+
+
+def _learned_prior(h: dict, spec: registry.ModelSpec, device: str) -> residual_weights.Residual | None:
+    """The residual prior a file's "learned" residual names (None for other files), or UnsupportedFormatError."""
+    if h["residual"] != "learned":
+        return None
+    res = residual_weights.load(spec.variant, device)
+    if res is None or res.model_id != h["residual_id"]:
+        have = "none" if res is None else res.model_id
+        raise UnsupportedFormatError(f"file's residual was coded with residual prior {h['residual_id']} of "
+                                     f"{spec.variant} images; this install has {have}")
+    return res
 
 
 def _batch_and_padded(meta: ImageMeta) -> tuple[int, int, int]:
@@ -379,8 +420,11 @@ def _check_header(h: dict, sections: dict) -> dict:
         raise CorruptStreamError(f"image header max_error {e!r} / residual {mode!r} are inconsistent")
     if mode is not None:
         meta = ImageMeta(h["dtype"], tuple(shape), float(rng[0]), float(rng[1]))
-        if mode != residual.mode_for(meta, e):
+        expected = residual.mode_for(meta, e)
+        if mode != expected and not (mode == "learned" and expected == "int" and fmt >= LEARNED):
             raise CorruptStreamError(f"residual mode {mode!r} does not match dtype {h['dtype']} and max_error {e}")
+    if fmt >= LEARNED and (mode == "learned") != isinstance(h["residual_id"], str):
+        raise CorruptStreamError(f"image header residual_id {h['residual_id']!r} does not fit residual {mode!r}")
     if fmt in TILED_FORMATS:
         if list(sections) != [tile_index.INDEX, tile_index.TILES]:
             raise CorruptStreamError(f"tiled image has sections {list(sections)}, expected "
@@ -402,6 +446,8 @@ def _check_header(h: dict, sections: dict) -> dict:
 def _residual_sections(mode: str | None) -> set[str]:
     if mode is None:
         return set()
+    if mode == "learned":
+        return set(residual_coder.SECTIONS)
     return {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
 
 

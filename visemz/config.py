@@ -47,14 +47,14 @@ class Defaults:
     #: The larger is above a GPU's L2 cache (50-60 MB on H100/H200) and far enough from the smaller that
     #: the per-byte costs are not lost in millisecond host jitter: with 32 MiB, a four-H200 calibration
     #: put recursive doubling at 4.3 ms for 1 GiB over NVLink (it took 14.1 ms) and auto ran it at
-    #: 0.37x NCCL (issue 15, session 17; docs/results/auto_replay_4gpu_h200_session17.txt).  About
+    #: 0.37x NCCL (scripts/auto_replay.py, docs/results/collectives/auto_replay.txt).  About
     #: 2 GB of device memory at the larger size, for the calibration only.
     collective_calibration_kib: str = "1024,262144"  # VISEMZ_COLLECTIVE_CALIBRATION_KIB
     #: Collectives on GPUs: error-bounded ring and recursive-doubling steps whose chunk's worst-case stream
     #: is at most this many KiB send that whole buffer with its length words in the same transfer
     #: (``transport.InBand``), so no step waits for a host read of a size; the unused bytes cost link time
-    #: instead.  Measured on four H100 with 0 and 2048 alternated in one run (issue 15, session 18,
-    #: docs/results/inband_4gpu_h100_session18/inband*): 1 and 4 MiB all_reduce through a plan, ring and
+    #: instead.  Measured on four H100 with 0 and 2048 alternated in one run
+    #: (docs/results/collectives/inband.json): 1 and 4 MiB all_reduce through a plan, ring and
     #: recursive doubling, 0.74-1.18x the time over NVLink and 0.83-0.97x over sockets (NCCL's own call
     #: moved 0.73-1.14x between the same runs).  2048 covers the doubling of a 1 MiB float32 tensor (a room
     #: of 1.01 MiB).  0: every step sized.

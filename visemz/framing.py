@@ -63,7 +63,7 @@ def write_varints(values) -> bytes:
     return out.tobytes()
 
 
-_SMALL = 32  # up to this many values a Python loop beats NumPy's per-call overheads (issue 14: host time)
+_SMALL = 32  # up to this many values a Python loop beats NumPy's per-call overheads (host time)
 
 
 def _varint_bytes(value: int) -> int:

@@ -79,9 +79,9 @@ def encode(fmt: int, net, net64, symbols: dict[str, torch.Tensor], quality: floa
 
 # A hyper-latent's ints stream is tried only when at least this share of its symbols is 0: measured on the
 # CPU over Kodak and the X-ray eval set at qualities 1-8 (mbt2018-mean, scripts/symbol_codings.py,
-# docs/results/symbol_codings_eval_cpu.jsonl, its z_zeros field), Kodak's z had 0.80-0.90 zeros and its ints
+# docs/results/codec/symbol_codings.jsonl, its z_zeros field), Kodak's z had 0.80-0.90 zeros and its ints
 # stream was 1.05-1.23x its rANS stream, never smaller; the X-rays' z had 0.94-0.97 zeros and its ints stream
-# was 0.53-0.94x, always smaller.  The trial costs about 1 ms of host time per image (issue 14).
+# was 0.53-0.94x, always smaller.  The trial costs about 1 ms of host time per image.
 Z_INTS_MIN_ZEROS = 0.90
 
 
@@ -90,9 +90,9 @@ def tries_ints(name: str, symbols) -> bool:
 
     Not a hyperprior model's y: each of its symbols has its own predicted distribution, and on every
     image of Kodak and of the X-ray eval set at qualities 1-8 (mbt2018-mean, CPU; scripts/symbol_codings.py,
-    docs/results/symbol_codings_eval_cpu.jsonl) its ints stream was 1.13-1.86x its rANS stream, never
+    docs/results/codec/symbol_codings.jsonl) its ints stream was 1.13-1.86x its rANS stream, never
     smaller, while the trial cost a Kodak image's compress 1.5-3.4 ms of GPU zstd (profile_codec on an H100
-    and an H200; issue 14).  The static priors do lose to it: balle2016's y and the hyper-latent z on
+    and an H200).  The static priors do lose to it: balle2016's y and the hyper-latent z on
     flat images (the X-rays), where zstd's runs beat the prior: z is tried when at least ``Z_INTS_MIN_ZEROS``
     of its symbols are 0 (an integer count, so every device decides alike)."""
     if "z" not in symbols:
@@ -174,7 +174,7 @@ def _channels(shape, device) -> torch.Tensor | object:
     """Each symbol's channel (dim 1) as its table index: int32, on ``device`` (NumPy on the CPU).
 
     Cached per shape and device: every image of a size uses the same index array, and building it
-    is two kernel launches and an allocation per section (issue 14: host work per image).  The
+    is two kernel launches and an allocation per section (host work per image).  The
     coders only read it; the NumPy copy is made read-only so that nothing can change it."""
     d = torch.device(device)
     if d.type == "cuda" and d.index is None:  # "cuda" names the current device: key the cache by its number

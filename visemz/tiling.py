@@ -229,13 +229,16 @@ def assemble(grid: Grid, tile: Callable[[int], torch.Tensor], size: int, win: Bo
 
 
 def synthesise(net, grid: Grid, tiles: list[int], latent_of: Callable[[int], torch.Tensor], batch: int,
-               park: Callable[[torch.Tensor], torch.Tensor] | None = park_on_host) -> Iterator[tuple[int, torch.Tensor]]:
+               park: Callable[[torch.Tensor], torch.Tensor] | None = park_on_host,
+               reduce: torch.nn.Module | None = None) -> Iterator[tuple[int, object]]:
     """(tile, its core's reconstruction (B, C, h, w), unclipped) for ``tiles``, in their order.
 
     ``latent_of(i)``: tile i's dequantised latent (``architectures.dequantise``), in the dtype the
     synthesis runs in; each is computed once and dropped after the last batch that needs it.  Between
     the batches that need it, it waits where ``park`` puts it (default: host memory), so that GPU memory
-    follows the tile batch, not the width of the image; the pixels are the same wherever it waits."""
+    follows the tile batch, not the width of the image; the pixels are the same wherever it waits.
+    ``reduce`` (the residual prior's reduction of g_s's last hidden features): each tile's part is then
+    (reconstruction, reduced features at half resolution), from ``synthesis_features``."""
     groups = _batches(tiles, _window_key(grid.synthesis_window), batch)
     last_use = {j: b for b, group in enumerate(groups) for i in group
                 for j in grid.touching(grid.synthesis_window(i)[0], STRIDE)}
@@ -244,17 +247,47 @@ def synthesise(net, grid: Grid, tiles: list[int], latent_of: Callable[[int], tor
     for b, group in enumerate(groups):
         y = torch.cat([assemble(grid, latents.get, s, grid.synthesis_window(i)[0], device) for i in group])
         latents.release(b)  # before g_s: its activations are the peak, and no held latent need sit beside them
-        x = synthesis(net, y)
         y0, y1, x0, x1 = grid.synthesis_window(group[0])[1]
-        if (y0, x0, y1, x1) != (0, 0, x.shape[2], x.shape[3]):
-            x = x[:, :, y0:y1, x0:x1]
-        for i, part in zip(group, _split(x, len(group))):
-            yield i, part
+        if reduce is None:
+            x = synthesis(net, y)
+            if (y0, x0, y1, x1) != (0, 0, x.shape[2], x.shape[3]):
+                x = x[:, :, y0:y1, x0:x1]
+            yield from zip(group, _split(x, len(group)))
+            continue
+        x, r = synthesis_features(net, reduce, y)
+        x, r = x[:, :, y0:y1, x0:x1], r[:, :, y0 // 2:y1 // 2, x0 // 2:x1 // 2]
+        yield from zip(group, zip(_split(x, len(group)), _split(r, len(group))))
 
 
 def synthesis(net, y: torch.Tensor) -> torch.Tensor:
     """g_s(y), from a CUDA graph where ``graphs.usable``."""
     return graphs.run(net.g_s, (y,), key=("g_s",), owner=net, pixels=graphs.pixels(y, STRIDE))
+
+
+# latent rows of context a stripe of g_s needs on each side (pixel p sees latents (p - 30) / 16 .. (p + 30) / 16)
+STRIPE_HALO = 2
+STRIPE_BYTES = {"cpu": 256 << 20, "cuda": 4 << 30}  # the largest im2col buffer a stripe of g_s may take
+
+
+def synthesis_features(net, reduce: torch.nn.Module, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g_s(y), ``reduce`` of g_s's last hidden features): the float64 synthesis the residual coder needs,
+    in stripes of latent rows so that memory follows a stripe (a float64 transposed convolution's im2col
+    buffer over a whole X-ray would take gigabytes), each stripe with STRIPE_HALO rows of context."""
+    head, last = net.g_s[:-1], net.g_s[-1:]
+    n, w = net.g_s[-1].in_channels, y.shape[3] * STRIDE
+    per_row = n * 25 * w * 8 * y.shape[0]  # g_s's widest im2col buffer (N x 5 x 5 by H/4 x W/4) per latent row
+    rows = max(1, STRIPE_BYTES["cuda" if y.is_cuda else "cpu"] // per_row)
+    xs, rs = [], []
+    for a in range(0, y.shape[2], rows):
+        z = min(y.shape[2], a + rows)
+        w0, w1 = max(0, a - STRIPE_HALO), min(y.shape[2], z + STRIPE_HALO)
+        features = architectures.native_forward(head, y[:, :, w0:w1]) if y.is_cuda else head(y[:, :, w0:w1])
+        x = architectures.native_forward(last, features) if y.is_cuda else last(features)
+        r = architectures.native_forward([reduce], features) if y.is_cuda else reduce(features)
+        top, bottom = (a - w0) * STRIDE, (z - w0) * STRIDE
+        xs.append(x[:, :, top:bottom])
+        rs.append(r[:, :, top // 2:bottom // 2])
+    return torch.cat(xs, 2), torch.cat(rs, 2)
 
 
 def box_window(grid: Grid, box: Box) -> tuple[Box, Box]:

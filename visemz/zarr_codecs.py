@@ -42,7 +42,12 @@ DEVICES = (None, "auto", "cpu", "cuda")
 
 
 class Visemz(Codec):
-    """The learned image codec on 2-D and 3-D chunks (``layout`` says how a 3-D chunk is read)."""
+    """The learned image codec on 2-D and 3-D chunks (``layout`` says how a 3-D chunk is read).
+
+    ``max_error`` (None: lossy, no bound) is the guaranteed maximum absolute error of every value,
+    counted in levels of the chunk's dtype: whole 8-bit levels for uint8, whole 16-bit levels for
+    uint16 (``max_error=1`` on uint16 is 1/65535 of the range, not an 8-bit level), an absolute
+    value for float32; 0 is lossless."""
 
     codec_id = "visemz"
 

@@ -88,7 +88,7 @@ class Chooser:
 
     The setting's state is looked up once, and the last answer is kept while the model (the same object)
     and the observed ratio stay as they were: they change only by ``observe``, ``use_model`` or a new
-    calibration, so a call that keeps its choice costs two dictionary reads (issue 15: the host time of
+    calibration, so a call that keeps its choice costs two dictionary reads (the host time of
     a small all_reduce that ``auto`` sends to plain NCCL)."""
 
     def __init__(self, group, codec, dtype: str, nbytes: int):

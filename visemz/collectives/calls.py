@@ -1,9 +1,21 @@
-"""What the functional collectives and the plans share: argument checks, the settings every rank
-must agree on, and call ordering (one background thread per process for asynchronous calls).
+"""What the functional collectives and the plans share: this rank's argument checks, the agreement
+every call starts with, and call ordering (one background thread per process for asynchronous calls).
+
+A call fails together or not at all: each rank first runs its own checks (op, dtype, contiguity,
+counts and sizes, codec settings, roots, and, where the call runs, the values an error-bounded codec
+refuses: NaN or Inf, steps beyond int32), then every rank meets in one small all_gather (``agree``)
+of its settings and whether its checks refused the call, with the reason, before any compressed
+step.  A rank whose checks failed raises its own error there; the others raise ``PeerFailedError``
+naming it and its reason; ranks whose settings differ all raise ``PlanMismatchError``.  So an argument wrong on one
+rank is raised on every rank as soon as all have called, whatever the group's timeout.  With no
+process group there is no one to tell, and a refused call raises at once.  (One refusal is left to
+the encoder, on its own rank, after the agreement: a Lorenzo residual beyond int32, which only a
+tensor with steps beyond 2**29, values beyond 2**30 eb, can give.)
 
 Calls run in the order they are made, on every rank: an ``async_op=True`` call runs on this
 process's one background thread (on the caller's CUDA device and stream), and a later call,
-asynchronous or not, queues behind it while it is pending.
+asynchronous or not, queues behind it while it is pending.  An asynchronous call returns a
+``Handle``, a ``torch.futures.Future`` of its result (``then``, ``wait``, ``value`` as torch's own).
 """
 
 from __future__ import annotations
@@ -11,6 +23,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -46,6 +59,7 @@ def _codec_key(codec) -> list[float]:
     if codec is None:
         return [0.0, 0.0, 0.0]
     if isinstance(codec, ErrorBounded):
+        codec.__post_init__()  # the codec's own checks again: a bound changed after construction is refused here
         return [1.0, float(codec.eb), float(PREDICTORS.index(codec.predictor))]
     if isinstance(codec, Lossless):
         return [2.0, 0.0, 0.0]
@@ -103,30 +117,136 @@ def row_length(codec, tensors, what: str) -> int:
     return codec.prediction(shapes[0]).row
 
 
-def agree(key: list[float], group, what: str) -> None:
-    """Raise ``PlanMismatchError`` on every rank when ranks disagree on ``key`` (``settings``'s, named by KEY_FIELDS)."""
-    with peer_failures(what):
-        T.agree(key, group, f"{what} settings", KEY_FIELDS)
-
-
 def flat(t: torch.Tensor) -> torch.Tensor:
     if not t.is_contiguous():
-        raise InvalidArgumentError("collectives work in place on contiguous tensors")
+        raise InvalidArgumentError("collectives work in place on contiguous tensors: got one of shape "
+                                   f"{tuple(t.shape)} with strides {t.stride()}")
     return t.view(-1)
 
 
+def check_count(tensors, w: int, what: str, which: str) -> None:
+    """InvalidArgumentError unless ``tensors`` is a list of one tensor per rank of a group of ``w``."""
+    if tensors is None or len(tensors) != w:
+        got = 0 if tensors is None else len(tensors)
+        raise InvalidArgumentError(f"{what} needs {w} {which} (one per rank), got {got}")
 
-class Handle:
-    """What ``async_op=True`` returns: ``wait()`` blocks until done and re-raises any error."""
 
-    def __init__(self, future: Future):
-        self._future = future
+def check_sizes(tensors, what: str) -> None:
+    """InvalidArgumentError unless every tensor of ``tensors`` holds as many values as the first (what one
+    rank sends is what another receives)."""
+    sizes = [t.numel() for t in tensors]
+    if len(set(sizes)) > 1:
+        raise InvalidArgumentError(f"{what}: every tensor must hold the same number of values, got {sizes}")
+
+
+def check_root(src, w: int, what: str) -> int:
+    """``src`` as a rank of a group of ``w``; InvalidArgumentError naming it if it is not one."""
+    if isinstance(src, bool) or not isinstance(src, (int, np.integer)) or not 0 <= src < w:
+        raise InvalidArgumentError(f"{what}: src={src!r} is not a rank of this group (0 to {w - 1})")
+    return int(src)
+
+
+def check_values(tensors, codec) -> None:
+    """What an error-bounded codec refuses in the values it is to compress (NaN or Inf, steps of 2 eb that
+    int32 cannot hold), raised with the codec's own error from the largest magnitude of ``tensors``: one
+    reduction per tensor and one host read (on a GPU, after the work queued on the stream), so that it is
+    found before any compressed step."""
+    if not isinstance(codec, ErrorBounded):
+        return
+    tops = [torch.aminmax(t.detach().reshape(-1)) for t in tensors if t.numel()]
+    if tops:  # aminmax and maximum carry NaN through
+        top = torch.stack([torch.maximum(hi, -lo).double() for lo, hi in tops]).max()
+        codec.quantize_values(np.array([float(top)]))
+
+
+def agree(key: list[float] | None, group, what: str, failure: Exception | None = None) -> None:
+    """Meet every rank of ``group`` in the agreement (``transport.agree``) with this rank's settings ``key``
+    (``settings``'s, named by KEY_FIELDS), or with ``failure``, what its own checks raised (``key`` None).
+    Then raise: ``failure`` on the rank that met it; ``PeerFailedError`` naming each refusing rank and its
+    reason on the others; ``PlanMismatchError`` on every rank when none refused and the settings differ."""
+    reason = None if failure is None else f"{type(failure).__name__}: {failure}"
+    try:
+        with peer_failures(what):
+            refused = T.agree(key if key is not None else [0.0] * len(KEY_FIELDS), group, f"{what} settings",
+                              KEY_FIELDS, reason)
+    except Exception as e:
+        if failure is None:
+            raise
+        raise failure from e  # the group could not be told (a bad group, a dead peer): this rank's own error first
+    if failure is not None:
+        raise failure
+    if refused:
+        said = "; ".join(f"rank {r}: {text}" for r, text in sorted(refused.items()))
+        raise PeerFailedError(f"{what}: another rank of the group refused the call ({said})")
+
+
+def collective(what: str, group, codec, check, body, async_op: bool, like=None):
+    """One collective call: ``check()``, this rank's argument checks (returns the settings key, what
+    ``body`` needs, and the tensors whose values ``codec`` is to compress; raises what is wrong here);
+    then, in call order, those values' check (``check_values``: on the thread that runs the call, so an
+    asynchronous call never waits for the device here), the agreement (``agree``) and ``body(needs)``,
+    torch.distributed's reports of a failed peer raised as ``PeerFailedError``.  ``like``: a tensor of
+    the call, whose CUDA device an asynchronous call's Future is made for.
+
+    A refused argument is raised after the agreement has told the other ranks (an asynchronous call raises
+    it at once, its agreement queued to tell them), or at once where there is no process group to tell."""
+    try:
+        key, needs, values = check()
+        failure = None
+    except Exception as e:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise
+        key, needs, values, failure = None, None, [], e
+
+    def work():
+        refused = failure
+        if refused is None:
+            try:
+                check_values(values, codec)
+            except Exception as e:
+                refused = e
+        agree(None if refused else key, group, what, refused)
+        with peer_failures(what):
+            return body(needs)
+
+    result = run(work, async_op, getattr(like, "device", None))
+    if failure is not None:  # asynchronous: the queued agreement tells the others
+        raise failure
+    return result
+
+
+class Handle(torch.futures.Future):
+    """What ``async_op=True`` returns: a ``torch.futures.Future`` of the call's result, set when the call is
+    done (``then`` chains on it, as DDP's hooks do; for a CUDA tensor it is made for its device, so
+    ``wait`` and ``value`` order the waiting stream after the call's work).  ``wait(timeout)`` blocks until
+    done, at most ``timeout`` seconds (``TimeoutError`` after), and re-raises any error of the call;
+    ``is_completed`` and ``get_future`` are torch's ``Work``'s."""
+
+    def __init__(self, device: torch.device | None = None):
+        super().__init__(devices=[device] if device is not None and device.type == "cuda" else None)
+        self._finished = threading.Event()
+
+    def complete_with(self, fn) -> None:
+        """Run ``fn`` and set its result or its error (on the thread that runs the call)."""
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 (the Future carries any error to its waiter)
+            self.set_exception(e)
+        else:
+            self.set_result(result)
+        finally:
+            self._finished.set()
 
     def wait(self, timeout: float | None = None):
-        return self._future.result(timeout)
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"the collective did not finish within {timeout} s")
+        return super().wait()
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self.done()
+
+    def get_future(self) -> "Handle":
+        return self
 
 
 _EXECUTOR: ThreadPoolExecutor | None = None
@@ -148,19 +268,22 @@ def _in_callers_context(fn):
     return run
 
 
-def run(fn, async_op: bool):
+def run(fn, async_op: bool, device: torch.device | None = None):
     """Run now, or on this process's one background thread: asynchronous calls, and any call
-    made while an earlier one is still queued there (so every rank runs them in call order)."""
+    made while an earlier one is still queued there (so every rank runs them in call order).
+    Asynchronous: a ``Handle`` (``device``: the call's tensors', for a CUDA Future)."""
     global _EXECUTOR, _QUEUED
+    handle = Handle(device) if async_op else None
     with _LOCK:
         behind = _QUEUED is not None and not _QUEUED.done()
         if async_op or behind:
             if _EXECUTOR is None:
                 _EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="visemz-collectives")
-            _QUEUED = _EXECUTOR.submit(_in_callers_context(fn))
+            # a Future's result is set inside the caller's stream context: a CUDA Future records it there
+            _QUEUED = _EXECUTOR.submit(_in_callers_context(fn if handle is None else lambda: handle.complete_with(fn)))
             queued = _QUEUED
     if async_op:
-        return Handle(queued)
+        return handle
     return queued.result() if behind else fn()
 
 

@@ -2,10 +2,12 @@
 
 The algorithms in ``ops.py`` are written once over payloads (1-D uint8 tensors) and call an
 engine to encode, add homomorphically and decode; both engines give the same bytes, so a ring
-over CUDA tensors and one over CPU tensors produce identical results.  The device engine's sums
-are ``transport.Lazy`` payloads (their size still on the GPU), which the transport reads with
-what it receives; every payload an engine takes may be lazy.  ``engine_for(tensor)``
-picks the device engine for CUDA tensors.
+over CUDA tensors and one over CPU tensors produce identical results.  Both engines' sums are
+``transport.Lazy`` payloads whose words (byte count, reports) go with them (the device engine's
+still on the GPU, read by the transport with what it receives): a sum that leaves int32 is reported
+in those words, not raised where it happens, so the report travels on with the sums to every rank
+(``settle_carried``) instead of stopping one rank while its peers wait.  Every payload an engine
+takes may be lazy.  ``engine_for(tensor)`` picks the device engine for CUDA tensors.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .. import cuda
 from ..config import DEFAULTS
 from . import gpu
 from . import transport as T
+from ..errors import LimitExceededError
 from .codecs import ErrorBounded, Lossless, _to_float64, predicts_rows
 from .homomorphic import add as host_add
 
@@ -29,6 +32,22 @@ def _bytes(p: torch.Tensor) -> bytes:
     return p.cpu().numpy().tobytes()
 
 
+def settle_carried(words: list[int]) -> int:
+    """What a sum's words [byte count, reports] say, raised as this rank's own sum would raise them: the
+    reports of a sum made on this rank, or carried to it with exact bytes from a peer (``block_add``'s
+    bits, which the host engine's sums report alike: bit 64, the sum leaves int32)."""
+    return gpu.settle_add(words, words[0] & 0xFFFFFFFFFFFFFFFF)
+
+
+def _carried(p) -> tuple[bytes, int]:
+    """A payload's exact bytes and the report bits it carries: a lazy one's (a sum of this rank's, or
+    one a peer sent with reports) without raising them; an exact one's are 0."""
+    if not isinstance(p, T.Lazy):
+        return _bytes(p), 0
+    words = p.read if p.read is not None else p.words.tolist()
+    return _bytes(p.data[: p.n if p.n is not None else words[0]]), words[1]
+
+
 def _encode_args(codec, row: int) -> dict:
     """Keyword arguments of the codec's encode: lorenzo2d's row length (flat chunks carry no shape)."""
     return {"row": row} if predicts_rows(codec) else {}
@@ -38,7 +57,7 @@ class HostEngine:
     """NumPy codecs; payloads are CPU tensors.  ``row``: 2-D prediction's row length (else 0)."""
 
     device = torch.device("cpu")
-    settle_carried = None  # host payloads carry no reports
+    settle_carried = staticmethod(settle_carried)
 
     def __init__(self, codec, row: int = 0):
         self.codec, self.kwargs = codec, _encode_args(codec, row)
@@ -46,8 +65,19 @@ class HostEngine:
     def encode_many(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [_u8(self.codec.encode(t.reshape(-1), **self.kwargs)) for t in tensors]
 
-    def add(self, a, b, n: int) -> torch.Tensor:
-        return _u8(host_add(_bytes(T.exact(a)), _bytes(T.exact(b)), self.codec))
+    def add(self, a, b, n: int) -> T.Lazy:
+        """The homomorphic sum, lazy as the device engine's: its words are [byte count, reports].  A sum that
+        leaves int32 reports it (``gpu.SUM_LEAVES_INT32``, with ``a``'s stream standing in for the sum no
+        rank will decode) and an input's reports carry on, raised where the sum is read (``all_sizes``,
+        ``transport.exact``: on every rank the reports reach) instead of here, on this rank alone."""
+        (ra, wa), (rb, wb) = _carried(a), _carried(b)
+        reports = wa | wb
+        try:
+            s = host_add(ra, rb, self.codec)
+        except LimitExceededError:
+            s, reports = ra, reports | gpu.SUM_LEAVES_INT32
+        data = _u8(s)
+        return T.Lazy(data, torch.tensor([data.numel(), reports], dtype=torch.int64), settle_carried)
 
     def values(self, p, n: int, name: str) -> torch.Tensor:
         """float64 values of a payload (error-bounded: the exact 2 eb q)."""
@@ -81,10 +111,7 @@ class DeviceEngine:
         room_in = gpu.room(n_in)
         return T.InBand(gpu.room(n_out), room_in, lambda words: gpu.settle_add(words, room_in))
 
-    @staticmethod
-    def settle_carried(words: list[int]) -> int:
-        """What a sum's reports that arrived with exact bytes say, raised as this rank's own sum would raise them."""
-        return gpu.settle_add(words, words[0] & 0xFFFFFFFFFFFFFFFF)
+    settle_carried = staticmethod(settle_carried)
 
     def _stream_of(self, p, n: int, unread: bool = False):
         """A payload as a DeviceStream, its size known on the host (a lazy one's read now if not yet, raising

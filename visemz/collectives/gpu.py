@@ -67,7 +67,7 @@ def _current_stream() -> tuple[int, int]:
 class torch_stream:
     """``with torch_stream() as cp``: run cupy work on torch's current CUDA stream (so NCCL and torch
     ops see it in order).  A class rather than a generator context: a collective enters one tens of
-    times per call (issue 15: the host time of an exchange is Python), and this costs a few calls."""
+    times per call (the host time of an exchange is Python), and this costs a few calls."""
 
     __slots__ = ("_device", "_stream")
 
@@ -239,7 +239,8 @@ def eb_encode(x, eb: float, pred) -> tuple[DeviceStream, str]:
         return DeviceStream(out, cells[0:1], n, cells, eb), name
 
 
-ADD_ERRORS = {1: "tile table", 2: "block width over 32", 4: "tile size", 64: "sum leaves int32", 128: "header"}
+SUM_LEAVES_INT32 = 64  # block_add's report bit for a sum beyond int32 (the host engine's sums report it alike)
+ADD_ERRORS = {1: "tile table", 2: "block width over 32", 4: "tile size", SUM_LEAVES_INT32: "sum leaves int32", 128: "header"}
 
 
 def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64", pred=None):
@@ -325,7 +326,7 @@ def stream_bytes(s: DeviceStream) -> bytes:
 
 def _raise_add_errors(err: int) -> None:
     """What block_add's error word reports, raised as the NumPy ``homomorphic.add`` raises it."""
-    if err & 64:
+    if err & SUM_LEAVES_INT32:
         raise LimitExceededError("the sum leaves int32: use a larger error bound for this many additions")
     if err:
         raise CorruptStreamError("homomorphic add input is inconsistent: " + ", ".join(

@@ -5,11 +5,16 @@
 
 Making a plan is collective: every rank of the group makes it with its own tensor, and the
 settings (collective, op, dtype, codec, eb, predictor, algorithm, element count, 2-D row length)
-are agreed then, once.  A rank whose settings differ makes every rank raise ``PlanMismatchError``,
-which names each differing setting and every rank's value of it.  Afterwards a call checks its
-tensor against the plan on this rank alone (element count, dtype, device, contiguity) and runs
-with no agreement: the engine, the chunk bounds of the ring and the resolved algorithm (``auto``
-asks the calibrated cost model, which communicates only when it calibrates) are the plan's.
+are agreed then, once (``calls.collective``).  A rank whose settings differ makes every rank raise
+``PlanMismatchError``, which names each differing setting and every rank's value of it; a rank whose
+own checks refuse its arguments raises that error, and the others ``PeerFailedError`` naming it.
+Afterwards a call checks its tensor against the plan on this rank alone (element count, dtype,
+device, contiguity) and runs with no agreement: the engine, the chunk bounds of the ring and the
+resolved algorithm (``auto`` asks the calibrated cost model, which communicates only when it
+calibrates) are the plan's.  So a plan's call does not check its values across ranks: NaN or Inf
+in one rank's tensor is raised by that rank's encoder, and the others raise ``PeerFailedError``
+only when the group's timeout runs out; the functional ``all_reduce`` checks values in its per-call
+agreement.
 Every rank must call the plans it made in the same order, as with torch.distributed's own calls.
 
 A rank that dies, leaves or stalls makes the others raise ``PeerFailedError`` (torch.distributed's
@@ -17,7 +22,8 @@ error inside), within the group's timeout.
 
 The functional ``all_reduce`` keeps one plan per setting and process group (``plan_for``, a small
 LRU cache per process; a new default group after ``destroy_process_group`` gets plans of its own)
-and still agrees on each call's settings, because a call, unlike a plan, may differ between ranks.
+and still agrees on each call's settings and values, because a call, unlike a plan, may differ
+between ranks; a plan it makes takes that agreement as its own.
 """
 
 from __future__ import annotations
@@ -33,27 +39,46 @@ from ..errors import InvalidArgumentError
 from . import autotune
 from . import transport as T
 from .algorithms import COMPRESSED, bounds, phase, write_values
-from .calls import (DEFAULT_CODEC, agree, algorithm_code, flat, peer_failures, row_length, run, set_last_algorithm,
+from .calls import (DEFAULT_CODEC, algorithm_code, collective, flat, peer_failures, row_length, run, set_last_algorithm,
                     settings)
-from .codecs import ErrorBounded, Lossless, predicts_rows
+from .codecs import Lossless, predicts_rows
 from .engines import engine_for
 
 CACHE_SIZE = 64  # plans kept for the functional API (each holds an engine and its bounds)
 
 
-class Plan:
-    """An all_reduce of tensors like ``like`` over ``group``, made collectively (see the module notes)."""
+def plan_settings(like: torch.Tensor, op: str, codec, algorithm: str) -> tuple[list[float], tuple[int, str]]:
+    """This rank's checks of an all_reduce of tensors like ``like`` (contiguity, op, dtype, codec, algorithm,
+    2-D rows): the settings key every rank must share, and (2-D row length, dtype name)."""
+    flat(like)
+    row = row_length(codec, [like], "all_reduce")
+    key, dtype = settings([like], op, codec, algorithm, "all_reduce", algorithm_code(algorithm), row)
+    return key, (row, dtype)
 
-    def __init__(self, like: torch.Tensor, op: str = "sum", group=None, codec=DEFAULT_CODEC, algorithm: str = "auto"):
-        flat(like)  # contiguous
-        if codec is not None and not isinstance(codec, (ErrorBounded, Lossless)):
-            raise InvalidArgumentError(f"codec={codec!r}: expected ErrorBounded(eb), Lossless() or None")
-        self.row = row_length(codec, [like], "all_reduce")
-        self.key, self.dtype = settings([like], op, codec, algorithm, "all_reduce", algorithm_code(algorithm), self.row)
+
+class Plan:
+    """An all_reduce of tensors like ``like`` over ``group``, made collectively (see the module notes).
+    ``agreed``: the ranks have just agreed on these settings (the functional call that makes it)."""
+
+    def __init__(self, like: torch.Tensor, op: str = "sum", group=None, codec=DEFAULT_CODEC, algorithm: str = "auto",
+                 agreed: bool = False):
+        def check():
+            key, found = plan_settings(like, op, codec, algorithm)
+            return key, found, []  # no values to check: a plan is made, not run, here
+
+        def setup(found: tuple[int, str]) -> None:
+            self._setup(like, op, group, codec, algorithm, *found)
+
+        if agreed:
+            setup(check()[1])
+        else:  # in call order, like any call: a plan made while an asynchronous call is pending agrees after it
+            collective("all_reduce plan", group, codec, check, setup, async_op=False)
+
+    def _setup(self, like: torch.Tensor, op: str, group, codec, algorithm: str, row: int, dtype: str) -> None:
+        self.row, self.dtype = row, dtype
         self.op, self.group, self.codec, self.algorithm = op, group, codec, algorithm
         self.n, self.torch_dtype, self.device = like.numel(), like.dtype, like.device
         self.world = T.world(group)
-        agree(self.key, group, "all_reduce plan")
         self.fixed = self._fixed_algorithm()
         self._choose = None if self.fixed else autotune.Chooser(group, codec, self.dtype, self.n * like.element_size())
         self.engine = engine_for(like, codec, self.row) if codec is not None else None
@@ -131,19 +156,19 @@ def _group_key(group) -> weakref.ref:
     return weakref.ref(group if group is not None else dist.group.WORLD)
 
 
-def plan_for(like: torch.Tensor, op: str, group, codec, algorithm: str) -> tuple[Plan, bool]:
-    """The functional API's cached plan of these settings, and whether this call made it (and so
-    already agreed on its settings).  Keyed by everything the plan fixes, the process group included."""
+def plan_for(like: torch.Tensor, op: str, group, codec, algorithm: str) -> Plan:
+    """The functional API's cached plan of these settings, made if there is none (the calling all_reduce has
+    agreed on them: ``plan_settings``' key).  Keyed by everything the plan fixes, the process group included."""
     key = (_group_key(group), op, codec, algorithm, like.numel(), like.dtype, like.device,
            tuple(like.shape) if predicts_rows(codec) else ())
     with _PLANS_LOCK:
         p = _PLANS.get(key)
         if p is not None:
             _PLANS.move_to_end(key)
-            return p, False
-    p = Plan(like, op, group, codec, algorithm)
+            return p
+    p = Plan(like, op, group, codec, algorithm, agreed=True)
     with _PLANS_LOCK:
         _PLANS[key] = p
         while len(_PLANS) > CACHE_SIZE:
             _PLANS.popitem(last=False)
-    return p, True
+    return p

@@ -1,7 +1,7 @@
 """Moving compressed payloads between ranks with torch.distributed (NCCL or Gloo carry every byte).
 
-Payloads are 1-D uint8 tensors, or ``Lazy`` ones: made on the GPU with their byte count still in
-device memory (a homomorphic sum).  An exchange sends sizes before payloads (unless every side
+Payloads are 1-D uint8 tensors, or ``Lazy`` ones: homomorphic sums with their words (byte count,
+reports) beside them, on the GPU still in device memory.  An exchange sends sizes before payloads (unless every side
 already knows them, e.g. from ``all_sizes``), so receivers allocate exactly what arrives; a lazy
 payload's size word goes out straight from device memory and, on an NCCL group, the host reads it
 together with the incoming sizes, one read for both (a Gloo group copies it to the host to send it).
@@ -9,9 +9,10 @@ Tensors travel on the group's own device: CUDA for NCCL (compressed bytes never 
 host; only the int64 size words are read back), the CPU for Gloo.  Received payloads come back on that device; callers move them where their codec runs.
 Ranks here are ranks within ``group``; they are mapped to global ranks for point-to-point calls.
 
-The settings agreement every collective starts with (``agree``) is a small all_gather read back
-by the host.  On CUDA it runs on a side stream of its own, so the host waits for the agreement
-alone, not for the work the caller queued before (a copy into the tensor, a backward pass).
+The agreement every collective starts with (``agree``: each rank's settings and whether its own
+checks refused the call, with the reason) is a small all_gather read back by the host.  On CUDA it
+runs on a side stream of its own, so the host waits for the agreement alone, not for the work the
+caller queued before (a copy into the tensor, a backward pass).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def _global(group, r: int) -> int:
+def global_rank(group, r: int) -> int:
+    """Rank ``r`` of ``group`` as a rank of the default group (what torch.distributed's ``src``/``dst`` take)."""
     return r if group is None else dist.get_global_rank(group, r)
 
 
@@ -68,7 +70,7 @@ def _post(ops: list, group) -> None:
     Every point-to-point transfer goes through ``batch_isend_irecv``, even a single one: NCCL then
     uses the group's own communicator, where a lone ``dist.send``/``dist.recv`` would set up a
     communicator for the pair of ranks the first time, in the middle of a collective."""
-    p2p = [dist.P2POp(op, t, _global(group, peer), group, *tag) for op, t, peer, *tag in ops]
+    p2p = [dist.P2POp(op, t, global_rank(group, peer), group, *tag) for op, t, peer, *tag in ops]
     if p2p:
         limit = _host_wait_limit(group)
         for req in dist.batch_isend_irecv(p2p):
@@ -91,7 +93,9 @@ def _host_wait_limit(group):
 
 @dataclass(eq=False)
 class Lazy:
-    """A payload whose byte count is still in device memory.
+    """A payload whose byte count and reports are words beside it, not yet read: a GPU sum's still in
+    device memory; a host sum's (``engines.HostEngine.add``) in host memory, carrying its reports the
+    same way.
 
     ``data``: uint8 room for the payload; ``words``: two int64 words on data's device, the byte
     count, then what its maker reports beside it (error bits), zero when all is well; a maker
@@ -100,7 +104,7 @@ class Lazy:
     to other ranks' words (their count only when it is -1: real counts are checked against the
     room their own rank has), so every rank raises what any rank's maker reported.  ``n``: the
     byte count once read; ``read``: the words as read.  A payload whose words went to a peer with
-    it is only ``counted`` (its reports travel on, into the peer's sums: GPU kernels carry them),
+    it is only ``counted`` (its reports travel on, into the peer's sums: both engines carry them),
     and ``exact`` still raises them if this rank reads its bytes."""
 
     data: torch.Tensor
@@ -167,9 +171,9 @@ def exchange(sends: dict[int, torch.Tensor | Lazy], frm: list[int], group, sizes
     read; received payloads come back lazy).  Sized, each payload's two words go ahead of it: lazy
     payloads sent come back counted, and one that arrives with reports comes back ``Lazy`` (exact
     bytes), raising them where it is read (``settle``: how its maker's reports read, e.g.
-    ``DeviceEngine.settle_carried``; by default a CorruptStreamError naming them), or carried on by a
-    GPU sum of it; so a sum that failed in the middle of a ring reaches the ring's last sums, which
-    every rank checks, instead of stopping its rank while the others wait for it."""
+    ``engines.settle_carried``; by default a CorruptStreamError naming them), or carried on by a sum
+    of it (either engine); so a sum that failed in the middle of a ring reaches the ring's last sums,
+    which every rank checks, instead of stopping its rank while the others wait for it."""
     if inband is not None:
         return _exchange_inband(sends, frm, group, inband)
     dev = device(group)
@@ -209,7 +213,7 @@ def _sent_bytes(p: torch.Tensor | Lazy) -> torch.Tensor:
 
 def _carrying(frm: int) -> Callable[[list[int]], int]:
     """``settle`` of a payload that arrived with reports from rank ``frm``'s kernels (its bytes are exact):
-    raised where this rank reads it; a GPU sum of it carries them on instead."""
+    raised where this rank reads it; a sum of it carries them on instead."""
 
     def settle(words: list[int]) -> int:
         if any(words[1:]):
@@ -317,28 +321,46 @@ def all_gather(payload: torch.Tensor, group) -> list[torch.Tensor]:
 def broadcast(payload: torch.Tensor | None, src: int, group) -> torch.Tensor:
     dev = device(group)
     n = _size_word(payload.numel() if payload is not None else 0, group)
-    dist.broadcast(n, _global(group, src), group)
+    dist.broadcast(n, global_rank(group, src), group)
     buf = payload.to(dev) if rank(group) == src else torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
-    dist.broadcast(buf, _global(group, src), group)
+    dist.broadcast(buf, global_rank(group, src), group)
     return buf
 
 
-def agree(values: list[float], group, what: str, fields=None) -> None:
-    """Raise ``PlanMismatchError`` on every rank when ranks disagree on ``values`` (so a mismatch
-    never hangs); the message names each differing field (``fields[i]`` names ``values[i]``) and
-    every rank's value of it."""
-    dev = device(group)
-    w, k = world(group), len(values)
+REASON_BYTES = 256  # a refusing rank's reason in its agreement row: UTF-8, cut to this, zero-padded
+
+
+def agree(values: list[float], group, what: str, fields=None, refusal: str | None = None) -> dict[int, str]:
+    """Every rank's settings ``values`` and status, met in one all_gather of a row per rank: the settings
+    (float64 bit patterns), a status word (1: this rank refused its call) and ``refusal``, the refusing
+    rank's reason (``REASON_BYTES`` of UTF-8).  Returns {rank: reason} of the ranks that refused, on every
+    rank alike (their settings are not compared: a rank that refused has none).  When none refused and the
+    ranks disagree on ``values``, raises ``PlanMismatchError`` on every rank (so a mismatch never hangs),
+    naming each differing field (``fields[i]`` names ``values[i]``) and every rank's value of it."""
+    dev, w, k = device(group), world(group), len(values)
+    row = np.zeros(k + 1 + REASON_BYTES // 8, np.int64)
+    row[:k] = np.asarray(values, np.float64).view(np.int64)
+    if refusal is not None:
+        text = refusal.encode("utf-8")[:REASON_BYTES]
+        row[k] = 1
+        row[k + 1 :].view(np.uint8)[: len(text)] = np.frombuffer(text, np.uint8)
     if dev.type == "cuda":
-        table = _gather_on_side_stream(values, group, dev)
+        table = _gather_on_side_stream(row, group, dev)
     else:
-        table = _gather_on_host(torch.tensor(values, dtype=torch.float64), group).numpy()
-    table = table.reshape(w, k)
-    differ = np.flatnonzero((table != table[0]).any(0)).tolist()
+        table = _gather_on_host(torch.from_numpy(row), group).numpy()
+    table = table.reshape(w, row.size)
+    refused = {r: table[r, k + 1 :].tobytes().rstrip(b"\0").decode("utf-8", "replace") for r in range(w) if table[r, k]}
+    if refused:
+        return refused
+    keys = table[:, :k]
+    differ = np.flatnonzero((keys != keys[0]).any(0)).tolist()
     if differ:
         names = list(fields) if fields is not None and len(fields) == k else [f"setting {i}" for i in range(k)]
-        rows = "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {v:g}" for r, v in enumerate(table[:, i].tolist())) for i in differ)
+        shown = keys.view(np.float64)
+        rows = "; ".join(f"{names[i]}: " + ", ".join(f"rank {r} {v:g}" for r, v in enumerate(shown[:, i].tolist()))
+                         for i in differ)
         raise PlanMismatchError(f"ranks disagree on {what}: {rows}")
+    return {}
 
 
 def _gather_on_host(mine: torch.Tensor, group) -> torch.Tensor:
@@ -348,17 +370,17 @@ def _gather_on_host(mine: torch.Tensor, group) -> torch.Tensor:
 
 
 class _AgreeBuffers:
-    """The side stream and buffers of a device's settings agreements, made once: a pinned host row,
+    """The side stream and buffers of a device's settings agreements, made once: a pinned host row (int64),
     its device copy, the device table and its pinned host copy (the functional API agrees on every
     call, so per-call allocations and pinning would be a fixed cost of each)."""
 
     def __init__(self, dev: torch.device, k: int, w: int):
         self.stream = torch.cuda.Stream(dev)
         self.lock = threading.Lock()  # a plan made on one thread while a call agrees on the background one
-        self.host_in = torch.empty(k, dtype=torch.float64, pin_memory=True)
-        self.dev_in = torch.empty(k, dtype=torch.float64, device=dev)
-        self.dev_out = torch.empty(w * k, dtype=torch.float64, device=dev)
-        self.host_out = torch.empty(w * k, dtype=torch.float64, pin_memory=True)
+        self.host_in = torch.empty(k, dtype=torch.int64, pin_memory=True)
+        self.dev_in = torch.empty(k, dtype=torch.int64, device=dev)
+        self.dev_out = torch.empty(w * k, dtype=torch.int64, device=dev)
+        self.host_out = torch.empty(w * k, dtype=torch.int64, pin_memory=True)
 
 
 _AGREE: dict[tuple, _AgreeBuffers] = {}
@@ -373,16 +395,16 @@ def _agree_buffers(dev: torch.device, k: int, w: int) -> _AgreeBuffers:
         return _AGREE[key]
 
 
-def _gather_on_side_stream(values: list[float], group, dev: torch.device) -> np.ndarray:
-    """all_gather of a few numbers on ``dev`` without waiting for the caller's queued work.
+def _gather_on_side_stream(row: np.ndarray, group, dev: torch.device) -> np.ndarray:
+    """all_gather of a small int64 ``row`` on ``dev`` without waiting for the caller's queued work.
 
     Upload, all_gather and read-back are queued on an otherwise idle side stream: NCCL's
     stream then depends on that stream only (not on the caller's), and the host waits for
     this stream alone.  Host buffers are pinned, so the copies are true asynchronous copies on
     that stream; they are written only after the previous agreement's stream work is done."""
-    b = _agree_buffers(dev, len(values), world(group))
+    b = _agree_buffers(dev, row.size, world(group))
     with b.lock:
-        b.host_in.numpy()[:] = values
+        b.host_in.numpy()[:] = row
         with torch.cuda.stream(b.stream):
             b.dev_in.copy_(b.host_in, non_blocking=True)
             _all_gather_single(b.dev_out, b.dev_in, group)

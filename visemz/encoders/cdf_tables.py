@@ -236,3 +236,49 @@ def from_pmfs(pmfs: Sequence, tail_masses: Sequence[float], offsets: Sequence[in
             raise InvalidArgumentError(f"pmf {t}: needs finite probabilities >= 0 and a tail mass in [0, 1)")
         probs.append(np.append(pmf, tail))
     return _tables(probs, offsets)
+
+
+def logistic_tables(scales, centres, tail_mass: float = 1e-6) -> CdfTables:
+    """One table per (scale, centre), scale-major (table ``i * len(centres) + j``): a logistic distribution of
+    scale ``scales[i]`` centred at ``centres[j]`` (in [-0.5, 0.5]) over unit bins, in float64.
+
+    p(v) = S((v + 0.5 - c) / s) - S((v - 0.5 - c) / s), S the logistic sigmoid, for v in -n..n with
+    n = ceil(s ln(2 / tail_mass)) + 1; the escape gets the mass outside.  The residual coder's family
+    (``residual_coder.py``)."""
+    scales, centres = np.asarray(scales, np.float64), np.asarray(centres, np.float64)
+    if scales.ndim != 1 or scales.size < 1 or not np.all(np.isfinite(scales)) or np.any(scales <= 0):
+        raise InvalidArgumentError("logistic_tables needs a non-empty list of finite positive scales")
+    if centres.ndim != 1 or centres.size < 1 or np.any(np.abs(centres) > 0.5):
+        raise InvalidArgumentError("logistic_tables needs a non-empty list of centres in [-0.5, 0.5]")
+    if not 0 < tail_mass < 1:
+        raise InvalidArgumentError(f"tail_mass={tail_mass} must lie in (0, 1)")
+    probs, offsets = [], []
+    for s in scales:
+        n = int(np.ceil(s * np.log(2.0 / tail_mass))) + 1
+        if 2 * n + 2 > TOTAL:
+            raise InvalidArgumentError(f"scale {s} needs more than {TOTAL} symbols at tail_mass {tail_mass}")
+        v = np.arange(-n, n + 1, dtype=np.float64)
+        for c in centres:
+            upper, lower = special.expit((v + 0.5 - c) / s), special.expit((v - 0.5 - c) / s)
+            outside = special.expit((-n - 0.5 - c) / s) + special.expit((-n - 0.5 + c) / s)  # both tails, by symmetry
+            probs.append(np.append(upper - lower, outside))
+            offsets.append(-n)
+    return _tables(probs, offsets)
+
+
+def uniform_tables(max_bits: int) -> CdfTables:
+    """Table b - 1 for b = 1..max_bits: the values 0 .. 2**b - 1 alike (and an escape at the least frequency)."""
+    if not 1 <= max_bits <= PRECISION - 1:
+        raise InvalidArgumentError(f"uniform tables of 1..{max_bits} bits: at most {PRECISION - 1}")
+    probs = [np.append(np.ones(1 << b), 1.0 / TOTAL) for b in range(1, max_bits + 1)]
+    return _tables(probs, [0] * max_bits)
+
+
+def concatenate(*tables: CdfTables) -> CdfTables:
+    """Several table sets as one: the second's tables numbered after the first's, and so on."""
+    cdf = np.concatenate([t.cdf for t in tables])
+    starts, base = [np.zeros(1, np.int64)], 0
+    for t in tables:
+        starts.append(t.cdf_start[1:].astype(np.int64) + base)
+        base += t.cdf.size
+    return CdfTables(cdf, np.concatenate(starts), np.concatenate([t.offsets for t in tables]))

@@ -394,7 +394,7 @@ def compress_many(raws: list, kind: int, chunk: int) -> Callable[[], list[list[b
     stream alone, one launch each (the per-stream path)."""
     cp = cuda.require_cupy()
     pieces = [[raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)] for raw in raws]
-    # Only zstd is grouped: nvCOMP's ANS frames were measured (H200, session 8) to differ from byte 24
+    # Only zstd is grouped: nvCOMP's ANS frames were measured (H200) to differ from byte 24
     # between two launches of the same stream, so grouping could not be checked to keep its bytes.
     groupable = DEFAULTS.entropy_batch and kind == E.KINDS["zstd"]
     grouped = [i for i, raw in enumerate(raws) if groupable and raw.size >= chunk]

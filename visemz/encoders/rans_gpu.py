@@ -126,7 +126,7 @@ def _encode_lanes(code, p: RL.Plan, est_bytes: int) -> tuple[np.ndarray, bytes]:
     stride = RL.STATE_BYTES * p.lanes + 2 * p.group_symbols
     scratch = cp.empty(p.groups * stride, cp.uint8)
     # One buffer: the groups' u32 sizes, then their gathered streams, so that one read brings both back
-    # (issue 14: the sizes were a host read of their own, before the gather).  The host does not know
+    # (the sizes were once a host read of their own, before the gather).  The host does not know
     # the streams' total before that read: it reads as far as ``guess``, which the streams do not pass
     # (the estimate counts each symbol's cost rounded up, plus the lane states and a margin), and reads
     # the rest in a second copy if they ever do.  The gather still places each group by the sizes'
@@ -163,7 +163,7 @@ def decode(buf, indexes, tables: CdfTables):
     n = idx.size
     if n > RL.MAX_SYMBOLS:
         raise InvalidArgumentError(f"{n} symbols exceed the conditional coder's limit of {RL.MAX_SYMBOLS}")
-    # The range check is not read here but with the decoder's status (issue 14: one host read per section,
+    # The range check is not read here but with the decoder's status (one host read per section,
     # not two), so the host parses the stream while the GPU still computes the indexes (the y section's
     # come from the hyper-synthesis).  The kernels read tables at ``safe`` (a bad index replaced by 0) and
     # the check is reported first, as before: a bad index, then the stream's damage.

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..io.loaders import load_image
 from ..io.writers import write_atomic
 from . import codecs as codec_registry
 from .codecs import Layout
 from .datasets import find_datasets
+from .datasets import load as load_view
 
 CROP = 160  # side of the crop in pixels
 DPI = 100
@@ -31,9 +31,12 @@ def _save(fig: Figure, path: Path) -> None:
 
 
 def rd_plot(dataset: str, curves: dict[str, list[dict]], path: Path) -> None:
-    """PSNR-bpp and MS-SSIM-bpp, one line per codec, log-scale bpp."""
+    """PSNR-bpp and MS-SSIM-bpp, one line per codec, log-scale bpp (lossless points, of infinite PSNR, left out)."""
     fig, axes = _figure(1, 2, figsize=(13, 5))
     for codec, pts in curves.items():
+        pts = [p for p in pts if np.isfinite(p["psnr"])]
+        if not pts:
+            continue
         style = "--" if pts and pts[0]["kind"] == "bound" else "-"
         style += "s" if codec.startswith("visemz") else "o"
         for ax, metric in zip(axes, ("psnr", "ms_ssim")):
@@ -76,18 +79,20 @@ def _matched(rows: list[dict], image: str) -> tuple[float, dict[str, dict]]:
     return target, best
 
 
-def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -> None:
-    """The dataset's first image: the original crop beside each codec's crop at the bpp closest to visemz's q=3.
+def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -> bool:
+    """The dataset's first image: the original crop beside each codec's crop at the bpp closest to visemz's q=3;
+    whether it was drawn.
 
     The chosen points are re-encoded here (the run keeps no reconstructions), with the
     same codecs and settings as in the CSV.
     """
-    ds_rows = [r for r in rows if r["dataset"] == dataset]
-    if not ds_rows:
-        return
-    paths = {p.name: p for p in find_datasets(folder, (dataset,), None)[dataset]}
+    ds_rows = [r for r in rows if r["dataset"] == dataset and np.isfinite(float(r["psnr"]))]
+    found = find_datasets(folder, cfg.datasets, None, cfg.view)
+    if not ds_rows or dataset not in found:  # only lossless points, or a dataset of another view in the CSV
+        return False
+    paths = {p.name: p for p in found[dataset]}
     name = sorted({r["image"] for r in ds_rows})[0]
-    image = load_image(paths[name])
+    image = load_view(paths[name], cfg.view)
     target, chosen = _matched(ds_rows, name)
     codecs = {c.name: c for c in codec_registry.build_many(cfg.codec_names(), cfg.device, dict(cfg.ladders))
               if c.name in chosen}
@@ -113,3 +118,4 @@ def crop_figure(folder: Path, dataset: str, rows: list[dict], cfg, path: Path) -
         ax.set_title(title, fontsize=8)
     fig.suptitle(f"{dataset}/{name}: {side}x{side} crop at about {target:.3f} bpp", fontsize=10)
     _save(fig, path)
+    return True

@@ -1,7 +1,9 @@
-"""From the points CSV to the report: mean curves, BD tables, plots and summary.md."""
+"""From the points CSV to the report: mean curves, BD tables, lossless and near-lossless tables, plots,
+summary.md and CompressAI-style results files (``rd/``, ``lossless/``, ``near-lossless/<dataset>.json``)."""
 
 from __future__ import annotations
 
+import json
 import platform
 from collections import defaultdict
 from pathlib import Path
@@ -11,11 +13,11 @@ import numpy as np
 import torch
 
 from ..io.writers import write_atomic
-from . import plots
+from . import bound_tables, plots
 from .bjontegaard import BDError, bd_quality, bd_rate
 from .codecs import parse_refined
 
-ANCHORS = ("jpeg", "jpeg2000", "webp")
+ANCHORS = ("jpeg", "jpeg2000", "webp", "jpegxl")
 MEAN_FIELDS = ("bpp", "psnr", "ssim", "ms_ssim", "gmsd", "encode_s", "decode_s")
 
 
@@ -23,7 +25,9 @@ def mean_curves(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     """{dataset: {codec: [one point per setting, sorted by bpp]}}: metrics averaged over the images.
 
     A setting enters a curve only when every image of its dataset that the codec coded has
-    it, so a half-finished run never mixes image sets along one curve.
+    it, so a half-finished run never mixes image sets along one curve; an error-bounded codec's
+    setting whose output broke its bound on any image is left out (``bound_tables.violations``
+    reports it).
     """
     groups: dict[tuple, list[dict]] = defaultdict(list)
     images: dict[tuple, set] = defaultdict(set)
@@ -32,7 +36,7 @@ def mean_curves(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
         images[(r["dataset"], r["codec"])].add(r["image"])
     curves: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for (ds, codec, setting), rs in groups.items():
-        if len(rs) != len(images[(ds, codec)]):
+        if len(rs) != len(images[(ds, codec)]) or any(bound_tables.breaks_bound(r) for r in rs):
             continue
         point = {"setting": setting, "value": float(rs[0]["value"]), "kind": rs[0]["kind"], "images": len(rs),
                  "device": rs[0]["device"], "max_abs_error": max(float(r["max_abs_error"]) for r in rs)}
@@ -46,9 +50,10 @@ def mean_curves(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
 
 def frontier(pts: list[dict], metric: str) -> list[dict]:
     """The points (sorted by bpp) that beat every cheaper point on ``metric``: a point that
-    costs more bits for no better quality is dominated and cannot be interpolated through."""
+    costs more bits for no better quality is dominated and cannot be interpolated through.
+    A lossless point (infinite PSNR) has no place on a curve."""
     out: list[dict] = []
-    for p in pts:
+    for p in (p for p in pts if np.isfinite(p[metric])):
         if not out or (p[metric] > out[-1][metric] and p["bpp"] > out[-1]["bpp"]):
             out.append(p)
     return out
@@ -66,10 +71,16 @@ def bd_cell(anchor: list[dict], test: list[dict], metric: str, what: str) -> str
     return f"{v:+.1f}%" if what == "rate" else f"{v:+.2f}"
 
 
+def lossy_curves(curves: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The curves with at least two points of finite PSNR (not a lossless-only codec's single point)."""
+    return {c: pts for c, pts in curves.items() if sum(np.isfinite(p["psnr"]) for p in pts) >= 2}
+
+
 def bd_table(curves: dict[str, list[dict]]) -> list[str]:
+    curves = lossy_curves(curves)
     anchors = [a for a in ANCHORS if a in curves]
     if not anchors:
-        return ["(no JPEG, JPEG 2000 or WebP curve to compare against)"]
+        return ["(no JPEG, JPEG 2000, WebP or JPEG XL curve to compare against)"]
     head = ["codec"] + [f"BD-rate vs {a} (PSNR)" for a in anchors] + [f"BD-rate vs {anchors[0]} (MS-SSIM)", f"BD-PSNR vs {anchors[0]} (dB)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for codec, pts in curves.items():
@@ -87,19 +98,6 @@ def points_table(curves: dict[str, list[dict]]) -> list[str]:
         for p in pts:
             lines.append(f"| {codec} | {p['setting']} | {p['bpp']:.4f} | {p['psnr']:.2f} | {p['ssim']:.4f} | {p['ms_ssim']:.4f} | "
                          f"{p['gmsd']:.4f} | {p['max_abs_error']:g} | {1e3 * p['encode_s']:.1f} | {1e3 * p['decode_s']:.1f} | {p['device']} |")
-    return lines
-
-
-def bound_table(curves: dict[str, list[dict]]) -> list[str]:
-    """bpp at each error bound for the error-bounded codecs side by side (same bound, fewer bits wins)."""
-    bounded = {c: {p["value"]: p for p in pts} for c, pts in curves.items() if pts and pts[0]["kind"] == "bound"}
-    if not bounded:
-        return []
-    bounds = sorted({b for pts in bounded.values() for b in pts})
-    lines = ["| max error | " + " | ".join(f"{c} bpp (max err seen)" for c in bounded) + " |", "|---|" + "---|" * len(bounded)]
-    for b in bounds:
-        cells = [f"{pts[b]['bpp']:.4f} ({pts[b]['max_abs_error']:g})" if b in pts else "" for pts in bounded.values()]
-        lines.append(f"| {b:g} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -154,22 +152,31 @@ def _where(cost: dict, device: str) -> str:
 
 
 def summary_markdown(curves: dict, failures: list[str], device_name: str, refine: dict | None = None,
-                     device: str = "cpu") -> str:
+                     device: str = "cpu", rows: list[dict] = (), figures: dict[str, list[str]] | None = None) -> str:
+    """The report; ``rows`` (the points CSV) give the lossless and near-lossless tables and the broken bounds,
+    ``figures`` the names of each dataset's figures."""
     out = ["# Rate-distortion evaluation", "",
            f"Device: {device_name}. bpp = output bytes x 8 / pixels; PSNR against the bit depth's range; "
            "metrics are means over each dataset's images. BD: Bjontegaard deltas with PCHIP interpolation "
            "over the shared quality interval (negative BD-rate = fewer bits than the anchor), on each curve's "
-           "non-dominated points (a point with more bits and no better quality is left out).", ""]
-    for ds, by_codec in curves.items():
+           "non-dominated points (a point with more bits and no better quality is left out). Maximum errors E "
+           "count levels of the image's own dtype.", ""]
+    bounds = bound_tables.bound_points(list(rows))
+    for ds in dict.fromkeys([*curves, *bounds]):
+        by_codec = curves.get(ds, {})
         out += [f"## {ds}", "", *bd_table(by_codec), ""]
         rc = refine_cost_table((refine or {}).get(ds, {}), device)
         if rc:
             out += [*rc, ""]
-        bt = bound_table(by_codec)
-        if bt:
-            out += ["Error-bounded codecs: bits at the same guaranteed maximum error (8-bit levels).", "", *bt, ""]
-        out += [f"Plots: rd_{ds}.png, crops_{ds}.png.", "", "<details><summary>every mean point</summary>", "",
+        out += bound_tables.section(ds, bounds.get(ds, {}), any(int(r["channels"]) > 1 for r in rows if r["dataset"] == ds))
+        if (figures or {}).get(ds):
+            out += [f"Plots: {', '.join(figures[ds])}.", ""]
+        out += ["<details><summary>every mean point</summary>", "",
                 *points_table(by_codec), "", "</details>", ""]
+    broken = bound_tables.violations(list(rows))
+    if broken:
+        out += ["## Broken bounds", "", "Points whose measured maximum error is above their codec's bound "
+                "(left out of every mean, ratio and curve):", "", *[f"- {b}" for b in broken], ""]
     if failures:
         out += ["## Failures", "", *[f"- {f}" for f in failures], ""]
     return "\n".join(out)
@@ -192,17 +199,51 @@ def device_name(device: str) -> str:
     return f"CPU ({platform.processor() or platform.machine()})"
 
 
+def rd_json(dataset: str, curves: dict[str, list[dict]]) -> dict:
+    """CompressAI-style results of one dataset's lossy curves: per codec, lists aligned on its settings."""
+    fields = {"bpp": "bpp", "psnr": "psnr", "ssim": "ssim", "ms_ssim": "ms-ssim", "gmsd": "gmsd",
+              "max_abs_error": "max_error", "encode_s": "encoding_time", "decode_s": "decoding_time"}
+    codecs = {}
+    for codec, pts in lossy_curves(curves).items():
+        pts = [p for p in pts if np.isfinite(p["psnr"])]
+        results = {"setting": [p["setting"] for p in pts], **{v: [p[k] for p in pts] for k, v in fields.items()}}
+        codecs[codec] = {"name": codec, "device": pts[0]["device"], "results": results}
+    return {"name": dataset, "description": "rate-distortion: means over the dataset's images; times in seconds per "
+            "image", "codecs": codecs}
+
+
+def write_results(out: Path, rows: list[dict], curves: dict) -> None:
+    """OUT/rd/<dataset>.json, OUT/lossless/<dataset>.json and OUT/near-lossless/<dataset>.json."""
+    def write(path: Path, doc: dict) -> None:
+        write_atomic(path, (json.dumps(doc, indent=1) + "\n").encode())
+
+    for ds, by_codec in curves.items():
+        if lossy_curves(by_codec):
+            write(out / "rd" / f"{ds}.json", rd_json(ds, by_codec))
+    for ds, points in bound_tables.bound_points(rows).items():
+        for lossless, folder in ((True, "lossless"), (False, "near-lossless")):
+            doc = bound_tables.results_json(ds, points, lossless)
+            if doc["codecs"] or doc["broken"]:
+                write(out / folder / f"{ds}.json", doc)
+
+
 def write_report(folder: Path, out: Path, cfg, rows: list[dict], failures: list[str], log: Callable[[str], None] = print) -> None:
     curves = mean_curves(rows)
+    figures: dict[str, list[str]] = defaultdict(list)
     for ds, by_codec in curves.items():
-        plots.rd_plot(ds, by_codec, out / f"rd_{ds}.png")
-        if cfg.crops:
-            plots.crop_figure(folder, ds, rows, cfg, out / f"crops_{ds}.png")
+        if not lossy_curves(by_codec):
+            continue  # lossless points only: nothing to plot
+        plots.rd_plot(ds, lossy_curves(by_codec), out / f"rd_{ds}.png")
+        figures[ds].append(f"rd_{ds}.png")
+        if cfg.crops and plots.crop_figure(folder, ds, rows, cfg, out / f"crops_{ds}.png"):
+            figures[ds].append(f"crops_{ds}.png")
     refine = refine_costs(rows)
     for ds, costs in refine.items():
         for codec, c in costs.items():
             log(f"{ds} {codec}: {c['s_per_100_steps']:.3f} s per image per 100 steps"
                 f"{' (upper bound)' if c['upper_bound'] else ''} on {_where(c, cfg.device)} ({c['points']} points)")
+    write_results(out, rows, curves)
     write_atomic(out / "summary.md",
-                 summary_markdown(curves, failures, devices_line(rows, cfg.device), refine, cfg.device).encode())
+                 summary_markdown(curves, failures, devices_line(rows, cfg.device), refine, cfg.device, rows,
+                                  figures).encode())
     log(f"report: {out / 'summary.md'}")

@@ -1,7 +1,8 @@
 """The resumable evaluation run: every (dataset, image, codec, setting) point into one CSV.
 
 A dataset is FOLDER itself when it holds images, and each sub-folder that holds images
-(``eval/kodak``, ``eval/xray``).  Points already in ``OUT/points.csv`` are skipped, so a
+(``eval/kodak``, ``eval/xray``); with ``crop`` / ``gray`` its images are central crops / gray
+conversions, and its name says so (``datasets.View``).  Points already in ``OUT/points.csv`` are skipped, so a
 killed run picks up where it stopped; the CSV is rewritten atomically after each
 (image, codec), so it never holds a partial row.
 """
@@ -18,13 +19,13 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InvalidArgumentError, VisemzError
-from ..io.loaders import load_image
 from ..io.writers import write_atomic
 from ..refine import check_steps as check_refine
 from . import codecs as codec_registry
 from . import metrics, report
 from .codecs import Codec, Layout
-from .datasets import find_datasets
+from .datasets import View, find_datasets
+from .datasets import load as load_view
 
 CSV_NAME = "points.csv"
 KEY = ("dataset", "image", "codec", "setting")
@@ -43,9 +44,16 @@ class EvalConfig:
     #: with N > 0, codec visemz-<arch>-refine<N> (N steps of encoder-side latent refinement) runs
     #: beside each visemz-<arch> of the selection
     refine_steps: int = 0
+    crop: int | None = None  # code each image's central crop x crop pixels
+    gray: bool = False  # code each image's luma
 
     def __post_init__(self):
         check_refine(self.refine_steps)
+        View(self.crop, self.gray)  # checks crop
+
+    @property
+    def view(self) -> View:
+        return View(self.crop, self.gray)
 
     def codec_names(self) -> tuple[str, ...]:
         names = self.codecs if self.codecs is not None else codec_registry.default_names(self.device)
@@ -104,7 +112,7 @@ def _format(v) -> str:
 
 def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], None] = print) -> RunResult:
     """Compute every missing point; return what was computed, skipped and failed."""
-    datasets = find_datasets(folder, cfg.datasets, cfg.limit)
+    datasets = find_datasets(folder, cfg.datasets, cfg.limit, cfg.view)
     codecs = build_codecs(cfg)
     path = out / CSV_NAME
     rows = read_points(path)
@@ -113,7 +121,7 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
     for ds, paths in datasets.items():
         for p in paths:
             try:
-                image = load_image(p)
+                image = load_view(p, cfg.view)
                 metrics.check_dtype(image.dtype)
             except VisemzError as e:
                 result.failures.append(f"{ds}/{p.name}: {e}")

@@ -135,7 +135,7 @@ def build(spec: ModelSpec) -> torch.nn.Module:
 class FrozenGDN(GDN):
     """A GDN (or IGDN) whose non-negative beta and gamma were computed once from its parameters
     (``freeze_gdn``): CompressAI's layer re-derives them on every call, about 12 small kernels and
-    a custom autograd function per layer, host work on every image (issue 14).  The same values, so
+    a custom autograd function per layer, host work on every image.  The same values, so
     the same outputs.  Its buffers are derived in ``frozen_dtype``; converted to another dtype (a
     float64 copy) they would round differently from a derivation in that dtype, so it then computes
     as CompressAI's layer does, until frozen again."""
@@ -206,7 +206,7 @@ def hyper_synthesis(model, z_hat: torch.Tensor) -> torch.Tensor:
     """h_s(z_hat).  On a GPU in float64 (the scales every device must agree on) its convolutions run on
     PyTorch's own im2col + GEMM kernels, i.e. cuBLAS's float64 GEMM, instead of cuDNN's float64
     convolutions, which ran at 1.5-9 TFLOP/s on an H200 and took 0.76 ms of a Kodak image's compress and
-    as much of its decompress (issue 14).  Both are float64: they differ in the last bits only, which the
+    as much of its decompress.  Both are float64: they differ in the last bits only, which the
     scale-index exceptions absorb as between any two devices."""
     if not (z_hat.is_cuda and z_hat.dtype == torch.float64):
         return model.h_s(z_hat)

@@ -3,7 +3,7 @@
     out = graphs.run(fn, (x,), key=("analyse", quality, crop), owner=net, pixels=h * w)
 
 A Kodak image's compress and decompress spent about two thirds of their time on the host
-(issue 14: 13 ms a round trip on an H200, the GPU busy 4.4 ms of it), much of it PyTorch's
+(13 ms a round trip on an H200, the GPU busy 4.4 ms of it), much of it PyTorch's
 per-operator dispatch of the analysis, hyper-synthesis and synthesis networks: a few hundred
 operators, each a Python call, a dispatch and a launch.  A CUDA graph captured once per
 (function, model, input shapes and dtypes, quality...) replays all of them in one launch.

@@ -26,7 +26,7 @@ COMPRESSAI_LAMBDAS = (0.0018, 0.0035, 0.0067, 0.0130, 0.0250, 0.0483, 0.0932, 0.
 LEVELS = len(COMPRESSAI_LAMBDAS)
 QUALITY_MIN, QUALITY_MAX = 1.0, float(LEVELS)
 # The hyperprior model, coded by the conditional rANS coder (image format 3), writes the smaller
-# files on Kodak and on the X-rays (docs/results/rd/summary.md, session 5).
+# files on Kodak and on the X-rays (docs/results/rd/summary.md).
 DEFAULT_MODEL = "mbt2018-mean"
 DEFAULT_QUALITY = 4.0  # CompressAI's quality 4 (lambda 0.013): about 0.5 bpp on Kodak with its zoo models
 ARCHITECTURES = ("balle2016", "mbt2018-mean")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InvalidArgumentError
-from .architectures import bottleneck_likelihood, has_hyperprior, interpolate_ladder
+from .architectures import bottleneck_likelihood, has_hyperprior, interpolate_ladder, medians
 from .registry import COMPRESSAI_LAMBDAS, LEVELS, ModelSpec, check_quality, parse
 
 
@@ -122,3 +122,34 @@ def rd_loss(x: torch.Tensor, x_hat: torch.Tensor, liks: list[torch.Tensor], qual
     mse = torch.mean((x_hat - x) ** 2, dim=(1, 2, 3))
     loss = torch.mean(lambdas(quality, log_lambdas) * 255**2 * mse + bpp)
     return loss, mse.mean(), bpp.mean()
+
+
+def reconstruct(model: torch.nn.Module, x: torch.Tensor, quality: torch.Tensor,
+                amp: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a decoder of the lossy file has, for a batch with per-sample qualities and no gradient: (g_s's
+    last hidden features, x_hat), both float32.  The latents are rounded as the codec rounds them (around the
+    hyperprior's means), so the residual prior trains on the reconstructions it will see."""
+    def cast():
+        return torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp, cache_enabled=False)
+
+    with torch.no_grad():
+        g, inv = model.gain.per_sample(quality)
+        with cast():
+            y = model.g_a(x).float() * g
+        if not has_hyperprior(model):
+            med = medians(model.entropy_bottleneck)
+            y_hat = torch.round(y - med) + med
+        else:
+            hg, hinv = model.hyper_gain.per_sample(quality)
+            with cast():
+                z = model.h_a(y).float() * hg
+            med = medians(model.entropy_bottleneck)
+            z_hat = torch.round(z - med) + med
+            with cast():
+                params = model.h_s(z_hat * hinv).float()
+            _, means = params.chunk(2, 1)
+            y_hat = torch.round(y - means) + means
+        with cast():
+            features = model.g_s[:-1](y_hat * inv)
+            x_hat = model.g_s[-1](features)
+        return features.float(), x_hat.float()

@@ -128,7 +128,7 @@ def load(spec: ModelSpec, device: str = "cpu") -> tuple[torch.nn.Module, str]:
     autograd may use later (encoder-side refinement differentiates through the model, ``refine.py``)."""
     key = (spec, device)
     hit = _LOADED.get(key)
-    if hit is not None:  # the common case, without the lock and the inference-mode switch (issue 14: host time)
+    if hit is not None:  # the common case, without the lock and the inference-mode switch (host time)
         return hit
     with _LOAD_LOCK, torch.inference_mode(False):
         hit = _LOADED.get(key)

@@ -1,6 +1,6 @@
 """A folder job in several worker processes of this host (``visemz compress --processes N``).
 
-A GPU image's compress is mostly host work (Python, launches; issue 14), and the streams of one
+A GPU image's compress is mostly host work (Python, launches), and the streams of one
 process share its interpreter lock: on an H200, 4 streams of one process compressed Kodak 1.09x
 as fast as one stream.  Processes each bring their own interpreter.  ``run`` starts N of them (spawned,
 so no CUDA state is inherited), each a rank of a Gloo group with a file rendezvous in a temporary

@@ -9,7 +9,7 @@
   uncompressed TIFF), read straight into GPU memory; the CPU loader for the rest.
 * ``auto`` (default): on a GPU, kvikio when installed, then the CPU loader; on a CPU, the CPU
   loader.  ``auto`` does not use DALI: on an H200 with 16 cores DALI fed the codec at 0.56-0.58x
-  the CPU loader's rate on PNG and 0.55x on JPEG (docs/results/bench_pipeline_h200_loaders.json).
+  the CPU loader's rate on PNG and 0.55x on JPEG (docs/results/pipeline/loaders.json).
 
 An explicit GPU loader that cannot run is an error naming what is missing (exit code 2 on the
 command line), never a silent fallback; files a GPU loader turns down per item go to the CPU

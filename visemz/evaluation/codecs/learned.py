@@ -7,13 +7,30 @@ import struct
 import numpy as np
 
 from ...errors import CorruptStreamError
+from ...models import registry
 from .base import Codec, Layout
-from .scientific import _scale
+from .lossless import NEAR_LOSSLESS
 
 QUALITIES = (1, 2, 3, 4, 5, 6, 7, 8)  # CompressAI's ladder; the variable-rate models take any float in [1, 8]
-MAX_ERRORS = (1, 2, 4, 8, 16)
-EB_QUALITY = 4  # the model quality under visemz's error-bounded ladder (the library's default)
+#: the model quality under visemz's error-bounded ladder unless a codec name says another
+#: (``visemz-<arch>-maxerr-q<Q>``): the library's default
+MAXERR_QUALITY = registry.DEFAULT_QUALITY
 WARM_UP_STEPS = 2  # refinement steps of a refined codec's untimed first encode
+
+
+def bounded_name(arch: str, quality) -> str:
+    """The codec name of visemz's ``arch`` with ``max_error`` at model quality ``quality``."""
+    base = f"visemz-{arch}-maxerr"
+    return base if quality == MAXERR_QUALITY else f"{base}-q{quality_text(quality)}"
+
+
+def quality_text(quality) -> str:
+    """A model quality as a name or a table shows it: 4, 4.5 (or a word the library takes, as is)."""
+    return f"{quality:g}" if isinstance(quality, (int, float)) else str(quality)
+
+
+def bounded_description(arch: str, quality) -> str:
+    return f"visemz {arch}, max_error = E, model quality {quality_text(quality)}"
 
 
 def refined_name(arch: str, steps: int) -> str:
@@ -149,15 +166,18 @@ class Visemz(LearnedCodec):
 
 
 class VisemzBounded(Visemz):
-    """visemz with ``max_error=E`` (E in 8-bit levels, x257 for 16-bit) at model quality EB_QUALITY."""
+    """visemz with ``max_error=E`` (E in levels of the image's own dtype; 0: lossless) at model quality
+    ``quality`` (default MAXERR_QUALITY)."""
 
     unit, kind = "e", "bound"
-    ladder = MAX_ERRORS
+    ladder = NEAR_LOSSLESS
 
-    def __init__(self, arch: str, device: str):
+    def __init__(self, arch: str, device: str, quality=MAXERR_QUALITY):
         super().__init__(arch, device)
-        self.name = f"visemz-{arch}-maxerr"
+        self.quality = registry.check_quality(quality)
+        self.name = bounded_name(arch, self.quality)
+        self.description = bounded_description(arch, self.quality)
 
     def encode(self, image, setting) -> bytes:
-        e = int(round(float(setting) * _scale(image.dtype.name)))
-        return self._codec.compress(image, model=self.arch, quality=EB_QUALITY, max_error=e, refine=self.refine)
+        return self._codec.compress(image, model=self.arch, quality=self.quality, max_error=int(setting),
+                                    refine=self.refine)

@@ -1,4 +1,5 @@
-"""Standard image codecs: JPEG and WebP (OpenCV), JPEG 2000 (Pillow), nvJPEG (torchvision, CUDA)."""
+"""Standard lossy image codecs: JPEG and WebP (OpenCV), JPEG 2000 (Pillow), JPEG XL (imagecodecs), nvJPEG
+(torchvision, CUDA)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 from ...errors import CorruptStreamError, DeviceUnavailableError
 from .base import Codec, Layout
+from .lossless import JPEGXL_EFFORT, THREADS, as_layout, gray_or_rgb, imagecodecs, need_imagecodecs
 
 
 def _to_bgr(image: np.ndarray) -> np.ndarray:
@@ -55,7 +57,7 @@ def webp() -> Codec:
 
 
 class JPEG2000(Codec):
-    """JPEG 2000 (OpenJPEG through Pillow) at target bit rates.
+    """JPEG 2000 (OpenJPEG through Pillow) at target bit rates, on 8-bit gray and RGB and 16-bit gray.
 
     Pillow rather than OpenCV: OpenCV's writer cannot switch on the colour transform (MCT),
     and without it RGB costs about 4 dB at equal rate on Kodak; Pillow's ``mct=1`` with the
@@ -65,8 +67,13 @@ class JPEG2000(Codec):
     name, unit = "jpeg2000", "bpp"
     ladder = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
+    def supports(self, layout):
+        if layout.dtype == "uint16" and layout.channels == 1:
+            return None  # Pillow's I;16 mode; it has no 16-bit RGB
+        return super().supports(layout)
+
     def encode(self, image, setting) -> bytes:
-        bits = 8.0 * (image.shape[2] if image.ndim == 3 else 1)
+        bits = 8.0 * image.itemsize * (image.shape[2] if image.ndim == 3 else 1)
         f = io.BytesIO()
         Image.fromarray(image).save(f, format="JPEG2000", quality_mode="rates", quality_layers=[bits / float(setting)],
                                     irreversible=True, mct=1 if image.ndim == 3 else 0)
@@ -74,7 +81,27 @@ class JPEG2000(Codec):
 
     def decode(self, data, setting, layout) -> np.ndarray:
         with Image.open(io.BytesIO(data)) as im:
-            return np.asarray(im).reshape(layout.shape)
+            return np.asarray(im).astype(layout.dtype, copy=False).reshape(layout.shape)
+
+
+class JPEGXL(Codec):
+    """Lossy JPEG XL (libjxl through imagecodecs, effort 7, one thread) at Butteraugli distances
+    (lower: more bits), on 8- and 16-bit gray and RGB."""
+
+    name, unit = "jpegxl", "d"
+    ladder = (25.0, 15.0, 8.0, 4.0, 2.0, 1.0, 0.6, 0.3)
+
+    def __init__(self):
+        need_imagecodecs(self.name)
+
+    def supports(self, layout):
+        return gray_or_rgb(layout, self.name)
+
+    def encode(self, image, setting) -> bytes:
+        return bytes(imagecodecs.jpegxl_encode(image, distance=float(setting), effort=JPEGXL_EFFORT, numthreads=THREADS))
+
+    def decode(self, data, setting, layout) -> np.ndarray:
+        return as_layout(imagecodecs.jpegxl_decode(data, numthreads=THREADS), layout, self.name)
 
 
 class NvJPEG(Codec):

@@ -1,7 +1,7 @@
 """Error-bounded scientific compressors on the image as a float array: SZ3 (pysz) and ZFP (zfpy).
 
-Settings are absolute error bounds in 8-bit levels (scaled by 257 for 16-bit images).
-The image is handed over as float32 (exact for 8- and 16-bit values); the decoded floats are
+Settings are absolute error bounds in levels of the image's own dtype (16-bit levels on a
+16-bit image).  The image is handed over as float32 (exact for 8- and 16-bit values); the decoded floats are
 rounded to the nearest level and clipped to the dtype's range.  For a whole-number bound E,
 rounding keeps every pixel within E of the original (the nearest integer to a value within E
 of an integer is within E of it), so the bound holds on the image as on the float array.
@@ -27,10 +27,6 @@ except ImportError:
 EB_LADDER = (1, 2, 4, 8, 16, 32)
 
 
-def _scale(layout_dtype: str) -> float:
-    return integer_peak(layout_dtype) / 255.0
-
-
 def _to_image(values: np.ndarray, layout: Layout) -> np.ndarray:
     top = integer_peak(layout.dtype)
     return np.clip(np.rint(values.reshape(layout.shape)), 0, top).astype(layout.dtype)
@@ -44,9 +40,6 @@ class ErrorBoundedCodec(Codec):
         if layout.dtype not in ("uint8", "uint16"):
             return f"{self.name} is evaluated on 8- and 16-bit images"
         return None
-
-    def bound(self, setting, dtype: str) -> float:
-        return float(setting) * _scale(dtype)
 
 
 def installed() -> set[str]:
@@ -63,6 +56,7 @@ class SZ3(ErrorBoundedCodec):
     """SZ3 in absolute-error mode (its default interpolation + Lorenzo predictor)."""
 
     name = "sz3"
+    description = "SZ3 (pysz, absolute error bound E on the image as float32)"
 
     def __init__(self):
         _need(self.name, "pysz")
@@ -70,7 +64,7 @@ class SZ3(ErrorBoundedCodec):
     def encode(self, image, setting) -> bytes:
         conf = szConfig()
         conf.errorBoundMode = szErrorBoundMode.ABS
-        conf.absErrorBound = self.bound(setting, image.dtype.name)
+        conf.absErrorBound = float(setting)
         data, _ratio = sz.compress(np.ascontiguousarray(image, dtype=np.float32), conf)
         return data.tobytes()
 
@@ -83,12 +77,13 @@ class ZFP(ErrorBoundedCodec):
     """ZFP in fixed-accuracy mode (tolerance = the bound); its stream carries its own header."""
 
     name = "zfp"
+    description = "ZFP (zfpy, fixed accuracy E on the image as float32)"
 
     def __init__(self):
         _need(self.name, "zfpy")
 
     def encode(self, image, setting) -> bytes:
-        return zfpy.compress_numpy(np.ascontiguousarray(image, dtype=np.float32), tolerance=self.bound(setting, image.dtype.name))
+        return zfpy.compress_numpy(np.ascontiguousarray(image, dtype=np.float32), tolerance=float(setting))
 
     def decode(self, data, setting, layout) -> np.ndarray:
         return _to_image(zfpy.decompress_numpy(data), layout)

@@ -1,0 +1,299 @@
+"""The learned residual (image format 6): lossless and near-lossless coding under the residual prior, on the CPU.
+
+What must hold whatever the prior's weights: every pixel within max_error (exact at 0), on adversarial
+inputs too; the same bytes decode to the same pixels when the float64 network's last bits differ (the
+fixes list); damage is refused; the training loss is what the coder spends.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from skimage import data
+
+import visemz
+from visemz import codec as codec_module
+from visemz import container, residual_coder, tiling
+from visemz.errors import CorruptStreamError
+from visemz.models import registry, residual_prior, residual_weights
+from visemz.models import residual_tables as RT
+
+
+@pytest.fixture(autouse=True)
+def _weights(model_weights):
+    return model_weights
+
+
+def _err(a, b) -> int:
+    return int(np.abs(a.astype(np.int64) - b.astype(np.int64)).max())
+
+
+def _residual_of(buf) -> str | None:
+    return container.unpack(buf).meta["residual"]
+
+
+def _photo(shape, dtype="uint8") -> np.ndarray:
+    img = data.camera()[: shape[0], : shape[1]]
+    if dtype == "uint16":
+        img = img.astype(np.uint16) * 16 + 7  # 12-bit detector data in 16-bit words
+    return np.ascontiguousarray(img)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16"])
+@pytest.mark.parametrize("e", [0, 1, 2, 5])
+def test_bound_holds_and_learned_residual_is_used(dtype, e):
+    img = _photo((40, 52), dtype)
+    buf = visemz.compress(img, max_error=e, quality=2)
+    out = visemz.decompress(buf)
+    assert _residual_of(buf) == "learned" and container.unpack(buf).meta["format"] == codec_module.LEARNED
+    assert out.dtype == img.dtype and out.shape == img.shape
+    assert _err(out, img) <= e
+    if e == 0:
+        np.testing.assert_array_equal(out, img)
+
+
+def _adversarial() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    checker = (np.indices((34, 46)).sum(0) % 2 * 255).astype(np.uint8)
+    return [
+        np.full((30, 30), 200, np.uint8),  # constant: a range of one level
+        checker,  # every pixel at an extreme, next to the other extreme
+        rng.integers(0, 256, (33, 47), dtype=np.uint8),  # noise the prior cannot predict
+        rng.integers(0, 65536, (35, 41), dtype=np.uint16),  # full 16-bit noise: wide scales, low bits
+        np.array([[1000, 1001], [1001, 1000]], np.uint16).repeat(9, 0).repeat(11, 1),  # a range of 2 levels
+        rng.integers(0, 256, (21, 19, 2), dtype=np.uint8),  # two planes of one image
+    ]
+
+
+@pytest.mark.parametrize("e", [0, 3, 100])
+def test_bound_on_adversarial_inputs(e):
+    for img in _adversarial():
+        buf = visemz.compress(img, max_error=e, quality=1)
+        out = visemz.decompress(buf)
+        assert _residual_of(buf) == "learned"
+        assert out.shape == img.shape and out.dtype == img.dtype
+        assert _err(out, img) <= e, (img.shape, img.dtype, e)
+
+
+def test_wide_distributions_take_the_low_bits_tables(monkeypatch):
+    """Full-range 16-bit noise needs scales beyond the logistic grid: q >> k plus k uniform low bits."""
+    seen = []
+    inner = residual_coder._stream_inputs
+
+    def spy(high, low, shift, table, real):
+        seen.append(int(shift[real].max()))
+        return inner(high, low, shift, table, real)
+
+    monkeypatch.setattr(residual_coder, "_stream_inputs", spy)
+    img = np.random.default_rng(3).integers(0, 65536, (24, 30), dtype=np.uint16)
+    np.testing.assert_array_equal(visemz.decompress(visemz.compress(img, max_error=0, quality=1)), img)
+    assert max(seen) > 0
+
+
+def test_tiles_and_regions():
+    img = _photo((90, 100))
+    buf = visemz.compress(img, max_error=1, quality=3, tile=64)
+    assert container.unpack(buf).meta["tiles"]["grid"] == [2, 2]
+    out = visemz.decompress(buf)
+    assert _err(out, img) <= 1
+    np.testing.assert_array_equal(visemz.decompress(buf, region=(50, 90, 10, 30)), out[50:90, 10:30])
+
+
+def test_rgb_without_a_prior_keeps_the_block_coded_residual():
+    img = data.astronaut()[:24, :30]
+    if residual_weights.load("rgb") is not None:
+        pytest.skip("an RGB residual prior is installed")
+    buf = visemz.compress(img, max_error=0)
+    assert _residual_of(buf) == "int"
+    np.testing.assert_array_equal(visemz.decompress(buf), img)
+
+
+def test_older_format_still_written_on_request():
+    img = _photo((20, 30))
+    buf = visemz.ImageCodec("cpu").compress(img, max_error=0, image_format=5)
+    assert _residual_of(buf) == "int" and "residual_id" not in container.unpack(buf).meta
+    np.testing.assert_array_equal(visemz.decompress(buf), img)
+
+
+# ------------------------------------------------------------------ devices that differ in the last bits
+def _perturbed_heads(monkeypatch, rel: float, seed: int):
+    """Every head's outputs moved by up to ``rel`` of themselves (and 1e-12 absolute): what another device's
+    float64 arithmetic could give."""
+    inner = residual_prior.ResidualPrior.head
+    gen = torch.Generator().manual_seed(seed)
+
+    def head(self, k, trunk, context):
+        outs = inner(self, k, trunk, context)
+        return tuple(t * (1 + rel * (2 * torch.rand(t.shape, generator=gen, dtype=t.dtype) - 1)) + 1e-12 for t in outs)
+
+    monkeypatch.setattr(residual_prior.ResidualPrior, "head", head)
+
+
+@pytest.mark.parametrize("e", [0, 2])
+def test_decoder_with_other_last_bits_decodes_the_same(monkeypatch, e):
+    img = _photo((48, 56), "uint16")
+    buf = visemz.compress(img, max_error=e, quality=2)
+    want = visemz.decompress(buf)
+    _perturbed_heads(monkeypatch, 1e-12, seed=e)
+    np.testing.assert_array_equal(visemz.decompress(buf), want)
+
+
+def test_every_position_listed_decodes_through_the_list(monkeypatch):
+    """With a tolerance of half a unit every position is listed: the decoder then codes with the encoder's
+    integers alone, whatever its own network says."""
+    img = _photo((32, 40))
+    monkeypatch.setattr(residual_coder, "TOL", 0.5)
+    buf = visemz.compress(img, max_error=1, quality=2)
+    sections = _tile_sections(buf)
+    assert len(sections[residual_coder.FIXES]) > 0
+    _perturbed_heads(monkeypatch, 1e-3, seed=1)  # far beyond float64 noise: only the list can keep it right
+    assert _err(visemz.decompress(buf), img) <= 1
+
+
+def _tile_sections(buf) -> dict:
+    return codec_module.ImageCodec("cpu")._open(buf).tile(0)[0]
+
+
+def test_crafted_fixes_are_refused():
+    img = _photo((20, 24))
+    buf = visemz.compress(img, max_error=0, quality=2)
+    n = 10 * 12  # positions of a pass's half-resolution grid
+    bad = [
+        [1, 0, 0, 0, n + 5, 3, 0, 0],  # a position beyond the grid
+        [1, 0, 0, 0, 0, 3, RT.SI_MAX + 1, 0],  # a scale index beyond the grid
+        [1, 0, 0, 0, 0, 3, 0, RT.CENTRES],  # a centre index beyond the grid
+        [2, 0, 0, 0, 4, 0, 3, 3, 0, 0, 0, 0],  # positions not increasing
+        [1, 0, 0],  # fewer values than the counts say
+        [-1, 0, 0, 0],
+    ]
+    for values in bad:
+        fixes = residual_coder.encode_ints(np.asarray(values, np.int32), policy="global", entropy="none")
+        with pytest.raises(CorruptStreamError):
+            visemz.decompress(_with_section(buf, residual_coder.FIXES, fixes))
+
+
+def test_damaged_pass_stream_is_refused_or_stays_in_range():
+    img = _photo((20, 24))
+    buf = visemz.compress(img, max_error=0, quality=2)
+    c = container.unpack(buf)
+    body = bytearray(c.sections["tiles"])
+    for pos in range(0, len(body), max(1, len(body) // 12)):
+        damaged = bytearray(body)
+        damaged[pos] ^= 0x5A
+        crafted = container.pack(c.kind, c.meta, {"tile_index": bytes(c.sections["tile_index"]), "tiles": bytes(damaged)})
+        try:
+            out = visemz.decompress(crafted)
+        except visemz.VisemzError:
+            continue
+        assert out.shape == img.shape and out.dtype == img.dtype  # damage that decodes still gives pixels in range
+
+
+# ------------------------------------------------------------------ the pieces
+def test_stripes_give_the_whole_result():
+    torch.manual_seed(0)
+    prior = residual_prior.ResidualPrior(1, 16, 8, 4).double()
+    reduced = torch.randn(2, 4, 37, 23, dtype=torch.float64)
+    x01 = torch.rand(2, 1, 74, 46, dtype=torch.float64)
+    side = [torch.zeros(2, dtype=torch.float64)] * 2
+    whole = prior.condition(reduced, x01, *side)
+    striped = residual_coder._by_stripes(lambda a, z: prior.condition(reduced[:, :, a:z], x01[:, :, 2 * a:2 * z], *side),
+                                         37, residual_coder.TRUNK_HALO, 5)
+    torch.testing.assert_close(striped, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_striped_synthesis_gives_the_whole_synthesis(monkeypatch):
+    from visemz.models import weights as W
+
+    net, _ = W.load(registry.spec("mbt2018-mean", "gray"))
+    net64 = codec_module._model64(registry.spec("mbt2018-mean", "gray"), "cpu")
+    reduce = torch.nn.Conv2d(net.g_s[-1].in_channels, 4, 1).double()
+    y = torch.randn(1, 192, 9, 5, dtype=torch.float64)
+    with torch.inference_mode():
+        whole = tiling.synthesis_features(net64, reduce, y)
+        monkeypatch.setitem(tiling.STRIPE_BYTES, "cpu", 1)  # one latent row per stripe
+        striped = tiling.synthesis_features(net64, reduce, y)
+    for a, b in zip(striped, whole):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_training_loss_is_what_the_coder_spends():
+    """nll_bits (float32, the training objective) against the bytes of the pass streams, on one image."""
+    res = residual_weights.load("gray")
+    img = _photo((96, 128))
+    e = 0
+    buf = visemz.compress(img, max_error=e, quality=3)
+    sections = _tile_sections(buf)
+    coded = 8 * sum(len(sections[k]) for k in residual_coder.PASS_SECTIONS)
+    f = codec_module.ImageCodec("cpu")._open(buf)
+    with torch.inference_mode():
+        _, _, (x01, reduced) = next(codec_module.ImageCodec("cpu")._tile_pixels(
+            f.net, f.net64, f.header["quality"], f.meta, f.grid, [0], f.symbols, True, res))
+        x = torch.from_numpy(img.astype(np.float64))[None, None]
+        one = torch.ones(1, dtype=torch.float64)
+        h, w = img.shape  # the image's own pixels (the coder codes no padding)
+        bits = residual_prior.nll_bits(res.prior64, reduced[:, :, :h // 2, :w // 2], x01[:, :, :h, :w], x, 0 * one,
+                                       255 * one, e * one)
+    assert 0.95 < coded / float(bits) < 1.05, (coded, float(bits))
+
+
+def test_tables_family_is_shipped_with_the_prior():
+    res = residual_weights.load("gray")
+    assert res.tables.n_tables == RT.UNIFORM + RT.MAX_SHIFT
+    assert math.isclose(RT.scales()[RT.TOP], RT.SCALE_MIN * 2 ** (RT.TOP / RT.STEPS))
+
+
+# ------------------------------------------------------------------ sparse values: the palette
+def _stretched() -> np.ndarray:
+    """16-bit data stretched from 8-bit levels, as astronomy images and scaled microscope frames come."""
+    return (data.camera()[:40, :48].astype(np.float64) * (65535 / 255)).round().astype(np.uint16)
+
+
+def test_sparse_values_go_through_a_palette(monkeypatch):
+    img = _stretched()
+    buf = visemz.compress(img, max_error=0, quality=2)
+    np.testing.assert_array_equal(visemz.decompress(buf), img)
+    assert len(_tile_sections(buf)[residual_coder.PALETTE]) > 0
+    monkeypatch.setattr(residual_coder, "SPARSE", 1 << 20)  # no palette
+    plain = visemz.compress(img, max_error=0, quality=2)
+    assert len(_tile_sections(plain)[residual_coder.PALETTE]) == 0
+    np.testing.assert_array_equal(visemz.decompress(plain), img)
+    assert len(buf) < 0.75 * len(plain)
+
+
+def test_near_lossless_and_dense_images_take_no_palette():
+    for img, e in ((_stretched(), 1), (_photo((40, 48)), 0)):
+        buf = visemz.compress(img, max_error=e, quality=2)
+        assert len(_tile_sections(buf)[residual_coder.PALETTE]) == 0
+        assert _err(visemz.decompress(buf), img) <= e
+
+
+def _with_section(buf: bytes, name: str, body: bytes) -> bytes:
+    c = container.unpack(buf)
+    sections, coding = codec_module.ImageCodec("cpu")._open(buf).tile(0)
+    packed = codec_module.tile_index.pack(c.meta["tiles"]["parts"], c.meta["tiles"]["symbols"],
+                                          [(dict(sections, **{name: body}), coding)], c.meta["format"])
+    return container.pack(c.kind, c.meta, packed)
+
+
+def test_crafted_palettes_are_refused():
+    img = _stretched()
+    buf = visemz.compress(img, max_error=0, quality=2)
+    lo, hi = int(img.min()), int(img.max())
+    bad = [
+        [lo, 5, 0, 7],  # not increasing
+        [lo - 1, 3],  # below the image's range
+        [hi, 3],  # beyond it
+        list(range(lo, lo + 400)),  # not sparse: values that fill their span
+    ]
+    for values in bad:
+        gaps = np.diff(np.asarray(values, np.int64), prepend=0).astype(np.int32)
+        body = residual_coder.encode_ints(gaps, policy="block", entropy="zstd")
+        with pytest.raises(CorruptStreamError):
+            visemz.decompress(_with_section(buf, residual_coder.PALETTE, body))
+    near = visemz.compress(img, max_error=1, quality=2)  # a palette where the bound is not 0
+    body = residual_coder.encode_ints(np.array([lo, 257], np.int32), policy="block", entropy="zstd")
+    with pytest.raises(CorruptStreamError):
+        visemz.decompress(_with_section(near, residual_coder.PALETTE, body))

@@ -1,0 +1,331 @@
+"""Lossless and near-lossless coding of integer images under the residual prior (residual mode "learned").
+
+For every pixel the prior (``models/residual_prior.py``) predicts a logistic distribution from the
+lossy reconstruction, g_s's features and the pixels of earlier passes.  With bound E (levels of the
+image's dtype; 0: lossless) and bin b = 2E + 1, a pixel x with predicted mean mu and scale s is coded as
+
+    m0 = floor(mu + 0.5),  q = floor((x - m0 + E) / b),  decoded = clamp(m0 + q b, lo, hi),
+
+so |x - decoded| <= E for every pixel.  q is coded by the conditional rANS coder under the table of
+the logistic of scale s / b centred at (mu - m0) / b, on the grid of ``models/residual_tables.py``
+(a scale index and a centre index; a scale wider than the grid is coded as q >> k under a narrower
+table and its k low bits under a uniform table).
+
+The same on every device: the network runs in float64, whose results differ between a CPU and a
+GPU in their last bits only (``encoders/scale_indexes.py`` says by how much).  The integers a pixel
+is coded with (m0, the scale index, the centre index) each come from a float64 value by a floor;
+the encoder lists every pixel where one of those values lies within TOL of an integer, with the
+integers it used, and the decoder takes them from the list.  A pixel not listed was more than TOL
+from every boundary, so the decoder's value (off by less than 1e-8) floors alike.
+
+Sparse values (lossless only): where a tile uses at most half the levels of the image's range (16-bit
+data stretched from fewer levels, 8-bit data scaled by 256, ...), its sorted values are listed (the
+palette) and the pixels coded as indexes into it, the prediction mapped to that index scale by
+interpolating between the palette's values; the prior then sees data as dense as the source's levels.
+
+Sections of a tile: ``res_palette`` (empty bytes, or an ints stream of the first value and the gaps to
+the next ones), ``res_fixes`` (the list; empty bytes when nothing is listed, else an ints stream of
+[count per pass x 4, position gaps, m0, scale indexes, centre indexes]) and ``res_p0`` .. ``res_p3``, one
+conditional rANS stream per pass (the pass's q >> k in position order, then its low bits).
+Positions are flat indexes into a pass's (planes, channels, h, w) half-resolution grid; pixels of
+the padded tile outside the image are not coded and count as a residual of 0 in later passes' context.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .encoders import decode_ints, encode_ints
+from .encoders.rans import decode_conditional, encode_conditional
+from .errors import CorruptStreamError
+from .models import residual_tables as RT
+from .models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, space_to_depth
+from .models.residual_weights import Residual
+from .pixels import ImageMeta
+
+FIXES, PALETTE = "res_fixes", "res_palette"
+PASS_SECTIONS = tuple(f"res_p{k}" for k in range(len(PASSES)))
+SECTIONS = (PALETTE, FIXES, *PASS_SECTIONS)
+SPARSE = 2  # a lossless tile is coded through a palette when the span of its values holds this many levels per value
+TOL = 1e-6
+MAX_Q = 1 << 20  # |q| of any valid stream is below 2**18 (the largest image range over the smallest bin)
+TRUNK_HALO = 3  # half-resolution positions the trunk sees around a position (the heads see HALO - 3 more)
+STRIPE_BYTES = {"cpu": 256 << 20, "cuda": 4 << 30}  # the largest im2col buffer one stripe of the network may take
+
+
+def encode(res: Residual, x: torch.Tensor, x01: torch.Tensor, reduced: torch.Tensor, meta: ImageMeta,
+           e: int) -> dict[str, bytes]:
+    """A tile's pixels ``x`` (its meta's layout, integers) -> its sections.  ``x01``: the tile core's float64
+    reconstruction (planes, C, H, W), ``reduced``: the prior's reduction of g_s's features (half resolution)."""
+    levels = _batch_levels(x, meta, x01)
+    palette = _palette_of(levels, _real_mask(meta, x01), meta) if e == 0 else None
+    if palette is not None:
+        levels = torch.searchsorted(palette, levels.contiguous()).to(torch.float64)
+    fixes, streams = [], []
+
+    def fix(k, m0, si, fi, amb, real):
+        pos = torch.nonzero((amb & real).reshape(-1)).reshape(-1)
+        fixes.append((pos, m0.reshape(-1)[pos], si.reshape(-1)[pos], fi.reshape(-1)[pos]))
+        return m0, si, fi
+
+    def symbols(k, m0, shift, table, real):
+        xs = space_to_depth(levels)[:, _channels(k, x01.shape[1])].to(torch.int64)
+        q = torch.div(xs - m0 + e, 2 * e + 1, rounding_mode="floor")
+        high = q >> shift
+        sym, idx = _stream_inputs(high, q - (high << shift), shift, table, real)
+        streams.append(encode_conditional(_coder_array(sym), _coder_array(idx), res.tables))
+        return q
+
+    _passes(res, x01, reduced, _Domain(meta, palette), e, fix, symbols)
+    return {PALETTE: _pack_palette(palette), FIXES: _pack_fixes(fixes), **dict(zip(PASS_SECTIONS, streams))}
+
+
+def decode(res: Residual, sections: dict, x01: torch.Tensor, reduced: torch.Tensor, meta: ImageMeta,
+           e: int) -> torch.Tensor:
+    """A tile's sections -> its pixels in its meta's layout and dtype; damage raises CorruptStreamError."""
+    planes, c = x01.shape[0], x01.shape[1]
+    grid = planes * c * (x01.shape[2] // 2) * (x01.shape[3] // 2)
+    listed = _unpack_fixes(sections[FIXES], grid, x01.device)
+    palette = _unpack_palette(sections[PALETTE], meta, e, x01.device)
+
+    def fix(k, m0, si, fi, amb, real):
+        pos, m0_l, si_l, fi_l = listed[k]
+        if pos.numel():
+            if not bool(real.reshape(-1)[pos].all()):
+                raise CorruptStreamError("residual fixes list a position outside the image")
+            m0, si, fi = (t.reshape(-1).clone() for t in (m0, si, fi))
+            m0[pos], si[pos], fi[pos] = m0_l, si_l, fi_l
+        return m0, si, fi
+
+    def symbols(k, m0, shift, table, real):
+        n_low = int((real & (shift > 0)).sum())
+        _, idx = _stream_inputs(None, None, shift, table, real)
+        values = _as_torch(decode_conditional(sections[PASS_SECTIONS[k]], _coder_array(idx), res.tables), m0.device)
+        n = values.numel() - n_low
+        high, low = values[:n].to(torch.int64), values[n:].to(torch.int64)
+        low_shift = shift[real & (shift > 0)]
+        if low.numel() and bool(((low < 0) | (low >= (torch.ones_like(low_shift) << low_shift))).any()):
+            raise CorruptStreamError("residual pass stream holds a low-bits value outside its table's range")
+        q = torch.zeros_like(m0)
+        q[real] = high << shift[real]
+        q[real & (shift > 0)] += low
+        if bool((q.abs() > MAX_Q).any()):
+            raise CorruptStreamError(f"residual pass stream decodes a value beyond {MAX_Q} bins")
+        return q
+
+    out = _passes(res, x01, reduced, _Domain(meta, palette), e, fix, symbols)
+    if palette is not None:
+        out = palette[out.to(torch.int64)]
+    return _image_layout(out, meta)
+
+
+# ------------------------------------------------------------------ the passes, alike for both sides
+class _Domain:
+    """The integers a tile's pixels are coded as: the image's levels lo..hi, or indexes 0..n-1 into a palette."""
+
+    def __init__(self, meta: ImageMeta, palette: torch.Tensor | None):
+        self.meta, self.palette = meta, palette
+        self.lo, self.hi = (int(meta.lo), int(meta.hi)) if palette is None else (0, palette.numel() - 1)
+
+    def prediction(self, x01: torch.Tensor) -> torch.Tensor:
+        """The reconstruction in this domain's units (a palette's: interpolated between its values)."""
+        lo, span = self.meta.lo, max(self.meta.hi - self.meta.lo, 1)
+        levels = lo + x01.clamp(0, 1) * span
+        if self.palette is None:
+            return levels
+        v, n = self.palette, self.palette.numel()
+        if n == 1:
+            return torch.zeros_like(levels)
+        i = torch.searchsorted(v, levels.contiguous()).clamp(1, n - 1)
+        v0, v1 = v[i - 1], v[i]
+        return (i - 1) + ((levels - v0) / (v1 - v0)).clamp(0, 1)
+
+
+def _passes(res: Residual, x01: torch.Tensor, reduced: torch.Tensor, domain: _Domain, e: int, fix, symbols):
+    """Run the four passes; ``fix(k, m0, si, fi, ambiguous, real)`` gives the integers pass k codes with and
+    ``symbols(k, m0, shift, table, real)`` its q (the encoder codes them, the decoder decodes them).  Returns
+    the decoded pixels (planes, C, H, W) as float64 values of the domain."""
+    prior = res.prior64
+    lo, hi = domain.lo, domain.hi
+    u, b = max(hi - lo, 1) / 255.0, 2 * e + 1
+    planes, c = x01.shape[0], x01.shape[1]
+    side = [torch.full((planes,), v, dtype=torch.float64, device=x01.device) for v in (math.log2(u), math.log2(b))]
+    rows = _stripe_rows(prior, x01)
+    trunk = _by_stripes(lambda a, z: prior.condition(reduced[:, :, a:z], x01[:, :, 2 * a:2 * z], *side),
+                        reduced.shape[2], TRUNK_HALO, rows)
+    pred = space_to_depth(domain.prediction(x01))
+    real = space_to_depth(_real_mask(domain.meta, x01)).expand_as(pred)
+    known = torch.zeros_like(pred)
+    out = torch.zeros_like(pred)
+    for k in range(len(PASSES)):
+        sl = _channels(k, c)
+        offset, log_scale = _by_stripes(lambda a, z: torch.cat(prior.head(k, trunk[:, :, a:z], known[:, :, a:z]), 1),
+                                        trunk.shape[2], HALO - TRUNK_HALO, rows).chunk(2, 1)
+        mu = pred[:, sl] + u * offset
+        s = u * torch.exp(log_scale)
+        m0, si, fi, amb = _integers(mu, s, b)
+        m0, si, fi = (t.reshape(mu.shape) for t in fix(k, m0, si, fi, amb, real[:, sl]))
+        shift = ((si - RT.TOP + RT.STEPS - 1) // RT.STEPS).clamp_min(0)
+        table = (si - RT.STEPS * shift) * RT.CENTRES + fi
+        q = symbols(k, m0, shift, table, real[:, sl])
+        decoded = (m0 + q * b).clamp(lo, hi).to(torch.float64)
+        known[:, sl] = torch.where(real[:, sl], (decoded - pred[:, sl]) / (CONTEXT_SCALE * u), 0.0)
+        out[:, sl] = decoded
+    return depth_to_space(out, c)
+
+
+def _integers(mu: torch.Tensor, s: torch.Tensor, b: int):
+    """(m0, scale index, centre index, ambiguous): the floors of the float64 parameters, and where any of the
+    values floored lies within TOL of an integer (where another device might floor it otherwise)."""
+    t_mean = mu + 0.5
+    m0 = torch.floor(t_mean)
+    t_scale = RT.STEPS * torch.log2(s / (b * RT.SCALE_MIN)) + 0.5
+    si = torch.floor(t_scale).clamp(0, RT.SI_MAX)
+    shift = torch.ceil((si - RT.TOP) / RT.STEPS).clamp_min(0)
+    t_centre = ((mu - m0) / b + 0.5) / torch.exp2(shift) * RT.CENTRES
+    fi = torch.floor(t_centre).clamp(0, RT.CENTRES - 1)
+    amb = _near_integer(t_mean) | _near_integer(t_scale) | _near_integer(t_centre)
+    return m0.to(torch.int64), si.to(torch.int64), fi.to(torch.int64), amb
+
+
+def _near_integer(t: torch.Tensor) -> torch.Tensor:
+    return (t - torch.round(t)).abs() < TOL
+
+
+def _stream_inputs(high, low, shift, table, real):
+    """A pass's symbols (None when ``high`` is None) and table indexes as the coder takes them: every real
+    position's q >> k under its table, then the low bits of those with k > 0 under the uniform tables."""
+    wide = real & (shift > 0)
+    idx = torch.cat([table[real], RT.UNIFORM + shift[wide] - 1]).to(torch.int32)
+    if high is None:
+        return None, idx
+    return torch.cat([high[real], low[wide]]).to(torch.int32), idx
+
+
+def _channels(k: int, c: int) -> slice:
+    return slice(k * c, (k + 1) * c)
+
+
+# ------------------------------------------------------------------ stripes (memory follows a stripe)
+def _stripe_rows(prior, x01: torch.Tensor) -> int:
+    """Half-resolution rows per stripe: the widest 3 x 3 convolution's im2col buffer within STRIPE_BYTES."""
+    width_in = prior.width + 4 * prior.channels
+    per_row = 9 * width_in * (x01.shape[3] // 2) * x01.shape[0] * 8
+    return max(8, STRIPE_BYTES["cuda" if x01.is_cuda else "cpu"] // per_row)
+
+
+def _by_stripes(fn, h: int, halo: int, rows: int) -> torch.Tensor:
+    """``fn(a, z)`` (the network on input rows a..z of a half-resolution grid) over stripes of ``rows`` rows
+    with ``halo`` rows of context on each side, the halos cut off: the whole grid's result, up to float
+    rounding, with the memory of one stripe."""
+    if rows >= h:
+        return fn(0, h)
+    parts = []
+    for a in range(0, h, rows):
+        z = min(h, a + rows)
+        w0, w1 = max(0, a - halo), min(h, z + halo)
+        parts.append(fn(w0, w1)[:, :, a - w0:z - w0])
+    return torch.cat(parts, 2)
+
+
+# ------------------------------------------------------------------ layouts
+def _batch_levels(x: torch.Tensor, meta: ImageMeta, like: torch.Tensor) -> torch.Tensor:
+    """A tile's pixels (meta layout) -> float64 levels shaped and placed like ``like`` (planes, C, H, W: the
+    core's padded shape; zeros beyond the image, whose pixels are not coded)."""
+    t = (x.to(torch.int32) if meta.dtype == "uint16" else x).to(torch.float64)
+    if t.dim() == 2:
+        t = t[None, None]
+    elif meta.channels == 3:
+        t = t.permute(2, 0, 1)[None]
+    else:
+        t = t.permute(2, 0, 1)[:, None]
+    out = torch.zeros_like(like)
+    out[:, :, :t.shape[2], :t.shape[3]] = t.to(out.device)
+    return out
+
+
+def _real_mask(meta: ImageMeta, x01: torch.Tensor) -> torch.Tensor:
+    """(1, 1, H, W) bool: the core's pixels that lie in the image."""
+    m = torch.zeros((1, 1, *x01.shape[2:]), dtype=torch.bool, device=x01.device)
+    m[:, :, :meta.height, :meta.width] = True
+    return m
+
+
+def _image_layout(out: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
+    x = out[:, :, :meta.height, :meta.width]
+    x = x[0, 0] if len(meta.shape) == 2 else (x[0].permute(1, 2, 0) if meta.channels == 3 else x[:, 0].permute(1, 2, 0))
+    x = x.to(torch.int32)
+    return x.to(torch.uint8) if meta.dtype == "uint8" else x.to(torch.uint16)
+
+
+# ------------------------------------------------------------------ the palette
+def _palette_of(levels: torch.Tensor, real: torch.Tensor, meta: ImageMeta) -> torch.Tensor | None:
+    """A lossless tile's sorted values (float64) where they are sparse within their own span, else None
+    (values that fill their span, however narrow, are coded as they are)."""
+    values = torch.unique(levels[real.expand_as(levels)])
+    return values if SPARSE * values.numel() <= int(values[-1] - values[0]) + 1 else None
+
+
+def _pack_palette(palette: torch.Tensor | None) -> bytes:
+    if palette is None:
+        return b""
+    v = palette.to(torch.int64).cpu()
+    return encode_ints(torch.diff(v, prepend=v.new_zeros(1)).to(torch.int32).numpy(), policy="block", entropy="zstd")
+
+
+def _unpack_palette(buf, meta: ImageMeta, e: int, device) -> torch.Tensor | None:
+    """The palette section -> the tile's values (float64, strictly increasing within the image's range), or None."""
+    if len(buf) == 0:
+        return None
+    v = torch.cumsum(torch.from_numpy(decode_ints(bytes(buf)).astype(np.int64)), 0)
+    lo, hi = int(meta.lo), int(meta.hi)
+    if e != 0 or v.numel() == 0 or SPARSE * v.numel() > int(v[-1] - v[0]) + 1 or int(v[0]) < lo or int(v[-1]) > hi or \
+            bool((torch.diff(v) <= 0).any()):
+        raise CorruptStreamError("residual palette is not a sparse, increasing list of values within the image's range")
+    return v.to(device, torch.float64)
+
+
+# ------------------------------------------------------------------ coder arrays and the fixes list
+def _coder_array(t: torch.Tensor):
+    """What the rANS coder takes: a CUDA tensor as it is, a CPU tensor as NumPy."""
+    return t.contiguous() if t.is_cuda else t.contiguous().numpy()
+
+
+def _as_torch(a, device) -> torch.Tensor:
+    return torch.as_tensor(a, device=device) if not isinstance(a, np.ndarray) else torch.from_numpy(a).to(device)
+
+
+def _pack_fixes(fixes: list) -> bytes:
+    counts = [int(f[0].numel()) for f in fixes]
+    if not any(counts):
+        return b""
+    pos = [torch.diff(f[0], prepend=f[0].new_zeros(1)) for f in fixes]
+    parts = [torch.tensor(counts)] + [p.cpu() for p in pos] + [torch.cat([f[i] for f in fixes]).cpu() for i in (1, 2, 3)]
+    return encode_ints(torch.cat(parts).to(torch.int32).numpy(), policy="global", entropy="none")
+
+
+def _unpack_fixes(buf, grid: int, device) -> list[tuple]:
+    """The fixes section -> per pass (positions, m0, scale indexes, centre indexes), each checked."""
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    if len(buf) == 0:
+        return [(empty, empty, empty, empty)] * len(PASSES)
+    v = torch.from_numpy(decode_ints(bytes(buf)).astype(np.int64))
+    counts = v[:len(PASSES)]
+    total = int(counts.sum()) if v.numel() >= len(PASSES) else -1
+    if v.numel() < len(PASSES) or bool((counts < 0).any()) or v.numel() != len(PASSES) + 4 * total:
+        raise CorruptStreamError("residual fixes section does not hold its counts' worth of values")
+    gaps, m0, si, fi = v[len(PASSES):].split(total)
+    if bool(((si < 0) | (si > RT.SI_MAX) | (fi < 0) | (fi >= RT.CENTRES)).any()):
+        raise CorruptStreamError("residual fixes section holds a scale or centre index outside the table grid")
+    out, start = [], 0
+    for n in counts.tolist():
+        g = gaps[start:start + n]
+        pos = torch.cumsum(g, 0)
+        if n and (bool((g[1:] <= 0).any()) or int(pos[0]) < 0 or int(pos[-1]) >= grid):
+            raise CorruptStreamError("residual fixes positions are not increasing within the tile")
+        out.append((pos.to(device), *(t[start:start + n].to(device) for t in (m0, si, fi))))
+        start += n
+    return out
