@@ -22,6 +22,7 @@ from skimage import data
 
 import visemz
 from visemz import container, pages
+from visemz.codec import FORMAT
 from visemz.pipeline import dali_source
 from visemz.pipeline.jobs import is_complete
 
@@ -229,7 +230,7 @@ def test_large_tiff_and_volume_tiled_and_a_region_decoded(cli, tmp_path):
     for name in inputs:
         c = container.unpack((dst / f"{name}.vsz").read_bytes())
         first = container.unpack(bytes(pages.page_buffers(c)[0])) if c.kind == pages.KIND else c
-        assert first.meta["format"] == 5 and first.meta["tiles"]["grid"][0] >= 2, name
+        assert first.meta["format"] == FORMAT and first.meta["tiles"]["grid"][0] >= 2, name
     r = cli("decompress", dst, out, "--region", "10:60,20:120", "--format", "npy", "--device", "cpu")
     assert r.exit_code == 0, r.stdout + r.stderr
     for name, img in inputs.items():

@@ -358,7 +358,7 @@ SAMPLES = ("camera.png", "astronaut.png", "coins.png", "moon.png", "cell.png", "
 @app.command()
 def demo(
     out: Optional[Path] = typer.Option(None, help="a new (or empty) folder for the outputs (default: a new "
-                                                  "folder under the system's temporary folder, kept)"),
+                                                  "folder visemz-demo, -2, -3, ... in the current folder)"),
     device: Optional[str] = typer.Option(None),
 ) -> None:
     """The main job on scikit-image's sample images: compress, verify, decompress; says where the outputs are."""
@@ -371,7 +371,7 @@ def demo(
 
     from .pipeline import jobs
 
-    out = out or Path(tempfile.mkdtemp(prefix="visemz-demo-"))
+    out = (out or _new_folder(Path("visemz-demo"))).absolute()
     samples, compressed, restored = out / "samples", out / "compressed", out / "restored"
     samples.mkdir(parents=True, exist_ok=True)
     data_dir = Path(skimage.data.__file__).parent
@@ -389,6 +389,15 @@ def demo(
                f"  {files.shown(compressed)}  their .vsz files and visemz-manifest.json\n"
                f"  {files.shown(restored)}  the images decoded from the .vsz files")
     raise typer.Exit(1 if d["failed"] or back.failed else 0)
+
+
+def _new_folder(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ...: the first that does not exist."""
+    k, path = 1, base
+    while path.exists() or path.is_symlink():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
 
 
 @app.command()
