@@ -1,8 +1,8 @@
 """How many images a folder job works on at once on the CPU: as many as the memory there is holds.
 
-An image's CPU compress or decompress needs host memory in proportion to its pixels, far more
-than the image itself (the networks' activations, the float64 error-bound path).  ``estimate``
-gives that need from a measured figure per pixel; a job's lanes share a budget, the memory
+An image's CPU compress or decompress needs host memory far beyond the image itself (the networks'
+activations, the error-bound path's float64 synthesis, in stripes).  ``estimate`` gives that need from
+measured figures, a fixed part and a part per pixel; a job's lanes share a budget, the memory
 available when the job starts (``available``: /proc/meminfo's MemAvailable, or the cgroup's
 limit when lower) less a margin, split between the processes of a host.  ``MemoryGate`` lets
 a lane start an image only while the estimates of the images in flight fit the budget, and
@@ -19,12 +19,13 @@ import os
 import threading
 from pathlib import Path
 
-#: Peak host memory of one image's compress or decompress on the CPU, above the loaded models, in
-#: bytes per pixel (H x W, each page of a stack), measured (ru_maxrss, mbt2018-mean, quality 4, the
-#: codec at this version) on 12-bit X-ray-like images of 600x475 and 1200x950 pixels, rounded up:
-#: lossy (no max_error) and error-bounded (max_error given, lossless included).  The error-bounded
-#: path's float64 synthesis makes it the larger.
-BYTES_PER_PIXEL = {"lossy": 1_000, "bounded": 2_800}
+#: Peak host memory of one image's compress or decompress on the CPU, above the loaded models: a fixed
+#: part (bytes) and a part per pixel (H x W, each page of a stack), for lossy coding (no max_error) and
+#: error-bounded coding (max_error given, lossless included).  Measured (ru_maxrss, mbt2018-mean,
+#: quality 4, 12-bit X-ray-like uint16 images of 600x475, 1200x950 and 2400x1900 pixels, this
+#: version's codec) and rounded up: see ``estimate``.
+FIXED_BYTES = {"lossy": 128 << 20, "bounded": 512 << 20}
+BYTES_PER_PIXEL = {"lossy": 700, "bounded": 550}
 #: The share of the available memory a job's images may take: the rest is for the models, the
 #: loaders' and writers' queues, and the system.
 SHARE = 0.75
@@ -34,7 +35,8 @@ CGROUP = Path("/sys/fs/cgroup")
 
 def estimate(pixels: int, bounded: bool) -> int:
     """Host bytes one image of ``pixels`` (H x W) needs while it is compressed or decompressed."""
-    return int(pixels) * BYTES_PER_PIXEL["bounded" if bounded else "lossy"]
+    mode = "bounded" if bounded else "lossy"
+    return FIXED_BYTES[mode] + int(pixels) * BYTES_PER_PIXEL[mode]
 
 
 def available() -> int:
