@@ -1,7 +1,8 @@
 """More training images for the lossy models, from public image repositories given as git directories.
 
     python scripts/prepare_training_data.py --imagenet GITDIR --bsds GITDIR --cxnet GITDIR \
-        --train-data DATA --eval DATA/eval --out OUT [--scale 0.75] [--xray-max-side 1024] [--chunk-mb 22]
+        --train-data DATA --eval DATA/eval --out OUT [--scale 0.75] [--xray-max-side 1024] [--min-side 128] \
+        [--chunk-mb 22]
 
 Each source is read from a git directory (no work tree needed: the blobs of HEAD) by its layout:
 
@@ -25,6 +26,8 @@ Images are dropped by the first rule that applies:
   absent          the blob is not in the git directory (a large file left out of the copy)
   lfs_pointer     the blob is a Git LFS pointer, not the image
   undecodable     OpenCV cannot decode it
+  too_small       its shorter side, resized, is under --min-side (a thumbnail: train.py would mirror-pad
+                  it to the crop size, and the crops would be mostly mirror images)
   cbsd68          a BSDS image whose id --train-data holds already as bsd68_<id> (CBSD68)
   eval_source     an X-ray whose metadata row mentions --eval-source (the evaluation X-rays' source),
                   or any X-ray of a patient such a row names
@@ -270,7 +273,7 @@ def encode(img: np.ndarray, kind: str) -> bytes:
     return buf.tobytes()
 
 
-def prepare(c: Candidate, data: bytes | None, staging: Path, scale: float, max_side: int) -> np.ndarray | None:
+def prepare(c: Candidate, data: bytes | None, staging: Path, args) -> np.ndarray | None:
     """Decode, hash, resize and write one candidate to staging; its hash, or None with c.drop set."""
     if data is None:
         c.drop = ("absent", "the git directory lacks this blob")
@@ -282,8 +285,11 @@ def prepare(c: Candidate, data: bytes | None, staging: Path, scale: float, max_s
     if img is None:
         c.drop = ("undecodable", "OpenCV cannot decode it as an 8- or 16-bit image")
         return None
+    out = resize_for_training(img, c.kind, args.scale, args.xray_max_side)
+    if min(out.shape[:2]) < args.min_side:
+        c.drop = ("too_small", f"{out.shape[1]}x{out.shape[0]} resized, under --min-side {args.min_side}")
+        return None
     bits = perceptual_hash(img if img.ndim == 2 else cv2.cvtColor(img, cv2.COLOR_BGR2GRAY))
-    out = resize_for_training(img, c.kind, scale, max_side)
     blob = encode(out, c.kind)
     (staging / c.kind / c.name).write_bytes(blob)
     c.info = {"from_size": [img.shape[1], img.shape[0]], "size": [out.shape[1], out.shape[0]], "bytes": len(blob)}
@@ -302,7 +308,7 @@ def prepare_all(trees: dict[str, GitTree], cands: list[Candidate], staging: Path
         for i in todo:
             c = cands[i]
             data = trees[c.source].read(c.blob) if c.present else None
-            pending.append((i, pool.submit(prepare, c, data, staging, args.scale, args.xray_max_side)))
+            pending.append((i, pool.submit(prepare, c, data, staging, args)))
             while len(pending) > 4 * args.workers:
                 _collect(pending.popleft(), hashes)
         while pending:
@@ -400,7 +406,7 @@ def manifest(cands: list[Candidate], trees: dict[str, GitTree], chunks: dict, ar
     dropped = [{"source": c.source, "path": c.path, "blob": c.blob, "reason": c.drop[0], "detail": c.drop[1],
                 **({"nearest_eval": c.info["nearest_eval"]} if "nearest_eval" in c.info else {})}
                for c in cands if c.drop is not None]
-    settings = {"scale": args.scale, "photo_filter": "cv2.INTER_AREA", "xray_max_side": args.xray_max_side,
+    settings = {"scale": args.scale, "photo_filter": "cv2.INTER_AREA", "xray_max_side": args.xray_max_side, "min_side": args.min_side,
                 "chunk_bytes": chunk_limit(args), "hash": "255-bit DCT hash of a 64x64 gray thumbnail",
                 "hash_distance": args.hash_distance, "eval_source": args.eval_source}
     return {"settings": settings, "sources": sources, "chunks": chunks, "kept": kept, "dropped": dropped}
@@ -422,6 +428,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, required=True, help="OUT/train3 is written (it must not exist)")
     ap.add_argument("--scale", type=float, default=0.75, help="photos' downscaling factor")
     ap.add_argument("--xray-max-side", type=int, default=1024, help="X-rays larger than this are reduced to it")
+    ap.add_argument("--min-side", type=int, default=128, help="images whose shorter side, resized, is smaller are dropped")
     ap.add_argument("--chunk-mb", type=float, default=22.0, help="largest chunk, in MB (10^6 bytes)")
     ap.add_argument("--hash-distance", type=int, default=48, help="near-duplicate: hashes within this many of 255 bits")
     ap.add_argument("--eval-source", default="actualmed",
@@ -436,6 +443,8 @@ def check_args(args) -> None:
         raise InvalidArgumentError(f"--scale {args.scale}: expected a factor in [0.05, 1]")
     if args.xray_max_side < 64:
         raise InvalidArgumentError(f"--xray-max-side {args.xray_max_side}: expected at least 64")
+    if args.min_side < 0:
+        raise InvalidArgumentError(f"--min-side {args.min_side}: expected 0 or more pixels")
     if not args.chunk_mb > 0:
         raise InvalidArgumentError(f"--chunk-mb {args.chunk_mb}: expected a positive size")
     if not 0 <= args.hash_distance < 128:

@@ -79,7 +79,8 @@ def world(tmp_path_factory):
     imagenet = make_repo(base / "imagenet", {
         "README.md": b"samples\n", "n001_chelsea's_cat.JPEG": jpeg(chelsea), "n002_coffee.JPEG": jpeg(coffee),
         "n003_astronaut.JPEG": jpeg(bgr(small(data.astronaut(), 160))),  # a Kodak image, at another size
-        "n004_rocket.JPEG": jpeg(rocket)}, lose=("n004_rocket.JPEG",))
+        "n004_rocket.JPEG": jpeg(rocket), "n005_coins.JPEG": jpeg(small(data.coins(), 60))},  # a gray thumbnail
+        lose=("n004_rocket.JPEG",))
     gravel = cv2.cvtColor(small(data.gravel(), 100), cv2.COLOR_GRAY2BGR)
     bsds = make_repo(base / "bsds", {
         "BSDS500/data/images/train/100.jpg": jpeg(rocket),
@@ -116,7 +117,7 @@ def world(tmp_path_factory):
     cv2.imwrite(str(ev / "xray" / "xray_15.png"), camera)
     out = base / "out"
     argv = ["--imagenet", str(imagenet), "--bsds", str(bsds), "--cxnet", str(xrays), "--train-data", str(train_data),
-            "--eval", str(ev), "--out", str(out), "--xray-max-side", "256", "--chunk-mb", "0.02"]
+            "--eval", str(ev), "--out", str(out), "--xray-max-side", "256", "--min-side", "40", "--chunk-mb", "0.02"]
     ptd.main(argv)
     manifest = json.loads((out / "train3" / "manifest.json").read_text())
     return {"argv": argv, "out": out, "manifest": manifest, "photos": photos, "repos": (imagenet, bsds, xrays),
@@ -138,6 +139,7 @@ def test_every_file_is_kept_or_dropped_with_its_reason(world):
     assert reasons == {
         ("imagenet", "n001_chelsea's_cat.JPEG"): "kept", ("imagenet", "n002_coffee.JPEG"): "kept",
         ("imagenet", "n003_astronaut.JPEG"): "eval_duplicate", ("imagenet", "n004_rocket.JPEG"): "absent",
+        ("imagenet", "n005_coins.JPEG"): "too_small",
         ("bsds", "100.jpg"): "kept", ("bsds", "200.jpg"): "cbsd68", ("bsds", "300.jpg"): "duplicate",
         ("bsds", "400.jpg"): "kept",
         ("cxnet", "001.png"): "kept", ("cxnet", "002.jpg"): "kept", ("cxnet", "003.png"): "eval_duplicate",
@@ -146,6 +148,7 @@ def test_every_file_is_kept_or_dropped_with_its_reason(world):
     assert "kodak/kodim01.png" in rows[("imagenet", "n003_astronaut.JPEG")]["detail"]
     assert "xray/xray_15.png" in rows[("cxnet", "chest_xray_images/covid19/003.png")]["detail"]
     assert "n001_chelsea-s_cat" in rows[("bsds", "BSDS500/data/images/val/300.jpg")]["detail"]
+    assert "45x35 resized, under --min-side 40" in rows[("imagenet", "n005_coins.JPEG")]["detail"]
     assert "patient 7" in rows[("cxnet", "chest_xray_images/covid19/007.png")]["detail"]
     assert "train/gray/em_moon.png" in rows[("cxnet", "chest_xray_images/covid19/005.png")]["detail"]
 
@@ -237,7 +240,8 @@ def test_an_existing_output_is_refused_before_any_work(world, tmp_path):
 
 
 @pytest.mark.parametrize("flag, value, message", [("--scale", "1.5", "--scale"), ("--chunk-mb", "0", "--chunk-mb"),
-                                                  ("--hash-distance", "200", "--hash-distance")])
+                                                  ("--hash-distance", "200", "--hash-distance"),
+                                                  ("--min-side", "-1", "--min-side")])
 def test_bad_settings_are_named(world, tmp_path, flag, value, message):
     argv = list(world["argv"])
     argv[argv.index("--out") + 1] = str(tmp_path / "out")
