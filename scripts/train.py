@@ -11,8 +11,10 @@ and the luminance of every RGB photo.  train3 (read where present) is what
 scripts/prepare_training_data.py writes: ImageNet class samples and BSDS500 photos downscaled 0.75x
 (CBSD68, already in train2, left out), COVID-CXNet chest X-rays (xr_: the xray group); its
 manifest.json lists every image and what was kept out (evaluation images and their near-duplicates,
-the evaluation X-rays' source and patients).  A model saw the folders present under --data when it
-trained; its card says which (export_weights.py).  Gray crops are drawn by group (--gray-mix): X-rays and the other scientific
+the evaluation X-rays' source and patients).  The model cards (export_weights.py) name these folders,
+train3 included: train a model for a card with all of them present under --data.
+
+Gray crops are drawn by group (--gray-mix): X-rays and the other scientific
 images (EM, fluorescence, astronomy) get fixed shares so that the photos' luminance, most of
 the pixels, does not drown them out; ``MODEL@area`` trains a model that draws every image by
 its area instead (the ablation that measures what the mix does).  --upscale GROUP=F enlarges
