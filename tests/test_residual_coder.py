@@ -304,3 +304,14 @@ def test_crafted_palettes_are_refused():
     body = residual_coder.encode_ints(np.array([lo, 257], np.int32), policy="block", entropy="zstd")
     with pytest.raises(CorruptStreamError):
         visemz.decompress(_with_section(near, residual_coder.PALETTE, body))
+
+
+def test_auto_quality_keeps_the_smallest_file():
+    img = _photo((40, 48))
+    sizes = {q: len(visemz.compress(img, max_error=1, quality=q)) for q in codec_module.AUTO_QUALITIES}
+    buf = visemz.compress(img, max_error=1, quality="auto")
+    assert len(buf) == min(sizes.values())
+    assert container.unpack(buf).meta["quality"] in codec_module.AUTO_QUALITIES
+    assert _err(visemz.decompress(buf), img) <= 1
+    with pytest.raises(visemz.InvalidArgumentError, match="max_error"):
+        visemz.compress(img, quality="auto")

@@ -174,7 +174,7 @@ class VisemzBounded(Visemz):
 
     def __init__(self, arch: str, device: str, quality=MAXERR_QUALITY):
         super().__init__(arch, device)
-        self.quality = registry.check_quality(quality)
+        self.quality = quality if quality == "auto" else registry.check_quality(quality)  # "auto": per image
         self.name = bounded_name(arch, self.quality)
         self.description = bounded_description(arch, self.quality)
 
