@@ -185,6 +185,9 @@ class _RecordingSynthesis(torch.nn.Module):
         self.counts.append(self.alive())
         return self.inner(y)
 
+    def __getitem__(self, i):  # its layers, as g_s's (the synthesis sizes its blocks from the last one)
+        return self.inner[i]
+
 
 def tiled_synthesis(codec: ImageCodec, buf: bytes, park) -> tuple[list, list[int]]:
     """Every tile's reconstruction of a lossy tiled file through ``tiling.synthesise`` with ``park``, and,

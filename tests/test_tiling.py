@@ -42,7 +42,7 @@ def coffee(codec):
 def test_round_trip_of_an_odd_size_in_tiles(coffee):
     img, buf, out = coffee
     meta = container.unpack(buf).meta
-    assert meta["format"] == 5 and meta["tiles"]["grid"] == [3, 5] and meta["tiles"]["size"] == TILE
+    assert meta["format"] == visemz.codec.FORMAT and meta["tiles"]["grid"] == [3, 5] and meta["tiles"]["size"] == TILE
     assert out.shape == img.shape and out.dtype == img.dtype
     assert psnr(img, out) > 30
 
@@ -171,18 +171,20 @@ def test_every_tile_the_writer_takes_the_reader_takes(codec):
 
 
 @pytest.mark.parametrize("value", ["65536", "100"])
-def test_a_bad_visemz_tile_is_named_at_import(value):
+def test_a_bad_visemz_tile_is_named_when_the_codec_loads(value):
+    """``import visemz`` is lazy; the codec's first use loads the tile rule, which checks the setting."""
     env = dict(os.environ, VISEMZ_TILE=value)
-    r = subprocess.run([sys.executable, "-c", "import visemz"], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", "import visemz; visemz.ImageCodec"], env=env, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode != 0 and f"InvalidArgumentError: VISEMZ_TILE={value}: expected a multiple of 64" in r.stderr
 
 
-def test_format_5_is_format_4_with_a_varint_tile_index(codec, coffee):
+def test_formats_5_and_6_are_format_4_with_a_varint_tile_index(codec, coffee):
     """The same tiles' parts under either index; format 4 is still written on request and read."""
     img, buf, out = coffee
     old = codec.compress(img, quality=4, tile=TILE, image_format=4)
     c5, c4 = container.unpack(buf), container.unpack(old)
-    assert c5.meta["format"] == 5 and c4.meta["format"] == 4
+    assert c5.meta["format"] == visemz.codec.FORMAT and c4.meta["format"] == 4  # formats 5 and 6: varints
     assert bytes(c5.sections[tile_index.TILES]) == bytes(c4.sections[tile_index.TILES])
     n, p, s = 15, len(c5.meta["tiles"]["parts"]), len(c5.meta["tiles"]["symbols"])
     assert len(c4.sections[tile_index.INDEX]) == n * (8 * p + s) > 2 * len(c5.sections[tile_index.INDEX])
@@ -307,26 +309,28 @@ def _camera_float():
 
 # sha256 of files written on the CPU.  First pinned before the residual used the symbols in hand (every tile's were
 # decoded again from its sections), and held since; pinned again with image format 5, container version 2 and
-# conditional rANS stream version 2 (the framing changed, not their symbols or residuals); the mbt2018-mean cases
-# pinned again with each update of their weights (the balle2016 case's digest held through every change).  They hold for these
-# weights (model_id), the default coder settings and the float32 analysis of the machine they were taken on
-# (torch 2.14 on an AVX512 CPU: another torch or instruction set may round a symbol otherwise); elsewhere the test
-# says so by skipping.
+# conditional rANS stream version 2 (the framing changed, not their symbols or residuals), and with image format 6
+# (`residual_id` in the header; the gray uint8 case's residual coded under the residual prior); the mbt2018-mean
+# cases pinned again with each update of their weights (the balle2016 case's digest held through every change).
+# They hold for these weights (model_id, and the residual prior's id where it codes the residual), the default
+# coder settings and the float32 analysis of the machine they were taken on (torch 2.14 on an AVX512 CPU: another
+# torch or instruction set may round a symbol otherwise); elsewhere the test says so by skipping.
 PINNED_ON = ("2.14", "AVX512")
 WRITTEN_BEFORE = {
-    "uint8-int": (lambda: np.ascontiguousarray(data.camera()[:150, :200]), dict(quality=2, max_error=2),
-                  "8d0c0e8eae2a035a", "7013473630831431a8ec32a3bc50579657866065507f7724b5c6cc19891cb9a0"),
-    "float32-float": (_camera_float, dict(model="balle2016", quality=3, max_error=0.02),
-                      "f14f2366b618726b", "9c189d5396e71435303e7a06353b475ac74e6b3f843ebc370d514e5aa7f69822"),
+    "uint8-learned": (lambda: np.ascontiguousarray(data.camera()[:150, :200]), dict(quality=2, max_error=2),
+                      ("8d0c0e8eae2a035a", "69df7535385f354f"),
+                      "ac6dea751e448039956c43e13a62ca95b94f1af2e9db8e6ffd3f9151431a6438"),
+    "float32-float": (_camera_float, dict(model="balle2016", quality=3, max_error=0.02), ("f14f2366b618726b", None),
+                      "92ab2869b3fcb87143c90a735f28b81c38f947c0e88fc3a1fc6c1d511c82165e"),
     "rgb-lossless": (lambda: np.ascontiguousarray(data.astronaut()[:90, :130]), dict(quality=4, max_error=0),
-                     "f7e0896ee6d1e37d", "ae954a1752841b87ed699cea349bf140bea4a868fb61e542cbbfbe3ff0b7c978"),
+                     ("f7e0896ee6d1e37d", None), "2710a7ce5724294b40caae7e2565206a5ecd5fdc3d69e420fef061b8887f7378"),
 }
 CODER_SETTINGS = ("zstd_level", "entropy_chunk", "rans_lane_bytes", "rans_lane_symbols", "tile_batch")
 
 
 @pytest.mark.parametrize("case", sorted(WRITTEN_BEFORE))
 def test_error_bounded_files_keep_their_bytes(codec, case):
-    image, options, model_id, digest = WRITTEN_BEFORE[case]
+    image, options, ids, digest = WRITTEN_BEFORE[case]
     changed = [f.name for f in fields(Defaults) if f.name in CODER_SETTINGS and getattr(DEFAULTS, f.name) != f.default]
     if changed:
         pytest.skip(f"coder settings {changed} are set in the environment")
@@ -334,8 +338,9 @@ def test_error_bounded_files_keep_their_bytes(codec, case):
     if here != PINNED_ON:
         pytest.skip(f"pinned with torch {PINNED_ON[0]} on {PINNED_ON[1]}; this is torch {here[0]} on {here[1]}")
     buf = codec.compress(image(), tile=64, **options)
-    if container.unpack(buf).meta["model_id"] != model_id:
-        pytest.skip(f"{case} was pinned with weights {model_id}; the shipped weights differ")
+    meta = container.unpack(buf).meta
+    if (meta["model_id"], meta["residual_id"]) != ids:
+        pytest.skip(f"{case} was pinned with weights {ids}; the shipped weights differ")
     assert hashlib.sha256(buf).hexdigest() == digest
 
 

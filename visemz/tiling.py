@@ -263,19 +263,27 @@ def synthesise(net, grid: Grid, tiles: list[int], latent_of: Callable[[int], tor
 
 
 def synthesis(net, y: torch.Tensor) -> torch.Tensor:
-    """g_s(y), from a CUDA graph where ``graphs.usable``."""
-    return graphs.run(net.g_s, (y,), key=("g_s",), owner=net, pixels=graphs.pixels(y, STRIDE))
+    """g_s(y): on a GPU from a CUDA graph where ``graphs.usable``; on the CPU block by block where the latent
+    is large (``models/blocks.py``), so that host memory follows a block, not the tile."""
+    if y.is_cuda:
+        return graphs.run(net.g_s, (y,), key=("g_s",), owner=net, pixels=graphs.pixels(y, STRIDE))
+    plan = blocks.plan(y.shape[2], y.shape[3], *SYNTHESIS_HALO, _synthesis_unit(net, y), y.device)
+    return blocks.run(lambda r, c: (net.g_s(y[:, :, r[0]:r[1], c[0]:c[1]]),), plan, (STRIDE,))[0]
+
+
+def _synthesis_unit(net, y: torch.Tensor) -> int:
+    """g_s's working memory per latent position: its widest im2col buffer (N x 5 x 5 values at each of its
+    4 x 4 quarter-resolution positions)."""
+    return net.g_s[-1].in_channels * 25 * 16 * y.element_size() * y.shape[0]
 
 
 def synthesis_features(net, reduce: torch.nn.Module, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(g_s(y), ``reduce`` of g_s's last hidden features at half resolution): the float64 synthesis the residual
     coder needs, block by block (``models/blocks.py``) with SYNTHESIS_HALO latent positions of context, so that
     memory follows a block: a float64 transposed convolution's im2col buffer over a whole X-ray would take
-    gigabytes.  Working memory per latent position: g_s's widest im2col buffer (N x 5 x 5 values at each of its
-    4 x 4 quarter-resolution positions)."""
+    gigabytes."""
     head, last, reducer = net.g_s[:-1], net.g_s[-1:], torch.nn.Sequential(reduce)
-    unit = net.g_s[-1].in_channels * 25 * 16 * y.element_size() * y.shape[0]
-    plan = blocks.plan(y.shape[2], y.shape[3], *SYNTHESIS_HALO, unit, y.device)
+    plan = blocks.plan(y.shape[2], y.shape[3], *SYNTHESIS_HALO, _synthesis_unit(net, y), y.device)
 
     def forward(layers: torch.nn.Sequential, t: torch.Tensor) -> torch.Tensor:
         return architectures.native_forward(layers, t) if t.is_cuda else layers(t)
