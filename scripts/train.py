@@ -724,9 +724,12 @@ def run(trainers: list[Trainer], log: Log, args, state_dir: Path, data: Data | N
 
 
 def should_stop(stop: list, t0: float, trainers: list[Trainer], args, ranks: int, rounds: int) -> bool:
-    """SIGTERM/SIGINT, the time limit or the step goal; under --ddp decided by all ranks together every
-    AGREE_EVERY rounds (any rank's reason stops them all), so that no rank waits for a step the others skip."""
-    mine = bool(stop) or time.perf_counter() - t0 >= args.time_limit or min(t.step for t in trainers) >= args.steps
+    """The step goal (the same on every rank), SIGTERM/SIGINT or the time limit; under --ddp the last two are
+    decided by all ranks together every AGREE_EVERY rounds (any rank's reason stops them all), so that no rank
+    waits for a step the others skip."""
+    if min(t.step for t in trainers) >= args.steps:
+        return True
+    mine = bool(stop) or time.perf_counter() - t0 >= args.time_limit
     if ranks == 1:
         return mine
     if rounds % AGREE_EVERY:
