@@ -273,10 +273,11 @@ class Trainer:
     WARMUP = 500  # steps of linear LR warm-up whenever Adam's moments start afresh
 
     def __init__(self, name: str, sampler: CropSampler, batch: int, device, lr: float, amp: bool,
-                 loss: str = "normalised", ddp: bool = False):
+                 loss: str = "normalised", ddp: bool = False, spec=None):
         self.name = name  # e.g. "balle2016-gray", "balle2016-gray@area" or "mbt2018-mean-rgb@q2"
         parsed = training.parse_name(name)
-        self.spec, self.fixed_quality = parsed.spec, parsed.quality
+        # ``spec``: another size of the named architecture (scripts/bench_train_step.py's), else the registry's
+        self.spec, self.fixed_quality = spec or parsed.spec, parsed.quality
         self.model = architectures.build(self.spec).to(device).train()
         self.aux_names = {n for n, _ in self.model.named_parameters() if n.endswith("quantiles")}
         params = dict(self.model.named_parameters())
@@ -627,7 +628,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     rank, world, _ = distributed()
     names, dev_override = my_models(args.models, args.ddp)
-    device = torch.device(dev_override or args.device)
+    device = torch.device(dev_override if dev_override and args.device.startswith("cuda") else args.device)
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
