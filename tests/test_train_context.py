@@ -40,6 +40,11 @@ def test_the_training_forward_gives_each_slice_its_likelihoods_and_every_transfo
         grads = [p.grad for n, p in net.named_parameters() if n.startswith(name)]
         assert grads and all(g is not None and torch.isfinite(g).all() for g in grads), name
     assert any(g.abs().sum() > 0 for g in (p.grad for p in net.lrp_transforms.parameters()))
+    features, rec = training.reconstruct(net, x, torch.tensor([3.0, 3.0]), amp=False)  # what the residual prior sees
+    with torch.no_grad():
+        codec = net.g_s(architectures.dequantise(net, architectures.analyse(net, x, 3.0), 3.0))
+    assert features.shape == (2, 16, 32, 32)
+    torch.testing.assert_close(rec, codec, atol=1e-5, rtol=0)  # rounded about the slices' means as the codec does
 
 
 def test_the_normalised_loss_divides_each_sample_by_its_qualitys_reference():
