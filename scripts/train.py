@@ -690,7 +690,7 @@ def lr_scale(elapsed: float, args) -> float:
     return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac))
 
 
-AGREE_EVERY = 20  # steps between the --ddp ranks' agreements on stopping (one small all_reduce and host read)
+AGREE_EVERY = 20  # steps between the --ddp ranks' agreements on stopping and the LR (one small all_reduce and host read)
 
 
 def run(trainers: list[Trainer], log: Log, args, state_dir: Path, data: Data | None = None, ranks: int = 1,
@@ -701,11 +701,12 @@ def run(trainers: list[Trainer], log: Log, args, state_dir: Path, data: Data | N
         signal.signal(sig, lambda *_: stop.append(True))
     if trainers[0].x.device.type == "cuda":
         torch.cuda.synchronize()  # the model streams start after everything loading and capture queued
+    if ranks > 1:
+        dist.barrier()  # the ranks' clocks start together
     t0 = last_ckpt = time.perf_counter()
-    rounds = 0
-    while not should_stop(stop, t0, trainers, args, ranks, rounds):
-        rounds += 1
-        scale = lr_scale(time.perf_counter() - t0, args)
+    clock = Clock(t0, ranks, trainers[0].x.device)
+    while not clock.should_stop(stop, trainers, args):
+        scale = lr_scale(clock.elapsed, args)
         for t in trainers:
             with model_stream(t, args):
                 log.add(t, t.train_step(scale))
@@ -724,20 +725,31 @@ def run(trainers: list[Trainer], log: Log, args, state_dir: Path, data: Data | N
     print(f"trained {time.perf_counter() - t0:.0f} s this run; checkpoints in {args.out}", flush=True)
 
 
-def should_stop(stop: list, t0: float, trainers: list[Trainer], args, ranks: int, rounds: int) -> bool:
-    """The step goal (the same on every rank), SIGTERM/SIGINT or the time limit; under --ddp the last two are
-    decided by all ranks together every AGREE_EVERY rounds (any rank's reason stops them all), so that no rank
-    waits for a step the others skip."""
-    if min(t.step for t in trainers) >= args.steps:
-        return True
-    mine = bool(stop) or time.perf_counter() - t0 >= args.time_limit
-    if ranks == 1:
-        return mine
-    if rounds % AGREE_EVERY:
-        return False
-    flag = torch.tensor([float(mine)], device=trainers[0].x.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+class Clock:
+    """The run's elapsed time, which the LR schedule and the time limit read, and the decision to stop.
+
+    Under --ddp every rank must take the same optimiser steps (DDP averages gradients, not parameters):
+    the ranks agree every AGREE_EVERY rounds on the elapsed time (the largest of theirs) and on stopping
+    (any rank's SIGTERM, SIGINT or time limit), and use the agreed time until the next agreement.  The step
+    goal is the same on every rank and needs no agreement."""
+
+    def __init__(self, t0: float, ranks: int, device):
+        self.t0, self.ranks, self.device, self.rounds = t0, ranks, device, 0
+        self.elapsed = 0.0
+
+    def should_stop(self, stop: list, trainers: list[Trainer], args) -> bool:
+        self.rounds += 1
+        if min(t.step for t in trainers) >= args.steps:
+            return True
+        if self.ranks == 1:
+            self.elapsed = time.perf_counter() - self.t0
+            return bool(stop) or self.elapsed >= args.time_limit
+        if (self.rounds - 1) % AGREE_EVERY:
+            return False
+        mine = torch.tensor([float(bool(stop)), time.perf_counter() - self.t0], dtype=torch.float64, device=self.device)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        stopped, self.elapsed = mine.tolist()
+        return stopped > 0 or self.elapsed >= args.time_limit
 
 
 def model_stream(t: Trainer, args):

@@ -8,6 +8,10 @@ and a separate inverse gain scales it back before synthesis; the hyperprior mode
 second pair on its hyper-latent.  Between two levels the vectors are interpolated
 geometrically, which gives every quality in [1, 8].
 
+``minnen2020`` is the mean-scale hyperprior with a channel-conditional context model
+(``channel_context.py``): its y is quantised, dequantised and (for the codec's scales, in
+float64) modelled slice by slice through ``channel_context.walk``.
+
 The functions below are what the codec needs from a model: analysis to integer
 symbols and synthesis from them, at a quality.  The codec never calls CompressAI's rANS;
 ``compressai_compress``/``compressai_decompress`` run CompressAI's own coder on the same
