@@ -37,8 +37,12 @@ import evalkit
 from visemz.models import architectures, parse, training
 from visemz.models import weights as W
 
-DATA = {"rgb": "train/rgb + train2/rgb (random 256x256 crops, flips)",
-        "gray": "train/gray + train2/gray + train2/gray16 + luminance of the RGB photos (random 256x256 crops, "
+# What a model saw, for its card: the folders scripts/train.py reads (train3 as
+# scripts/prepare_training_data.py writes it; its manifest.json lists every image and what was kept out).
+DATA = {"rgb": "train/rgb + train2/rgb + train3/rgb (ImageNet class samples and BSDS500 photos downscaled 0.75x, "
+               "CBSD68 and near-duplicates of eval/ left out) (random 256x256 crops, flips)",
+        "gray": "train/gray + train2/gray + train2/gray16 + train3/gray (COVID-CXNet chest X-rays, the evaluation "
+                "X-rays' near-duplicates and source left out) + luminance of the RGB photos (random 256x256 crops, "
                 "flips; drawn by group: xray 0.35, science 0.25, photo 0.40)"}
 
 

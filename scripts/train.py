@@ -11,9 +11,16 @@ drawing its own crops (--batch per GPU), gradients averaged over the GPUs each s
 (no CUDA graphs), rank 0 writes the checkpoints and the log (its rows the mean over the GPUs), and the
 ranks agree every few steps on stopping (SIGTERM, --time-limit, --steps), so they stop together.
 
-Data: RGB models train on train/rgb + train2/rgb/*; gray models on train/gray, train2/gray/*,
-train2/gray16 (16-bit, stretched by their own range as the codec does) and the luminance of
-every RGB photo.  Gray crops are drawn by group (--gray-mix): X-rays and the other scientific
+Data: RGB models train on train/rgb + train2/rgb/* + train3/rgb/*; gray models on train/gray,
+train2/gray/*, train2/gray16 (16-bit, stretched by their own range as the codec does), train3/gray/*
+and the luminance of every RGB photo.  train3 (read where present) is what
+scripts/prepare_training_data.py writes: ImageNet class samples and BSDS500 photos downscaled 0.75x
+(CBSD68, already in train2, left out), COVID-CXNet chest X-rays (xr_: the xray group); its
+manifest.json lists every image and what was kept out (evaluation images and their near-duplicates,
+the evaluation X-rays' source and patients).  The model cards (export_weights.py) name these folders,
+train3 included: train a model for a card with all of them present under --data.
+
+Gray crops are drawn by group (--gray-mix): X-rays and the other scientific
 images (EM, fluorescence, astronomy) get fixed shares so that the photos' luminance, most of
 the pixels, does not drown them out; ``MODEL@area`` trains a model that draws every image by
 its area instead (the ablation that measures what the mix does).  --upscale GROUP=F enlarges
@@ -119,8 +126,9 @@ def _read_gray(p: Path) -> Image | None:
 
 def load_images(data: Path, variant: str) -> list[Image]:
     """Every training image of a variant (see the module docstring), as Image records."""
-    rgb_files = _files(data / "train" / "rgb") + _files(data / "train2" / "rgb")
-    gray_files = _files(data / "train" / "gray") + _files(data / "train2" / "gray") + _files(data / "train2" / "gray16")
+    rgb_files = _files(data / "train" / "rgb") + _files(data / "train2" / "rgb") + _files(data / "train3" / "rgb")
+    gray_files = (_files(data / "train" / "gray") + _files(data / "train2" / "gray") + _files(data / "train2" / "gray16")
+                  + _files(data / "train3" / "gray"))
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # OpenCV decodes without the GIL
         images = list(pool.map(lambda p: _read_rgb(p, variant), rgb_files))
         if variant == "gray":

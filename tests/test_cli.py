@@ -22,6 +22,7 @@ from skimage import data
 
 import visemz
 from visemz import container, pages
+from visemz.codec import FORMAT
 from visemz.pipeline import dali_source
 from visemz.pipeline.jobs import is_complete
 
@@ -73,6 +74,14 @@ def tree(tmp_path):
     return src, images
 
 
+def strict_json(text: str):
+    """JSON as any parser reads it: Infinity and NaN are refused."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def _digest(folder: Path) -> dict:
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
 
@@ -108,31 +117,31 @@ def test_compress_resume_decompress_verify(tree, cli, tmp_path):
     r = cli("decompress", dst, tmp_path / "png", "--format", "png", "--json", "--device", "cpu")
     assert r.exit_code == 1 and "top.npy.vsz" in r.stdout and "--format tiff" in r.stdout
 
-    r = cli("verify", src, dst, "--device", "cpu")
-    rows = {row["file"]: row for row in json.loads(r.stdout)}
-    assert r.exit_code == 1 and all(rows[rel]["max_error"] == 0 for rel in GOOD)
+    r = cli("verify", src, dst, "--device", "cpu", "--json")
+    rows = {row["file"]: row for row in strict_json(r.stdout)}  # lossless: PSNR "inf", never Infinity
+    assert r.exit_code == 1 and all(rows[rel]["max_error"] == 0 and rows[rel]["psnr"] == "inf" for rel in GOOD)
     assert all("error" in rows[b] for b in BAD)
+    assert r.stderr.strip().endswith(f"{len(GOOD)} verified, {len(BAD)} failed; lowest PSNR inf dB, largest max error 0")
 
-    info = json.loads(cli("info", dst / "a/b/rgb8.png.vsz").stdout)
+    info = strict_json(cli("info", dst / "a/b/rgb8.png.vsz", "--json").stdout)
     assert info["kind"] == "image" and info["meta"]["shape"] == [33, 47, 3] and info["bpp"] > 0
-    info = json.loads(cli("info", dst / "c/stack16.tif.vsz").stdout)
+    info = strict_json(cli("info", dst / "c/stack16.tif.vsz", "--json").stdout)
     assert info["kind"] == "pages" and info["meta"]["shape"] == [3, 20, 30] and info["bpp"] > 0
 
 
-def test_unwritable_output_is_reported(tree, cli, tmp_path):
+def test_unwritable_destination_is_a_usage_error(tree, cli, tmp_path):
+    """A destination the job cannot write into at all stops it before any file, in one line (exit 2)."""
     src, _ = tree
     blocker = tmp_path / "a-file"
     blocker.write_text("in the way")
     r = cli("compress", src / "a", blocker / "out", "--json", "--device", "cpu")
-    summary = json.loads(r.stdout)
-    assert r.exit_code == 1 and summary["done"] == 0 and summary["failed"] == 3
-    assert all("cannot write" in e["error"] for e in summary["errors"])
+    assert r.exit_code == 2 and "cannot write into" in r.stderr and "Traceback" not in r.stderr
     if os.geteuid() != 0:  # root ignores directory permissions
         ro = tmp_path / "ro"
         ro.mkdir()
         ro.chmod(0o555)
         r = cli("compress", src / "a", ro, "--json", "--device", "cpu")
-        assert r.exit_code == 1 and json.loads(r.stdout)["failed"] == 3
+        assert r.exit_code == 2 and "cannot write into" in r.stderr
 
 
 def test_usage_errors_exit_2(cli, tmp_path):
@@ -145,8 +154,10 @@ def test_usage_errors_exit_2(cli, tmp_path):
     r = cli("compress", tmp_path, tmp_path / "out", "--loader", "nvjpeg")
     assert r.exit_code == 2 and "nvjpeg" in r.stderr
     if not dali_source.available():  # an explicit GPU loader that is not installed is named, never silently replaced
-        r = cli("compress", tmp_path, tmp_path / "out", "--loader", "dali")
-        assert r.exit_code == 2 and "DALI is not installed" in r.stderr
+        _write(tmp_path / "src" / "a.png", _array("uint8", (8, 8), 0))
+        r = cli("compress", tmp_path / "src", tmp_path / "out", "--loader", "dali", "--device", "cpu")
+        assert r.exit_code == 2 and ("DALI is not installed" in r.stderr or "needs device 'cuda'" in r.stderr)
+    assert not (tmp_path / "out").exists()
 
 
 def test_killed_run_resumes_without_loss(cli, model_weights, tmp_path):
@@ -170,21 +181,34 @@ def test_killed_run_resumes_without_loss(cli, model_weights, tmp_path):
     written = list(dst.rglob("*.vsz"))
     assert 0 < len(written) < len(images), "the run was not interrupted part-way"
     assert all(is_complete(p) for p in written)  # no partial file under a final name
+    assert not (dst / "visemz-manifest.json").exists() and list(dst.glob(".visemz-journal-*.jsonl"))
+    (dst / "d1").mkdir(exist_ok=True)
+    (dst / "d1" / ".visemz-tmp-left-by-a-kill").write_bytes(b"partial")  # as a kill mid-write leaves one
 
     r = cli("compress", src, dst, "--max-error", "0", "--json", "--device", "cpu")
     summary = json.loads(r.stdout)
     assert r.exit_code == 0 and summary["done"] + summary["skipped"] == len(images)
-    assert summary["skipped"] >= len(written)
+    assert summary["skipped"] >= len(written)  # the journal recorded each output before it was placed
+    assert not list(dst.rglob(".visemz-tmp-*")) and not list(dst.glob(".visemz-journal-*"))
+    assert any("temporary file(s) an interrupted run left" in n for n in summary["notes"])
+    manifest = json.loads((dst / "visemz-manifest.json").read_text())
+    assert sorted(f["rel"] for f in manifest["files"]) == sorted(images)
+    assert {f["status"] for f in manifest["files"]} <= {"done", "skipped"}
     out = tmp_path / "out"
-    assert cli("decompress", dst, out, "--format", "png", "--device", "cpu").exit_code == 0
+    assert cli("decompress", dst, out, "--device", "cpu").exit_code == 0
     for rel, img in images.items():
         np.testing.assert_array_equal(cv2.cvtColor(cv2.imread(str(out / rel)), cv2.COLOR_BGR2RGB), img)
 
 
-def test_demo_runs_the_main_job(cli):
-    r = cli("demo", "--device", "cpu")
+def test_demo_runs_the_main_job_and_says_where_its_outputs_are(cli, tmp_path):
+    out = tmp_path / "demo"
+    r = cli("demo", "--device", "cpu", "--out", out)
     assert r.exit_code == 0, r.stderr
     assert "compressed 8 sample images" in r.stdout and "PSNR" in r.stdout
+    assert f"outputs in {out}" in r.stdout
+    assert len(list((out / "compressed").glob("*.vsz"))) == 8 and len(list((out / "restored").glob("[!.]*"))) == 9  # and the manifest
+    r = cli("demo", "--device", "cpu", "--out", out)  # never into a folder that holds something
+    assert r.exit_code == 2 and "not an empty folder" in r.stderr
 
 
 def test_version_prints_the_package_version(cli):
@@ -206,7 +230,7 @@ def test_large_tiff_and_volume_tiled_and_a_region_decoded(cli, tmp_path):
     for name in inputs:
         c = container.unpack((dst / f"{name}.vsz").read_bytes())
         first = container.unpack(bytes(pages.page_buffers(c)[0])) if c.kind == pages.KIND else c
-        assert first.meta["format"] == 5 and first.meta["tiles"]["grid"][0] >= 2, name
+        assert first.meta["format"] == FORMAT and first.meta["tiles"]["grid"][0] >= 2, name
     r = cli("decompress", dst, out, "--region", "10:60,20:120", "--format", "npy", "--device", "cpu")
     assert r.exit_code == 0, r.stdout + r.stderr
     for name, img in inputs.items():
@@ -228,3 +252,153 @@ def test_a_tile_the_reader_refuses_is_a_usage_error(cli, tmp_path, tile):
     r = cli("compress", src, dst, "--tile", tile, "--device", "cpu")
     assert r.exit_code == 2 and f"--tile={tile}: expected a multiple of 64 pixels in 64..32768" in r.stderr
     assert "Traceback" not in r.stdout + r.stderr and not dst.exists()
+
+
+# ------------------------------------------------------------------ a CLI that answers fast and plainly
+NO_TORCH = ("import sys, atexit; atexit.register(lambda: print('torch loaded' if {'torch', 'compressai'} & set(sys.modules) "
+            "else 'torch not loaded', file=sys.stderr)); sys.argv = ['visemz', *sys.argv[1:]]; "
+            "from visemz.cli import main; main()")
+
+
+def test_help_usage_errors_version_and_info_load_no_torch(tmp_path, model_weights):
+    """Each in a fresh process: the answer, its exit code, and neither torch nor CompressAI imported."""
+    src, empty = tmp_path / "src", tmp_path / "empty"
+    _write(src / "a.png", _array("uint8", (16, 16), 0))
+    empty.mkdir()
+    vsz = tmp_path / "v" / "a.png.vsz"
+    vsz.parent.mkdir()
+    vsz.write_bytes(visemz.compress(_array("uint8", (16, 16), 0), device="cpu"))
+    cases = [(["--help"], 0, "compress"), (["version"], 0, visemz.__version__), (["info", vsz], 0, "16x16 uint8"),
+             (["info", vsz.parent, "--json"], 0, '"files"'), (["compress", src, tmp_path / "d", "--model", "nope"], 2, "nope"),
+             (["compress", src, tmp_path / "d", "--max-error", "nan"], 2, "max_error=nan"),
+             (["compress", src, tmp_path / "d", "--max-error", "-1"], 2, "max_error=-1"),
+             (["compress", src, tmp_path / "d", "--entropy", "lz4"], 2, "lz4"),
+             (["compress", src, tmp_path / "d", "--entropy", "ans", "--device", "cpu"], 2, "entropy 'ans'"),
+             (["compress", src, tmp_path / "d", "--quality", "9"], 2, "--quality"), (["compress", src, src], 2, "is the source"),
+             (["compress", empty, tmp_path / "d"], 2, "no images"), (["decompress", src, tmp_path / "d", "--format", "gif"], 2, "gif"),
+             (["compress", src, tmp_path / "d", "--refine", "-1"], 2, "--refine"), (["ints-info", tmp_path / "nothing"], 2, "cannot read"),
+             (["info", tmp_path / "nothing"], 2, "neither a file nor a folder"), (["compres"], 2, "No such command")]
+    for args, code, says in cases:
+        p = subprocess.run([sys.executable, "-c", NO_TORCH, *map(str, args)], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, VISEMZ_WEIGHTS_DIR=str(model_weights)))
+        assert p.returncode == code and says in p.stdout + p.stderr, (args, p.returncode, p.stdout, p.stderr)
+        assert p.stderr.rstrip().endswith("torch not loaded") and "Traceback" not in p.stderr, (args, p.stderr)
+    assert not (tmp_path / "d").exists()
+    p = subprocess.run([sys.executable, "-c", "import sys, visemz; assert 'torch' not in sys.modules; "
+                        "visemz.ImageCodec; assert 'torch' in sys.modules; print(visemz.compress.__module__)"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "visemz.api", p.stderr
+
+
+def _repacked(buf: bytes, edit) -> bytes:
+    """A container (version 2) with its raw JSON header edited and every checksum recomputed."""
+    import struct
+
+    from visemz.framing import write_varints, xxh64
+
+    c = container.unpack(buf)
+    secs = [bytes(v) for v in c.sections.values()]
+    text = edit(json.dumps({"kind": c.kind, "sections": list(c.sections), "meta": c.meta}, separators=(",", ":"))).encode()
+    lengths = write_varints([len(text), *map(len, secs)])
+    prefix = b"\x89VSZ\r\n\x1a\n" + struct.pack("<HBB", 2, len(secs), 0)
+    return prefix + struct.pack("<Q", xxh64(prefix, lengths, text, *secs)) + lengths + text + b"".join(secs)
+
+
+def test_info_reads_folders_and_its_json_is_strict(cli, tmp_path):
+    folder = tmp_path / "v"
+    (folder / "sub").mkdir(parents=True)
+    img = _array("uint8", (32, 48), 1)
+    buf = visemz.compress(img, device="cpu", quality=2)
+    (folder / "a.png.vsz").write_bytes(buf)
+    crafted = _repacked(buf, lambda text: text.replace('"max_error":null', '"max_error":1e400'))
+    (folder / "sub" / "inf.png.vsz").write_bytes(crafted)
+    (folder / "sub" / "junk.vsz").write_bytes(b"not a container")
+    r = cli("info", folder, "--json")
+    doc = strict_json(r.stdout)
+    rows = {row["file"]: row for row in doc["files"]}
+    assert r.exit_code == 1 and rows["sub/inf.png.vsz"]["meta"]["max_error"] == "inf" and "error" in rows["sub/junk.vsz"]
+    assert rows["a.png.vsz"]["bpp"] == round(8 * len(buf) / (32 * 48), 4)
+    assert r.stderr.strip() == doc["summary"] and doc["summary"].startswith("2 file(s)") and "1 unreadable" in doc["summary"]
+    r = cli("info", folder / "a.png.vsz")
+    assert r.exit_code == 0 and "a.png.vsz: image 32x48 uint8" in r.stdout and "bpp" in r.stdout
+    r = cli("info", folder / "sub" / "junk.vsz")
+    assert r.exit_code == 2 and "junk.vsz" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_verify_uses_the_datas_peak_and_16_bit_losses_are_warned_once(cli, tmp_path):
+    """12-bit data in uint16 files: PSNR against 4095, named; a lossy encode of 16-bit data that loses
+    a bright point (a star) warns once for the job; --max-error does not warn."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    rng = np.random.default_rng(3)
+    sky = rng.integers(0, 40, (2, 64, 64)).astype(np.uint16)
+    sky[:, 20, 33] = 65000  # a star on each
+    src.mkdir()
+    for k in range(2):
+        tifffile.imwrite(src / f"sky{k}.tif", sky[k])
+    r = cli("compress", src, dst, "--device", "cpu")
+    assert r.exit_code == 0 and r.stderr.count("visemz: warning:") == 1, r.stderr
+    assert "lost up to" in r.stderr and "--max-error" in r.stderr
+    r = cli("compress", src, tmp_path / "bounded", "--device", "cpu", "--max-error", "2")
+    assert r.exit_code == 0 and "warning" not in r.stderr
+
+    xray = tmp_path / "xray"
+    xray.mkdir()
+    tifffile.imwrite(xray / "x.tif", rng.integers(0, 4096, (48, 64)).astype(np.uint16))
+    assert cli("compress", xray, tmp_path / "xd", "--device", "cpu", "--max-error", "8").exit_code == 0
+    r = cli("verify", xray, tmp_path / "xd", "--device", "cpu", "--json")
+    row = strict_json(r.stdout)[0]
+    assert row["peak"] == 4095 and 0 < row["max_error"] <= 8
+    err = (visemz.decompress((tmp_path / "xd" / "x.tif.vsz").read_bytes()).astype(float)
+           - tifffile.imread(xray / "x.tif").astype(float))
+    assert row["psnr"] == round(10 * np.log10(4095 ** 2 / np.mean(err ** 2)), 3)
+    r = cli("verify", xray, tmp_path / "xd", "--device", "cpu")
+    assert "(peak 4095)" in r.stdout and r.stdout.strip().endswith(f"largest max error {row['max_error']:g}")
+
+
+def test_progress_lines_with_total_and_eta_when_not_on_a_terminal(cli, tmp_path):
+    src = tmp_path / "src"
+    for k in range(3):
+        _write(src / f"{k}.png", _array("uint8", (16, 16), k))
+    r = cli("compress", src, tmp_path / "dst", "--device", "cpu")
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("compress: ")]
+    assert lines[-1].startswith("compress: 3/3 (100%)") and "ETA" in lines[-1] and "img/s" in lines[-1]
+    r = cli("compress", src, tmp_path / "dst2", "--device", "cpu", "--quiet")
+    assert "compress: " not in r.stderr
+
+
+def test_progress_bar_on_a_terminal_shows_total_and_eta():
+    import io
+
+    from visemz.pipeline.progress import Progress
+    from visemz.pipeline.results import ItemResult
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    with Progress("compress", "bytes_in", term) as p:
+        p.start(4)
+        for k in range(4):
+            p(ItemResult(f"{k}.png", "done", bytes_in=1000))
+        assert p._bar is not None and p._bar.tasks[0].total == 4 and p._bar.tasks[0].completed == 4
+
+
+def test_user_errors_of_other_commands_print_no_traceback(cli, tmp_path):
+    r = cli("ints-info", tmp_path / "nonexistent")
+    assert r.exit_code == 2 and "cannot read" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "junk").write_bytes(b"\x00" * 40)
+    r = cli("ints-info", tmp_path / "junk")
+    assert r.exit_code == 2 and "Traceback" not in r.stderr
+    frames = tmp_path / "frames"
+    _write(frames / "a.png", _array("uint8", (16, 16), 0))
+    _write(frames / "b.png", _array("uint8", (16, 20), 1))
+    r = cli("stack", frames, "--out", tmp_path / "stack.tif", "--device", "cpu")
+    assert r.exit_code == 2 and "must share one shape" in r.stderr and not (tmp_path / "stack.tif").exists()
+    (frames / "b.png").unlink()
+    _write(frames / "b.png", _array("uint8", (16, 16), 1))
+    r = cli("stack", frames, "--out", tmp_path / "stack.tif", "--device", "cpu")
+    report = strict_json(r.stdout)
+    assert r.exit_code == 0 and report["ranks"] == 1 and "one rank" in report["note"]
+    assert r.stderr.strip().startswith("stacked 2 frames on 1 rank(s) with plain: max error")
+    assert strict_json((tmp_path / "stack.tif.json").read_text()) == report

@@ -83,18 +83,47 @@ def test_executor_keeps_memory_bounded():
     assert lanes < peak[0] <= bound
 
 
-@pytest.mark.timeout(60)
-def test_executor_stops_every_stage_on_an_unexpected_error():
-    names = _names(200)
+def test_any_exception_of_one_item_fails_that_item_only():
+    """A MemoryError, a bug's RuntimeError, an OSError: in a loader, a lane or a writer, the item fails with
+    its reason and every other item is done."""
+    names = _names(12)
+
+    def load(i):
+        if i == 1:
+            raise MemoryError("cannot allocate 64 GiB")
+        return i
 
     def compute(lane, i, x):
         if i == 4:
             raise RuntimeError("a bug, not a bad file")
         return x
 
+    def write(i, x):
+        if i == 7:
+            raise OSError(28, "No space left on device")
+        return ItemResult(names[i], "done")
+
+    results = executor.run(names, [executor.parallel_feed(range(12), load, 2)], compute, write,
+                           executor.make_lanes("cpu", 2), depth=2)
+    failed = {r.rel: r.error for r in results if r.status == "failed"}
+    assert failed == {names[1]: "out of memory: cannot allocate 64 GiB",
+                      names[4]: "unexpected RuntimeError: a bug, not a bad file",
+                      names[7]: "unexpected OSError: [Errno 28] No space left on device"}
+    assert sum(r.status == "done" for r in results) == 9
+
+
+@pytest.mark.timeout(60)
+def test_executor_stops_every_stage_when_its_own_machinery_fails():
+    names = _names(200)
+
+    def progress(result):
+        if result.rel == names[4]:
+            raise RuntimeError("a bug in the progress display")
+
     with pytest.raises(RuntimeError, match="a bug"):
-        executor.run(names, [executor.parallel_feed(range(200), lambda i: i, 2)], compute,
-                     lambda i, x: ItemResult(names[i], "done"), executor.make_lanes("cpu", 2), depth=2)
+        executor.run(names, [executor.parallel_feed(range(200), lambda i: i, 2)], lambda lane, i, x: x,
+                     lambda i, x: ItemResult(names[i], "done"), executor.make_lanes("cpu", 2), depth=2,
+                     progress=progress)
     # the process-wide service threads (the GPU entropy stage's group worker, encoders/grouping.py) are no stage
     assert not [t for t in threading.enumerate() if t.name.startswith("visemz-") and not t.name.startswith("visemz-service-")]
 
@@ -135,15 +164,18 @@ def test_files_are_routed_to_the_loader_that_can_read_them(tmp_path):
     np.save(npy, img)
     cv2.imwrite(str(bmp), img)
     items = [Item(p, tmp_path / "out" / p.name, p.name) for p in (png, npy, bmp)]
-    routes = [sources._route(it, LoaderPlan(dali=True, kvikio=True), None).loader for it in items]
+    routes = [sources._route(i, it, LoaderPlan(dali=True, kvikio=True), None).loader for i, it in enumerate(items)]
     assert routes == ["dali", "kvikio", "cpu"]
     # JPEGs DALI decoded wrongly on a GPU (gray; odd sizes) stay with the CPU loader
     jpegs = {"rgb.jpg": np.zeros((8, 10, 3), np.uint8), "gray.jpg": img, "odd.jpg": np.zeros((8, 9, 3), np.uint8)}
     for name, pixels in jpegs.items():
         cv2.imwrite(str(tmp_path / name), pixels)
-    got = [sources._route(Item(tmp_path / n, tmp_path / "out" / n, n), LoaderPlan(dali=True), None).loader for n in jpegs]
+    got = [sources._route(0, Item(tmp_path / n, tmp_path / "out" / n, n), LoaderPlan(dali=True), None).loader for n in jpegs]
     assert got == ["dali", "cpu", "cpu"]
-    assert [sources._route(it, LoaderPlan(), lambda it: it.rel == "b.npy").loader for it in items] == ["cpu", "skip", "cpu"]
+    def triage(i):  # the job's resume check: a finished result, or None for an item to do
+        return ItemResult(items[i].rel, "skipped") if items[i].rel == "b.npy" else None
+
+    assert [sources._route(i, it, LoaderPlan(), triage).loader for i, it in enumerate(items)] == ["cpu", "finished", "cpu"]
     # without GPU loaders every file is read by the CPU loader, exactly as loaders.load reads it
     (feed_skip, feed_cpu) = sources.feeds(items, LoaderPlan(), None)
     got = dict(feed_cpu)

@@ -64,7 +64,7 @@ def test_cli_compresses_a_folder_in_two_processes(tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["compress", str(src), str(out), "--processes", "2", "--device", "cpu", "--json"])
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output[result.output.index("{"):])
+    summary = json.loads(result.stdout)
     assert summary["done"] == 4 and summary["failed"] == 0
     manifest = json.loads((out / "visemz-manifest.json").read_text())
     assert manifest["ranks"] == 2 and {f["rank"] for f in manifest["files"]} == {0, 1}

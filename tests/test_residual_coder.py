@@ -18,7 +18,7 @@ import visemz
 from visemz import codec as codec_module
 from visemz import container, residual_coder, tiling
 from visemz.errors import CorruptStreamError
-from visemz.models import registry, residual_prior, residual_weights
+from visemz.models import blocks, registry, residual_prior, residual_weights
 from visemz.models import residual_tables as RT
 
 
@@ -192,31 +192,38 @@ def test_damaged_pass_stream_is_refused_or_stays_in_range():
 
 
 # ------------------------------------------------------------------ the pieces
-def test_stripes_give_the_whole_result():
+def test_blocks_give_the_whole_result(monkeypatch):
     torch.manual_seed(0)
     prior = residual_prior.ResidualPrior(1, 16, 8, 4).double()
     reduced = torch.randn(2, 4, 37, 23, dtype=torch.float64)
     x01 = torch.rand(2, 1, 74, 46, dtype=torch.float64)
     side = [torch.zeros(2, dtype=torch.float64)] * 2
     whole = prior.condition(reduced, x01, *side)
-    striped = residual_coder._by_stripes(lambda a, z: prior.condition(reduced[:, :, a:z], x01[:, :, 2 * a:2 * z], *side),
-                                         37, residual_coder.TRUNK_HALO, 5)
-    torch.testing.assert_close(striped, whole, rtol=1e-12, atol=1e-12)
+    monkeypatch.setitem(blocks.WORK_BYTES, "cpu", 9 * 8 * 8 * 2 * 2 * 100)  # 100 positions: 4 x 4 blocks, halo 3
+    assert len(blocks.plan(37, 23, 3, 3, 9 * 8 * 8 * 2 * 2, "cpu")) > 20
+    blocked = residual_coder._blocked(lambda r, q: prior.condition(reduced[:, :, r, q], x01[:, :, residual_coder._twice(r),
+                                                                   residual_coder._twice(q)], *side), reduced, 3, 8)
+    torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
 
 
-def test_striped_synthesis_gives_the_whole_synthesis(monkeypatch):
+def test_blocked_synthesis_and_analysis_give_the_whole_result(monkeypatch):
+    from visemz.models import architectures
     from visemz.models import weights as W
 
-    net, _ = W.load(registry.spec("mbt2018-mean", "gray"))
-    net64 = codec_module._model64(registry.spec("mbt2018-mean", "gray"), "cpu")
+    spec = registry.spec("mbt2018-mean", "gray")
+    net, _ = W.load(spec)
+    net64 = codec_module._model64(spec, "cpu")
     reduce = torch.nn.Conv2d(net.g_s[-1].in_channels, 4, 1).double()
     y = torch.randn(1, 192, 9, 5, dtype=torch.float64)
+    x = torch.rand(2, 1, 128, 192)
     with torch.inference_mode():
         whole = tiling.synthesis_features(net64, reduce, y)
-        monkeypatch.setitem(tiling.STRIPE_BYTES, "cpu", 1)  # one latent row per stripe
-        striped = tiling.synthesis_features(net64, reduce, y)
-    for a, b in zip(striped, whole):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        analysed = architectures.analysis_transform(net, x)
+        monkeypatch.setitem(blocks.WORK_BYTES, "cpu", 1)  # one position per block
+        assert len(blocks.plan(9, 5, 1, 2, 1, "cpu")) == 45
+        for a, b in zip(tiling.synthesis_features(net64, reduce, y), whole):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(architectures.analysis_transform(net, x), analysed, rtol=1e-4, atol=1e-4)
 
 
 def test_training_loss_is_what_the_coder_spends():

@@ -1,7 +1,10 @@
-"""visemz: GPU-first compression for scientific images and tensors."""
+"""visemz: GPU-first compression for scientific images and tensors.
 
-from .api import compress, decompress
-from .codec import ImageCodec
+``import visemz`` is light: the codec (torch, CompressAI, the models) loads when ``compress``,
+``decompress`` or ``ImageCodec`` is first used, so the ``visemz`` command answers ``--help``,
+usage errors, ``version`` and ``info`` without it.
+"""
+
 from .errors import (
     CorruptStreamError,
     DeviceUnavailableError,
@@ -12,6 +15,9 @@ from .errors import (
 )
 
 __version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it (statically, without importing)
+
+# public name -> the module that defines it, imported on first use (PEP 562)
+_LAZY = {"compress": "api", "decompress": "api", "ImageCodec": "codec"}
 
 __all__ = [
     "VisemzError",
@@ -25,3 +31,17 @@ __all__ = [
     "decompress",
     "ImageCodec",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'visemz' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

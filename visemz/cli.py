@@ -1,7 +1,13 @@
 """The ``visemz`` command, over the public API only.
 
 Exit codes: 0 everything succeeded; 1 some items failed (each is reported); 2 the command
-could not run at all (bad arguments, unreadable source, unusable device).
+could not run at all (bad arguments or settings, unreadable or empty source, a destination
+inside its source, unusable device), said in one line, before any file is touched.
+
+The command answers at once: this module loads neither torch nor CompressAI.  ``--help``, usage
+errors, ``version`` and ``info`` never need them; the commands that compress or decompress import
+the codec when they run.  ``--json`` prints strict JSON (no ``Infinity``: a PSNR of identical
+images is the string "inf") on standard output and the summary line on standard error.
 """
 
 from __future__ import annotations
@@ -12,30 +18,18 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Optional
 
-import skimage.data
-import torch
-import torch.distributed as dist
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from . import __version__, container, measure
-from .collectives.stacking import StackConfig, stack
-from .device import resolve, use_gpu
-from .encoders import stream
+from . import __version__
+from .config import DEFAULTS, MAX_REFINE
 from .errors import InvalidArgumentError, VisemzError
-from .models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
-from .evaluation.runner import EvalConfig, evaluate
-from .pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
-from .pipeline.jobs import verify as verify_folder
-from .pipeline.processes import run as processes_run
-from .config import DEFAULTS
-from .refine import check_steps as check_refine
-from .tiling import check_tile
+from .io import files
+from .io.writers import to_json
+from .models.registry import DEFAULT_MODEL, DEFAULT_QUALITY, QUALITY_MAX, QUALITY_MIN
 
 
 class _Commands(TyperGroup):
@@ -56,98 +50,106 @@ app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
                   help="GPU-first compression for scientific images.")
 
 
-def _progress(total_hint: str, quiet: bool, vsz_in: bool):
-    """A rich progress bar with images/s and MB/s of the image files (the outputs when ``vsz_in``: a
-    decompression), or nothing when quiet / not a terminal."""
-    if quiet or not sys.stderr.isatty():
-        return None, None
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} images"),
-                   TimeElapsedColumn(), transient=True)
-    task = bar.add_task(total_hint, total=None)
-    state = {"n": 0, "bytes": 0}
-    t0 = time.perf_counter()
-    image_side = "bytes_out" if vsz_in else "bytes_in"  # MB/s of image files, as the summary's
+def _say(line: str) -> None:
+    typer.echo(line, err=True)
 
-    def update(result):
-        state["n"] += 1
-        state["bytes"] += getattr(result, image_side)
-        dt = max(time.perf_counter() - t0, 1e-9)
-        bar.update(task, advance=1, description=f"{total_hint} {state['n'] / dt:.1f} img/s {state['bytes'] / 1e6 / dt:.1f} MB/s")
 
-    return bar, update
+# ------------------------------------------------------------------ reports
+def _summary_line(d: dict) -> str:
+    why = ", ".join(f"{n} {reason}" for reason, n in d["redone"].items())
+    return (f"{d['done']} done" + (f" (made again: {why})" if why else "")
+            + f", {d['skipped']} skipped (up to date), {d['failed']} failed in {d['seconds']} s"
+            + (f"; {d['images_per_s']} images/s, {d['MB_per_s']} MB/s" if d["done"] else "")
+            + (f"; ratio {d['ratio']}, {d['bpp']} bpp" if d["ratio"] else ""))
 
 
 def _report(summary, as_json: bool) -> None:
     d = summary.to_dict()
     if as_json:
-        typer.echo(json.dumps(d, indent=1))
+        typer.echo(to_json(d))
+        _say(_summary_line(d))
     else:
-        typer.echo(f"{d['done']} done, {d['skipped']} skipped, {d['failed']} failed in {d['seconds']} s"
-                   + (f"; {d['images_per_s']} images/s, {d['MB_per_s']} MB/s" if d["done"] else "")
-                   + (f"; ratio {d['ratio']}, {d['bpp']} bpp" if d["ratio"] else ""))
+        typer.echo(_summary_line(d))
         for e in d["errors"]:
-            typer.echo(f"  failed: {e['file']}: {e['error']}", err=True)
+            _say(f"  failed: {e['file']}: {e['error']}")
+        for r in d["redone_files"]:
+            _say(f"  made again: {r['file']}: {r['reason']}")
+    for n in d["notes"]:
+        _say(f"  note: {n}")
+    if d["warnings"]:
+        _say(f"visemz: warning: {d['warnings'][0]}")
     raise typer.Exit(1 if d["failed"] else 0)
 
 
-def _run_with_progress(label: str, quiet: bool, job, vsz_in: bool = False):
-    bar, update = _progress(label, quiet, vsz_in)
-    if bar is None:
-        return job(None)
-    with bar:
-        return job(update)
+def _progress(label: str, quiet: bool, vsz_in: bool = False):
+    from contextlib import nullcontext
+
+    from .pipeline.progress import Progress
+
+    return nullcontext() if quiet else Progress(label, "bytes_out" if vsz_in else "bytes_in")
 
 
+# ------------------------------------------------------------------ compress / decompress
 @app.command()
 def compress(
     src: Path = typer.Argument(..., help="an image file or a folder (walked recursively)"),
-    dst: Path = typer.Argument(..., help="output folder; a/b/c.tif becomes DST/a/b/c.tif.vsz"),
+    dst: Path = typer.Argument(..., help="output folder, outside SRC; a/b/c.tif becomes DST/a/b/c.tif.vsz"),
     model: str = typer.Option(DEFAULT_MODEL, help="balle2016 or mbt2018-mean"),
-    quality: float = typer.Option(DEFAULT_QUALITY, min=1.0, max=8.0,
+    quality: float = typer.Option(DEFAULT_QUALITY, min=QUALITY_MIN, max=QUALITY_MAX,
                                   help="1-8 on CompressAI's lambda ladder; fractions lie between"),
-    max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in levels of the input dtype (absolute for float32; 0: lossless)"),
+    max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in levels of the input dtype "
+                                              "(absolute for float32; 0: lossless); without it the error is not bounded"),
     entropy: str = typer.Option("zstd", help="zstd, ans (GPU only) or none"),
-    streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),
+    streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU "
+                                               "(0: automatic; on a CPU as many as the memory there is holds)"),
     processes: int = typer.Option(0, min=0, max=64, help="worker processes, each a shard of the folder and its own "
                                                           "streams, on GPU rank mod count (0: VISEMZ_PROCESSES, else 1)"),
     loader: Optional[str] = typer.Option(None, help="auto, dali, kvikio or cpu (default: VISEMZ_LOADER, else auto)"),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
-    no_resume: bool = typer.Option(False, "--no-resume", help="recompress outputs that are already complete"),
+    no_resume: bool = typer.Option(False, "--no-resume", help="make again the outputs that are current"),
     tile: int = typer.Option(0, min=0, help="core tile size in pixels, a multiple of 64 (0: VISEMZ_TILE); "
                                             "larger images are compressed tile by tile"),
-    refine: Optional[int] = typer.Option(None, "--refine",
-                                         help="encoder-side latent refinement steps, 0-10000 (default: "
+    refine: Optional[int] = typer.Option(None, "--refine", min=0, max=MAX_REFINE,
+                                         help=f"encoder-side latent refinement steps, 0-{MAX_REFINE} (default: "
                                               "VISEMZ_REFINE, else 0): slower encoding, smaller files at "
                                               "the same quality, the same decoder"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress"),
 ) -> None:
-    """Compress images into .vsz files, mirroring the source tree (a large TIFF or .npy: tile by tile)."""
-    rank, world = _torchrun_group(device)
-    if tile:
-        check_tile(tile, "--tile")  # before any output: a bad size is a usage error, not a failure per image
-    if refine is not None:
-        check_refine(refine)
-    cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "", tile,
-                         refine)
+    """Compress images into .vsz files, mirroring the source tree (a large TIFF or .npy: tile by tile).
+
+    A rerun makes what is missing, changed at its source or made with other settings; never over another's file."""
+    from .pipeline.settings import CompressConfig, check_compress
+
+    cfg = CompressConfig(model, quality, max_error, entropy, device, streams, not no_resume, loader or "", tile, refine)
+    resolved = check_compress(cfg)  # before the codec loads: a bad setting is one message, exit 2
+    files.check_source(src, dst, *files.IMAGES)
+    from .pipeline import jobs
+
+    rank, world = _torchrun_group(resolved)
     workers = processes or DEFAULTS.processes
     if workers > 1 and world > 1:
-        typer.echo(f"visemz: --processes {workers} ignored under torchrun: its {world} ranks are the processes",
-                   err=True)
+        _say(f"visemz: --processes {workers} ignored under torchrun: its {world} ranks are the processes")
     if workers > 1 and world == 1:  # this process starts the ranks (under torchrun, torchrun did)
-        summary = processes_run(workers, compress_folder, src, dst, cfg, device=resolve(device))
+        from .pipeline.processes import run as processes_run
+
+        jobs.check_settings(cfg)  # refused here, before any worker starts
+        summary = processes_run(workers, jobs.compress_folder, src, dst, cfg, device=resolved)
     else:
-        summary = _run_with_progress("compress", as_json or rank > 0,
-                                     lambda p: compress_folder(src, dst, cfg, progress=p, rank=rank, world=world))
+        with _progress("compress", quiet or rank > 0) as progress:
+            summary = jobs.compress_folder(src, dst, cfg, progress=progress, rank=rank, world=world)
     if rank > 0:  # rank 0 prints the whole run; the others only signal their own failures
         raise typer.Exit(1 if summary.failed else 0)
     _report(summary, as_json)
 
 
-def _torchrun_group(device: Optional[str]) -> tuple[int, int]:
+def _torchrun_group(device: str) -> tuple[int, int]:
     """Under torchrun: join the job's group (Gloo carries the manifest) and pick this rank's GPU."""
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return 0, 1
-    if device != "cpu" and torch.cuda.is_available():
+    import torch.distributed as dist
+
+    if device == "cuda":
         _use_local_gpu(share=True)
     if not dist.is_initialized():
         dist.init_process_group("gloo")
@@ -161,26 +163,37 @@ def _use_local_gpu(share: bool = False) -> int:
     ranks than GPUs take them in turn (rank r the GPU r mod count), for folder jobs (Gloo only), where
     several processes on one GPU each bring their own Python to the host work that one process's
     streams share under its interpreter lock."""
+    from .device import use_gpu
+
     return use_gpu(int(os.environ.get("LOCAL_RANK", "0")), share)
 
 
 @app.command()
 def decompress(
     src: Path = typer.Argument(..., help="a .vsz file or a folder of them"),
-    dst: Path = typer.Argument(..., help="output folder"),
-    format: str = typer.Option("png", "--format", help="png, tiff or npy (multi-page files: tiff or npy)"),
+    dst: Path = typer.Argument(..., help="output folder, outside SRC"),
+    format: str = typer.Option("auto", "--format", help="auto (each file back in its source's type: PNG, TIFF or "
+                                                        ".npy, PNG for any other), png, tiff or npy"),
     device: Optional[str] = typer.Option(None),
     streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),
     writer: str = typer.Option("auto", help="auto, kvikio (.npy straight from GPU memory) or posix"),
     region: Optional[str] = typer.Option(None, "--region", help="y0:y1,x0:x1: write only that window of each "
                                                                  "image (of every page of a stack)"),
+    no_resume: bool = typer.Option(False, "--no-resume", help="make again the outputs that are current"),
     as_json: bool = typer.Option(False, "--json"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress"),
 ) -> None:
     """Decompress .vsz files, restoring each image's dtype and shape (or only a region of it)."""
-    if format not in ("png", "tiff", "npy"):
-        raise typer.BadParameter(f"{format!r}: expected png, tiff or npy", param_hint="--format")
-    cfg = DecompressConfig(format, device, streams, writer, _region(region) if region is not None else None)
-    summary = _run_with_progress("decompress", as_json, lambda p: decompress_folder(src, dst, cfg, p), vsz_in=True)
+    from .pipeline.settings import DecompressConfig, check_decompress
+
+    cfg = DecompressConfig(format, device, streams, writer, _region(region) if region is not None else None,
+                           not no_resume)
+    check_decompress(cfg)
+    files.check_source(src, dst, *files.VSZ_FILES)
+    from .pipeline import jobs
+
+    with _progress("decompress", quiet, vsz_in=True) as progress:
+        summary = jobs.decompress_folder(src, dst, cfg, progress)
     _report(summary, as_json)
 
 
@@ -193,34 +206,113 @@ def _region(text: str) -> tuple[int, int, int, int]:
     return y0, y1, x0, x1
 
 
+# ------------------------------------------------------------------ info / verify
 @app.command()
-def info(file: Path) -> None:
-    """Show a .vsz file's header, section sizes, ratio and bpp."""
+def info(
+    path: Path = typer.Argument(..., help="a .vsz file or a folder of them"),
+    as_json: bool = typer.Option(False, "--json", help="JSON on standard output (the summary line on standard error)"),
+) -> None:
+    """Show .vsz files' headers, section sizes, ratio and bpp."""
+    if path.is_dir():
+        found = files.discover(path, suffix=files.SUFFIX)
+        if not found:
+            raise InvalidArgumentError(f"no .vsz files in '{files.shown(path)}'")
+        rows = [_described(p, path) for p in found]
+    elif path.exists():
+        rows = [_described(path, None)]
+        if "error" in rows[0]:
+            raise VisemzError(rows[0]["error"])
+    else:
+        raise InvalidArgumentError(f"'{files.shown(path)}' is neither a file nor a folder")
+    good = [r for r in rows if "error" not in r]
+    total, pixels = sum(r["bytes"] for r in good), sum(r.get("pixels", 0) for r in good)
+    line = (f"{len(good)} file(s), {total} bytes" + (f", {8 * total / pixels:.4f} bpp" if pixels else "")
+            + (f"; {len(rows) - len(good)} unreadable" if len(good) < len(rows) else ""))
+    if as_json:
+        typer.echo(to_json(rows[0] if not path.is_dir() else {"files": rows, "summary": line}))
+        _say(line)
+    else:
+        for r in rows:
+            typer.echo(_info_text(r))
+        if path.is_dir():
+            typer.echo(line)
+    raise typer.Exit(1 if len(good) < len(rows) else 0)
+
+
+def _described(p: Path, root: Path | None) -> dict:
+    """One .vsz file's header, section sizes, ratio and bpp (its pixels: the whole file's)."""
+    from . import container, measure
+
+    name = files.shown(p.relative_to(root).as_posix() if root is not None else p)
     try:
-        data = file.read_bytes()
+        data = p.read_bytes()
+        c = container.unpack(data)
     except OSError as e:
-        raise VisemzError(f"cannot read {str(file)!r}: {e.strerror}") from None
-    c = container.unpack(data)
-    out = {"file": str(file), "bytes": len(data), "kind": c.kind, "meta": c.meta,
+        return {"file": name, "error": f"cannot read {name!r}: {e.strerror}"}
+    except VisemzError as e:
+        return {"file": name, "error": f"{name}: {e}"}
+    out = {"file": name, "bytes": len(data), "kind": c.kind, "meta": c.meta,
            "sections": {k: len(v) for k, v in c.sections.items()}}
-    meta = c.meta
-    shape = meta.get("shape")
-    paged = c.kind == "pages"
+    shape, paged = c.meta.get("shape"), c.kind == "pages"
     if c.kind in ("image", "pages") and isinstance(shape, list) and len(shape) - paged in (2, 3) \
             and all(isinstance(s, int) and s > 0 for s in shape):
-        raw = math.prod(shape) * {"uint8": 1, "uint16": 2, "float32": 4}.get(meta.get("dtype"), 1)
-        out.update(bpp=round(measure.bpp(len(data), measure.pixel_count(shape, paged)), 4), ratio=round(raw / len(data), 3))
-    typer.echo(json.dumps(out, indent=1))
+        raw = math.prod(shape) * {"uint8": 1, "uint16": 2, "float32": 4}.get(c.meta.get("dtype"), 1)
+        pixels = measure.pixel_count(shape, paged)
+        out.update(pixels=pixels, bpp=round(measure.bpp(len(data), pixels), 4), ratio=round(raw / len(data), 3))
+    return out
+
+
+def _info_text(r: dict) -> str:
+    if "error" in r:
+        return f"{r['file']}: error: {r['error']}"
+    m = r["meta"]
+    shape = "x".join(str(s) for s in m.get("shape") or []) or "?"
+    lossy = "lossless" if m.get("max_error") == 0 else f"max error {m['max_error']}" if m.get("max_error") is not None \
+        else "lossy (error not bounded)"
+    figures = f", {r['bpp']} bpp, ratio {r['ratio']}" if "bpp" in r else ""
+    what = f"{m.get('model')} quality {m.get('quality')}, {lossy}, " if r["kind"] == "image" else ""
+    sections = ", ".join(f"{k} {v}" for k, v in r["sections"].items())
+    return (f"{r['file']}: {r['kind']} {shape} {m.get('dtype')}, {what}{r['bytes']} bytes{figures}\n"
+            f"  sections: {sections}")
 
 
 @app.command()
-def verify(src: Path, dst: Path, device: Optional[str] = typer.Option(None)) -> None:
-    """Decode the outputs in DST of the images in SRC and compare: PSNR and max error."""
-    rows = verify_folder(src, dst, device)
-    typer.echo(json.dumps(rows, indent=1))
+def verify(
+    src: Path = typer.Argument(..., help="the source images (a file or a folder)"),
+    dst: Path = typer.Argument(..., help="the folder their .vsz files were written to"),
+    device: Optional[str] = typer.Option(None),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="JSON rows on standard output (the summary line on standard error)"),
+) -> None:
+    """Decode the outputs in DST of the images in SRC and compare: PSNR and max error.
+
+    PSNR is measured against the data's own peak (e.g. 4095 for 12-bit data in 16-bit files), which each row names."""
+    from .pipeline import jobs
+
+    rows = jobs.verify(src, dst, device)
+    line = _verify_line(rows)
+    if as_json:
+        typer.echo(to_json(rows))
+        _say(line)
+    else:
+        for r in rows:
+            typer.echo(f"{r['file']}: error: {r['error']}" if "error" in r else
+                       f"{r['file']}: PSNR {r['psnr']} dB (peak {r['peak']:g}), max error {r['max_error']:g}, "
+                       f"{r['bytes']} bytes")
+        typer.echo(line)
     raise typer.Exit(1 if any("error" in r for r in rows) else 0)
 
 
+def _verify_line(rows: list[dict]) -> str:
+    good = [r for r in rows if "error" not in r]
+    if not good:
+        return f"0 verified, {len(rows)} failed"
+    psnrs = [math.inf if r["psnr"] == "inf" else r["psnr"] for r in good]
+    return (f"{len(good)} verified, {len(rows) - len(good)} failed; lowest PSNR {min(psnrs)} dB, "
+            f"largest max error {max(r['max_error'] for r in good):g}")
+
+
+# ------------------------------------------------------------------ stack
 @app.command("stack")
 def stack_cmd(
     folder: Path = typer.Argument(..., help="folder of frames (same shape)"),
@@ -230,7 +322,14 @@ def stack_cmd(
     device: Optional[str] = typer.Option(None, help="cpu or cuda"),
 ) -> None:
     """Sum frames across ranks (run under torchrun) with a compressed all_reduce."""
+    from .cuda import resolve
+
     dev = resolve(device)
+    import torch
+    import torch.distributed as dist
+
+    from .collectives.stacking import StackConfig, stack
+
     started = not dist.is_initialized()
     if started:
         if "RANK" in os.environ and dev == "cuda":
@@ -243,36 +342,62 @@ def stack_cmd(
     try:
         report = stack(folder, out, StackConfig(error_bound, algorithm, dev))
         if report is not None:
-            typer.echo(json.dumps(report, indent=1))
+            typer.echo(to_json(report))
+            _say(f"stacked {report['frames']} frames on {report['ranks']} rank(s) with {report['algorithm']}: "
+                 f"max error {report['max_abs_error']:.3g} (bound {report['bound_total']:.3g}), PSNR {report['psnr_db']:.2f} dB; "
+                 f"{files.shown(out)} and its .json report")
     finally:
         if started:
             dist.destroy_process_group()
 
 
+# ------------------------------------------------------------------ demo, version, ints-info, eval
 SAMPLES = ("camera.png", "astronaut.png", "coins.png", "moon.png", "cell.png", "hubble_deep_field.jpg", "page.png", "coffee.png")
 
 
 @app.command()
 def demo(
-    out: Optional[Path] = typer.Option(None, help="keep the outputs here (default: a temporary folder)"),
+    out: Optional[Path] = typer.Option(None, help="a new (or empty) folder for the outputs (default: a new "
+                                                  "folder visemz-demo, -2, -3, ... in the current folder)"),
     device: Optional[str] = typer.Option(None),
 ) -> None:
-    """The main job on an embedded default: compress scikit-image's sample images."""
+    """The main job on scikit-image's sample images: compress, verify, decompress; says where the outputs are."""
+    from .cuda import resolve
+
+    dev = resolve(device)
+    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InvalidArgumentError(f"--out '{files.shown(out)}' exists and is not an empty folder")
+    import skimage.data
+
+    from .pipeline import jobs
+
+    out = (out or _new_folder(Path("visemz-demo"))).absolute()
+    samples, compressed, restored = out / "samples", out / "compressed", out / "restored"
+    samples.mkdir(parents=True, exist_ok=True)
     data_dir = Path(skimage.data.__file__).parent
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "samples"
-        src.mkdir()
-        for name in SAMPLES:
-            if (data_dir / name).is_file():
-                shutil.copy(data_dir / name, src / name)
-        dst = out or Path(tmp) / "compressed"
-        summary = compress_folder(src, dst, CompressConfig(device=device, resume=False))
-        d = summary.to_dict()
-        typer.echo(f"compressed {d['done']} sample images from scikit-image ({d['bytes_in']} -> {d['bytes_out']} bytes, "
-                   f"ratio {d['ratio']}, {d['bpp']} bpp) in {d['seconds']} s on {resolve(device)}")
-        for row in verify_folder(src, dst, device):
-            typer.echo(f"  {row['file']}: PSNR {row.get('psnr')} dB, max error {row.get('max_error')}")
-    raise typer.Exit(1 if d["failed"] else 0)
+    for name in SAMPLES:
+        if (data_dir / name).is_file():
+            shutil.copy(data_dir / name, samples / name)
+    summary = jobs.compress_folder(samples, compressed, jobs.CompressConfig(device=dev, resume=False))
+    d = summary.to_dict()
+    typer.echo(f"compressed {d['done']} sample images from scikit-image ({d['bytes_in']} -> {d['bytes_out']} bytes, "
+               f"ratio {d['ratio']}, {d['bpp']} bpp) in {d['seconds']} s on {dev}")
+    for row in jobs.verify(samples, compressed, dev):
+        typer.echo(f"  {row['file']}: PSNR {row.get('psnr')} dB, max error {row.get('max_error')}")
+    back = jobs.decompress_folder(compressed, restored, jobs.DecompressConfig(device=dev))
+    typer.echo(f"outputs in {files.shown(out)}:\n  {files.shown(samples)}  the sample images (the inputs)\n"
+               f"  {files.shown(compressed)}  their .vsz files and visemz-manifest.json\n"
+               f"  {files.shown(restored)}  the images decoded from the .vsz files")
+    raise typer.Exit(1 if d["failed"] or back.failed else 0)
+
+
+def _new_folder(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ...: the first that does not exist."""
+    k, path = 1, base
+    while path.exists() or path.is_symlink():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return path
 
 
 @app.command()
@@ -284,14 +409,25 @@ def version() -> None:
 @app.command("ints-info")
 def ints_info(path: Path) -> None:
     """Describe an ints stream written by visemz.encoders.encode_ints."""
-    parsed = stream.parse(path.read_bytes())
+    from .encoders import stream
+
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read '{files.shown(path)}': {e.strerror}") from None
+    parsed = stream.parse(data)
     typer.echo(json.dumps({"entropy": parsed.entropy, "raw_size": parsed.raw_size, "frames": len(parsed.frames)}))
 
 
 def main() -> None:
     """The console script: exit 0 when everything succeeded, 1 when some items failed, 2 on a
-    usage error (typer's own for bad arguments, ``_Commands`` for a ``VisemzError``)."""
-    app(prog_name="visemz")
+    usage error (typer's own for bad arguments, ``_Commands`` for a ``VisemzError``), 130 when
+    interrupted."""
+    try:
+        app(prog_name="visemz")
+    except KeyboardInterrupt:
+        print("visemz: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 @app.command("eval")
@@ -310,6 +446,9 @@ def eval_cmd(
                                           "refinement) beside each visemz-<arch> codec (default 0: none)"),
 ) -> None:
     """Rate-distortion, lossless and near-lossless evaluation against the classical, scientific and CompressAI codecs (resumable)."""
+    from .cuda import resolve
+    from .evaluation.runner import EvalConfig, evaluate
+
     def names(s: Optional[str]):
         return tuple(n.strip() for n in s.split(",") if n.strip()) if s else None
 

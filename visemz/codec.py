@@ -197,7 +197,7 @@ class ImageCodec:
                     x = t[box[0]:box[1], box[2]:box[3]].to(self.device)
                     tm = tiling.tile_meta(meta, box)
                     extra = residual.encode(x, x01, tm, e, **self.enc)[0] if res is None else \
-                        residual_coder.encode(res, x, *x01, tm, e)
+                        residual_coder.encode(res, x, x01, tm, e)
                     tiles[i][0].update(extra)
             for i in range(len(tiles), grid.count):  # without max_error: every tile, coded and dropped
                 symbols_of(i)
@@ -277,7 +277,7 @@ class ImageCodec:
                 if mode is None:
                     px = denormalise(x01, tm)
                 elif f.residual is not None:
-                    px = residual_coder.decode(f.residual, f.tile(i)[0], *x01, tm, e)
+                    px = residual_coder.decode(f.residual, f.tile(i)[0], x01, tm, e)
                 else:
                     px = residual.decode(f.tile(i)[0], x01, tm, e, mode)
                 if tbox == box:  # one tile is the whole answer
@@ -308,7 +308,9 @@ class ImageCodec:
         reduce = None if res is None else res.prior64.reduce
         for i, x in tiling.synthesise(model, grid, list(tiles), latent_of, DEFAULTS.tile_batch, reduce=reduce):
             box = tiling.pixel_box(grid, i, meta)
-            yield i, box, (x if res is not None else from_batch(x, tiling.tile_meta(meta, box)))
+            out = list(x) if res is not None else from_batch(x, tiling.tile_meta(meta, box))
+            del x  # the residual coder consumes the features from ``out``: nothing else may hold them
+            yield i, box, out
 
     def _open(self, buf) -> "_File":
         """Parse and check a file (bytes, or a container unpacked from them): its header, image meta, grid,

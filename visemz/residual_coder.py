@@ -41,6 +41,7 @@ import torch
 from .encoders import decode_ints, encode_ints
 from .encoders.rans import decode_conditional, encode_conditional
 from .errors import CorruptStreamError
+from .models import blocks
 from .models import residual_tables as RT
 from .models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, space_to_depth
 from .models.residual_weights import Residual
@@ -53,13 +54,14 @@ SPARSE = 2  # a lossless tile is coded through a palette when the span of its va
 TOL = 1e-6
 MAX_Q = 1 << 20  # |q| of any valid stream is below 2**18 (the largest image range over the smallest bin)
 TRUNK_HALO = 3  # half-resolution positions the trunk sees around a position (the heads see HALO - 3 more)
-STRIPE_BYTES = {"cpu": 256 << 20, "cuda": 4 << 30}  # the largest im2col buffer one stripe of the network may take
 
 
-def encode(res: Residual, x: torch.Tensor, x01: torch.Tensor, reduced: torch.Tensor, meta: ImageMeta,
-           e: int) -> dict[str, bytes]:
-    """A tile's pixels ``x`` (its meta's layout, integers) -> its sections.  ``x01``: the tile core's float64
-    reconstruction (planes, C, H, W), ``reduced``: the prior's reduction of g_s's features (half resolution)."""
+def encode(res: Residual, x: torch.Tensor, synthesis: list, meta: ImageMeta, e: int) -> dict[str, bytes]:
+    """A tile's pixels ``x`` (its meta's layout, integers) -> its sections.  ``synthesis``: [the tile core's
+    float64 reconstruction (planes, C, H, W), the prior's reduction of g_s's features (half resolution)]; the
+    features are consumed (the list's entry dropped once the trunk has them, so that they do not sit beside
+    the passes)."""
+    x01 = synthesis[0]
     levels = _batch_levels(x, meta, x01)
     palette = _palette_of(levels, _real_mask(meta, x01), meta) if e == 0 else None
     if palette is not None:
@@ -79,13 +81,14 @@ def encode(res: Residual, x: torch.Tensor, x01: torch.Tensor, reduced: torch.Ten
         streams.append(encode_conditional(_coder_array(sym), _coder_array(idx), res.tables))
         return q
 
-    _passes(res, x01, reduced, _Domain(meta, palette), e, fix, symbols)
+    _passes(res, synthesis, _Domain(meta, palette), e, fix, symbols)
     return {PALETTE: _pack_palette(palette), FIXES: _pack_fixes(fixes), **dict(zip(PASS_SECTIONS, streams))}
 
 
-def decode(res: Residual, sections: dict, x01: torch.Tensor, reduced: torch.Tensor, meta: ImageMeta,
-           e: int) -> torch.Tensor:
-    """A tile's sections -> its pixels in its meta's layout and dtype; damage raises CorruptStreamError."""
+def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: int) -> torch.Tensor:
+    """A tile's sections -> its pixels in its meta's layout and dtype; damage raises CorruptStreamError.
+    ``synthesis`` as for ``encode`` (consumed alike)."""
+    x01 = synthesis[0]
     planes, c = x01.shape[0], x01.shape[1]
     grid = planes * c * (x01.shape[2] // 2) * (x01.shape[3] // 2)
     listed = _unpack_fixes(sections[FIXES], grid, x01.device)
@@ -116,7 +119,7 @@ def decode(res: Residual, sections: dict, x01: torch.Tensor, reduced: torch.Tens
             raise CorruptStreamError(f"residual pass stream decodes a value beyond {MAX_Q} bins")
         return q
 
-    out = _passes(res, x01, reduced, _Domain(meta, palette), e, fix, symbols)
+    out = _passes(res, synthesis, _Domain(meta, palette), e, fix, symbols)
     if palette is not None:
         out = palette[out.to(torch.int64)]
     return _image_layout(out, meta)
@@ -144,26 +147,29 @@ class _Domain:
         return (i - 1) + ((levels - v0) / (v1 - v0)).clamp(0, 1)
 
 
-def _passes(res: Residual, x01: torch.Tensor, reduced: torch.Tensor, domain: _Domain, e: int, fix, symbols):
+def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, symbols):
     """Run the four passes; ``fix(k, m0, si, fi, ambiguous, real)`` gives the integers pass k codes with and
     ``symbols(k, m0, shift, table, real)`` its q (the encoder codes them, the decoder decodes them).  Returns
     the decoded pixels (planes, C, H, W) as float64 values of the domain."""
     prior = res.prior64
+    x01, reduced = synthesis
+    synthesis[1] = None  # the trunk below is all the passes need of the features
     lo, hi = domain.lo, domain.hi
     u, b = max(hi - lo, 1) / 255.0, 2 * e + 1
     planes, c = x01.shape[0], x01.shape[1]
     side = [torch.full((planes,), v, dtype=torch.float64, device=x01.device) for v in (math.log2(u), math.log2(b))]
-    rows = _stripe_rows(prior, x01)
-    trunk = _by_stripes(lambda a, z: prior.condition(reduced[:, :, a:z], x01[:, :, 2 * a:2 * z], *side),
-                        reduced.shape[2], TRUNK_HALO, rows)
+    width_in = prior.width + 4 * c
+    trunk = _blocked(lambda r, q: prior.condition(reduced[:, :, r, q], x01[:, :, _twice(r), _twice(q)], *side),
+                     reduced, TRUNK_HALO, width_in)
+    del reduced
     pred = space_to_depth(domain.prediction(x01))
     real = space_to_depth(_real_mask(domain.meta, x01)).expand_as(pred)
     known = torch.zeros_like(pred)
     out = torch.zeros_like(pred)
     for k in range(len(PASSES)):
         sl = _channels(k, c)
-        offset, log_scale = _by_stripes(lambda a, z: torch.cat(prior.head(k, trunk[:, :, a:z], known[:, :, a:z]), 1),
-                                        trunk.shape[2], HALO - TRUNK_HALO, rows).chunk(2, 1)
+        offset, log_scale = _blocked(lambda r, q: torch.cat(prior.head(k, trunk[:, :, r, q], known[:, :, r, q]), 1),
+                                     trunk, HALO - TRUNK_HALO, width_in).chunk(2, 1)
         mu = pred[:, sl] + u * offset
         s = u * torch.exp(log_scale)
         m0, si, fi, amb = _integers(mu, s, b)
@@ -205,30 +211,22 @@ def _stream_inputs(high, low, shift, table, real):
     return torch.cat([high[real], low[wide]]).to(torch.int32), idx
 
 
+def _twice(s: slice) -> slice:
+    return slice(2 * s.start, 2 * s.stop)
+
+
 def _channels(k: int, c: int) -> slice:
     return slice(k * c, (k + 1) * c)
 
 
-# ------------------------------------------------------------------ stripes (memory follows a stripe)
-def _stripe_rows(prior, x01: torch.Tensor) -> int:
-    """Half-resolution rows per stripe: the widest 3 x 3 convolution's im2col buffer within STRIPE_BYTES."""
-    width_in = prior.width + 4 * prior.channels
-    per_row = 9 * width_in * (x01.shape[3] // 2) * x01.shape[0] * 8
-    return max(8, STRIPE_BYTES["cuda" if x01.is_cuda else "cpu"] // per_row)
-
-
-def _by_stripes(fn, h: int, halo: int, rows: int) -> torch.Tensor:
-    """``fn(a, z)`` (the network on input rows a..z of a half-resolution grid) over stripes of ``rows`` rows
-    with ``halo`` rows of context on each side, the halos cut off: the whole grid's result, up to float
-    rounding, with the memory of one stripe."""
-    if rows >= h:
-        return fn(0, h)
-    parts = []
-    for a in range(0, h, rows):
-        z = min(h, a + rows)
-        w0, w1 = max(0, a - halo), min(h, z + halo)
-        parts.append(fn(w0, w1)[:, :, a - w0:z - w0])
-    return torch.cat(parts, 2)
+# ------------------------------------------------------------------ blocks (memory follows a block)
+def _blocked(fn, like: torch.Tensor, halo: int, channels_in: int) -> torch.Tensor:
+    """``fn(rows, cols)`` (the network on those windows of the half-resolution grid of ``like``) block by block
+    (``models/blocks.py``), each window ``halo`` positions wider than its block: the whole grid's result up
+    to float rounding.  Working memory per position: a 3 x 3 convolution's im2col over ``channels_in``."""
+    unit = 9 * channels_in * like.element_size() * like.shape[0] * 2
+    plan = blocks.plan(like.shape[2], like.shape[3], halo, halo, unit, like.device)
+    return blocks.run(lambda r, c: (fn(slice(*r), slice(*c)),), plan, (1,))[0]
 
 
 # ------------------------------------------------------------------ layouts

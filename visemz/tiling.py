@@ -27,7 +27,7 @@ import torch
 
 from .config import DEFAULTS
 from .errors import InvalidArgumentError, VisemzError
-from .models import architectures, graphs
+from .models import architectures, blocks, graphs
 from .pixels import PAD, ImageMeta, to_batch
 from .refine import RefineSettings, refine_symbols
 
@@ -255,8 +255,11 @@ def synthesise(net, grid: Grid, tiles: list[int], latent_of: Callable[[int], tor
             yield from zip(group, _split(x, len(group)))
             continue
         x, r = synthesis_features(net, reduce, y)
-        x, r = x[:, :, y0:y1, x0:x1], r[:, :, y0 // 2:y1 // 2, x0 // 2:x1 // 2]
-        yield from zip(group, zip(_split(x, len(group)), _split(r, len(group))))
+        parts = list(zip(group, zip(_split(x[:, :, y0:y1, x0:x1], len(group)),
+                                    _split(r[:, :, y0 // 2:y1 // 2, x0 // 2:x1 // 2], len(group)))))
+        del x, r  # handed on alone: the residual coder drops the features once it has used them
+        while parts:
+            yield parts.pop(0)
 
 
 def synthesis(net, y: torch.Tensor) -> torch.Tensor:
@@ -264,30 +267,24 @@ def synthesis(net, y: torch.Tensor) -> torch.Tensor:
     return graphs.run(net.g_s, (y,), key=("g_s",), owner=net, pixels=graphs.pixels(y, STRIDE))
 
 
-# latent rows of context a stripe of g_s needs on each side (pixel p sees latents (p - 30) / 16 .. (p + 30) / 16)
-STRIPE_HALO = 2
-STRIPE_BYTES = {"cpu": 256 << 20, "cuda": 4 << 30}  # the largest im2col buffer a stripe of g_s may take
-
-
 def synthesis_features(net, reduce: torch.nn.Module, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g_s(y), ``reduce`` of g_s's last hidden features): the float64 synthesis the residual coder needs,
-    in stripes of latent rows so that memory follows a stripe (a float64 transposed convolution's im2col
-    buffer over a whole X-ray would take gigabytes), each stripe with STRIPE_HALO rows of context."""
-    head, last = net.g_s[:-1], net.g_s[-1:]
-    n, w = net.g_s[-1].in_channels, y.shape[3] * STRIDE
-    per_row = n * 25 * w * 8 * y.shape[0]  # g_s's widest im2col buffer (N x 5 x 5 by H/4 x W/4) per latent row
-    rows = max(1, STRIPE_BYTES["cuda" if y.is_cuda else "cpu"] // per_row)
-    xs, rs = [], []
-    for a in range(0, y.shape[2], rows):
-        z = min(y.shape[2], a + rows)
-        w0, w1 = max(0, a - STRIPE_HALO), min(y.shape[2], z + STRIPE_HALO)
-        features = architectures.native_forward(head, y[:, :, w0:w1]) if y.is_cuda else head(y[:, :, w0:w1])
-        x = architectures.native_forward(last, features) if y.is_cuda else last(features)
-        r = architectures.native_forward([reduce], features) if y.is_cuda else reduce(features)
-        top, bottom = (a - w0) * STRIDE, (z - w0) * STRIDE
-        xs.append(x[:, :, top:bottom])
-        rs.append(r[:, :, top // 2:bottom // 2])
-    return torch.cat(xs, 2), torch.cat(rs, 2)
+    """(g_s(y), ``reduce`` of g_s's last hidden features at half resolution): the float64 synthesis the residual
+    coder needs, block by block (``models/blocks.py``) with SYNTHESIS_HALO latent positions of context, so that
+    memory follows a block: a float64 transposed convolution's im2col buffer over a whole X-ray would take
+    gigabytes.  Working memory per latent position: g_s's widest im2col buffer (N x 5 x 5 values at each of its
+    4 x 4 quarter-resolution positions)."""
+    head, last, reducer = net.g_s[:-1], net.g_s[-1:], torch.nn.Sequential(reduce)
+    unit = net.g_s[-1].in_channels * 25 * 16 * y.element_size() * y.shape[0]
+    plan = blocks.plan(y.shape[2], y.shape[3], *SYNTHESIS_HALO, unit, y.device)
+
+    def forward(layers: torch.nn.Sequential, t: torch.Tensor) -> torch.Tensor:
+        return architectures.native_forward(layers, t) if t.is_cuda else layers(t)
+
+    def window(rows, cols):
+        features = forward(head, y[:, :, rows[0]:rows[1], cols[0]:cols[1]])
+        return forward(last, features), forward(reducer, features)
+
+    return blocks.run(window, plan, (STRIDE, STRIDE // 2))
 
 
 def box_window(grid: Grid, box: Box) -> tuple[Box, Box]:

@@ -22,7 +22,6 @@ connections, auto's calibration) out of it.
 from __future__ import annotations
 
 import io
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .. import measure
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, VisemzError
 from ..io import files, loaders, writers
 from . import transport as T
 from .codecs import ErrorBounded
@@ -60,16 +59,28 @@ def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None)
     if not frames:
         raise InvalidArgumentError(f"no image frames in {str(folder)!r}")
     t = {"load": 0.0, "sum": 0.0, "compress_communicate_reduce": 0.0, "plain_allreduce": 0.0}
-    partial = None
+    partial, problem = None, None
     for path in files.shard(frames, rank, world):
         t0 = time.perf_counter()
-        img = loaders.load_image(path)
+        try:
+            img = loaders.load_image(path)
+        except VisemzError as e:
+            problem = str(e)
+            break
         t["load"] += time.perf_counter() - t0
+        if partial is not None and tuple(img.shape) != tuple(partial.shape):
+            problem = f"frame '{files.shown(path.name)}' is {img.shape}, the frames before it {tuple(partial.shape)}: " \
+                      "the frames of a stack must share one shape"
+            break
         t0 = time.perf_counter()
         x = torch.from_numpy(img.astype(np.float32)).to(cfg.device)
         partial = x if partial is None else partial + x
         _sync(cfg.device)
         t["sum"] += time.perf_counter() - t0
+    problems: list = [None] * world
+    dist.all_gather_object(problems, problem, group)  # a bad frame on one rank stops every rank, with its reason
+    if any(problems):
+        raise InvalidArgumentError(next(p for p in problems if p))
     comm = T.device(group)  # NCCL groups exchange CUDA tensors, Gloo groups CPU tensors
     shape = torch.tensor(list(partial.shape) if partial is not None else [0, 0], dtype=torch.int64, device=comm)
     everyone = [torch.empty_like(shape) for _ in range(world)]
@@ -129,8 +140,10 @@ def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None)
         "compressed_allreduce_phases_seconds": {k: round(v, 6) for k, v in phases.items()},
         "speedup_over_plain_allreduce": round(t["plain_allreduce"] / max(t["compress_communicate_reduce"], 1e-12), 4),
     }
+    if world == 1:
+        report["note"] = "one rank: nothing to communicate, so the all_reduce returned its input (plain, phases 0)"
     buf = io.BytesIO()
     tifffile.imwrite(buf, stacked.numpy().astype(np.float32))
     writers.write_atomic(out, buf.getvalue())
-    writers.write_atomic(out.with_suffix(out.suffix + ".json"), json.dumps(report, indent=1).encode())
+    writers.write_atomic(out.with_suffix(out.suffix + ".json"), writers.to_json(report).encode())
     return report

@@ -1,7 +1,10 @@
 """Reading images on the CPU: OpenCV for common formats, tifffile for TIFF, NumPy for .npy.
 
-Every failure (unreadable, empty, not an image, unsupported layout) is an ``InputError``
-naming the file, so a folder job can report it and go on.  Inputs are opened read-only.
+Every failure (unreadable, empty, not a regular file, not an image, unsupported layout, too large
+for memory) is an ``InputError`` naming the file, so a folder job can report it and go on.  Inputs
+are opened read-only and read whole into memory first: every decoder works on those bytes (OpenCV's
+``imdecode``, never ``imread``, which crashed on file names that are not UTF-8), and the bytes give
+the file's identity (``files.Identity``) that a job records.
 
 A multi-page TIFF is read as one stack of pages, (P, H, W) or (P, H, W, C); its pages must
 share one shape and dtype; so is a .npy volume, (Z, H, W) when its last axis is longer than
@@ -12,6 +15,8 @@ such a stack into one "pages" file (``pages.py``) and restore it whole.
 from __future__ import annotations
 
 import io
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,7 @@ except ImportError:  # optional: DICOM files are read when it is installed
 
 from ..errors import VisemzError
 from ..pixels import MAX_CHANNELS
+from .files import Identity, shown
 
 
 class InputError(VisemzError, ValueError):
@@ -43,6 +49,7 @@ class Picture:
     paged: bool = False
     loader: str = "cpu"
     note: str = ""  # why a GPU loader left this file to the CPU loader
+    source: Identity | None = None  # the file as it was read (the CPU loader knows it)
 
     @property
     def page_shape(self) -> tuple[int, ...]:
@@ -53,53 +60,73 @@ class Picture:
         return int(self.pixels.nbytes)  # NumPy arrays and torch tensors alike
 
 
+def read_file(path: Path) -> tuple[bytes, Identity]:
+    """The bytes of a regular file and its identity; ``InputError`` for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a pipe must not block the job
+    except OSError as e:
+        raise InputError(f"cannot read '{shown(path)}': {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"'{shown(path)}' is not a regular file (a device, a pipe, a socket or a folder)")
+        if st.st_size == 0:
+            raise InputError(f"'{shown(path)}' is empty")
+        try:
+            data = f.read()
+        except OSError as e:
+            raise InputError(f"cannot read '{shown(path)}': {e.strerror}") from None
+        except MemoryError:
+            raise InputError(f"'{shown(path)}': its {st.st_size} bytes do not fit in memory") from None
+    return data, Identity.of_bytes(data, st)
+
+
 def load(path: Path) -> Picture:
     """Read an image, or the page stack of a multi-page TIFF, in the file's own dtype (RGB order)."""
+    data, source = read_file(path)
     try:
-        if path.stat().st_size == 0:
-            raise InputError(f"{str(path)!r} is empty")
-    except OSError as e:
-        raise InputError(f"cannot read {str(path)!r}: {e.strerror}") from None
-    ext = path.suffix.lower()
-    try:
-        if ext == ".npy":
-            img = np.load(path, allow_pickle=False)
-            # a volume: (Z, H, W) when the last axis is too long for channels, or (Z, H, W, C)
-            return _checked(path, img, img.ndim == 4 or (img.ndim == 3 and img.shape[2] > MAX_CHANNELS))
-        elif ext in (".tif", ".tiff"):
-            return _checked(path, *_tiff(path))
-        elif ext == ".dcm":
-            img = _dicom(path)
-        else:
-            img = _opencv(path)
-    except InputError:
-        raise
+        img, paged = decode(data, path.suffix.lower())
+    except InputError as e:
+        raise InputError(f"'{shown(path)}': {e}") from None
+    except MemoryError:
+        raise InputError(f"'{shown(path)}': the image does not fit in memory") from None
     except Exception as e:  # decoders raise many types on damaged files; all mean "not readable"
-        raise InputError(f"cannot decode {str(path)!r}: {type(e).__name__}: {e}") from None
-    return _checked(path, img, False)
-
-
-def _checked(path: Path, img: np.ndarray, paged: bool) -> Picture:
+        raise InputError(f"cannot decode '{shown(path)}': {type(e).__name__}: {e}") from None
+    del data
     if img.ndim - paged not in (2, 3):
-        raise InputError(f"{str(path)!r} holds an array of shape {img.shape}, not HxW or HxWxC"
+        raise InputError(f"'{shown(path)}' holds an array of shape {img.shape}, not HxW or HxWxC"
                          + (" pages" if paged else ""))
     if img.dtype.byteorder not in ("=", "|"):  # big-endian .npy or TIFF: native order for torch and the GPU
         img = img.astype(img.dtype.newbyteorder("="))
-    return Picture(img, paged)
+    return Picture(img, paged, source=source)
+
+
+def decode(data: bytes, ext: str) -> tuple[np.ndarray, bool]:
+    """(pixels, paged) of a file's bytes, by its extension (lower case, with the dot)."""
+    if ext == ".npy":
+        img = np.load(io.BytesIO(data), allow_pickle=False)
+        # a volume: (Z, H, W) when the last axis is too long for channels, or (Z, H, W, C)
+        return img, img.ndim == 4 or (img.ndim == 3 and img.shape[2] > MAX_CHANNELS)
+    if ext in (".tif", ".tiff"):
+        return _tiff(data)
+    if ext == ".dcm":
+        return _dicom(data), False
+    return _opencv(data), False
 
 
 def load_image(path: Path) -> np.ndarray:
     """HxW or HxWxC array (RGB channel order) of the file's own dtype; a single image only."""
     pic = load(path)
     if pic.paged:
-        raise InputError(f"{str(path)!r} is a multi-page TIFF ({pic.pixels.shape[0]} pages); a single image is needed here")
+        raise InputError(f"'{shown(path)}' is a multi-page TIFF ({pic.pixels.shape[0]} pages); "
+                         "a single image is needed here")
     return pic.pixels
 
 
-def _opencv(path: Path) -> np.ndarray:
-    img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+def _opencv(data: bytes) -> np.ndarray:
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     if img is None:
-        raise InputError(f"{str(path)!r} is not an image OpenCV can decode")
+        raise InputError("not an image OpenCV can decode")
     if img.ndim == 3 and img.shape[2] == 3:
         img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
     elif img.ndim == 3 and img.shape[2] == 4:
@@ -107,16 +134,16 @@ def _opencv(path: Path) -> np.ndarray:
     return img
 
 
-def _tiff(path: Path) -> tuple[np.ndarray, bool]:
+def _tiff(data: bytes) -> tuple[np.ndarray, bool]:
     """(image, False) for a single page, (stack of pages, True) for several."""
-    with tifffile.TiffFile(path) as tif:
+    with tifffile.TiffFile(io.BytesIO(data)) as tif:
         pages = list(tif.pages)
         if len(pages) == 1:
             return _page_pixels(pages[0]), False
         first = (pages[0].shape, pages[0].dtype)
         for k, p in enumerate(pages):
             if (p.shape, p.dtype) != first:
-                raise InputError(f"{str(path)!r}: page {k} is {p.shape} {p.dtype}, page 0 is {first[0]} {first[1]}; "
+                raise InputError(f"page {k} is {p.shape} {p.dtype}, page 0 is {first[0]} {first[1]}; "
                                  "the pages of a multi-page TIFF must share one shape and dtype")
         return np.stack([_page_pixels(p) for p in pages]), True
 
@@ -131,10 +158,10 @@ def _page_pixels(page) -> np.ndarray:
     return img
 
 
-def _dicom(path: Path) -> np.ndarray:
+def _dicom(data: bytes) -> np.ndarray:
     if pydicom is None:
-        raise InputError(f"{str(path)!r} is DICOM and pydicom is not installed")
-    return pydicom.dcmread(path).pixel_array
+        raise InputError("a DICOM file, and pydicom is not installed")
+    return pydicom.dcmread(io.BytesIO(data)).pixel_array
 
 
 def save_image(path: Path, img: np.ndarray, fmt: str, paged: bool = False) -> bytes:

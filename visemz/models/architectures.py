@@ -28,7 +28,7 @@ from compressai.layers import GDN
 from compressai.models import FactorizedPrior, MeanScaleHyperprior
 from compressai.models.utils import conv, deconv
 
-from . import channel_context, graphs
+from . import blocks, channel_context, graphs
 from .channel_context import is_context
 from .registry import COMPRESSAI_LAMBDAS, LEVELS, ModelSpec, level_and_fraction
 
@@ -256,13 +256,32 @@ def analysis_latents(model: torch.nn.Module, x: torch.Tensor, quality: float,
     ``crop`` (y0, y1, x0, x1) in latent positions keeps that part of g_a's output, and the hyperprior
     sees only it: a tile's core analysed with a halo of pixels around it (``tiling.py``)."""
     g, _ = model.gain.at(quality, x.dtype, x.device)
-    y = model.g_a(x) * g
+    y = analysis_transform(model, x) * g
     if crop is not None:
         y = y[:, :, crop[0]:crop[1], crop[2]:crop[3]]
     if not has_hyperprior(model):
         return {"y": y}
     hg, _ = model.hyper_gain.at(quality, x.dtype, x.device)
     return {"y": y, "z": model.h_a(y) * hg}
+
+
+# latent positions of context before / after a block that g_a needs (32 and 16 pixels: position m depends on
+# pixels 16m - 30 .. 16m + 30)
+ANALYSIS_HALO = (2, 1)
+
+
+def analysis_transform(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """g_a(x), block by block where the image is large (``blocks.py``: memory follows a block; the same latent
+    up to float rounding).  Working memory per latent position: its 16 x 16 pixels' first-layer activations
+    (N channels at a quarter of the pixels) and GDN's temporaries."""
+    h, w = x.shape[2] // STRIDE, x.shape[3] // STRIDE
+    n = model.g_a[0].out_channels
+    unit = x.shape[0] * STRIDE * STRIDE * (n // 4) * x.element_size() * 4
+    plan = blocks.plan(h, w, *ANALYSIS_HALO, unit, x.device)
+    if len(plan) == 1:
+        return model.g_a(x)
+    s = STRIDE
+    return blocks.run(lambda r, c: (model.g_a(x[:, :, r[0] * s:r[1] * s, c[0] * s:c[1] * s]),), plan, (1,))[0]
 
 
 def quantise(model: torch.nn.Module, latents: dict[str, torch.Tensor], quality: float) -> dict[str, torch.Tensor]:

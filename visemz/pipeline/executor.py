@@ -4,7 +4,7 @@
 
 * A **feed** is an iterable of ``(index, payload)`` pairs run by its own thread (the CPU
   loader's thread pool, DALI's batches, ...).  A payload is what ``compute`` takes, or an
-  ``ItemResult`` (the item is finished, e.g. skipped) or a ``VisemzError`` (it failed).
+  ``ItemResult`` (the item is finished, e.g. skipped) or an exception (it failed).
 * A **lane** is one compute worker: a thread with, on a GPU, its own ``torch.cuda.Stream``
   made current for torch and for cupy (``cuda.external_stream`` on the same handle), so
   inference, the encoder kernels and nvCOMP of one image run in order on one stream while
@@ -12,9 +12,11 @@
 * **Writers** are threads, because fsync blocks.
 
 Both queues are bounded (``queue_depth``), so at most loaders + 2 depth + lanes + writers
-items are in memory, whatever the folder's size.  A ``VisemzError`` fails its item only;
-any other exception stops every stage and is raised to the caller (never a hang).  Without
-a GPU the lanes are plain threads: the same executor is the CPU thread pool.
+items are in memory, whatever the folder's size.  An exception raised for one item (a
+``VisemzError``, a ``MemoryError``, any other ``Exception``) fails that item only and is
+reported with it; a failure of the machinery itself (a feed's iteration, the progress
+callback, Ctrl-C) stops every stage and is raised to the caller (never a hang).  Without a
+GPU the lanes are plain threads: the same executor is the CPU thread pool.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ def make_lanes(device: str, count: int) -> list:
 def parallel_feed(indices: Iterable[int], load: Callable[[int], Any], workers: int) -> Iterator[tuple[int, Any]]:
     """(index, load(index)) from a thread pool, in completion order, at most ``workers`` in flight.
 
-    A ``VisemzError`` becomes the item's payload (it fails alone); anything else propagates."""
+    An exception ``load`` raises becomes the item's payload (it fails alone)."""
     pending: set = set()
     todo = iter(indices)
     with cf.ThreadPoolExecutor(max(1, workers), thread_name_prefix="visemz-load") as pool:
@@ -184,8 +186,17 @@ def parallel_feed(indices: Iterable[int], load: Callable[[int], Any], workers: i
 def _load_one(load, i: int):
     try:
         return i, load(i)
-    except VisemzError as e:
+    except Exception as e:  # noqa: BLE001 (the item fails, with this as its reason)
         return i, e
+
+
+def describe(e: Exception) -> str:
+    """An item's failure as its report says it."""
+    if isinstance(e, VisemzError):
+        return str(e)
+    if isinstance(e, MemoryError):
+        return "out of memory" + (f": {e}" if str(e) else "")
+    return f"unexpected {type(e).__name__}: {e}"
 
 
 # ---------------------------------------------------------------------- the run
@@ -235,8 +246,8 @@ class _Run:
         if isinstance(payload, ItemResult):
             self.put(self.results, (i, payload))
             return True
-        if isinstance(payload, VisemzError):
-            self.put(self.results, (i, ItemResult(self.names[i], "failed", error=str(payload))))
+        if isinstance(payload, Exception):
+            self.put(self.results, (i, ItemResult(self.names[i], "failed", error=describe(payload))))
             return True
         return False
 
@@ -269,7 +280,7 @@ class _Run:
                         continue
                     try:
                         out = compute(lane, i, payload)
-                    except VisemzError as e:
+                    except Exception as e:  # noqa: BLE001 (this item fails; the others go on)
                         out = e
                     if not self.finished(i, out):
                         self.put(self.computed, (i, out))
@@ -281,7 +292,7 @@ class _Run:
             i, out = x
             try:
                 res = write(i, out)
-            except VisemzError as e:
+            except Exception as e:  # noqa: BLE001 (this item fails; the others go on)
                 res = e
             self.finished(i, res)
 

@@ -1,71 +1,54 @@
 """Folder jobs: compress, decompress and verify trees of images, item by item.
 
-Each item is independent: a bad file is reported and skipped, the rest go on.  A rerun
-skips outputs that are complete (their container parses and every checksum matches),
-so an interrupted job resumes without redoing work; outputs are written atomically,
-so no partial file ever carries a final name.  Inputs are only ever read.
+Inputs are only ever read: a destination that is, contains or lies inside its source (or the
+other way round) is refused before any work, and no job writes over a file it did not create
+(``manifest.py``: each output is recorded, with its source's identity and its settings, before it
+is renamed into place).  Each item is independent: a bad file (unreadable, undecodable, too large
+for memory, a link out of the tree or in a loop, a device) is reported as failed with its reason
+and the rest go on; every file ends in the manifest as done, skipped or failed.  A rerun skips
+the outputs that are current, makes again those whose source changed or whose settings differ
+(saying why), and removes the temporary files a killed run left.  Outputs are written atomically,
+so no partial file ever carries a final name.
 
 Compression and decompression run on the multi-stream executor (``executor.py``): loaders
-(``sources.py``) feed N lanes, each with its own CUDA stream on a GPU, and writer threads.
+(``sources.py``) feed N lanes, each with its own CUDA stream on a GPU, and writer threads.  On
+the CPU the lanes share the memory there is (``memory.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import codec as codec_module
 from .. import container, measure, pages
 from ..codec import ImageCodec
 from ..config import DEFAULTS, cpu_threads
+from ..device import as_numpy
 from ..errors import InvalidArgumentError, LimitExceededError, VisemzError
-from ..models import graphs
-from ..models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
-from ..io import files, loaders, writers
-from . import executor, kvikio_io, sources
+from ..io import files, loaders
+from ..models import graphs, registry
+from ..models import weights as W
+from ..refine import check_steps
+from ..tiling import check_tile
+from . import checks, destination, executor, kvikio_io, memory, sources
+from .manifest import MANIFEST
 from .results import ItemResult, Summary
+from .settings import AUTO, FORMATS, CompressConfig, DecompressConfig, check_compress, check_decompress
 
 __all__ = ["CompressConfig", "DecompressConfig", "ItemResult", "Summary", "compress_folder", "decompress_folder",
-           "verify", "is_complete"]
+           "verify", "is_complete", "MANIFEST"]
 
-MANIFEST = "visemz-manifest.json"
-FORMATS = {"png": ".png", "tiff": ".tif", "npy": ".npy"}
-WRITERS = ("auto", "kvikio", "posix")
-
-
-@dataclass(frozen=True)
-class CompressConfig:
-    model: str = DEFAULT_MODEL
-    quality: float = DEFAULT_QUALITY
-    max_error: float | None = None
-    entropy: str = "zstd"
-    device: str | None = None
-    streams: int = 0  # compute lanes (CUDA streams on a GPU); 0: VISEMZ_STREAMS or automatic
-    resume: bool = True
-    loader: str = ""  # "auto", "dali", "kvikio" or "cpu"; "": VISEMZ_LOADER
-    tile: int = 0  # core tile size in pixels (a multiple of 64); 0: VISEMZ_TILE
-    refine: int | None = None  # encoder-side latent refinement steps; None: VISEMZ_REFINE
-
-
-@dataclass(frozen=True)
-class DecompressConfig:
-    fmt: str = "png"  # "png", "tiff" or "npy"
-    device: str | None = None
-    streams: int = 0
-    writer: str = "auto"  # "kvikio" writes .npy from GPU memory; "auto": when on a GPU with kvikio
-    region: tuple[int, int, int, int] | None = None  # (y0, y1, x0, x1): decode only that window
-
-    def __post_init__(self):
-        if self.fmt not in FORMATS:
-            raise InvalidArgumentError(f"format {self.fmt!r}: expected png, tiff or npy")
-        if self.writer not in WRITERS:
-            raise InvalidArgumentError(f"writer {self.writer!r}: expected one of {', '.join(WRITERS)}")
+BY_SUFFIX = {".png": "png", ".tif": "tiff", ".tiff": "tiff", ".npy": "npy"}  # source types written back as they were
 
 
 def is_complete(path: Path) -> bool:
@@ -104,13 +87,22 @@ class _FirstUse:
 
 
 def _out_of_memory(e: BaseException, rel: str, shape) -> LimitExceededError:
-    return LimitExceededError(f"{rel}: out of GPU memory for an image of shape {tuple(shape)}: {str(e).splitlines()[0]}")
+    return LimitExceededError(f"{files.shown(rel)}: out of GPU memory for an image of shape {tuple(shape)}: "
+                              f"{str(e).splitlines()[0]}")
+
+
+def _gate(device: str, streams: int, world: int):
+    """The memory gate of a job's lanes: on the CPU with an automatic number of lanes, the memory
+    there is shared by the processes of this host; no gate when the user chose the lanes."""
+    if device != "cpu" or streams or DEFAULTS.streams:
+        return memory.NoGate()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or world)  # torchrun's processes of this host
+    return memory.MemoryGate(memory.budget(local))
 
 
 def _run(names: list[str], feeds: list, compute, write, device: str, streams: int, progress) -> tuple[list, int]:
     lanes, depth = executor.resolve(executor.ExecutorConfig(streams), device)
-    results = executor.run(names, feeds, compute, write, executor.make_lanes(device, lanes), depth,
-                           progress=progress)
+    results = executor.run(names, feeds, compute, write, executor.make_lanes(device, lanes), depth, progress=progress)
     return results, lanes
 
 
@@ -119,6 +111,40 @@ def _device_index(device: str) -> int | None:
         return None
 
     return torch.cuda.current_device()
+
+
+def _planned(src: Path, dst: Path, extensions, suffix: str, to_name, what: str) -> list[files.Item]:
+    """The items of a job, checked before anything is written: source and destination apart, at
+    least one input, no two inputs with one output."""
+    files.check_source(src, dst, extensions, suffix, what)
+    items, seen = [], {}
+    for it in files.plan(src, dst, files.discover(src, extensions, suffix), to_name):
+        if it.dst in seen and not it.problem:
+            it = files.Item(it.src, it.dst, it.rel, f"its output '{files.shown(it.dst.name)}' is also the output "
+                                                    f"of '{files.shown(seen[it.dst])}'")
+        seen.setdefault(it.dst, it.rel)
+        items.append(it)
+    return items
+
+
+def _gather_summaries(summary: Summary, world: int) -> list[Summary]:
+    """Every rank's summary (rank order); needs torch.distributed initialised when world > 1."""
+    if world == 1:
+        return [summary]
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, summary)
+    return gathered
+
+
+def _merged(per_rank: list[Summary], vsz_in: bool = False) -> Summary:
+    notes = [n for s in per_rank for n in s.notes]
+    warnings = [w for s in per_rank for w in s.warnings]
+    return Summary([r for s in per_rank for r in s.results], max(s.seconds for s in per_rank), vsz_in, notes, warnings)
+
+
+def _start(progress, total: int) -> None:
+    if progress is not None and hasattr(progress, "start"):
+        progress.start(total)
 
 
 # ------------------------------------------------------------------ compress
@@ -131,60 +157,111 @@ class _Encoded:
     pixels: int  # H x W, times the pages of a stack
     loader: str
     note: str
+    source: files.Identity | None
+
+
+def shaping(cfg: CompressConfig) -> dict:
+    """Every setting that shapes a compressed file, resolved (a rerun with any of them changed makes
+    the file again): the codec's, the runtime defaults' that change its bytes, the format and the weights."""
+    def weights_id(variant: str) -> str | None:
+        try:
+            return W.file_id(W.weights_path(registry.spec(cfg.model, variant)))
+        except OSError:
+            return None
+
+    return {"model": cfg.model, "quality": float(cfg.quality),
+            "max_error": None if cfg.max_error is None else float(cfg.max_error), "entropy": cfg.entropy,
+            "tile": cfg.tile or DEFAULTS.tile, "refine": DEFAULTS.refine if cfg.refine is None else cfg.refine,
+            "format": codec_module.FORMAT, "weights": {v: weights_id(v) for v in registry.VARIANTS},
+            "entropy_chunk": DEFAULTS.entropy_chunk, "zstd_level": DEFAULTS.zstd_level,
+            "rans_skip_freq": DEFAULTS.rans_skip_freq}
+
+
+def check_settings(cfg: CompressConfig) -> str:
+    """Every compression setting, checked before any file; returns the device."""
+    device = check_compress(cfg)
+    if cfg.tile:
+        check_tile(cfg.tile, "--tile")
+    if cfg.refine is not None:
+        check_steps(cfg.refine)
+    return device
+
+
+class _LossCheck:
+    """Decodes the job's first lossy 16-bit image and warns when its error took much of the range."""
+
+    def __init__(self, cfg: CompressConfig):
+        self.wanted = cfg.max_error is None
+        self.lock = threading.Lock()
+        self.warnings: list[str] = []
+
+    def __call__(self, rel: str, pic: loaders.Picture, data: bytes, codec: ImageCodec, first: _FirstUse) -> None:
+        if not self.wanted or str(pic.pixels.dtype) not in ("uint16", "torch.uint16"):
+            return
+        with self.lock:
+            if not self.wanted:
+                return
+            self.wanted = False
+        ref = as_numpy(pic.pixels)
+        with first.first("decode"):  # the job's only decode: a first use on a GPU
+            rec, _ = pages.decode(data, codec.decompress)
+        warning = checks.lost_range(files.shown(rel), ref, np.asarray(rec))
+        if warning:
+            self.warnings.append(warning)
 
 
 def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig(), progress=None,
                     rank: int = 0, world: int = 1) -> Summary:
-    codec = ImageCodec(cfg.device, entropy=cfg.entropy)
-    plan = sources.installed_plan(cfg.loader or DEFAULTS.loader, codec.device)
-    items = files.shard(files.plan(src, dst, files.discover(src, files.IMAGE_EXTENSIONS), files.compressed_name), rank, world)
-    gate = _FirstUse(codec.device)
+    device = check_settings(cfg)
+    plan = sources.installed_plan(cfg.loader or DEFAULTS.loader, device)
+    extensions, suffix, what = files.IMAGES
+    items = files.shard(_planned(src, dst, extensions, suffix, files.compressed_name, what), rank, world)
+    codec = ImageCodec(device, entropy=cfg.entropy)
+    settings = shaping(cfg)
+    gate, first, loss = _gate(codec.device, cfg.streams, world), _FirstUse(codec.device), _LossCheck(cfg)
+    owned: dict = {}
+    reasons: dict = {}
 
     def one(pixels) -> bytes:
         return codec.compress(pixels, model=cfg.model, quality=cfg.quality, max_error=cfg.max_error,
                               tile=cfg.tile or None, refine=cfg.refine)
 
     def compute(lane, i: int, pic: loaders.Picture) -> _Encoded:
+        page_pixels = measure.pixel_count(pic.page_shape)
         try:
-            pixels = lane.to_device(pic.pixels)
-            with gate.first((pic.page_shape[2:], str(pic.pixels.dtype))):
-                data = pages.encode(pixels, one) if pic.paged else one(pixels)
+            with gate.hold(memory.estimate(page_pixels, cfg.max_error is not None)):
+                pixels = lane.to_device(pic.pixels)
+                with first.first((pic.page_shape[2:], str(pic.pixels.dtype))):
+                    data = pages.encode(pixels, one) if pic.paged else one(pixels)
+                lane.finish()
+                loss(items[i].rel, pic, data, codec, first)
         except torch.cuda.OutOfMemoryError as e:
             raise _out_of_memory(e, items[i].rel, pic.pixels.shape) from None
-        lane.finish()
-        return _Encoded(data, pic.nbytes, measure.pixel_count(pic.pixels.shape, pic.paged), pic.loader, pic.note)
+        return _Encoded(data, pic.nbytes, measure.pixel_count(pic.pixels.shape, pic.paged), pic.loader, pic.note,
+                        pic.source)
 
-    def write(i: int, enc: _Encoded) -> ItemResult:
-        writers.write_atomic(items[i].dst, enc.data)
-        return ItemResult(items[i].rel, "done", enc.bytes_in, len(enc.data), enc.pixels, loader=enc.loader, note=enc.note)
+    with destination.Destination(dst, rank, world, legacy_owned=is_complete) as dest:
+        def write(i: int, enc: _Encoded) -> ItemResult:
+            rec = dest.place(items[i], enc.data, settings, enc.source, owned.get(i))
+            return ItemResult(items[i].rel, "done", enc.bytes_in, len(enc.data), enc.pixels, loader=enc.loader,
+                              note=enc.note, record=rec)
 
-    t0 = time.perf_counter()
-    feeds = sources.feeds(items, plan, _device_index(codec.device),
-                          skip=(lambda it: it.dst.exists() and is_complete(it.dst)) if cfg.resume else None)
-    results, lanes = _run([it.rel for it in items], feeds, compute, write, codec.device, cfg.streams, progress)
-    summary = Summary(results, time.perf_counter() - t0)
-    per_rank = _gather_summaries(summary, world)
-    if rank == 0:
-        everything = Summary([r for s in per_rank for r in s.results], max(s.seconds for s in per_rank))
-        manifest = {"source": str(src), "config": asdict(cfg), "device": codec.device, "streams": lanes,
-                    "loaders": plan.names, "ranks": world, "summary": everything.to_dict(),
-                    "per_rank": [s.to_dict() for s in per_rank],
-                    "files": [dict(asdict(r), rank=i) for i, s in enumerate(per_rank) for r in s.results]}
-        try:
-            writers.write_atomic(dst / MANIFEST, json.dumps(manifest, indent=1).encode())
-        except VisemzError:
-            pass  # the per-item errors already say why the folder is not writable
+        _start(progress, len(items))
+        t0 = time.perf_counter()
+        feeds = sources.feeds(items, plan, _device_index(codec.device),
+                              triage=dest.triage(items, settings, cfg.resume, owned, reasons))
+        results, lanes = _run([it.rel for it in items], feeds, compute, write, codec.device, cfg.streams, progress)
+        summary = Summary(destination.finished(results, items, dest, owned, reasons), time.perf_counter() - t0,
+                          notes=dest.notes, warnings=loss.warnings)
+        per_rank = _gather_summaries(summary, world)
+        if rank != 0:
+            return summary
+        everything = _merged(per_rank)
+        dest.finish(everything, per_rank, items, {
+            "job": "compress", "source": files.shown(src), "config": asdict(cfg), "settings": settings,
+            "device": codec.device, "streams": lanes, "loaders": plan.names, "ranks": world,
+            "memory_budget_bytes": None if gate.budget == float("inf") else gate.budget})
         return everything  # rank 0 reports the whole run
-    return summary
-
-
-def _gather_summaries(summary: Summary, world: int) -> list[Summary]:
-    """Every rank's summary (rank order); needs torch.distributed initialised when world > 1."""
-    if world == 1:
-        return [summary]
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, summary)
-    return gathered
 
 
 # ------------------------------------------------------------------ decompress
@@ -193,14 +270,26 @@ class _Decoded:
     pixels: object  # NumPy array, or a CUDA tensor for the kvikio writer
     paged: bool
     bytes_in: int
+    pixels_whole: int  # the file's pixels (bpp is the file's, whatever region was written)
+    source: files.Identity | None
 
 
-def _restored_name(ext: str):
+def restored_name(fmt: str):
+    """The output name of a .vsz file: ``auto``: the source's own name when visemz writes its type
+    (.png, .tif, .tiff, .npy), else the name + .png; a format: the name + its suffix unless it has it."""
     def to_name(rel: str) -> str:
         stem = rel[: -len(files.SUFFIX)]
+        if fmt == AUTO:
+            return stem if os.path.splitext(stem)[1].lower() in BY_SUFFIX else stem + FORMATS["png"]
+        ext = FORMATS[fmt]
         return stem if stem.lower().endswith(ext) else stem + ext
 
     return to_name
+
+
+def format_of(name: str) -> str:
+    """The format an output name says: png, tiff or npy."""
+    return BY_SUFFIX.get(os.path.splitext(name)[1].lower(), "png")
 
 
 def _model_key(f: pages.Unpacked) -> frozenset:
@@ -208,68 +297,97 @@ def _model_key(f: pages.Unpacked) -> frozenset:
     return frozenset((str(c.meta.get("model")), c.meta.get("residual") is not None) for c in f.images)
 
 
+def _whole_pixels(f: pages.Unpacked) -> tuple[int, int, bool]:
+    """(pixels of the file, pixels of one page, error-bounded) from its headers."""
+    shape = f.stack[0] if f.stack is not None else f.images[0].meta.get("shape") or [0, 0]
+    paged = f.stack is not None
+    page = measure.pixel_count(shape[1:] if paged else shape)
+    return measure.pixel_count(shape, paged), page, any(c.meta.get("max_error") is not None for c in f.images)
+
+
 def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressConfig(), progress=None) -> Summary:
-    codec = ImageCodec(cfg.device)
-    gpu_writer = cfg.fmt == "npy" and codec.device == "cuda" and (
+    device = check_decompress(cfg)
+    extensions, suffix, what = files.VSZ_FILES
+    items = _planned(src, dst, extensions, suffix, restored_name(cfg.fmt), what)
+    codec = ImageCodec(device)
+    gpu_writer = codec.device == "cuda" and cfg.fmt == "npy" and (
         cfg.writer == "kvikio" or (cfg.writer == "auto" and kvikio_io.available()))
     if cfg.writer == "kvikio" and not gpu_writer:
         kvikio_io.require()  # names what is missing
         raise InvalidArgumentError("writer 'kvikio' writes .npy from GPU memory: it needs --format npy and device 'cuda'")
-    items = files.plan(src, dst, files.discover(src, suffix=files.SUFFIX), _restored_name(FORMATS[cfg.fmt]))
-    gate = _FirstUse(codec.device)
+    settings = {"format": cfg.fmt, "region": list(cfg.region) if cfg.region is not None else None}
+    gate, first = _gate(codec.device, cfg.streams, 1), _FirstUse(codec.device)
     decode_one = codec.decompress_tensor if gpu_writer else codec.decompress
+    owned: dict = {}
+    reasons: dict = {}
 
-    def read(i: int) -> bytes:
-        try:
-            return items[i].src.read_bytes()
-        except OSError as e:
-            raise loaders.InputError(f"cannot read {items[i].rel}: {e.strerror}") from None
+    def read(i: int) -> tuple[bytes, files.Identity]:
+        return loaders.read_file(items[i].src)
 
-    def compute(lane, i: int, data: bytes) -> _Decoded:
+    def compute(lane, i: int, loaded) -> _Decoded:
+        data, source = loaded
         try:
             f = pages.unpack(data)  # once: the gate's key and the decode read the same containers
-            with gate.first(_model_key(f)):
+            whole, page, bounded = _whole_pixels(f)
+            with gate.hold(memory.estimate(page, bounded)), first.first(_model_key(f)):
                 pixels, paged = pages.decode(f, decode_one, cfg.region)
-            if gpu_writer:
-                pixels = pixels.contiguous()  # RGB comes out of the network as a permuted view
+                if gpu_writer:
+                    pixels = pixels.contiguous()  # RGB comes out of the network as a permuted view
+                lane.finish()
         except torch.cuda.OutOfMemoryError as e:
             raise _out_of_memory(e, items[i].rel, ()) from None
-        lane.finish()
-        return _Decoded(pixels, paged, len(data))
+        return _Decoded(pixels, paged, len(data), whole, source)
 
-    def write(i: int, dec: _Decoded) -> ItemResult:
-        item, px = items[i], dec.pixels
-        if gpu_writer:
-            size = kvikio_io.write_npy(item.dst, px)
-        else:
-            out = loaders.save_image(item.dst, px, cfg.fmt, dec.paged)
-            writers.write_atomic(item.dst, out)
-            size = len(out)
-        return ItemResult(item.rel, "done", dec.bytes_in, size, measure.pixel_count(px.shape, dec.paged))
+    with destination.Destination(dst, 0, 1) as dest:
+        def write(i: int, dec: _Decoded) -> ItemResult:
+            item, px = items[i], dec.pixels
+            if gpu_writer:
+                rec = dest.place(item, lambda before: kvikio_io.write_npy(item.dst, px, before), settings, dec.source,
+                                 owned.get(i))
+            else:
+                out = loaders.save_image(item.dst, px, format_of(item.dst.name), dec.paged)
+                rec = dest.place(item, out, settings, dec.source, owned.get(i))
+            return ItemResult(item.rel, "done", dec.bytes_in, rec.output.size, dec.pixels_whole, record=rec)
 
-    t0 = time.perf_counter()
-    feeds = [executor.parallel_feed(range(len(items)), read, cpu_threads())]
-    results, _ = _run([it.rel for it in items], feeds, compute, write, codec.device, cfg.streams, progress)
-    return Summary(results, time.perf_counter() - t0, vsz_in=True)
+        _start(progress, len(items))
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(cpu_threads(), thread_name_prefix="visemz-probe") as pool:
+            triaged = list(pool.map(dest.triage(items, settings, cfg.resume, owned, reasons), range(len(items))))
+        finished = [(i, r) for i, r in enumerate(triaged) if r is not None]
+        todo = [i for i, r in enumerate(triaged) if r is None]
+        feeds = [finished, executor.parallel_feed(todo, read, cpu_threads())]
+        results, _ = _run([it.rel for it in items], feeds, compute, write, codec.device, cfg.streams, progress)
+        summary = Summary(destination.finished(results, items, dest, owned, reasons), time.perf_counter() - t0, vsz_in=True,
+                          notes=dest.notes)
+        dest.finish(summary, [summary], items, {"job": "decompress", "source": files.shown(src),
+                                                "config": asdict(cfg), "settings": settings, "device": codec.device})
+        return summary
 
 
 # ------------------------------------------------------------------ verify
 def verify(src: Path, dst: Path, device: str | None = None) -> list[dict]:
-    """Decode every output of ``src`` under ``dst`` and compare: PSNR and max error per image."""
+    """Decode every output of ``src`` under ``dst`` and compare: PSNR (against the data's own peak,
+    ``checks.data_peak``, which each row names) and max error per image."""
     codec = ImageCodec(device)
+    found = files.discover(src, files.IMAGE_EXTENSIONS)
+    if not found:
+        raise InvalidArgumentError(f"no images in '{files.shown(src)}': nothing to verify")
     rows = []
-    for item in files.plan(src, dst, files.discover(src, files.IMAGE_EXTENSIONS), files.compressed_name):
-        row = {"file": item.rel}
-        try:
-            img = loaders.load(item.src).pixels
-            rec, _ = pages.decode(item.dst.read_bytes(), codec.decompress)
-            if rec.shape != img.shape:
-                raise InvalidArgumentError(f"{item.rel}: decoded shape {rec.shape} differs from the input's {img.shape}")
-            row.update(psnr=round(measure.psnr(img, rec), 3), max_error=measure.max_abs_error(img, rec),
-                       bytes=item.dst.stat().st_size)
-        except OSError as e:
-            row["error"] = f"cannot read: {e.strerror}"
-        except VisemzError as e:
-            row["error"] = str(e)
-        rows.append(row)
+    for item in files.plan(src, dst, found, files.compressed_name):
+        rows.append(dict(file=files.shown(item.rel), **_verified(item, codec)))
     return rows
+
+
+def _verified(item: files.Item, codec: ImageCodec) -> dict:
+    if item.problem:
+        return {"error": f"{files.shown(item.rel)} {item.problem}"}
+    try:
+        img = loaders.load(item.src).pixels
+        data = loaders.read_file(item.dst)[0]
+        rec, _ = pages.decode(data, codec.decompress)
+        if rec.shape != img.shape:
+            raise InvalidArgumentError(f"{files.shown(item.rel)}: decoded shape {rec.shape} differs from the "
+                                       f"input's {img.shape}")
+        return dict(checks.compare(img, rec), bytes=len(data))
+    except Exception as e:  # noqa: BLE001 (this file's row says why; the others go on)
+        return {"error": executor.describe(e)}

@@ -71,17 +71,17 @@ def npy_header(shape: tuple[int, ...], dtype) -> bytes:
     return buf.getvalue()
 
 
-def write_npy(path: Path, tensor) -> int:
+def write_npy(path: Path, tensor, before_replace=None) -> int:
     """Write a CUDA tensor as a .npy file, the payload straight from GPU memory; returns its size.
 
     The tensor's producing stream must be finished (the executor's lanes finish before their
-    outputs move on)."""
+    outputs move on).  ``before_replace``: as ``writers.atomic_file``'s."""
     kvikio = require()
     dtype = str(tensor.dtype).replace("torch.", "")
     header = npy_header(tuple(tensor.shape), dtype)
     payload = tensor.contiguous().reshape(-1).view(torch.uint8)
     torch.cuda.current_stream(tensor.device).synchronize()  # kvikio reads the memory outside torch's streams
-    with atomic_file(path) as (f, tmp):
+    with atomic_file(path, before_replace) as (f, tmp):
         f.write(header)
         f.flush()
         try:

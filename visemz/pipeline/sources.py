@@ -64,13 +64,13 @@ def installed_plan(requested: str, device: str) -> LoaderPlan:
 
 @dataclass(frozen=True)
 class _Route:
-    loader: str  # "skip", "kvikio", "dali" or "cpu"
-    detail: object = None  # the RawLayout or DecodeTarget from the probe
+    loader: str  # "finished", "kvikio", "dali" or "cpu"
+    detail: object = None  # the finished item's result (or exception), the RawLayout or DecodeTarget from the probe
 
 
-def _route(item: Item, plan: LoaderPlan, skip: Callable[[Item], bool] | None) -> _Route:
-    if skip is not None and skip(item):
-        return _Route("skip")
+def _route(i: int, item: Item, plan: LoaderPlan, triage: Callable[[int], ItemResult | None] | None) -> _Route:
+    if triage is not None and (finished := triage(i)) is not None:
+        return _Route("finished", finished)
     if plan.kvikio and (layout := probe.raw_layout(item.src)) is not None:
         return _Route("kvikio", layout)
     if plan.dali and (target := probe.decode_target(item.src)) is not None:
@@ -80,23 +80,31 @@ def _route(item: Item, plan: LoaderPlan, skip: Callable[[Item], bool] | None) ->
 
 def load_cpu(item: Item, note: str = "") -> loaders.Picture:
     pic = loaders.load(item.src)
-    return loaders.Picture(pic.pixels, pic.paged, "cpu", note)
+    return loaders.Picture(pic.pixels, pic.paged, "cpu", note, pic.source)
+
+
+def _routed(i: int, item: Item, plan: LoaderPlan, triage) -> _Route:
+    """``_route``, with an exception (a probe's, the triage's) failing the item alone."""
+    try:
+        return _route(i, item, plan, triage)
+    except Exception as e:  # noqa: BLE001
+        return _Route("finished", e)
 
 
 def feeds(items: list[Item], plan: LoaderPlan, device_index: int | None,
-          skip: Callable[[Item], bool] | None = None) -> list[Iterable]:
-    """The executor's feeds for ``items``: finished (skipped) items, then one feed per loader in use.
+          triage: Callable[[int], ItemResult | None] | None = None) -> list[Iterable]:
+    """The executor's feeds for ``items``: the items ``triage`` finished (skipped or refused: it
+    returns their result, None for an item to do), then one feed per loader in use.
 
-    Files are triaged in a thread pool: the resume check (``skip``) and the header probes read
-    from disk."""
+    Files are triaged in a thread pool: the resume check and the header probes read from disk."""
     with ThreadPoolExecutor(cpu_threads(), thread_name_prefix="visemz-probe") as pool:
-        routes = list(pool.map(lambda it: _route(it, plan, skip), items))
-    by = {name: [i for i, r in enumerate(routes) if r.loader == name] for name in ("skip", "kvikio", "dali", "cpu")}
+        routes = list(pool.map(lambda i: _routed(i, items[i], plan, triage), range(len(items))))
+    by = {name: [i for i, r in enumerate(routes) if r.loader == name] for name in ("finished", "kvikio", "dali", "cpu")}
 
     def cpu(i: int, note: str = ""):
         try:
             return load_cpu(items[i], note)
-        except VisemzError as e:
+        except Exception as e:  # noqa: BLE001 (the item fails with it)
             return e
 
     def kvikio(i: int):
@@ -105,7 +113,7 @@ def feeds(items: list[Item], plan: LoaderPlan, device_index: int | None,
         except VisemzError as e:  # e.g. an I/O error kvikio reports: the CPU loader says what is wrong
             return cpu(i, f"kvikio: {e}")
 
-    out: list[Iterable] = [[(i, ItemResult(items[i].rel, "skipped")) for i in by["skip"]]]
+    out: list[Iterable] = [[(i, routes[i].detail) for i in by["finished"]]]
     if by["kvikio"]:
         out.append(parallel_feed(by["kvikio"], kvikio, KVIKIO_THREADS))
     if by["dali"]:
