@@ -4,7 +4,8 @@
 
 One fixture per stream kind and format version, as the current code writes it: block streams
 (both policies, with and without bitshuffle, one empty), ints streams (entropy none and zstd),
-.vsz image files (each residual mode, both models), a pages file, the error-bound residual on
+.vsz image files (each residual mode, each model; format 7 where the channel-context weights are
+installed), a pages file, the error-bound residual on
 its own (model-free inputs), the collectives' float codecs (error-bounded and lossless, fp32,
 fp16, bf16), and the numcodecs float chunks (their shape header around those codecs).  Existing fixtures are never rewritten: a fixture is a file some user already has.
 When a format's version changes, this script adds fixtures named with the new version beside
@@ -39,6 +40,8 @@ from visemz.encoders import decode_ints, encode_ints, rans, reference
 from visemz.encoders import layout as L
 from visemz.encoders import stream
 from visemz.io.writers import write_atomic
+from visemz.models import all_specs, parse
+from visemz.models import weights as W
 from visemz.pixels import ImageMeta
 
 MANIFEST = "fixtures.json"
@@ -141,12 +144,20 @@ def _tile_sections(buf: bytes, c: container.Container, prefix: str) -> dict:
     index = tile_index.TileIndex(c.sections, grid.count, t["parts"], t["symbols"], c.meta["format"])
     out = {}
     for i in range(grid.count):
-        coding = index.coding(i)
+        coding, held = index.coding(i), _by_section(symbols[i], c.meta["model"])
         for name in t["parts"]:
             body = index.part(i, name)
-            out[f"{prefix}tile{i}_section_{name}"] = symbols[i][name].numpy().reshape(-1) if coding.get(name) == "rans" \
+            out[f"{prefix}tile{i}_section_{name}"] = held[name].numpy().reshape(-1) if coding.get(name) == "rans" \
                 else decode_ints(body) if len(body) else np.zeros(0, np.int32)
     return out
+
+
+def _by_section(symbols: dict, model: str) -> dict:
+    """A tile's symbols by section name: a channel-context model's y as its slices ``y0``, ``y1``, ..."""
+    spec = parse(model)
+    if not spec.context:
+        return symbols
+    return {"z": symbols["z"], **{latents.slice_name(k): v for k, v in enumerate(torch.split(symbols["y"], spec.slices, 1))}}
 
 
 def _container_suffix() -> str:
@@ -169,6 +180,12 @@ TILED_IMAGES = (  # (model, dtype, shape, max_error, tile): several tiles, edge 
 )
 
 
+CONTEXT_IMAGES = (  # image format 7: (model, dtype, shape, max_error, tile); two tiles, and one with a residual
+    ("minnen2020", "uint8", (60, 100, 3), None, 64),
+    ("minnen2020", "uint16", (40, 30), 3, None),
+)
+
+
 SKIPPED_IMAGES = ("mbt2018-mean",)  # also written with skipped symbols (conditional rANS stream version 3)
 SKIP_FREQ = 65531
 
@@ -185,7 +202,20 @@ def _rans_skip(freq: int):
 
 
 def images(w: Writer) -> None:
-    for model, dtype, shape, e, tile in [(*i, None) for i in IMAGES] + list(TILED_IMAGES):
+    _write_images(w, [(*i, None) for i in IMAGES] + list(TILED_IMAGES))
+
+
+def context_images(w: Writer) -> None:
+    """Format 7, written when the channel-context model's weights are installed (any weights: the test reads
+    the container and the integer sections only)."""
+    if not all(W.weights_path(s).is_file() for s in all_specs() if s.context):
+        print("no weights of the channel-context models installed: no format 7 fixture written")
+        return
+    _write_images(w, list(CONTEXT_IMAGES))
+
+
+def _write_images(w: Writer, cases: list) -> None:
+    for model, dtype, shape, e, tile in cases:
         img = _image(dtype, shape, seed=len(shape))
         for skip in (0, SKIP_FREQ) if model in SKIPPED_IMAGES else (0,):
             with _rans_skip(skip):
@@ -282,7 +312,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     w = Writer(args.out)
-    for part in (block_streams, ints_streams, images, page_stack, residuals, float_codecs_, numcodecs_chunks):
+    for part in (block_streams, ints_streams, images, context_images, page_stack, residuals, float_codecs_, numcodecs_chunks):
         part(w)
     w.save()
     print(f"{len(w.added)} fixtures added to {args.out}: {', '.join(w.added) or 'none'}")

@@ -4,6 +4,12 @@
         --out runs/r1 [--resume runs/r0] [--init-from visemz/models/weights] [--time-limit 1500]
 
     torchrun --nproc-per-node 4 scripts/train.py ...      # the models are dealt out over the GPUs
+    torchrun --nproc-per-node 4 scripts/train.py --ddp --models minnen2020-rgb ...   # one model on all GPUs
+
+--ddp trains every model on every GPU with torch's DistributedDataParallel: one process per GPU, each
+drawing its own crops (--batch per GPU), gradients averaged over the GPUs each step; steps run eagerly
+(no CUDA graphs), rank 0 writes the checkpoints and the log (its rows the mean over the GPUs), and the
+ranks agree every few steps on stopping (SIGTERM, --time-limit, --steps), so they stop together.
 
 Data: RGB models train on train/rgb + train2/rgb/* + train3/rgb/*; gray models on train/gray,
 train2/gray/*, train2/gray16 (16-bit, stretched by their own range as the codec does), train3/gray/*
@@ -28,12 +34,17 @@ Every sample of a batch gets its own quality, stratified over [1, 8]: its gains 
 latent and its lambda (CompressAI's ladder, interpolated) weighs its distortion.  ``MODEL@qQ``
 (e.g. mbt2018-mean-rgb@q2) trains the same network as a fixed-rate model: every sample at
 quality Q (its lambda, its gains), all else as for MODEL; the reference that
-scripts/fixed_vs_variable.py measures the variable-rate model against.  Loss: the
-batch mean of lambda * 255^2 * MSE + bpp; Adam (--lr) with a linear warm-up whenever Adam's
+scripts/fixed_vs_variable.py measures the variable-rate model against.  Loss (--loss): the
+batch mean of lambda * 255^2 * MSE + bpp, each sample's divided by its quality's reference loss
+(``normalised``, the default: every quality weighs alike, ``training.rd_loss`` says why) or not
+(``rd``, the loss the first shipped weights were trained with); Adam (--lr) with a linear warm-up whenever Adam's
 moments start afresh, constant after it; --final-decay F lowers the LR along a half cosine to
 x0.05 over the last F of --time-limit (give it to the last run of a training only); the entropy
 bottleneck's auxiliary loss has its own Adam (lr 1e-3).  Transforms run under bf16 autocast,
 gains and entropy models in float32.  On CUDA each model's whole step is one CUDA graph.
+--patch-schedule STEP:PATCH[xBATCH],... changes the crops (and the batch) from a step on, e.g.
+``900000:512x8`` for 512x512 crops in batches of 8 over the last part of a 1M-step training; a run
+resumed past a switch starts with that switch's crops.
 
 Checkpoints, every --checkpoint-every seconds and at the end, written atomically:
   --out/NAME.safetensors         fp16 parameters (small enough to leave a GPU job); step,
@@ -63,6 +74,9 @@ import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from visemz.io.writers import atomic_file
 from visemz.errors import InvalidArgumentError
@@ -248,14 +262,30 @@ class CropSampler:
 
 
 # -------------------------------------------------------------------------------------- training
+class TrainingStep(torch.nn.Module):
+    """One model's training forward and losses as a module, what DistributedDataParallel wraps: every
+    parameter gets its gradient from the one backward of (RD loss + the entropy bottleneck's auxiliary loss)."""
+
+    def __init__(self, model: torch.nn.Module, amp: bool, log_lambdas: torch.Tensor,
+                 log_references: torch.Tensor | None):
+        super().__init__()
+        self.model, self.amp, self.log_lambdas, self.log_references = model, amp, log_lambdas, log_references
+
+    def forward(self, x: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x_hat, liks = training.forward_train(self.model, x, q, self.amp)
+        loss, mse, bpp = training.rd_loss(x, x_hat, liks, q, self.log_lambdas, self.log_references)
+        return loss, mse, bpp, self.model.aux_loss()
+
+
 class Trainer:
     WARMUP = 500  # steps of linear LR warm-up whenever Adam's moments start afresh
 
-    def __init__(self, name: str, sampler: CropSampler, batch: int, device, lr: float, amp: bool):
+    def __init__(self, name: str, sampler: CropSampler, batch: int, device, lr: float, amp: bool,
+                 loss: str = "normalised", ddp: bool = False, spec=None):
         self.name = name  # e.g. "balle2016-gray", "balle2016-gray@area" or "mbt2018-mean-rgb@q2"
         parsed = training.parse_name(name)
-        self.spec, self.fixed_quality = parsed.spec, parsed.quality
-        self.sampler = sampler
+        # ``spec``: another size of the named architecture (scripts/bench_train_step.py's), else the registry's
+        self.spec, self.fixed_quality = spec or parsed.spec, parsed.quality
         self.model = architectures.build(self.spec).to(device).train()
         self.aux_names = {n for n, _ in self.model.named_parameters() if n.endswith("quantiles")}
         params = dict(self.model.named_parameters())
@@ -263,10 +293,15 @@ class Trainer:
         # A tensor LR lives in the graph: changing it needs no re-capture.
         opt_args = {"fused": True, "capturable": True} if on_gpu else {}
         self.lr_now = torch.tensor(lr, device=device)
-        self.opt = torch.optim.Adam([params[n] for n in params if n not in self.aux_names], lr=self.lr_now, **opt_args)
+        self.main_params = [params[n] for n in params if n not in self.aux_names]
+        self.opt = torch.optim.Adam(self.main_params, lr=self.lr_now, **opt_args)
         self.aux_opt = torch.optim.Adam([params[n] for n in self.aux_names], lr=1e-3, **opt_args)
-        self.x = torch.zeros(batch, self.spec.channels, sampler.patch, sampler.patch, device=device)
-        self.log_lambdas = training.log_lambda_table(device)
+        self.loss = loss
+        references = training.log_reference_table(device) if loss == "normalised" else None
+        module = TrainingStep(self.model, amp, training.log_lambda_table(device), references)
+        # broadcast_buffers off: the buffers are constants (the entropy models' tables and bounds)
+        self.forward = DistributedDataParallel(module, device_ids=[torch.device(device).index] if on_gpu else None,
+                                               broadcast_buffers=False) if ddp else module
         self.amp = amp
         self.lr = lr
         self.step = 0
@@ -276,22 +311,27 @@ class Trainer:
         self.graph = None
         # Each model's steps go to a stream of its own, so that one model's small kernels (the
         # hyper-transforms at 1/64 of the crop) overlap another's; models share nothing they write.
-        self.stream = torch.cuda.Stream(device) if on_gpu else None
+        self.stream = torch.cuda.Stream(device) if on_gpu and not ddp else None
         self.metrics = None  # the last step's [loss, mse, bpp, aux], on the device
+        self.use(sampler, batch)
+
+    def use(self, sampler: CropSampler, batch: int) -> None:
+        """Train on ``sampler``'s crops in batches of ``batch`` from the next step on (a captured graph is dropped:
+        capture again)."""
+        self.sampler = sampler
+        self.x = torch.zeros(batch, self.spec.channels, sampler.patch, sampler.patch, device=self.lr_now.device)
+        self.graph = None
 
     def _step(self) -> torch.Tensor:
         """One whole training step in tensor ops (the body a CUDA graph captures)."""
         self.sampler.sample_into(self.x)
         q = training.batch_qualities(self.x.shape[0], self.x.device, self.fixed_quality)
-        x_hat, liks = training.forward_train(self.model, self.x, q, self.amp)
-        loss, mse, bpp = training.rd_loss(self.x, x_hat, liks, q, self.log_lambdas)
+        loss, mse, bpp, aux = self.forward(self.x, q)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0, error_if_nonfinite=False)
-        self.opt.step()
-        aux = self.model.aux_loss()
         self.aux_opt.zero_grad(set_to_none=True)
-        aux.backward()
+        (loss + aux).backward()  # disjoint parameters: the RD loss never reaches the bottleneck's quantiles
+        torch.nn.utils.clip_grad_norm_(self.main_params, 1.0, error_if_nonfinite=False)
+        self.opt.step()
         self.aux_opt.step()
         return torch.stack([loss.detach(), mse.detach(), bpp.detach(), aux.detach()])
 
@@ -351,7 +391,9 @@ class Trainer:
 
     def save(self, out: Path, state_dir: Path | None, seconds: float, note: str) -> None:
         meta = {"step": str(self.step), "train_seconds": f"{self.seconds + seconds:.1f}", "note": note,
-                "model": self.name, "spec": json.dumps({"N": self.spec.N, "M": self.spec.M}),
+                "model": self.name, "loss": self.loss, "patch": str(self.sampler.patch), "batch": str(self.x.shape[0]),
+                "spec": json.dumps({"N": self.spec.N, "M": self.spec.M, **({"slices": list(self.spec.slices)}
+                                                                            if self.spec.context else {})}),
                 "qualities": "1-8" if self.fixed_quality is None else f"{self.fixed_quality:g}"}
         params = {n for n, _ in self.model.named_parameters()}
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
@@ -427,17 +469,20 @@ def resume_path(folder: Path, name: str) -> Path | None:
 
 
 class Log:
-    """Per-model CSV rows, averaged over --log-every steps (one host sync per model per row)."""
+    """Per-model CSV rows, averaged over --log-every steps (one host sync per model per row).  Under --ddp
+    every rank calls ``row`` at the same steps (the means are all-reduced over the ranks), and rank 0 writes."""
 
     FIELDS = ("model", "step", "loss", "mse", "psnr", "bpp", "aux", "seconds", "lr", "gpu")
 
-    def __init__(self, path: Path, trainers: list[Trainer], gpu: str):
-        new = not path.exists()
-        self.file = open(path, "a", newline="")
-        self.writer = csv.writer(self.file)
-        if new:
-            self.writer.writerow(self.FIELDS)
-        self.gpu = gpu
+    def __init__(self, path: Path | None, trainers: list[Trainer], gpu: str, ranks: int = 1):
+        self.file = self.writer = None
+        if path is not None:
+            new = not path.exists()
+            self.file = open(path, "a", newline="")
+            self.writer = csv.writer(self.file)
+            if new:
+                self.writer.writerow(self.FIELDS)
+        self.gpu, self.ranks = gpu, ranks
         self.sums = {t.name: torch.zeros(4, device=t.x.device) for t in trainers}
         self.counts = {t.name: 0 for t in trainers}
 
@@ -446,15 +491,24 @@ class Log:
         self.counts[t.name] += 1
 
     def row(self, t: Trainer, seconds: float) -> list[float]:
-        vals = (self.sums[t.name] / max(self.counts[t.name], 1)).tolist()
+        sums = self.sums[t.name] / max(self.counts[t.name], 1)
+        if self.ranks > 1:
+            dist.all_reduce(sums)  # a NaN on any rank reaches every rank: they roll back together
+            sums = sums / self.ranks
+        vals = sums.tolist()
         self.sums[t.name].zero_()
         self.counts[t.name] = 0
         mean = dict(zip(("loss", "mse", "bpp", "aux"), vals))
         psnr = 10 * math.log10(1.0 / max(mean["mse"], 1e-12)) if math.isfinite(mean["mse"]) else float("nan")
-        self.writer.writerow([t.name, t.step, f"{mean['loss']:.5f}", f"{mean['mse']:.7f}", f"{psnr:.3f}",
-                              f"{mean['bpp']:.5f}", f"{mean['aux']:.3f}", f"{t.seconds + seconds:.1f}",
-                              f"{float(t.lr_now):.2e}", self.gpu])
+        if self.writer is not None:
+            self.writer.writerow([t.name, t.step, f"{mean['loss']:.5f}", f"{mean['mse']:.7f}", f"{psnr:.3f}",
+                                  f"{mean['bpp']:.5f}", f"{mean['aux']:.3f}", f"{t.seconds + seconds:.1f}",
+                                  f"{float(t.lr_now):.2e}", self.gpu])
         return vals
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -463,7 +517,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--data", type=Path, required=True,
                     help="the data folder, e.g. DATA: train/ and train2/ (see above); eval/ is never read")
     ap.add_argument("--models", nargs="+", required=True,
-                    help="e.g. balle2016-rgb mbt2018-mean-gray balle2016-gray@area mbt2018-mean-rgb@q2")
+                    help="e.g. balle2016-rgb mbt2018-mean-gray balle2016-gray@area mbt2018-mean-rgb@q2 minnen2020-rgb")
     ap.add_argument("--out", type=Path, required=True, help="compact checkpoints and the log")
     ap.add_argument("--state-dir", type=Path, default=None, help="full checkpoints with Adam's moments (default: --out)")
     ap.add_argument("--resume", type=Path, help="a folder of checkpoints this script wrote")
@@ -475,8 +529,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--checkpoint-every", type=float, default=180.0, help="seconds between checkpoints")
     ap.add_argument("--gray-mix", default=DEFAULT_GRAY_MIX, help="shares of the gray groups (xray, science, photo)")
     ap.add_argument("--upscale", default="", help="enlarge a group's images at load, e.g. xray=2 (see above)")
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=16, help="crops per step (per GPU under --ddp)")
     ap.add_argument("--patch", type=int, default=256)
+    ap.add_argument("--patch-schedule", default="", help="STEP:PATCH[xBATCH],...: other crops from a step on, e.g. 900000:512x8")
+    ap.add_argument("--loss", choices=training.LOSSES, default="normalised",
+                    help="normalised: each sample's RD loss divided by its quality's reference (see above); rd: not")
+    ap.add_argument("--ddp", action="store_true", help="under torchrun: every model on every GPU, DistributedDataParallel")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--no-amp", action="store_true")
     ap.add_argument("--no-graphs", action="store_true", help="run steps eagerly instead of as CUDA graphs")
@@ -491,53 +549,108 @@ def parse_args(argv=None) -> argparse.Namespace:
             training.parse_name(name)
         except InvalidArgumentError as e:
             ap.error(str(e))
+    try:
+        args.schedule = parse_schedule(args.patch_schedule)
+    except ValueError as e:
+        ap.error(str(e))
     return args
 
 
-def my_models(models: list[str]) -> tuple[list[str], str]:
-    """Under torchrun each rank trains every WORLD_SIZE-th model on its own GPU."""
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    return models[rank::world], (f"cuda:{local}" if world > 1 else "")
+def parse_schedule(text: str) -> list[tuple[int, int, int | None]]:
+    """'900000:512x8,950000:768' -> [(900000, 512, 8), (950000, 768, None)], sorted by step; '' -> []."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        step, _, crop = part.partition(":")
+        patch, _, batch = crop.partition("x")
+        try:
+            entry = (int(step), int(patch), int(batch) if batch else None)
+        except ValueError:
+            raise ValueError(f"--patch-schedule {text!r}: expected STEP:PATCH[xBATCH],... e.g. 900000:512x8") from None
+        if entry[0] < 0 or entry[1] < 64 or entry[1] % 64 or (entry[2] is not None and entry[2] < 1):
+            raise ValueError(f"--patch-schedule {part!r}: the step must be >= 0, the patch a multiple of 64, the batch >= 1")
+        out.append(entry)
+    return sorted(out)
 
 
-def build_samplers(names: list[str], args, device) -> dict[tuple[str, str], CropSampler]:
-    samplers = {}
-    images = {}
-    for name in names:
+def crops_at(step: int, args) -> tuple[int, int]:
+    """(patch, batch) of a step: --patch and --batch, changed by every --patch-schedule entry at or before it."""
+    patch, batch = args.patch, args.batch
+    for at, p, b in args.schedule:
+        if step >= at:
+            patch, batch = p, b or batch
+    return patch, batch
+
+
+def distributed() -> tuple[int, int, int]:
+    """(rank, world size, local rank) under torchrun; (0, 1, 0) without it."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def my_models(models: list[str], ddp: bool = False) -> tuple[list[str], str]:
+    """Under torchrun each rank trains every WORLD_SIZE-th model on its own GPU (with --ddp: every model)."""
+    rank, world, local = distributed()
+    return (models if ddp else models[rank::world]), (f"cuda:{local}" if world > 1 else "")
+
+
+class Data:
+    """The training images of each variant (loaded once) and crop samplers of them, per (variant, draw, patch)."""
+
+    def __init__(self, args, device):
+        self.args, self.device = args, device
+        self.images: dict[str, list[Image]] = {}
+        self.samplers: dict[tuple[str, str, int], CropSampler] = {}
+
+    def sampler(self, name: str, patch: int) -> CropSampler:
         parsed = training.parse_name(name)
-        spec, mix_name = parsed.spec, parsed.draw
-        key = (spec.variant, mix_name)
-        if key in samplers:
-            continue
-        if spec.variant not in images:
-            images[spec.variant] = upscale_groups(load_images(args.data, spec.variant), parse_upscale(args.upscale))
-        imgs = images[spec.variant]
-        mix = None if (spec.variant == "rgb" or mix_name == "area") else parse_mix(args.gray_mix)
-        samplers[key] = CropSampler(imgs, draw_weights(imgs, mix), args.patch, device)
-        groups = {g: sum(1 for im in imgs if im.group == g) for g in sorted({im.group for im in imgs})}
-        print(f"{spec.variant} ({mix_name}): {len(imgs)} images {groups} on {device}", flush=True)
-    return samplers
+        spec, draw = parsed.spec, parsed.draw
+        key = (spec.variant, draw, patch)
+        if key not in self.samplers:
+            if spec.variant not in self.images:
+                self.images[spec.variant] = upscale_groups(load_images(self.args.data, spec.variant),
+                                                           parse_upscale(self.args.upscale))
+            imgs = self.images[spec.variant]
+            mix = None if (spec.variant == "rgb" or draw == "area") else parse_mix(self.args.gray_mix)
+            self.samplers[key] = CropSampler(imgs, draw_weights(imgs, mix), patch, self.device)
+            groups = {g: sum(1 for im in imgs if im.group == g) for g in sorted({im.group for im in imgs})}
+            print(f"{spec.variant} ({draw}, {patch}x{patch}): {len(imgs)} images {groups} on {self.device}", flush=True)
+        return self.samplers[key]
+
+    def drop_unused(self, trainers: list["Trainer"]) -> None:
+        """Samplers no trainer uses any more (a schedule moved on) give their device memory back."""
+        used = {id(t.sampler) for t in trainers}
+        for key in [k for k, v in self.samplers.items() if id(v) not in used]:
+            del self.samplers[key]
+
+
+def follow_schedule(t: Trainer, data: Data, args) -> bool:
+    """Give a trainer the crops its step calls for; whether they changed (then a captured graph is gone)."""
+    patch, batch = crops_at(t.step, args)
+    if (patch, batch) == (t.sampler.patch, t.x.shape[0]):
+        return False
+    t.use(data.sampler(t.name, patch), batch)
+    print(f"{t.name}: {patch}x{patch} crops, batch {batch}, from step {t.step}", flush=True)
+    return True
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    names, dev_override = my_models(args.models)
-    device = torch.device(dev_override or args.device)
+    rank, world, _ = distributed()
+    names, dev_override = my_models(args.models, args.ddp)
+    device = torch.device(dev_override if dev_override and args.device.startswith("cuda") else args.device)
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
-    torch.manual_seed(args.seed + int(os.environ.get("RANK", 0)))
+    if args.ddp and world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    ranks = world if args.ddp else 1
+    torch.manual_seed(args.seed + rank)  # under --ddp rank 0's initial weights are broadcast; crops differ
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     state_dir = args.state_dir or args.out
-    samplers = build_samplers(names, args, device)
-    trainers = []
-    for name in names:
-        parsed = training.parse_name(name)
-        key = (parsed.spec.variant, parsed.draw)
-        trainers.append(Trainer(name, samplers[key], args.batch, device, args.lr, not args.no_amp))
+    data = Data(args, device)
+    trainers = [Trainer(name, data.sampler(name, args.patch), args.batch, device, args.lr, not args.no_amp,
+                        args.loss, ddp=ranks > 1) for name in names]
     for t in trainers:
         src = None
         for folder in (state_dir, args.resume):  # this machine's full state first
@@ -548,16 +661,30 @@ def main(argv=None) -> None:
             t.init_from_weights(args.init_from)
         else:
             print(f"{t.name}: starts fresh")
+        follow_schedule(t, data, args)
+    data.drop_unused(trainers)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    if device.type == "cuda" and not args.no_graphs:
-        t0 = time.perf_counter()
-        for tr in trainers:
-            tr.capture()
-        print(f"captured {len(trainers)} CUDA graphs in {time.perf_counter() - t0:.1f} s", flush=True)
+    args.graphs = device.type == "cuda" and not args.no_graphs and ranks == 1
+    capture(trainers, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    rank = int(os.environ.get("RANK", 0))
-    log = Log(args.out / (f"train_log.rank{rank}.csv" if "RANK" in os.environ else "train_log.csv"), trainers, gpu)
-    run(trainers, log, args, state_dir)
+    writes = rank == 0 or ranks == 1
+    name = f"train_log.rank{rank}.csv" if "RANK" in os.environ and ranks == 1 else "train_log.csv"
+    log = Log(args.out / name if writes else None, trainers, gpu + (f" x{ranks}" if ranks > 1 else ""), ranks)
+    try:
+        run(trainers, log, args, state_dir, data, ranks, writes)
+    finally:
+        if ranks > 1:
+            dist.destroy_process_group()
+
+
+def capture(trainers: list[Trainer], args) -> None:
+    """A CUDA graph of each trainer's step that has none (with graphs on)."""
+    todo = [t for t in trainers if t.graph is None] if args.graphs else []
+    if todo:
+        t0 = time.perf_counter()
+        for t in todo:
+            t.capture()
+        print(f"captured {len(todo)} CUDA graphs in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def lr_scale(elapsed: float, args) -> float:
@@ -571,32 +698,70 @@ def lr_scale(elapsed: float, args) -> float:
     return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac))
 
 
-def run(trainers: list[Trainer], log: Log, args, state_dir: Path) -> None:
+AGREE_EVERY = 20  # steps between the --ddp ranks' agreements on stopping and the LR (one small all_reduce and host read)
+
+
+def run(trainers: list[Trainer], log: Log, args, state_dir: Path, data: Data | None = None, ranks: int = 1,
+        writes: bool = True) -> None:
     """Train until the time limit, the step goal or SIGTERM/SIGINT; checkpoint on the way and at the end."""
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(True))
-    if trainers[0].stream is not None:
+    if trainers[0].x.device.type == "cuda":
         torch.cuda.synchronize()  # the model streams start after everything loading and capture queued
+    if ranks > 1:
+        dist.barrier()  # the ranks' clocks start together
     t0 = last_ckpt = time.perf_counter()
-    while not stop and time.perf_counter() - t0 < args.time_limit and min(t.step for t in trainers) < args.steps:
-        scale = lr_scale(time.perf_counter() - t0, args)
+    clock = Clock(t0, ranks, trainers[0].x.device)
+    while not clock.should_stop(stop, trainers, args):
+        scale = lr_scale(clock.elapsed, args)
         for t in trainers:
             with model_stream(t, args):
                 log.add(t, t.train_step(scale))
                 if t.step % args.log_every == 0 and not t.check_finite(log.row(t, time.perf_counter() - t0)):
                     print(f"{t.name}: non-finite loss at step {t.step}; rolled back to the last finite state", flush=True)
-        if time.perf_counter() - last_ckpt >= args.checkpoint_every:
+        if data is not None and any([follow_schedule(t, data, args) for t in trainers]):
+            data.drop_unused(trainers)
+            capture(trainers, args)
+        if writes and time.perf_counter() - last_ckpt >= args.checkpoint_every:
             checkpoint(trainers, log, args, state_dir, time.perf_counter() - t0)
             last_ckpt = time.perf_counter()
-    checkpoint(trainers, log, args, state_dir, time.perf_counter() - t0)
+    if writes:
+        checkpoint(trainers, log, args, state_dir, time.perf_counter() - t0)
     for t in trainers:
         print(f"{t.name}: {t.step} steps")
     print(f"trained {time.perf_counter() - t0:.0f} s this run; checkpoints in {args.out}", flush=True)
 
 
+class Clock:
+    """The run's elapsed time, which the LR schedule and the time limit read, and the decision to stop.
+
+    Under --ddp every rank must take the same optimiser steps (DDP averages gradients, not parameters):
+    the ranks agree every AGREE_EVERY rounds on the elapsed time (the largest of theirs) and on stopping
+    (any rank's SIGTERM, SIGINT or time limit), and use the agreed time until the next agreement.  The step
+    goal is the same on every rank and needs no agreement."""
+
+    def __init__(self, t0: float, ranks: int, device):
+        self.t0, self.ranks, self.device, self.rounds = t0, ranks, device, 0
+        self.elapsed = 0.0
+
+    def should_stop(self, stop: list, trainers: list[Trainer], args) -> bool:
+        self.rounds += 1
+        if min(t.step for t in trainers) >= args.steps:
+            return True
+        if self.ranks == 1:
+            self.elapsed = time.perf_counter() - self.t0
+            return bool(stop) or self.elapsed >= args.time_limit
+        if (self.rounds - 1) % AGREE_EVERY:
+            return False
+        mine = torch.tensor([float(bool(stop)), time.perf_counter() - self.t0], dtype=torch.float64, device=self.device)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        stopped, self.elapsed = mine.tolist()
+        return stopped > 0 or self.elapsed >= args.time_limit
+
+
 def model_stream(t: Trainer, args):
-    """The context a model's step runs in: its own CUDA stream unless --one-stream (or on the CPU)."""
+    """The context a model's step runs in: its own CUDA stream unless --one-stream (or on the CPU, or under --ddp)."""
     if t.stream is None or args.one_stream:
         return contextlib.nullcontext()
     return torch.cuda.stream(t.stream)
@@ -607,7 +772,7 @@ def checkpoint(trainers: list[Trainer], log: Log, args, state_dir: Path, elapsed
         torch.cuda.synchronize()
     for t in trainers:
         t.save(args.out, state_dir, elapsed, args.note)
-    log.file.flush()
+    log.flush()
     print(f"{elapsed:7.1f}s  checkpoint: " + ", ".join(f"{t.name} {t.step}" for t in trainers), flush=True)
 
 

@@ -41,21 +41,27 @@ def model_weights(tmp_path_factory):
     """The shipped weights when all are present; otherwise seeded random weights in a temp folder.
 
     The codec's guarantees (shapes, dtypes, error bound, file validation) hold for any weights;
-    rate-distortion quality is measured by scripts/, not by tests.
+    rate-distortion quality is measured by scripts/, not by tests.  A channel-context model whose
+    weights are not shipped (yet) gets seeded random weights beside the others' (the shipped files
+    linked into the temp folder, so every other model keeps its weights and ids).
     """
-    if all(W.weights_path(s).is_file() for s in all_specs()) and residual_weights.path_of("gray").is_file():
+    older = [s for s in all_specs() if not s.context]
+    context = [s for s in all_specs() if s.context]
+    shipped = all(W.weights_path(s).is_file() for s in older) and residual_weights.path_of("gray").is_file()
+    if shipped and all(W.weights_path(s).is_file() for s in context):
         yield W.weights_dir()
         return
     folder = tmp_path_factory.mktemp("weights")
-    torch.manual_seed(0)
-    for s in all_specs():
-        W.save(architectures.build(s), s, folder / f"{s.name}.safetensors", {"note": "random weights for tests"})
-    gray = registry.spec(registry.DEFAULT_MODEL, "gray")
-    prior = residual_prior.ResidualPrior(gray.channels, gray.N)
-    for head in prior.heads:  # away from the all-zero start, so that the predictions differ from pixel to pixel
-        torch.nn.init.normal_(head[-1].weight, std=0.01)
-    residual_weights.save(prior, "gray", {"lossy_model": gray.name, "lossy_model_id": W.file_id(folder / f"{gray.name}.safetensors"),
-                                          "note": "random weights for tests"}, folder)
+    if shipped:
+        for f in W.weights_dir().iterdir():
+            if f.is_file():
+                (folder / f.name).symlink_to(f.resolve())
+    else:
+        _random_weights(older, folder)
+    torch.manual_seed(1)
+    for s in context:
+        if not (folder / f"{s.name}.safetensors").is_file():
+            W.save(architectures.build(s), s, folder / f"{s.name}.safetensors", {"note": "random weights for tests"})
     old = os.environ.get("VISEMZ_WEIGHTS_DIR")
     os.environ["VISEMZ_WEIGHTS_DIR"] = str(folder)
     W.load.cache_clear()
@@ -67,6 +73,19 @@ def model_weights(tmp_path_factory):
         os.environ["VISEMZ_WEIGHTS_DIR"] = old
     W.load.cache_clear()
     residual_weights.load.cache_clear()
+
+
+def _random_weights(specs, folder) -> None:
+    """Seeded random weights of ``specs`` and of the gray residual prior in ``folder``."""
+    torch.manual_seed(0)
+    for s in specs:
+        W.save(architectures.build(s), s, folder / f"{s.name}.safetensors", {"note": "random weights for tests"})
+    gray = registry.spec(registry.DEFAULT_MODEL, "gray")
+    prior = residual_prior.ResidualPrior(gray.channels, gray.N)
+    for head in prior.heads:  # away from the all-zero start, so that the predictions differ from pixel to pixel
+        torch.nn.init.normal_(head[-1].weight, std=0.01)
+    residual_weights.save(prior, "gray", {"lossy_model": gray.name, "lossy_model_id": W.file_id(folder / f"{gray.name}.safetensors"),
+                                          "note": "random weights for tests"}, folder)
 
 
 @pytest.fixture

@@ -114,6 +114,11 @@ def test_every_format_version_written_today_has_a_fixture():
     assert not missing, f"no fixture for {missing}: run python scripts/make_format_fixtures.py (it adds, never rewrites)"
 
 
+def test_the_channel_context_format_has_fixtures():
+    """Format 7 is written beside the current format, for the channel-context models alone."""
+    assert {f["version"] for f in MANIFEST["fixtures"] if f["kind"] == "image"} >= {image_codec.CONTEXT}
+
+
 def test_the_container_version_written_today_has_fixtures():
     """Image and page files are fixtures of their container version too (``settings.container``)."""
     for kind in ("image", "pages"):

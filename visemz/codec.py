@@ -53,17 +53,21 @@ KIND = "image"
 #    that memory follows the tile and a region decodes only the tiles it needs;
 # 5: format 4 with the tile index's part lengths as varints (one-tile files: 7 bytes instead of 26);
 # 6: format 5 whose integer images' max_error residual may be coded under the residual prior
-#    (residual "learned", ``residual_coder.py``), the prior named by ``residual_id``.
+#    (residual "learned", ``residual_coder.py``), the prior named by ``residual_id``;
+# 7: format 6 for channel-context models only (``models/channel_context.py``): y in slice sections
+#    y0, y1, ... (``latents.py``); written for them, never for the others.
 TILED = 4
 LEARNED = 6
-FORMAT = LEARNED
-TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED)
+CONTEXT = 7
+FORMAT = LEARNED  # what every model but the channel-context ones writes
+TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED, CONTEXT)
 FORMATS_READ = (latents.BLOCK, latents.RANS, *TILED_FORMATS)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
 META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
 TILED_KEYS = META_KEYS - {"symbols"} | {"tiles"}  # 4, 5: the grid and its parts instead of the symbol shapes
 META_KEYS_OF = {latents.BLOCK: META_KEYS, latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
-                TILED: TILED_KEYS, tile_index.VARINT_FORMAT: TILED_KEYS, LEARNED: TILED_KEYS | {"residual_id"}}
+                TILED: TILED_KEYS, tile_index.VARINT_FORMAT: TILED_KEYS, LEARNED: TILED_KEYS | {"residual_id"},
+                CONTEXT: TILED_KEYS | {"residual_id"}}
 TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
 
 
@@ -147,19 +151,20 @@ class ImageCodec:
 
     # ------------------------------------------------------------------ compress
     def compress(self, image, *, model: str = registry.DEFAULT_MODEL, quality: float = registry.DEFAULT_QUALITY,
-                 max_error=None, image_format: int = FORMAT, tile: int | None = None,
+                 max_error=None, image_format: int | None = None, tile: int | None = None,
                  refine: int | RefineSettings | None = None) -> bytes:
         """``tile``: the core tile size in pixels (a multiple of 64; default ``VISEMZ_TILE``): an image
         larger than one tile is compressed tile by tile, a batch of tiles at a time on the device, so
         a NumPy image stays in host memory.  ``image_format=2`` or ``3`` writes a previous format (one
         tile, block-coded or rANS-coded symbols), for comparisons and compatibility tests.
+        ``image_format`` None: the model's format (7 for a channel-context model, else 6).
         ``refine``: steps of encoder-side latent refinement (0..10000; default ``VISEMZ_REFINE``, 0:
         none; or a ``refine.RefineSettings``): each step costs a forward and backward pass of the
         synthesis on the image, and the decoder and the format are unchanged (``refine.py``).  With
         ``max_error`` the residual is taken against the refined symbols' reconstruction, so the
         bound holds as ever.  ``quality="auto"`` (with ``max_error`` only) codes the image at each of
         ``AUTO_QUALITIES`` and keeps the smallest file: the lossy part's bits against the residual's."""
-        if image_format not in FORMATS_READ:
+        if image_format is not None and image_format not in FORMATS_READ:
             raise InvalidArgumentError(f"image_format={image_format!r}: this build writes {list(FORMATS_READ)}")
         if quality == "auto":
             if max_error is None:
@@ -173,6 +178,7 @@ class ImageCodec:
         meta = describe(t)
         e = check_max_error(max_error, meta.dtype)
         spec = registry.spec(model, meta.variant)
+        image_format = _format_for(spec, image_format, refining)
         net, model_id = W.load(spec, self.device)
         tiled = image_format in TILED_FORMATS
         grid = tiling.grid_for(meta, tile if tiled else None)
@@ -324,6 +330,9 @@ class ImageCodec:
             raise UnsupportedFormatError(f"container holds {c.kind!r}, not an image")
         h = _check_header(c.meta, c.sections)
         spec = registry.parse(h["model"])
+        if (h["format"] == CONTEXT) != spec.context:
+            raise CorruptStreamError(f"image format {h['format']} does not hold model {spec.name} "
+                                     f"(format {CONTEXT} holds the channel-context models {list(registry.CHANNEL_CONTEXT)})")
         meta = ImageMeta(h["dtype"], tuple(h["shape"]), float(h["range"][0]), float(h["range"][1]))
         net, model_id = W.load(spec, self.device)
         if model_id != h["model_id"]:
@@ -333,7 +342,7 @@ class ImageCodec:
         batch, ph, pw = _batch_and_padded(meta)
         want = architectures.latent_shapes(net, batch, ph, pw)
         if h["format"] in TILED_FORMATS:
-            names = list(want)
+            names = latents.symbol_sections(net)
             grid = _check_tiles(h, ph, pw, names)
             index = tile_index.TileIndex(c.sections, grid.count, h["tiles"]["parts"], names, h["format"])
             tile_of = lambda i: (index.sections(i), index.coding(i))  # noqa: E731
@@ -346,6 +355,18 @@ class ImageCodec:
             rans = bool(latents.rans_sections(h))
         net64 = _model64(spec, self.device) if rans or h["residual"] is not None else None
         return _File(self.device, h, meta, grid, net, net64, tile_of, _learned_prior(h, spec, self.device))
+
+
+def _format_for(spec: registry.ModelSpec, image_format: int | None, refining) -> int:
+    """The image format a model writes (``image_format`` None: its own), or InvalidArgumentError: format 7 holds
+    channel-context models and nothing else, and they have no refinement yet."""
+    own = CONTEXT if spec.context else FORMAT
+    if image_format is not None and (image_format == CONTEXT) != spec.context:
+        raise InvalidArgumentError(f"image_format={image_format}: model {spec.arch} writes format {own}"
+                                   + ("" if spec.context else f" (or {[f for f in FORMATS_READ if f != CONTEXT]} on request)"))
+    if spec.context and refining is not None:
+        raise InvalidArgumentError(f"refine: model {spec.arch} has no encoder-side refinement; use refine=0")
+    return own if image_format is None else image_format
 
 
 def _dequantiser(model, symbols_of, q: float, dtype):

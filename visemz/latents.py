@@ -1,5 +1,13 @@
 """A model's integer latent symbols <-> an image file's sections, for each image format that codes them.
 
+Channel-context models (format 7, ``models/channel_context.py``): y is coded slice by slice, each
+slice a section of its own (``y0``, ``y1``, ...) coded as the mean-scale model's y is, with the
+Gaussian tables its scales pick; the scales come from the float64 slice transforms, which see
+the hyperprior's parameters and the slices decoded before, so the decoder decodes slice k before
+it computes the scales of slice k + 1.  One scale exception section (``y_scales``) covers all
+slices, its positions counted over the slices one after the other (each slice's symbols in C
+order).
+
 Format 3 (written today): conditional rANS with the tables shipped in the weights
 (``model.visemz_tables``), or per section the format-2 coding where that is smaller (the
 header's ``coding`` says which).  The factorized model's y and the hyperprior model's z use one
@@ -21,15 +29,22 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 from . import device as dev
 from .config import DEFAULTS
 from .encoders import EncoderConfig, start_encode_ints
 from .encoders.rans import decode_conditional, encode_conditional
-from .encoders.scale_indexes import decode_and_apply_scale_exceptions, encode_scale_exceptions, scale_indexes
+from .encoders.scale_indexes import (
+    apply_scale_exceptions,
+    decode_and_apply_scale_exceptions,
+    encode_scale_exceptions,
+    read_scale_exceptions,
+    scale_indexes,
+)
 from .errors import CorruptStreamError, UnsupportedFormatError
-from .models import architectures, graphs
+from .models import architectures, channel_context, graphs
 from .pixels import PAD
 
 BLOCK, RANS = 2, 3  # the image formats, by how they code the symbols
@@ -39,6 +54,18 @@ BLOCK, RANS = 2, 3  # the image formats, by how they code the symbols
 SYMBOL_POLICY = "block"
 CODINGS = ("rans", "ints")  # format 3: how each symbol section is coded (the header's "coding")
 SCALES = "y_scales"  # format 3, hyperprior models: the scale-index exceptions
+
+
+def symbol_sections(net) -> list[str]:
+    """A model's symbol sections, in the order a tiled file lists them: ``y`` (factorized), ``y``, ``z``
+    (mean-scale), ``y0`` .. ``y{S-1}``, ``z`` (channel context, S slices)."""
+    if channel_context.is_context(net):
+        return [slice_name(k) for k in range(len(net.slices))] + ["z"]
+    return ["y", "z"] if architectures.has_hyperprior(net) else ["y"]
+
+
+def slice_name(k: int) -> str:
+    return f"y{k}"
 
 
 def section_names(fmt: int, symbol_names) -> set[str]:
@@ -71,7 +98,7 @@ def encode(fmt: int, net, net64, symbols: dict[str, torch.Tensor], quality: floa
     sections = _encode_rans(net, net64, symbols, quality)
     ints = dict(zip(tried, ints_of()))
     coding = {}
-    for k in symbols:
+    for k in symbol_sections(net):
         coding[k] = "ints" if k in ints and len(ints[k]) < len(sections[k]) else "rans"
         sections[k] = ints[k] if coding[k] == "ints" else sections[k]
     return sections, coding
@@ -122,10 +149,34 @@ def rans_inputs(net, net64, symbols: dict[str, torch.Tensor], quality: float) ->
         y = symbols["y"]
         return {"y": (_array(y), _channels(y.shape, y.device), tables.factorized, None)}, None
     z = symbols["z"]
-    idx, ambiguous = scale_indexes(_array(_scales(net64, z, quality)), tables.scale_table)
     hyper_lanes = min(DEFAULTS.rans_lane_symbols, DEFAULTS.rans_hyper_lane_symbols)
-    return ({"z": (_array(z), _channels(z.shape, z.device), tables.factorized, hyper_lanes),
-             "y": (_array(symbols["y"]), idx, tables.gaussian, None)}, encode_scale_exceptions(idx, ambiguous))
+    coded = {"z": (_array(z), _channels(z.shape, z.device), tables.factorized, hyper_lanes)}
+    if channel_context.is_context(net):
+        return _context_inputs(net, net64, symbols, quality, coded)
+    idx, ambiguous = scale_indexes(_array(_scales(net64, z, quality)), tables.scale_table)
+    coded["y"] = (_array(symbols["y"]), idx, tables.gaussian, None)
+    return coded, encode_scale_exceptions(idx, ambiguous)
+
+
+def _context_inputs(net, net64, symbols: dict[str, torch.Tensor], quality: float,
+                    coded: dict[str, tuple]) -> tuple[dict[str, tuple], bytes]:
+    """``rans_inputs`` of a channel-context model: each slice's symbols with the table indexes of its float64
+    scales, and the one exception section of all slices (positions counted over the slices in order)."""
+    tables = _tables(net)
+    indexes, listed, start = [], [], 0
+    parts = channel_context.split(net, symbols["y"])
+    for k, scales in enumerate(_context_scales(net64, symbols, quality)):
+        idx, ambiguous = scale_indexes(_array(scales), tables.scale_table)
+        coded[slice_name(k)] = (_array(parts[k].contiguous()), idx, tables.gaussian, None)
+        indexes.append(idx)
+        if ambiguous.size:
+            listed.append(ambiguous + start)
+        start += idx.size
+    if not listed:
+        return coded, b""
+    xp = dev.require_cupy() if dev.is_gpu_array(indexes[0]) else np
+    flat = xp.concatenate([i.reshape(-1) for i in indexes])
+    return coded, encode_scale_exceptions(flat, xp.concatenate(listed))
 
 
 def decode(net, net64, sections: dict, shapes: dict[str, tuple], quality: float, device: str,
@@ -133,6 +184,8 @@ def decode(net, net64, sections: dict, shapes: dict[str, tuple], quality: float,
     """Sections -> symbol tensors of ``shapes`` (int32, on ``device``); damage raises CorruptStreamError.
 
     ``coding``: the header's per-section choice (format 3), None for format 2 (all ints streams)."""
+    if channel_context.is_context(net):
+        return _decode_context(net, net64, sections, shapes, quality, device, coding)
     rans = {k for k, v in (coding or {}).items() if v == "rans"}
     out = {k: _shaped(dev.ints_to_torch(sections[k], device), shape, k) for k, shape in shapes.items() if k not in rans}
     if not rans:
@@ -151,6 +204,52 @@ def decode(net, net64, sections: dict, shapes: dict[str, tuple], quality: float,
         idx = decode_and_apply_scale_exceptions(sections[SCALES], scales, tables.scale_table)
         out["y"] = _shaped(_tensor(decode_conditional(sections["y"], idx, tables.gaussian), device), shapes["y"], "y")
     return {k: out[k] for k in shapes}
+
+
+def _decode_context(net, net64, sections: dict, shapes: dict[str, tuple], quality: float, device: str,
+                    coding: dict[str, str]) -> dict[str, torch.Tensor]:
+    """``decode`` for a channel-context model: z, then the slices in order, each slice's table indexes from the
+    float64 scales that the slices before it give."""
+    tables = _tables(net)
+    z = _decode_section(sections, "z", shapes["z"], coding["z"], lambda: _channels(shapes["z"], device),
+                        tables.factorized, device)
+    batch, _, h, w = shapes["y"]
+    slice_shapes = [(batch, g, h, w) for g in net.slices]
+    listed = read_scale_exceptions(sections[SCALES], sum(math.prod(s) for s in slice_shapes), tables.scale_table.size)
+    params = architectures.hyper_output(net64, z.to(torch.float64), quality)
+    if tuple(params.shape) != (batch, 2 * shapes["y"][1], h, w):
+        raise CorruptStreamError(f"hyper-synthesis gives parameters {tuple(params.shape)} for symbols {shapes['y']}")
+    starts = np.cumsum([0] + [math.prod(s) for s in slice_shapes])
+    decoded = []
+
+    def take(k: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        mine = (listed[0] >= starts[k]) & (listed[0] < starts[k + 1])
+
+        def indexes():
+            return apply_scale_exceptions(_array(sigma.contiguous()), tables.scale_table, listed[0][mine] - starts[k],
+                                          listed[1][mine])
+
+        name = slice_name(k)
+        decoded.append(_decode_section(sections, name, slice_shapes[k], coding[name], indexes, tables.gaussian, device))
+        return decoded[-1].to(mu.dtype) + mu
+
+    channel_context.walk(net64, params, take, architectures.transform)
+    return {"y": torch.cat(decoded, 1), "z": z}
+
+
+def _decode_section(sections: dict, name: str, shape: tuple, coding: str, indexes, tables, device: str) -> torch.Tensor:
+    """One symbol section of ``shape``: an ints stream, or conditional rANS with ``indexes()``'s tables."""
+    if coding != "rans":
+        return _shaped(dev.ints_to_torch(sections[name], device), shape, name)
+    return _shaped(_tensor(decode_conditional(sections[name], indexes(), tables), device), shape, name)
+
+
+def _context_scales(net64, symbols: dict[str, torch.Tensor], quality: float) -> list[torch.Tensor]:
+    """A channel-context model's float64 scales of each slice, from its symbols (as the decoder computes them)."""
+    z, y = symbols["z"], symbols["y"]
+    return graphs.run(lambda zs, ys: architectures.context_scales(net64, {"z": zs, "y": ys}, quality), (z, y),
+                      key=("context_scales", float(quality)), owner=net64, pixels=graphs.pixels(z, PAD),
+                      keep=lambda: architectures.gains(net64, quality, torch.float64, z.device))
 
 
 def _tables(net):

@@ -38,7 +38,8 @@ from .. import device as dev
 from ..errors import CorruptStreamError, InvalidArgumentError, checked_first_on_error
 from . import decode_ints, encode_ints, rans_gpu
 
-__all__ = ["DEFAULT_REL_TOL", "scale_indexes", "encode_scale_exceptions", "decode_and_apply_scale_exceptions"]
+__all__ = ["DEFAULT_REL_TOL", "scale_indexes", "encode_scale_exceptions", "decode_and_apply_scale_exceptions",
+           "read_scale_exceptions", "apply_scale_exceptions"]
 
 DEFAULT_REL_TOL = 1e-8
 
@@ -160,26 +161,58 @@ def decode_and_apply_scale_exceptions(buf, scales, scale_table, rel_tol: float =
     and its own (the encoder's scale was within rel_tol; the devices differ by far less).
     Anything else raises CorruptStreamError.
     """
-    on_gpu = dev.is_gpu_array(scales)
-    xp, s = _scales(scales, check_finite=not on_gpu)  # on a GPU: read with the indexes' counts
-    with checked_first_on_error(lambda: _check_finite(xp, s), (InvalidArgumentError,) if on_gpu else ()):
-        tol, table = _check_tol(rel_tol), _check_table(scale_table)
-    thr = table[:-1]
-    flat = s.reshape(-1)
-    idx = _gpu_indexes(s, table, tol)[0].reshape(-1) if on_gpu else _index(xp, _thresholds(xp, table), flat)
+    idx, s, table, tol = _own_indexes(scales, scale_table, rel_tol)
     if len(memoryview(buf).cast("B")) == 0:
         return idx.reshape(s.shape)
+    pos, listed = read_scale_exceptions(buf, s.size, table.size)
+    return _override(idx, s, table, tol, pos, listed)
+
+
+def read_scale_exceptions(buf, total: int, table_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(listed positions, their indexes), int64 NumPy arrays, of an exception section over ``total`` symbols
+    (empty arrays for an empty section), its positions and indexes checked; CorruptStreamError otherwise.
+    For a section shared by several arrays of scales (the slices of a channel-context model's latent, one after
+    the other): each array's positions are then handed to ``apply_scale_exceptions``."""
+    if len(memoryview(buf).cast("B")) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     data = decode_ints(buf).astype(np.int64)
     k = data.size // 2
     if data.size % 2 or k == 0:
         raise CorruptStreamError(f"scale exception section holds {data.size} values, not 2 per listed position")
     gaps, listed = data[:k], data[k:]
     pos = np.cumsum(gaps)
-    if gaps[0] < 0 or np.any(gaps[1:] < 1) or pos[-1] >= flat.size:
-        raise CorruptStreamError(f"scale exception positions must increase inside the {flat.size} symbols")
-    if np.any(listed < 0) or np.any(listed >= table.size):
-        raise CorruptStreamError(f"scale exception index outside 0..{table.size - 1}")
-    mine = np.asarray(dev.as_numpy(flat[xp.asarray(pos)]), np.float64)
+    if gaps[0] < 0 or np.any(gaps[1:] < 1) or pos[-1] >= total:
+        raise CorruptStreamError(f"scale exception positions must increase inside the {total} symbols")
+    if np.any(listed < 0) or np.any(listed >= table_size):
+        raise CorruptStreamError(f"scale exception index outside 0..{table_size - 1}")
+    return pos, listed
+
+
+def apply_scale_exceptions(scales, scale_table, positions: np.ndarray, listed: np.ndarray,
+                           rel_tol: float = DEFAULT_REL_TOL):
+    """The decoder's indexes of ``scales`` with ``listed`` at ``positions`` (flat, within these scales; from
+    ``read_scale_exceptions``), each checked as ``decode_and_apply_scale_exceptions`` checks them."""
+    idx, s, table, tol = _own_indexes(scales, scale_table, rel_tol)
+    if positions.size == 0:
+        return idx.reshape(s.shape)
+    return _override(idx, s, table, tol, np.asarray(positions, np.int64), np.asarray(listed, np.int64))
+
+
+def _own_indexes(scales, scale_table, rel_tol: float):
+    """(the decoder's own flat indexes, the checked scales, the table, the tolerance)."""
+    on_gpu = dev.is_gpu_array(scales)
+    xp, s = _scales(scales, check_finite=not on_gpu)  # on a GPU: read with the indexes' counts
+    with checked_first_on_error(lambda: _check_finite(xp, s), (InvalidArgumentError,) if on_gpu else ()):
+        tol, table = _check_tol(rel_tol), _check_table(scale_table)
+    flat = s.reshape(-1)
+    idx = _gpu_indexes(s, table, tol)[0].reshape(-1) if on_gpu else _index(xp, _thresholds(xp, table), flat)
+    return idx, s, table, tol
+
+
+def _override(idx, s, table: np.ndarray, tol: float, pos: np.ndarray, listed: np.ndarray):
+    """``idx`` with ``listed`` at ``pos``, each listed position's own scale checked to be near a boundary of it."""
+    xp, thr = _xp(s), table[:-1]
+    mine = np.asarray(dev.as_numpy(s.reshape(-1)[xp.asarray(pos)]), np.float64)
     lo = _index(np, thr, mine * (1 - 2 * tol))
     hi = _index(np, thr, mine * (1 + 2 * tol))
     bad = (lo == hi) | (listed < lo) | (listed > hi)

@@ -8,6 +8,10 @@ and a separate inverse gain scales it back before synthesis; the hyperprior mode
 second pair on its hyper-latent.  Between two levels the vectors are interpolated
 geometrically, which gives every quality in [1, 8].
 
+``minnen2020`` is the mean-scale hyperprior with a channel-conditional context model
+(``channel_context.py``): its y is quantised, dequantised and (for the codec's scales, in
+float64) modelled slice by slice through ``channel_context.walk``.
+
 The functions below are what the codec needs from a model: analysis to integer
 symbols and synthesis from them, at a quality.  The codec never calls CompressAI's rANS;
 ``compressai_compress``/``compressai_decompress`` run CompressAI's own coder on the same
@@ -24,7 +28,8 @@ from compressai.layers import GDN
 from compressai.models import FactorizedPrior, MeanScaleHyperprior
 from compressai.models.utils import conv, deconv
 
-from . import blocks, graphs
+from . import blocks, channel_context, graphs
+from .channel_context import is_context
 from .registry import COMPRESSAI_LAMBDAS, LEVELS, ModelSpec, level_and_fraction
 
 _CLASSES = {"balle2016": FactorizedPrior, "mbt2018-mean": MeanScaleHyperprior}
@@ -122,7 +127,10 @@ def interpolate_ladder(logs: torch.Tensor, quality: torch.Tensor) -> torch.Tenso
 
 
 def build(spec: ModelSpec) -> torch.nn.Module:
-    model = _CLASSES[spec.arch](spec.N, spec.M)
+    if spec.context:
+        model = channel_context.ChannelContextHyperprior(spec.N, spec.M, spec.slices)
+    else:
+        model = _CLASSES[spec.arch](spec.N, spec.M)
     if spec.channels != 3:
         model.g_a[0] = conv(spec.channels, spec.N)
         model.g_s[-1] = deconv(spec.N, spec.channels)
@@ -196,10 +204,15 @@ def bottleneck_likelihood(bottleneck, values: torch.Tensor) -> torch.Tensor:
 
 def _hyper_params(model, z_sym: torch.Tensor, quality: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer hyper-latent symbols -> (scales, means) of the gained latent."""
+    scales, means = hyper_output(model, z_sym, quality).chunk(2, 1)
+    return scales, means
+
+
+def hyper_output(model, z_sym: torch.Tensor, quality: float) -> torch.Tensor:
+    """Integer hyper-latent symbols (as floats of the model's dtype) -> h_s's output (scales, means)."""
     _, inv = model.hyper_gain.at(quality, z_sym.dtype, z_sym.device)
     z_hat = (z_sym + medians(model.entropy_bottleneck).to(z_sym.dtype)) * inv
-    scales, means = hyper_synthesis(model, z_hat).chunk(2, 1)
-    return scales, means
+    return hyper_synthesis(model, z_hat)
 
 
 def hyper_synthesis(model, z_hat: torch.Tensor) -> torch.Tensor:
@@ -208,9 +221,15 @@ def hyper_synthesis(model, z_hat: torch.Tensor) -> torch.Tensor:
     convolutions, which ran at 1.5-9 TFLOP/s on an H200 and took 0.76 ms of a Kodak image's compress and
     as much of its decompress.  Both are float64: they differ in the last bits only, which the
     scale-index exceptions absorb as between any two devices."""
-    if not (z_hat.is_cuda and z_hat.dtype == torch.float64):
-        return model.h_s(z_hat)
-    return native_forward(model.h_s, z_hat)
+    return transform(model.h_s, z_hat)
+
+
+def transform(layers, x: torch.Tensor) -> torch.Tensor:
+    """A Sequential of the entropy model (h_s, a slice transform) on ``x``: in float64 on a GPU through
+    ATen's GEMM convolutions (``hyper_synthesis`` says why), else the modules' own forward."""
+    if x.is_cuda and x.dtype == torch.float64:
+        return native_forward(layers, x)
+    return layers(x)
 
 
 def native_forward(layers, x: torch.Tensor) -> torch.Tensor:
@@ -274,8 +293,36 @@ def quantise(model: torch.nn.Module, latents: dict[str, torch.Tensor], quality: 
     if not has_hyperprior(model):
         return {"y": torch.round(y - medians(model.entropy_bottleneck).to(y.dtype)).to(torch.int32)}
     z_sym = torch.round(latents["z"] - medians(model.entropy_bottleneck).to(y.dtype))
+    if is_context(model):
+        return {"y": _context_symbols(model, y, hyper_output(model, z_sym, quality)), "z": z_sym.to(torch.int32)}
     _, means = _hyper_params(model, z_sym, quality)
     return {"y": torch.round(y - means).to(torch.int32), "z": z_sym.to(torch.int32)}
+
+
+def _context_symbols(model, y: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """A channel-context model's y symbols, slice by slice: round(y_k - mu_k), mu_k from the slices before."""
+    parts, symbols = channel_context.split(model, y), []
+
+    def take(k: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        symbols.append(torch.round(parts[k] - mu))
+        return symbols[-1] + mu
+
+    channel_context.walk(model, params, take, transform)
+    return torch.cat(symbols, 1).to(torch.int32)
+
+
+def context_scales(model, symbols: dict[str, torch.Tensor], quality: float) -> list[torch.Tensor]:
+    """A channel-context model's scale of every y symbol, per slice, from the symbols as a decoder holds them
+    (in the model's dtype: float64 for coding, on any device alike up to the last bits)."""
+    dtype = next(model.parameters()).dtype
+    parts, scales = channel_context.split(model, symbols["y"].to(dtype)), []
+
+    def take(k: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        scales.append(sigma.contiguous())
+        return parts[k] + mu
+
+    channel_context.walk(model, hyper_output(model, symbols["z"].to(dtype), quality), take, transform)
+    return scales
 
 
 def analyse(model: torch.nn.Module, x: torch.Tensor, quality: float,
@@ -295,6 +342,10 @@ def dequantise(model: torch.nn.Module, symbols: dict[str, torch.Tensor], quality
     y_sym = symbols["y"].to(dtype)
     if not has_hyperprior(model):
         y_hat = y_sym + medians(model.entropy_bottleneck).to(dtype)
+    elif is_context(model):
+        parts = channel_context.split(model, y_sym)
+        y_hat = channel_context.walk(model, hyper_output(model, symbols["z"].to(dtype), quality),
+                                     lambda k, mu, sigma: parts[k] + mu, transform)
     else:
         _, means = _hyper_params(model, symbols["z"].to(dtype), quality)
         y_hat = y_sym + means
@@ -324,6 +375,17 @@ def compressai_compress(model: torch.nn.Module, x: torch.Tensor, quality: float)
     z = model.h_a(y) * hg
     z_strings = model.entropy_bottleneck.compress(z)
     z_sym = model.entropy_bottleneck.decompress(z_strings, z.size()[-2:]) - medians(model.entropy_bottleneck)
+    if is_context(model):
+        parts, strings = channel_context.split(model, y), []
+
+        def take(k: int, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            gc = model.gaussian_conditional
+            indexes = gc.build_indexes(sigma)
+            strings.append(gc.compress(parts[k], indexes, means=mu))
+            return gc.decompress(strings[-1], indexes, means=mu)
+
+        channel_context.walk(model, hyper_output(model, torch.round(z_sym), quality), take)
+        return {"strings": [*strings, z_strings], "shape": z.size()[-2:]}
     scales, means = _hyper_params(model, torch.round(z_sym), quality)
     indexes = model.gaussian_conditional.build_indexes(scales)
     y_strings = model.gaussian_conditional.compress(y, indexes, means=means)
@@ -334,6 +396,12 @@ def compressai_decompress(model: torch.nn.Module, strings: list, shape, quality:
     """Inverse of ``compressai_compress``: the reconstructed batch (unclipped)."""
     if not has_hyperprior(model):
         y_hat = model.entropy_bottleneck.decompress(strings[0], shape)
+    elif is_context(model):
+        z_hat = model.entropy_bottleneck.decompress(strings[-1], shape)
+        z_sym = torch.round(z_hat - medians(model.entropy_bottleneck))
+        gc = model.gaussian_conditional
+        y_hat = channel_context.walk(model, hyper_output(model, z_sym, quality),
+                                     lambda k, mu, sigma: gc.decompress(strings[k], gc.build_indexes(sigma), means=mu))
     else:
         z_hat = model.entropy_bottleneck.decompress(strings[1], shape)
         z_sym = torch.round(z_hat - medians(model.entropy_bottleneck))

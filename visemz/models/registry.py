@@ -1,16 +1,18 @@
 """Named models and the continuous quality ladder.
 
 A model is an architecture from CompressAI (``balle2016``: bmshj2018-factorized;
-``mbt2018-mean``: the mean-scale hyperprior) in an RGB (3-channel) or grayscale
-(1-channel) variant.  Every model is variable-rate (gain units, Cui et al., CVPR 2021):
+``mbt2018-mean``: the mean-scale hyperprior; ``minnen2020``: the mean-scale hyperprior with a
+channel-conditional context model, ``models/channel_context.py``) in an RGB (3-channel) or
+grayscale (1-channel) variant.  Every model is variable-rate (gain units, Cui et al., CVPR 2021):
 one network covers the whole ladder, and ``quality`` is a float in [1, 8] on CompressAI's
 lambda ladder.  An integer quality q is trained with the lambda of CompressAI's zoo
 quality q; between two integers the gain vectors and the lambda are interpolated
 geometrically, so a fractional quality lands between its neighbours' rates.
 
-Sizes: N=128, M=192, CompressAI's zoo size for qualities 1-5 of both architectures.
-Convolution kernels are stored as int8 with per-channel scales (weights.py), so all four
-shipped models together stay under the 32 MB that travels with every GPU job.
+Sizes: N=128, M=192, CompressAI's zoo size for qualities 1-5 of the first two architectures;
+N=192, M=320 (the zoo's size for its high qualities) for ``minnen2020``, whose latent is coded in
+slices of channels (``ModelSpec.slices``, default five of 64).  Convolution kernels are stored as
+int8 with per-channel scales (weights.py).
 """
 
 from __future__ import annotations
@@ -29,21 +31,38 @@ QUALITY_MIN, QUALITY_MAX = 1.0, float(LEVELS)
 # files on Kodak and on the X-rays (docs/results/rd/summary.md).
 DEFAULT_MODEL = "mbt2018-mean"
 DEFAULT_QUALITY = 4.0  # CompressAI's quality 4 (lambda 0.013): about 0.5 bpp on Kodak with its zoo models
-ARCHITECTURES = ("balle2016", "mbt2018-mean")
+ARCHITECTURES = ("balle2016", "mbt2018-mean", "minnen2020")
+CHANNEL_CONTEXT = ("minnen2020",)  # architectures whose y is coded slice by slice (image format 7)
 VARIANTS = {"rgb": 3, "gray": 1}
 SHIPPED_N, SHIPPED_M = 128, 192
+# N, M and the channel slices of each architecture's registered models
+SIZES = {"balle2016": (SHIPPED_N, SHIPPED_M, ()), "mbt2018-mean": (SHIPPED_N, SHIPPED_M, ()),
+         "minnen2020": (192, 320, (64,) * 5)}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    arch: str  # "balle2016" or "mbt2018-mean"
+    arch: str  # one of ARCHITECTURES
     variant: str  # "rgb" or "gray"
     N: int = SHIPPED_N
     M: int = SHIPPED_M
+    slices: tuple[int, ...] = ()  # channel-context models: the latent's channel slices, in coding order
+
+    def __post_init__(self):
+        if (self.arch in CHANNEL_CONTEXT) != bool(self.slices):
+            raise InvalidArgumentError(f"model {self.arch!r}: slices {self.slices!r} (only {list(CHANNEL_CONTEXT)} "
+                                       f"code their latent in slices)")
+        if self.slices:
+            check_slices(self.slices, self.M)
 
     @property
     def channels(self) -> int:
         return VARIANTS[self.variant]
+
+    @property
+    def context(self) -> bool:
+        """Whether the latent is coded slice by slice, each conditioned on the slices before it."""
+        return bool(self.slices)
 
     @property
     def name(self) -> str:
@@ -51,7 +70,16 @@ class ModelSpec:
 
     @property
     def zoo_name(self) -> str:
-        return {"balle2016": "bmshj2018-factorized", "mbt2018-mean": "mbt2018-mean"}[self.arch]
+        return {"balle2016": "bmshj2018-factorized"}.get(self.arch, self.arch)
+
+
+def check_slices(slices, M: int) -> tuple[int, ...]:
+    """Channel slices as a tuple of positive ints adding up to M (e.g. (64,) * 5 or ELIC's uneven
+    (16, 16, 32, 64, M - 128)), or InvalidArgumentError naming them."""
+    if not (isinstance(slices, (tuple, list)) and slices
+            and all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in slices) and sum(slices) == M):
+        raise InvalidArgumentError(f"slices={slices!r}: expected positive channel counts adding up to M={M}")
+    return tuple(slices)
 
 
 def check_quality(quality) -> float:
@@ -84,7 +112,8 @@ def spec(arch: str, variant: str) -> ModelSpec:
         raise InvalidArgumentError(f"model={arch!r}: expected one of {list(ARCHITECTURES)}")
     if variant not in VARIANTS:
         raise InvalidArgumentError(f"variant={variant!r}: expected one of {list(VARIANTS)}")
-    return ModelSpec(arch, variant)
+    n, m, slices = SIZES[arch]
+    return ModelSpec(arch, variant, n, m, slices)
 
 
 def parse(name: str) -> ModelSpec:

@@ -81,7 +81,7 @@ def save(model: torch.nn.Module, spec: ModelSpec, path: Path, card: dict, storag
     """Write weights with their entropy coding tables (and the model card beside them), each
     atomically; returns the model id."""
     meta = {"spec": json.dumps({"arch": spec.arch, "variant": spec.variant, "N": spec.N, "M": spec.M,
-                                "variable_rate": "gain-units"})}
+                                "variable_rate": "gain-units", **({"slices": list(spec.slices)} if spec.context else {})})}
     return _write(path, quantize_state(model.state_dict(), storage), meta, entropy_tables.compute(model),
                   dict(card, storage=storage), spec)
 
@@ -158,6 +158,9 @@ def _load(spec: ModelSpec, device: str) -> tuple[torch.nn.Module, str]:
     if (stored.get("N"), stored.get("M"), stored.get("variable_rate")) != (spec.N, spec.M, "gain-units"):
         raise UnsupportedFormatError(f"weights {path.name} are N={stored.get('N')}, M={stored.get('M')}, "
                                      f"variable rate {stored.get('variable_rate')!r}; expected {spec.N}/{spec.M} with gain units")
+    if stored.get("slices", []) != list(spec.slices):
+        raise UnsupportedFormatError(f"weights {path.name} code their latent in slices {stored.get('slices')}; "
+                                     f"{spec.name} expects {list(spec.slices) or 'none'}")
     model = architectures.build(spec)
     missing, unexpected = model.load_state_dict(dequantize_state(tensors), strict=False)
     if missing or unexpected:
