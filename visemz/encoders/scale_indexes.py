@@ -169,7 +169,7 @@ def decode_and_apply_scale_exceptions(buf, scales, scale_table, rel_tol: float =
     idx = _gpu_indexes(s, table, tol)[0].reshape(-1) if on_gpu else _index(xp, _thresholds(xp, table), flat)
     if len(memoryview(buf).cast("B")) == 0:
         return idx.reshape(s.shape)
-    data = decode_ints(buf).astype(np.int64)
+    data = decode_ints(buf, max_count=2 * flat.size).astype(np.int64)  # a position and an index per listed symbol
     k = data.size // 2
     if data.size % 2 or k == 0:
         raise CorruptStreamError(f"scale exception section holds {data.size} values, not 2 per listed position")
