@@ -193,15 +193,18 @@ def check_sections(sections: dict, coding: dict | None, shapes: dict[str, tuple]
     if "y" in shapes:
         ints[latents.SCALES] = (None, 2 * math.prod(shapes["y"]))  # positions and indexes of listed scales
     for name, body in sections.items():
-        where = f"{what} section {name!r}"
-        if (coding or {}).get(name) == "rans":
-            try:
-                RL.parse(body, math.prod(shapes[name]), None)
-            except CorruptStreamError as e:
-                raise CorruptStreamError(f"{where}: {e}") from None
-        elif name in ints and len(body):  # an empty section (no scale listed) holds no stream
-            count, most = ints[name]
-            parsed = stream.parse(body, count if count is not None else most)
-            declared = stream.declared_count(parsed)
-            if declared is not None:
-                L.check_declared(declared, count, most, where)
+        try:
+            _check_section(name, body, coding, shapes, ints)
+        except CorruptStreamError as e:
+            raise CorruptStreamError(f"{what} section {name!r}: {e}") from None
+
+
+def _check_section(name: str, body, coding: dict | None, shapes: dict, ints: dict) -> None:
+    if (coding or {}).get(name) == "rans":
+        RL.parse(body, math.prod(shapes[name]), None)
+    elif name in ints and len(body):  # an empty section (no scale listed) holds no stream
+        count, most = ints[name]
+        parsed = stream.parse(body, count if count is not None else most)
+        declared = stream.declared_count(parsed)
+        if declared is not None:
+            L.check_declared(declared, count, most, "its ints stream")
