@@ -625,12 +625,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--trace-every", type=int, default=10,
                     help="trace the memory of every Nth variant of a file kind (image, pages); other kinds: all")
     args = ap.parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one process, one compute thread: a case's CPU time is its own work
     old_handler = signal.signal(signal.SIGALRM, _alarm)
     try:
         return _run(args)
     finally:
         signal.signal(signal.SIGALRM, old_handler)
+        torch.set_num_threads(threads)
 
 
 def _run(args) -> dict:
