@@ -37,7 +37,7 @@ def test_findings_are_counted_and_kept_with_a_reproducer(tmp_path):
     for i, case in enumerate(cases):
         fuzz_streams._account(report, i, seed, "raw", "flip", b"bytes %d" % i, case)
     d = report.save()
-    assert (d["non_visemz_exceptions"], d["silent_wrong_outputs"], d["over_time"], d["over_memory"]) == (1, 1, 1, 1)
+    assert (d["non_visemz_exceptions"], d["silent_wrong_outputs"], d["over_time"], d["over_time_wall"], d["over_memory"]) == (1, 1, 1, 1, 1)
     assert d["visemz_errors"] == {"CorruptStreamError": 1}
     kept = {f["finding"]: f for f in d["findings"]}
     assert set(kept) == {"non-visemz exception", "silent wrong output", "over 2 s", "over the memory allowance"}
