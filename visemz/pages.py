@@ -67,8 +67,8 @@ def unpack(buf) -> Unpacked:
     images = [container.unpack(page) for page in page_bufs]
     for k, page in enumerate(images):  # what each page holds, from its header, before any page is decoded
         if page.kind != "image" or page.meta.get("shape") != list(shape[1:]) or page.meta.get("dtype") != dtype:
-            raise CorruptStreamError(f"page {k} is a {page.kind!r} of shape {page.meta.get('shape')!r} and dtype "
-                                     f"{page.meta.get('dtype')!r}, the file says images of {list(shape[1:])} {dtype}")
+            raise CorruptStreamError(f"page {k}'s header (kind {page.kind!r}, shape {page.meta.get('shape')!r}, dtype "
+                                     f"{page.meta.get('dtype')!r}) is not the file's: images of {list(shape[1:])} {dtype}")
     return Unpacked(images, (shape, dtype))
 
 
