@@ -227,6 +227,18 @@ def test_the_pixel_limit_is_a_setting(monkeypatch):
             config._from_env()
 
 
+def test_a_float_chunk_is_sized_from_its_header(monkeypatch):
+    codec = VisemzErrorBounded(1e-3)
+    x = _field(600).reshape(6, 100)
+    buf = codec.encode(x)
+    head = buf[:6] + struct.pack("<2Q", 1 << 15, 1 << 15)  # 2^30 values declared, checksum recomputed
+    with pytest.raises(LimitExceededError, match="VISEMZ_MAX_PIXELS"):
+        codec.decode(head + struct.pack("<Q", xxh64(head, buf[30:])) + buf[30:])
+    monkeypatch.setattr(config, "DEFAULTS", dataclasses.replace(config.DEFAULTS, max_pixels=599))
+    with pytest.raises(LimitExceededError, match="VISEMZ_MAX_PIXELS"):
+        codec.encode(x)
+
+
 def test_a_page_stack_is_sized_from_its_header(files):
     """65,536 pages of 1024^2 (64 GiB) refused from the header; a page whose header disagrees with the stack
     refused before any page decodes."""

@@ -35,7 +35,7 @@ from .collectives.codecs import ErrorBounded, Lossless, error_bound_config
 from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
 from .framing import read_prefix, xxh64
 from .models import registry
-from .pixels import DTYPES, MAX_CHANNELS
+from .pixels import DTYPES, MAX_CHANNELS, check_pixels
 
 LAYOUTS = ("hwc", "zhw")
 DEVICES = (None, "auto", "cpu", "cuda")
@@ -97,7 +97,6 @@ class Visemz(Codec):
 SHAPE_MAGIC, SHAPE_VERSION = b"VZNA", 2
 SHAPE_HEAD = struct.Struct("<4sBB")  # magic, version, ndim; then ndim little-endian uint64 sizes
 MAX_NDIM = 32  # NumPy's own limit
-MAX_CHUNK_VALUES = 1 << 62  # a chunk's values must at least have int64 byte counts; the stream bounds them further
 FLOAT_DTYPES = ("float32", "float16")
 
 
@@ -110,6 +109,7 @@ class _ShapedFloatCodec(Codec):
         a = ensure_ndarray(buf)
         if a.dtype.name not in FLOAT_DTYPES:
             raise UnsupportedFormatError(f"{self.codec_id} codec: chunk dtype {a.dtype.name} is not one of {list(FLOAT_DTYPES)}")
+        check_pixels(a.size, f"{self.codec_id} chunk of shape {a.shape}")  # what a reader allows
         head = SHAPE_HEAD.pack(SHAPE_MAGIC, SHAPE_VERSION, a.ndim) + struct.pack(f"<{a.ndim}Q", *a.shape)
         inner = self.stream.encode(np.ascontiguousarray(a))
         return head + struct.pack("<Q", xxh64(head, inner)) + inner
@@ -127,8 +127,7 @@ class _ShapedFloatCodec(Codec):
             start += 8
         shape = struct.unpack_from(f"<{ndim}Q", mv, SHAPE_HEAD.size)
         count = math.prod(shape)
-        if count > MAX_CHUNK_VALUES:
-            raise CorruptStreamError(f"{what} shape {shape} holds more values than any stream can")
+        check_pixels(count, f"{what} shape {shape}")  # before the stream allocates them
         values = self.stream.decode(mv[start:], count=count)  # the stream's own count held to the shape's first
         values = values.reshape(shape)
         return ndarray_copy(values, out) if out is not None else values
