@@ -170,6 +170,22 @@ def test_a_small_ints_stream_claiming_many_values_is_refused_before_decompressin
     assert decode_ints(small, count=5000).size == decode_ints(small, max_count=5000).size == 5000
 
 
+def test_a_raw_size_its_frames_cannot_hold_is_refused_before_anything_is_listed():
+    """A raw size of about 3 GB with one frame of chunk 4096: refused from the numbers, not from a list of the
+    800,000 frame bounds it would need."""
+    small = encode_ints(np.zeros(100, np.int32), policy="block", entropy="zstd")
+    parsed = stream.parse(small)
+    crafted = stream.pack(stream.MAX_RAW, entropy.KINDS["zstd"], 4096, [bytes(f) for f in parsed.frames])
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptStreamError, match="frames for"):
+            decode_ints(crafted)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
 def test_a_zstd_frame_declaring_more_than_its_chunk_is_refused_before_decompressing():
     frame = b"\x28\xb5\x2f\xfd\xe0" + (1 << 40).to_bytes(8, "little") + b"\x01\x00\x00"
     with pytest.raises(CorruptStreamError, match="declares 1099511627776 bytes"):

@@ -83,9 +83,9 @@ def parse(buf, max_values: int | None = None) -> Frames:
         return Frames(entropy, raw_size, 0, [body], [raw_size])
     if not (MIN_CHUNK <= chunk <= MAX_CHUNK):
         raise CorruptStreamError(f"ints stream frame size {chunk} outside {MIN_CHUNK}..{MAX_CHUNK}")
-    bounds = E.chunk_bounds(raw_size, chunk)
-    if nframes != len(bounds) or len(body) < 4 * nframes:
+    if nframes != -(-raw_size // chunk) or len(body) < 4 * nframes:  # before the frames' bounds are listed
         raise CorruptStreamError(f"ints stream has {nframes} frames for {raw_size} bytes in chunks of {chunk}")
+    bounds = E.chunk_bounds(raw_size, chunk)
     lengths = struct.unpack_from(f"<{nframes}I", body, 0)
     if 4 * nframes + sum(lengths) != len(body):
         raise CorruptStreamError("ints stream frame sizes do not add up to its length")
