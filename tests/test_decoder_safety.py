@@ -330,6 +330,11 @@ def test_float_streams_are_held_to_their_callers_count_before_allocating():
     codec = ErrorBounded(1e-3)
     with pytest.raises(CorruptStreamError, match="entropy"):
         codec.decode(codec.frame(zero_stream(HUGE), "float32"))
+    # and its block stream is the per-block policy, bitshuffled, as every writer makes it
+    r = np.arange(-50, 50, dtype=np.int32)
+    for policy, shuffle in (("block", False), ("global", True)):
+        with pytest.raises(CorruptStreamError, match="bitshuffled"):
+            codec.decode(codec.frame(encode_ints(r, policy=policy, bitshuffle=shuffle, entropy="none"), "float32"))
 
 
 def test_numcodecs_configs():
