@@ -67,8 +67,9 @@ def check(h: dict, sections: dict) -> dict:
     if fmt in FORMATS_NOT_READ:
         raise UnsupportedFormatError(f"image format {fmt} ({FORMATS_NOT_READ[fmt]}) is not read "
                                      f"by this build, which reads formats {list(FORMATS_READ)}")
-    container.check_meta(h, META_KEYS_OF.get(fmt, META_KEYS_OF[FORMAT]), KIND, fmt if fmt in FORMATS_READ else FORMAT,
-                         DTYPES)
+    if fmt not in FORMATS_READ:
+        raise UnsupportedFormatError(f"image format {fmt} (this build reads formats {list(FORMATS_READ)})")
+    container.check_meta(h, META_KEYS_OF[fmt], KIND, fmt, DTYPES)
     meta = ImageMeta(h["dtype"], _shape(h["shape"]), *_range(h["range"], h["dtype"]))
     _model(h["model"], h["model_id"], meta)
     try:
