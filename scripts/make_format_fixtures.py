@@ -12,9 +12,11 @@ When a format's version changes, this script adds fixtures named with the new ve
 the old ones (the test demands one for every current version), and the old ones keep being
 decoded.
 
-Image fixtures are written with whatever weights are installed; the test never decodes their
-pixels (files written with other weights are refused by design), only the container and the
-integer sections, which it holds to the arrays stored here.
+Image fixtures are written with whatever weights are installed, and store the image, each section's
+integers and the reconstruction the writing install decoded.  The test decodes them to pixels (with
+the weights the file names: installed ones or the archive, ``visemz/models/weights/archive/``; when
+weights are updated, the old file goes into the archive under its id) and holds the result to the
+file's promise and to that reconstruction.
 """
 
 from __future__ import annotations
@@ -223,7 +225,8 @@ def _write_images(w: Writer, cases: list) -> None:
             fmt = container.unpack(buf).meta["format"]
             name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "") \
                 + _container_suffix() + (f"-skip{skip}" if skip else "")
-            w.add(name, "image", fmt, buf, ".vsz", {"image": img, **_sections(buf)}, model=model, quality=1,
+            decoded = visemz.decompress(buf, device="cpu")
+            w.add(name, "image", fmt, buf, ".vsz", {"image": img, "decoded": decoded, **_sections(buf)}, model=model, quality=1,
                   max_error=e, container=container.VERSION, **({"tile": tile} if tile else {}),
                   **({"rans_skip_freq": skip} if skip else {}))
 
@@ -234,7 +237,8 @@ def page_stack(w: Writer) -> None:
     page_arrays = {}
     for k, page in enumerate(pages.page_buffers(container.unpack(buf))):
         page_arrays.update(_sections(page, prefix=f"page{k}_"))
-    w.add(f"pages-v{pages.FORMAT}-uint8-2x20x24-e1{_container_suffix()}", "pages", pages.FORMAT, buf, ".vsz", {"stack": stack, **page_arrays},
+    w.add(f"pages-v{pages.FORMAT}-uint8-2x20x24-e1{_container_suffix()}", "pages", pages.FORMAT, buf, ".vsz",
+          {"stack": stack, "decoded": visemz.decompress(buf, device="cpu"), **page_arrays},
           model="balle2016", quality=1, max_error=1, container=container.VERSION)
 
 
@@ -280,7 +284,7 @@ def float_codecs_(w: Writer) -> None:
             codec = float_codecs.ErrorBounded(1e-3, predictor)
             shape = [25, 40] if predictor == "lorenzo2d" else [1000]
             buf = codec.encode(x.reshape(shape))
-            version = buf[4]  # 1 without a predictor, else the current version
+            version = buf[4]  # the current version (version 1 was written without a predictor, named without one)
             suffix = "" if version == 1 else f"-{predictor}"
             w.add(f"eb-v{version}-{name}{suffix}", "eb", version, buf, ".bin", {"bits": _bits(x), "decoded": codec.decode(buf)},
                   eb=1e-3, dtype=name, predictor=predictor, shape=shape, row=codec.prediction(shape).row)

@@ -274,16 +274,16 @@ def test_float64_copy_is_made_from_the_loaded_model_once_per_weights(monkeypatch
     loads = []
     real = codec.W.load
 
-    def counting_load(s, d):
+    def counting_load(s, d, model_id=None):
         loads.append(s)
-        return real(s, d)
+        return real(s, d, model_id)
 
     monkeypatch.setattr(codec.W, "load", counting_load)
     a = codec._model64(spec, "cpu")
     assert codec._model64(spec, "cpu") is a and len(loads) == 2
     assert next(a.parameters()).dtype == torch.float64
     net, model_id = real(spec, "cpu")
-    monkeypatch.setattr(codec.W, "load", lambda s, d: (net, model_id + "-other"))  # other weights, same spec
+    monkeypatch.setattr(codec.W, "load", lambda s, d, _=None: (net, model_id + "-other"))  # other weights, same spec
     b = codec._model64(spec, "cpu")
     assert b is not a and next(b.parameters()).dtype == torch.float64
     codec._model64.cache_clear()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from visemz.collectives import ErrorBounded, Lossless, add, gpu
-from visemz.collectives.codecs import FLOATS, LL_HEAD
+from visemz.collectives.codecs import EB_FRONT, FLOATS, LL_HEAD
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError
 
 from .helpers import optional, parity
@@ -92,7 +92,7 @@ def test_fused_add_equals_numpy_add(cp, dtype):
             (_, a), (_, b) = list(_inputs(n, 1, dtype))[:2]
             want = add(codec.encode(a), codec.encode(b), codec)
             sa, sb = _dstreams(codec, a, b)
-            p.same_bytes(f"fused add n={n}", codec._head(name) + gpu.stream_bytes(gpu.add(sa, sb)), want)
+            p.same_bytes(f"fused add n={n}", codec.frame(gpu.stream_bytes(gpu.add(sa, sb)), name), want)
             # and equal to compress(decompress(a) + decompress(b))
             p.same_bytes(f"NumPy add n={n} against re-encoding the decoded sum", want, codec.encode_values(
                 codec.decode(codec.encode(a), exact=True) + codec.decode(codec.encode(b), exact=True), name))
@@ -107,11 +107,11 @@ def test_fused_add_in_place(cp):
     before = sa.nbytes()
     out = gpu.add(sa, sb, inplace=True)
     assert out.data is sa.data and out.nbytes() > 10 * before
-    assert gpu.stream_bytes(out) == want[len(codec._head('float32')):]
+    assert gpu.stream_bytes(out) == want[EB_FRONT:]
     for _ in range(3):  # repeated in-place accumulation, like a reduction
         out = gpu.add(out, sb, inplace=True)
         want = add(want, codec.encode(big), codec)
-    assert gpu.stream_bytes(out) == want[len(codec._head('float32')):]
+    assert gpu.stream_bytes(out) == want[EB_FRONT:]
 
 
 def test_fused_add_refuses_overflow_and_mismatch(cp):
@@ -133,7 +133,7 @@ def test_fused_add_takes_unread_lengths_from_device_memory(cp):
     """An unread sum, or a sum received with its words, goes to block_add as its whole buffer and its
     device words: the same bytes as with the length known, no host read, the words' reports carried on."""
     codec = ErrorBounded(1e-3)
-    head = len(codec._head("float32"))
+    head = EB_FRONT
     for n in (1, 8193, 100_003):
         (_, a), (_, b) = list(_inputs(n, 2, torch.float32))[:2]
         sa, sb = _dstreams(codec, a, b)
@@ -143,7 +143,7 @@ def test_fused_add_takes_unread_lengths_from_device_memory(cp):
         assert lazy.known is None, "the add read its unread input's size on the host"
         assert gpu.stream_bytes(twice) == want
         received = gpu.add_input(lazy.data, cp.asarray([lazy.nbytes(), 0], cp.uint64), n)
-        assert codec._head("float32") + gpu.stream_bytes(gpu.add(sb, received)) == \
+        assert codec.frame(gpu.stream_bytes(gpu.add(sb, received)), "float32") == \
             add(codec.encode(b), add(codec.encode(a), codec.encode(b), codec), codec)
     words = lambda *w: cp.asarray(list(w), cp.uint64)  # noqa: E731
     n = sa.n
@@ -186,7 +186,7 @@ def test_fused_encode_and_decode_equal_cpu(cp, dtype, predictor):
                 want = codec.encode(x)
                 s, got_name = codec.encode_device(x.cuda())
                 p.same(f"{case}: dtype name", got_name == name, got_name)
-                p.same_bytes(f"{case}: encode", codec._head(name) + gpu.stream_bytes(s), want)
+                p.same_bytes(f"{case}: encode", codec.frame(gpu.stream_bytes(s), name), want)
                 cpu_values = codec.decode(want)  # the tensor's dtype (bf16 as uint16 bits)
                 dec = codec.decode_device(s, name).get()
                 if p.same(f"{case}: decoded itemsize", dec.dtype.itemsize == cpu_values.dtype.itemsize):
@@ -310,7 +310,7 @@ def test_lorenzo2d_kernels_equal_cpu(cp, dtype):
                     x = x.reshape(shape)
                     want = codec.encode(x)
                     s, _ = codec.encode_device(x.cuda())
-                    p.same_bytes(f"{case}: encode", codec._head(name, codec.prediction(shape)) + gpu.stream_bytes(s), want)
+                    p.same_bytes(f"{case}: encode", codec.frame(gpu.stream_bytes(s), name, codec.prediction(shape)), want)
                     p.same_bytes(f"{case}: encode of bytes form", codec.encode(x.cuda()), want)
                     dec = codec.decode_device(s, name, row=shape[1]).get()
                     p.same_array(f"{case}: decode to {name}", dec.view(wide), codec.decode(want).view(wide))
@@ -320,7 +320,7 @@ def test_lorenzo2d_kernels_equal_cpu(cp, dtype):
             a, b = a.reshape(shape), b.reshape(shape)
             want = add(codec.encode(a), codec.encode(b), codec)
             sa, sb = codec.encode_device(a.cuda())[0], codec.encode_device(b.cuda())[0]
-            p.same_bytes(f"{shape}: fused add", codec._head(name, codec.prediction(shape)) + gpu.stream_bytes(gpu.add(sa, sb)), want)
+            p.same_bytes(f"{shape}: fused add", codec.frame(gpu.stream_bytes(gpu.add(sa, sb)), name, codec.prediction(shape)), want)
 
 
 def test_predicted_device_streams_refuse_ranges_and_damage(cp):
@@ -355,7 +355,7 @@ def test_lorenzo_decode_across_tiles_equals_cpu(cp, dtype):
                 want = codec.encode(x)
                 s, _ = codec.encode_device(x.cuda())
                 case = f"n={n} eb={eb}"
-                p.same_bytes(f"{case}: encode", codec._head(name) + gpu.stream_bytes(s), want)
+                p.same_bytes(f"{case}: encode", codec.frame(gpu.stream_bytes(s), name), want)
                 p.same_array(f"{case}: decode to float64", codec.decode_device(s).get(), codec.decode(want, exact=True))
                 p.same_array(f"{case}: decode to {name}", codec.decode_device(s, name).get().view(wide), codec.decode(want).view(wide))
 

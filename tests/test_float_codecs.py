@@ -9,6 +9,7 @@ from skimage import data as skdata
 
 from visemz.collectives import ErrorBounded, Lossless, add, gpu
 from visemz.collectives.codecs import LL_HEAD
+from visemz.framing import xxh64
 from visemz.encoders import decode_ints, encode_ints, stream
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
 
@@ -125,13 +126,13 @@ def test_lossless_wire_form_converts_to_the_bytes_form():
     g = torch.Generator().manual_seed(3)
     for x in (torch.randn(5000, generator=g) * 2.0 ** torch.randint(-40, 40, (5000,), generator=g), torch.ones(3)):
         want = Lossless().encode(x)
-        front = LL_HEAD.size + 32
-        sizes = struct.unpack_from("<4Q", want, LL_HEAD.size)
-        at = front + sizes[0] + sizes[1]
-        raw = stream.parse(want[at : at + sizes[2]]).frames[0]
-        wire = (want[: LL_HEAD.size] + struct.pack("<4Q", sizes[0], sizes[1], len(raw), sizes[3]) + want[front:at]
-                + bytes(raw) + want[at + sizes[2] :])
-        assert gpu.ll_bytes(wire, front) == want
+        head = want[:4] + b"\x01" + want[5 : LL_HEAD.size]  # the wire keeps version 1's header, without a checksum
+        body = want[LL_HEAD.size + 8 :]  # version 2: the table and the parts after the checksum
+        sizes = struct.unpack_from("<4Q", body, 0)
+        at = 32 + sizes[0] + sizes[1]
+        raw = stream.parse(body[at : at + sizes[2]]).frames[0]
+        wire = head + struct.pack("<4Q", sizes[0], sizes[1], len(raw), sizes[3]) + body[32:at] + bytes(raw) + body[at + sizes[2] :]
+        assert Lossless._seal(gpu.ll_bytes(wire, LL_HEAD.size + 32)) == want
     assert int(gpu._table_word(bytes([1, 2, 3, 4, 5, 6, 255]))) == 0xFF060504030201
 
 
@@ -152,7 +153,7 @@ def test_predicted_round_trip_within_eb(predictor, dtype):
     for eb in (1e-2, 1e-4):
         codec = ErrorBounded(eb, predictor)
         buf = codec.encode(x)
-        assert buf[:6] == b"VZEB\x02" + bytes([{"float32": 0, "float16": 1, "bfloat16": 2}[str(dtype)[6:]]])
+        assert buf[:6] == b"VZEB\x03" + bytes([{"float32": 0, "float16": 1, "bfloat16": 2}[str(dtype)[6:]]])
         assert within(np.abs(codec.decode(buf, exact=True) - _f64(x).reshape(-1)), eb, _f64(x).reshape(-1))
         # the steps are NumPy's rint(x / 2 eb), whatever the prediction
         np.testing.assert_array_equal(codec.symbols(buf)[0], ErrorBounded(eb, "none").symbols(ErrorBounded(eb, "none").encode(x))[0])
@@ -204,16 +205,18 @@ def test_prediction_mismatch_and_ranges():
         codec.decode(add(big, big, codec))
 
 
-def test_version_1_streams_still_decode_and_none_writes_them():
+def test_version_1_streams_still_decode_and_none_writes_version_3():
     x = _field(5000, 4)
-    v1 = ErrorBounded(1e-3, "none").encode(x)
-    # version 1, FORMAT.md 8.1: the 16-byte header, then the ints stream of the steps q themselves, exactly
     q = np.rint(_f64(x) / 2e-3).astype(np.int32)
     ints = encode_ints(q, policy="block", bitshuffle=True, entropy="none")
-    assert v1[:16] == struct.pack("<4sBBHd", b"VZEB", 1, 0, 0, 1e-3) and len(v1) == 16 + len(ints) and v1[16:] == ints
-    np.testing.assert_array_equal(decode_ints(v1[16:]), q)
+    # version 1, FORMAT.md 8.1: the 16-byte header, then the ints stream of the steps q themselves
+    v1 = struct.pack("<4sBBHd", b"VZEB", 1, 0, 0, 1e-3) + ints
     for reader in (ErrorBounded(1e-3), ErrorBounded(1e-3, "lorenzo2d"), ErrorBounded(1e-3, "none")):
-        np.testing.assert_array_equal(reader.decode(v1), ErrorBounded(1e-3, "none").decode(v1))
+        np.testing.assert_array_equal(reader.symbols(v1)[0], q)
+    # version 3 without a predictor: version 2's header (predictor 0, row 0), the checksum, the same ints stream
+    v3 = ErrorBounded(1e-3, "none").encode(x)
+    head = struct.pack("<4sBBBBQd", b"VZEB", 3, 0, 0, 0, 0, 1e-3)
+    assert v3 == head + struct.pack("<Q", xxh64(head, ints)) + ints
 
 
 @pytest.mark.parametrize("predictor", PREDICTED)
@@ -235,4 +238,8 @@ def test_predicted_configs_roundtrip():
     for predictor in ("none", *PREDICTED):
         codec = ErrorBounded(1e-4, predictor)
         assert ErrorBounded.from_config(codec.get_config()) == codec
-    assert ErrorBounded.from_config({"eb": 1e-4}).predictor == "none"  # configs from before predictors
+    # a config from before predictors takes the constructor's default; the streams record their own predictor
+    assert ErrorBounded.from_config({"eb": 1e-4}).predictor == ErrorBounded(1e-4).predictor == "lorenzo"
+    x = np.linspace(-1, 1, 300, dtype=np.float32)
+    old = ErrorBounded(1e-4, "none").encode(x)
+    assert np.array_equal(ErrorBounded.from_config({"eb": 1e-4}).decode(old), ErrorBounded(1e-4, "none").decode(old))

@@ -3,6 +3,7 @@ JSON and the numcodecs registry (entry points: visemz must be installed, as CI d
 
 import json
 import re
+import struct
 
 import numcodecs
 import numpy as np
@@ -13,6 +14,7 @@ from skimage import data
 
 from visemz import container
 from visemz.errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
+from visemz.framing import xxh64
 from visemz.zarr_codecs import Visemz, VisemzErrorBounded, VisemzLossless
 
 IDS = {"visemz": Visemz, "visemz_eb": VisemzErrorBounded, "visemz_lossless": VisemzLossless}
@@ -119,9 +121,12 @@ def test_float_codec_honours_out_and_checks_its_header():
     assert np.array_equal(flat, x.reshape(-1))
     with pytest.raises(CorruptStreamError):
         codec.decode(enc[:8])  # header cut inside the sizes
-    wrong_shape = enc[:6] + np.array([3, 4, 6], "<u8").tobytes() + enc[30:]
+    head = enc[:6] + np.array([4, 3, 5], "<u8").tobytes()  # dimensions swapped, the same count
+    with pytest.raises(CorruptStreamError, match="checksum"):
+        codec.decode(head + enc[30:])
+    head = enc[:6] + np.array([3, 4, 6], "<u8").tobytes()  # checksum recomputed: the stream's count is held to the shape's
     with pytest.raises(CorruptStreamError, match="72"):
-        codec.decode(wrong_shape)
+        codec.decode(head + struct.pack("<Q", xxh64(head, enc[38:])) + enc[38:])
     with pytest.raises(InvalidArgumentError, match="eb"):  # the stream records its eb
         VisemzErrorBounded(2e-3).decode(VisemzErrorBounded(1e-3).encode(x))
 

@@ -317,7 +317,7 @@ def test_page_stacks_round_trip_and_reject_damage(model_weights):
         pages.decode(repack(index=np.array([1, 2, len(body) - 3], "<u8").tobytes()), codec.decompress)
     with pytest.raises(CorruptStreamError, match="do not split"):  # lengths that wrap around u64 are refused
         pages.decode(repack(index=np.array([2**64 - 1, 1, len(body)], "<u8").tobytes()), codec.decompress)
-    with pytest.raises(CorruptStreamError, match="page 0 decodes to"):
+    with pytest.raises(CorruptStreamError, match="page 0's header"):  # from its header, before decoding
         pages.decode(repack(meta=dict(c.meta, shape=[3, 24, 21, 3])), codec.decompress)
     with pytest.raises(CorruptStreamError, match="index holds"):
         pages.decode(repack(meta=dict(c.meta, shape=[2, 24, 20, 3])), codec.decompress)

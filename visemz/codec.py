@@ -16,7 +16,6 @@ file written on a GPU decodes to the same symbols on a CPU.
 from __future__ import annotations
 
 import copy
-import math
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,16 +23,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import container, latents, residual, residual_coder, tile_index, tiling
+from . import container, image_header, latents, residual, residual_coder, tile_index, tiling
 from . import device as dev
 from .config import DEFAULTS
 from .encoders import encode_ints
-from .errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
+from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
+from .image_header import CONTEXT, FORMAT, FORMATS_READ, KIND, LEARNED, TILED_FORMATS  # beside the header's schema
 from .models import architectures, graphs, registry, residual_weights
 from .models import weights as W
 from .pixels import (
-    DTYPES,
-    MAX_PIXELS,
     PAD,
     ImageMeta,
     as_tensor,
@@ -43,32 +41,6 @@ from .pixels import (
     from_batch,
 )
 from .refine import RefineSettings, settings_for
-
-KIND = "image"
-# 1: fixed-rate N=64/M=96 models, one per integer quality 1-4 (the first releases), no longer decoded;
-# 2: variable-rate N=128/M=192 models with gain units, a float quality in the header, symbols
-#    block-coded (ints streams); still read, and written on request (``image_format=2``);
-# 3: the same models, symbols coded by conditional rANS with the weights' tables (``latents.py``);
-# 4: format 3's coding per tile of a grid (``tiling.py``), with a tile index (``tile_index.py``), so
-#    that memory follows the tile and a region decodes only the tiles it needs;
-# 5: format 4 with the tile index's part lengths as varints (one-tile files: 7 bytes instead of 26);
-# 6: format 5 whose integer images' max_error residual may be coded under the residual prior
-#    (residual "learned", ``residual_coder.py``), the prior named by ``residual_id``;
-# 7: format 6 for channel-context models only (``models/channel_context.py``): y in slice sections
-#    y0, y1, ... (``latents.py``); written for them, never for the others.
-TILED = 4
-LEARNED = 6
-CONTEXT = 7
-FORMAT = LEARNED  # what every model but the channel-context ones writes
-TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED, CONTEXT)
-FORMATS_READ = (latents.BLOCK, latents.RANS, *TILED_FORMATS)
-FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
-META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
-TILED_KEYS = META_KEYS - {"symbols"} | {"tiles"}  # 4, 5: the grid and its parts instead of the symbol shapes
-META_KEYS_OF = {latents.BLOCK: META_KEYS, latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
-                TILED: TILED_KEYS, tile_index.VARINT_FORMAT: TILED_KEYS, LEARNED: TILED_KEYS | {"residual_id"},
-                CONTEXT: TILED_KEYS | {"residual_id"}}
-TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
 
 
 # the lossy qualities quality="auto" tries with max_error: measured on gray crops, the smallest totals came at 2
@@ -111,14 +83,15 @@ _MODEL64: dict[tuple, torch.nn.Module] = {}  # (spec, device, weights id) -> flo
 _MODEL64_MAX = 16
 
 
-def _model64(spec: registry.ModelSpec, device: str) -> torch.nn.Module:
+def _model64(spec: registry.ModelSpec, device: str, model_id: str | None = None) -> torch.nn.Module:
     """A float64 copy of the model: the error-bound path's synthesis and the hyperprior's scales for rANS,
     both device-independent up to their last bits.
 
     Keyed by the weights' id too: weights swapped under the same spec (VISEMZ_WEIGHTS_DIR changed and
     W.load.cache_clear(), as scripts comparing checkpoints do) get their own copy, made from the very model
-    whose id keys it (one load), never the old one's."""
-    net, model_id = W.load(spec, device)
+    whose id keys it (one load), never the old one's.  ``model_id``: the weights a file names (archived ones
+    included); None, those installed."""
+    net, model_id = W.load(spec, device, model_id)
     key = (spec, device, model_id)
     with _MODEL_LOCK:  # one copy per (spec, device, weights), even when several streams ask at once
         if key not in _MODEL64:
@@ -328,22 +301,15 @@ class ImageCodec:
         c = buf if isinstance(buf, container.Container) else container.unpack(buf)
         if c.kind != KIND:
             raise UnsupportedFormatError(f"container holds {c.kind!r}, not an image")
-        h = _check_header(c.meta, c.sections)
+        h = image_header.check(c.meta, c.sections)
         spec = registry.parse(h["model"])
-        if (h["format"] == CONTEXT) != spec.context:
-            raise CorruptStreamError(f"image format {h['format']} does not hold model {spec.name} "
-                                     f"(format {CONTEXT} holds the channel-context models {list(registry.CHANNEL_CONTEXT)})")
-        meta = ImageMeta(h["dtype"], tuple(h["shape"]), float(h["range"][0]), float(h["range"][1]))
-        net, model_id = W.load(spec, self.device)
-        if model_id != h["model_id"]:
-            raise UnsupportedFormatError(
-                f"file was written with weights {h['model_id']} of {spec.name}; this install has {model_id}"
-            )
+        meta = image_header.image_meta(h)
+        net, _ = W.load(spec, self.device, h["model_id"])  # the weights the file names, archived ones included
         batch, ph, pw = _batch_and_padded(meta)
         want = architectures.latent_shapes(net, batch, ph, pw)
         if h["format"] in TILED_FORMATS:
             names = latents.symbol_sections(net)
-            grid = _check_tiles(h, ph, pw, names)
+            grid = image_header.check_tiles(h, ph, pw, names)
             index = tile_index.TileIndex(c.sections, grid.count, h["tiles"]["parts"], names, h["format"])
             tile_of = lambda i: (index.sections(i), index.coding(i))  # noqa: E731
             rans = any(v == "rans" for i in range(grid.count) for v in index.coding(i).values())
@@ -353,7 +319,11 @@ class ImageCodec:
                 raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and {spec.name}")
             tile_of = lambda i: (c.sections, h.get("coding"))  # noqa: E731
             rans = bool(latents.rans_sections(h))
-        net64 = _model64(spec, self.device) if rans or h["residual"] is not None else None
+        for i in range(grid.count):  # every section's declared size, before any is decoded or any network runs
+            y0, y1, x0, x1 = tiling.pixel_box(grid, i, meta)
+            image_header.check_sections(*tile_of(i), _tile_shapes(net, meta, grid, i),
+                                        (y1 - y0) * (x1 - x0) * meta.channels, f"tile {i}")
+        net64 = _model64(spec, self.device, h["model_id"]) if rans or h["residual"] is not None else None
         return _File(self.device, h, meta, grid, net, net64, tile_of, _learned_prior(h, spec, self.device))
 
 
@@ -403,9 +373,13 @@ class _File:
 def _tile_symbols(net, net64, q: float, device: str, meta: ImageMeta, grid: tiling.Grid, i: int, sections,
                   coding) -> dict[str, torch.Tensor]:
     """Tile i's symbols from its sections (``coding``: the format-3 choice per section; None for format 2)."""
+    return latents.decode(net, net64, sections, _tile_shapes(net, meta, grid, i), q, device, coding)
+
+
+def _tile_shapes(net, meta: ImageMeta, grid: tiling.Grid, i: int) -> dict[str, tuple]:
+    """The symbol tensors' shapes of tile i."""
     y0, y1, x0, x1 = grid.core(i)
-    shapes = architectures.latent_shapes(net, _batch_and_padded(meta)[0], y1 - y0, x1 - x0)
-    return latents.decode(net, net64, sections, shapes, q, device, coding)
+    return architectures.latent_shapes(net, _batch_and_padded(meta)[0], y1 - y0, x1 - x0)
 
 
 def _learned_prior(h: dict, spec: registry.ModelSpec, device: str) -> residual_weights.Residual | None:
@@ -425,81 +399,3 @@ def _batch_and_padded(meta: ImageMeta) -> tuple[int, int, int]:
     return (batch, *meta.padded)
 
 
-def _check_header(h: dict, sections: dict) -> dict:
-    """Validate an image header strictly: known keys, types, sizes, before anything is decoded."""
-    if h.get("format") in FORMATS_NOT_READ:
-        raise UnsupportedFormatError(f"image format {h['format']} ({FORMATS_NOT_READ[h['format']]}) is not read "
-                                     f"by this build, which reads formats {list(FORMATS_READ)}")
-    fmt = h.get("format")
-    fmt = fmt if type(fmt) is int and fmt in FORMATS_READ else FORMAT
-    container.check_meta(h, META_KEYS_OF[fmt], KIND, fmt, DTYPES)
-    try:
-        registry.check_quality(h["quality"])
-    except InvalidArgumentError:
-        raise CorruptStreamError(f"image header quality {h['quality']!r} is not a number in [1, 8]") from None
-    shape = h["shape"]
-    if not (isinstance(shape, list) and len(shape) in (2, 3) and all(isinstance(s, int) and s >= 1 for s in shape)):
-        raise CorruptStreamError(f"image shape {shape!r} is invalid")
-    if math.prod(shape) > MAX_PIXELS:
-        raise LimitExceededError(f"image shape {shape} exceeds {MAX_PIXELS} values")
-    rng = h["range"]
-    if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(v, (int, float)) for v in rng) and rng[0] <= rng[1]):
-        raise CorruptStreamError(f"image range {rng!r} is invalid")
-    if not isinstance(h["model"], str) or not isinstance(h["model_id"], str) or \
-            not isinstance(h.get("symbols", {}), dict):
-        raise CorruptStreamError("image header model, model_id or symbols field has the wrong type")
-    e, mode = h["max_error"], h["residual"]
-    if (e is None) != (mode is None) or (e is not None and (not isinstance(e, (int, float)) or e < 0)):
-        raise CorruptStreamError(f"image header max_error {e!r} / residual {mode!r} are inconsistent")
-    if mode is not None:
-        meta = ImageMeta(h["dtype"], tuple(shape), float(rng[0]), float(rng[1]))
-        expected = residual.mode_for(meta, e)
-        if mode != expected and not (mode == "learned" and expected == "int" and fmt >= LEARNED):
-            raise CorruptStreamError(f"residual mode {mode!r} does not match dtype {h['dtype']} and max_error {e}")
-    if fmt >= LEARNED and (mode == "learned") != isinstance(h["residual_id"], str):
-        raise CorruptStreamError(f"image header residual_id {h['residual_id']!r} does not fit residual {mode!r}")
-    if fmt in TILED_FORMATS:
-        if list(sections) != [tile_index.INDEX, tile_index.TILES]:
-            raise CorruptStreamError(f"tiled image has sections {list(sections)}, expected "
-                                     f"{[tile_index.INDEX, tile_index.TILES]}")
-        return h
-    need = _residual_sections(mode)
-    if not need <= set(sections):
-        raise CorruptStreamError(f"image lacks sections {sorted(need - set(sections))}")
-    coding = h.get("coding")
-    if fmt == latents.RANS and not (isinstance(coding, dict) and set(coding) == set(h["symbols"])
-                                    and all(v in latents.CODINGS for v in coding.values())):
-        raise CorruptStreamError(f"image header coding {coding!r} does not name {latents.CODINGS} for each symbol section")
-    for name in sorted(latents.section_names(h["format"], h["symbols"])):
-        if name not in sections:
-            raise CorruptStreamError(f"image lacks the symbol section {name!r}")
-    return h
-
-
-def _residual_sections(mode: str | None) -> set[str]:
-    if mode is None:
-        return set()
-    if mode == "learned":
-        return set(residual_coder.SECTIONS)
-    return {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
-
-
-def _check_tiles(h: dict, height: int, width: int, symbols: list[str]) -> tiling.Grid:
-    """A tiled (format 4 or 5) header's ``tiles``, against the image's padded size and the model's symbol sections."""
-    t = h["tiles"]
-    if not isinstance(t, dict) or set(t) != TILE_KEYS:
-        raise CorruptStreamError(f"image header tiles {t!r} do not hold exactly {sorted(TILE_KEYS)}")
-    size, halo, rows_cols = t["size"], t["halo"], t["grid"]
-    tiling.check_tile(size, "image header tiles.size", CorruptStreamError)
-    if not (isinstance(halo, list) and len(halo) == 2 and all(type(v) is int and 0 <= v <= size for v in halo)):
-        raise CorruptStreamError(f"image tile halo {halo!r} is not two sizes in 0..{size}")
-    grid = tiling.Grid(size, height, width)
-    if rows_cols != [grid.rows, grid.cols]:
-        raise CorruptStreamError(f"image tile grid {rows_cols!r} does not cover a {grid.height} x {grid.width} "
-                                 f"padded image with tiles of {size}")
-    if t["symbols"] != symbols:
-        raise CorruptStreamError(f"image tile symbol sections {t['symbols']!r}: the model codes {symbols}")
-    parts = sorted(latents.section_names(latents.RANS, symbols) | _residual_sections(h["residual"]))
-    if t["parts"] != parts:
-        raise CorruptStreamError(f"image tile parts {t['parts']!r}: expected {parts}")
-    return grid

@@ -107,6 +107,11 @@ class Defaults:
     #: Image codec on a GPU: largest input (pixels of the image or tile window) whose passes are graphed.  A
     #: graph keeps its own GPU memory for the activations, about one eager pass's peak.
     graph_pixels: int = 1 << 22  # VISEMZ_GRAPH_PIXELS
+    #: Image codec: the most values (H x W x C, and P x H x W x C for a page stack) an image may have, checked
+    #: before any work by the encoder and by every decoder against the header's shape (so a small file that
+    #: declares a huge image is refused, not allocated).  2^28 (a 16384 x 16384 gray image, 1 GiB of float32)
+    #: by default; the format's own ceiling is 2^30 (``pixels.MAX_PIXELS``).
+    max_pixels: int = 1 << 28  # VISEMZ_MAX_PIXELS
 
 
 LOADERS = ("auto", "dali", "kvikio", "cpu")
@@ -154,6 +159,8 @@ def _from_env() -> Defaults:
     for name in ("tf32", "entropy_batch"):  # the switches
         if getattr(d, name) not in (0, 1):
             raise InvalidArgumentError(f"{_ENV[name]}={getattr(d, name)}: expected 0 or 1")
+    if not 1 <= d.max_pixels <= 1 << 30:  # pixels.MAX_PIXELS, the format's ceiling
+        raise InvalidArgumentError(f"VISEMZ_MAX_PIXELS={d.max_pixels}: expected 1..{1 << 30} values")
     if not (4096 <= d.entropy_chunk <= (16 << 20)):
         raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
     return d

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,13 +143,52 @@ def check_meta(meta: dict[str, Any], keys: set[str], kind: str, version: int, dt
         raise UnsupportedFormatError(f"{kind} dtype {meta['dtype']!r} is not one of {list(dtypes)}")
 
 
+MAX_INT_DIGITS = 20  # a header integer is a size, count or version: 20 digits hold every u64
+
+
+class _LongInt:
+    """A JSON integer too long for any header field, kept as its digit count so the check can name its field
+    (Python's int() refuses over 4300 digits with a bare ValueError, and a long one costs quadratic time)."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+
+def _parse_int(text: str):
+    return int(text) if len(text) <= MAX_INT_DIGITS + 1 else _LongInt(text)
+
+
 def _reject_constant(name: str):
     raise CorruptStreamError(f"container header holds the non-JSON constant {name}")
 
 
+def _unique_keys(pairs: list) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = [k for k, _ in pairs]
+        raise CorruptStreamError(f"container header repeats the key {next(k for k in seen if seen.count(k) > 1)!r}")
+    return obj
+
+
+def _check_values(value, path: str) -> None:
+    """Every number of a header finite (JSON's 1e400 parses to inf) and every integer of a bounded size,
+    else CorruptStreamError naming the field."""
+    if isinstance(value, _LongInt):
+        raise CorruptStreamError(f"container header field {path} holds an integer of {value.digits} digits")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CorruptStreamError(f"container header field {path} holds {value}, not a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_values(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_values(v, f"{path}[{i}]")
+
+
 def _header(raw: memoryview) -> dict[str, Any]:
     try:
-        obj = json.loads(bytes(raw).decode("utf-8"), parse_constant=_reject_constant)
+        obj = json.loads(bytes(raw).decode("utf-8"), parse_constant=_reject_constant, parse_int=_parse_int,
+                         object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CorruptStreamError(f"container header is not valid JSON: {type(e).__name__}") from None
     if not isinstance(obj, dict):
@@ -161,6 +201,10 @@ def _header(raw: memoryview) -> dict[str, Any]:
     names = obj.get("sections")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
         raise CorruptStreamError("container header 'sections' is not a list of distinct names")
+    try:
+        _check_values(obj["meta"], "meta")
+    except RecursionError:
+        raise CorruptStreamError("container header meta is nested too deeply") from None
     return obj
 
 

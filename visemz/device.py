@@ -55,8 +55,9 @@ def torch_to_ints(t: torch.Tensor):
     return t if t.is_cuda else t.numpy()
 
 
-def ints_to_torch(buf, device: str) -> torch.Tensor:
-    """Decode an ints stream straight into a torch int32 tensor on ``device`` (GPU decode on cuda)."""
+def ints_to_torch(buf, device: str, **bounds) -> torch.Tensor:
+    """Decode an ints stream straight into a torch int32 tensor on ``device`` (GPU decode on cuda); ``bounds``:
+    ``decode_ints``' ``count`` or ``max_count``, what the reader's shape allows."""
     if device.startswith("cuda"):
-        return torch.as_tensor(decode_ints(buf, device="cuda"), device=device)
-    return torch.from_numpy(decode_ints(buf))
+        return torch.as_tensor(decode_ints(buf, device="cuda", **bounds), device=device)
+    return torch.from_numpy(decode_ints(buf, **bounds))

@@ -187,7 +187,8 @@ def decode(net, net64, sections: dict, shapes: dict[str, tuple], quality: float,
     if channel_context.is_context(net):
         return _decode_context(net, net64, sections, shapes, quality, device, coding)
     rans = {k for k, v in (coding or {}).items() if v == "rans"}
-    out = {k: _shaped(dev.ints_to_torch(sections[k], device), shape, k) for k, shape in shapes.items() if k not in rans}
+    out = {k: _shaped(dev.ints_to_torch(sections[k], device, count=math.prod(shape)), shape, k)
+           for k, shape in shapes.items() if k not in rans}
     if not rans:
         return out
     tables = _tables(net)

@@ -15,6 +15,7 @@ and checks that every page decodes to ``shape[1:]`` and ``dtype``; so the stack 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,7 +24,7 @@ import torch
 
 from . import container, tiling
 from .errors import CorruptStreamError, LimitExceededError
-from .pixels import DTYPES
+from .pixels import DTYPES, check_pixels
 
 KIND = "pages"
 FORMAT = 1
@@ -42,6 +43,7 @@ def encode(stack, compress_page: Callable[[object], bytes]) -> bytes:
     pages = int(stack.shape[0])
     if pages > MAX_PAGES:
         raise LimitExceededError(f"{pages} pages exceed the limit of {MAX_PAGES}")
+    check_pixels(math.prod(stack.shape), f"page stack of shape {tuple(stack.shape)}")  # what a reader allows
     bufs = [compress_page(stack[k]) for k in range(pages)]
     index = np.array([len(b) for b in bufs], dtype="<u8").tobytes()
     meta = {"format": FORMAT, "shape": [int(s) for s in stack.shape], "dtype": dtype_name(stack)}
@@ -62,7 +64,12 @@ def unpack(buf) -> Unpacked:
     if c.kind != KIND:
         return Unpacked([c])
     shape, dtype, page_bufs = _parse(c)
-    return Unpacked([container.unpack(page) for page in page_bufs], (shape, dtype))
+    images = [container.unpack(page) for page in page_bufs]
+    for k, page in enumerate(images):  # what each page holds, from its header, before any page is decoded
+        if page.kind != "image" or page.meta.get("shape") != list(shape[1:]) or page.meta.get("dtype") != dtype:
+            raise CorruptStreamError(f"page {k}'s header (kind {page.kind!r}, shape {page.meta.get('shape')!r}, dtype "
+                                     f"{page.meta.get('dtype')!r}) is not the file's: images of {list(shape[1:])} {dtype}")
+    return Unpacked(images, (shape, dtype))
 
 
 def decode(buf, decode_image: Callable, region=None) -> tuple[object, bool]:
@@ -111,6 +118,7 @@ def _parse(c: container.Container) -> tuple[tuple[int, ...], str, list[memoryvie
         raise CorruptStreamError(f"pages shape {shape!r} is not [P, H, W] or [P, H, W, C]")
     if shape[0] > MAX_PAGES:
         raise LimitExceededError(f"pages file claims {shape[0]} pages; the limit is {MAX_PAGES}")
+    check_pixels(math.prod(shape), f"pages shape {shape}")  # the whole stack is allocated: all its values count
     if list(c.sections) != SECTIONS:
         raise CorruptStreamError(f"pages file has sections {list(c.sections)}, expected {SECTIONS}")
     index, body = c.sections["index"], c.sections["pages"]

@@ -14,12 +14,27 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import config
 from .errors import InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 
 DTYPES = ("uint8", "uint16", "float32")
 PAD = 64  # the models downsample by 64 (hyperprior); pad to a multiple of it
-MAX_PIXELS = 1 << 30
+MAX_PIXELS = 1 << 30  # the format's ceiling on an image's values; VISEMZ_MAX_PIXELS sets the limit in force
 MAX_CHANNELS = 64
+# The largest error bound per dtype: an integer image's whole range (a larger bound allows nothing more),
+# a float32 image's largest float32 (the bound must be one, so a decoder can hold the file to it).
+MAX_ERROR = {"uint8": 255, "uint16": 65535, "float32": float(np.finfo(np.float32).max)}
+
+
+def check_pixels(values: int, what: str) -> None:
+    """An image's (or a page stack's) number of values against the limit in force (``VISEMZ_MAX_PIXELS``)."""
+    limit = config.DEFAULTS.max_pixels
+    if values > limit:
+        raise LimitExceededError(f"{what}: {values} values exceed the limit of {limit} (VISEMZ_MAX_PIXELS)")
+
+
+def max_error_limit(dtype: str):
+    return MAX_ERROR[dtype]
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,8 @@ def as_tensor(image, device: str) -> torch.Tensor:
     if hasattr(image, "__cuda_array_interface__"):
         return torch.as_tensor(image, device="cuda").to(device)
     if isinstance(image, np.ndarray):
+        if not image.dtype.isnative:  # big-endian data (e.g. '>u2' from a FITS file): torch takes native order only
+            image = image.astype(image.dtype.newbyteorder("="))
         return torch.from_numpy(np.ascontiguousarray(image)).to(device)
     raise UnsupportedFormatError(f"expected a NumPy, cupy or torch array, got {type(image).__name__}")
 
@@ -70,6 +87,9 @@ def check_max_error(max_error, dtype: str):
         raise InvalidArgumentError(f"max_error={max_error!r} is not a number") from None
     if not np.isfinite(e) or e < 0:
         raise InvalidArgumentError(f"max_error={max_error!r} must be a finite number >= 0")
+    if dtype in MAX_ERROR and e > MAX_ERROR[dtype]:
+        raise InvalidArgumentError(f"max_error={max_error!r} exceeds the largest bound of a {dtype} image, "
+                                   f"{MAX_ERROR[dtype]:g}")
     if dtype != "float32":
         if e != int(e):
             raise InvalidArgumentError(f"max_error={max_error!r} must be a whole number of {dtype} levels")
@@ -87,8 +107,7 @@ def describe(t: torch.Tensor) -> ImageMeta:
         raise InvalidArgumentError(f"image of shape {tuple(t.shape)} is empty")
     if t.dim() == 3 and t.shape[2] > MAX_CHANNELS:
         raise UnsupportedFormatError(f"image with {t.shape[2]} channels: at most {MAX_CHANNELS} (is it CxHxW?)")
-    if t.numel() > MAX_PIXELS:
-        raise LimitExceededError(f"image of {t.numel()} values exceeds the limit of {MAX_PIXELS}")
+    check_pixels(t.numel(), f"image of shape {tuple(t.shape)}")
     if name == "uint8":
         lo, hi = 0.0, 255.0
     else:

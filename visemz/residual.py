@@ -57,7 +57,7 @@ def _indices_to_ints(idx: torch.Tensor) -> object:
 
 
 def _ints_to_indices(buf, n_pixels: int, device: str) -> torch.Tensor:
-    gaps = ints_to_torch(buf, device).to(torch.int64)
+    gaps = ints_to_torch(buf, device, max_count=n_pixels).to(torch.int64)
     idx = torch.cumsum(gaps, 0)
     if idx.numel() and (bool((gaps[1:] <= 0).any()) or int(idx[0]) < 0 or int(idx[-1]) >= n_pixels):
         raise CorruptStreamError("error-bound index list is not increasing within the image")
@@ -105,9 +105,7 @@ def decode(sections: dict, x01_hat: torch.Tensor, meta: ImageMeta, e: float, mod
     mask[_ints_to_indices(sections["mask"], n, dev)] = True
     k, _ = _levels(x01_hat, mask.reshape(x01_hat.shape))
     base = _base(k, meta).reshape(-1)
-    q = ints_to_torch(sections["residual"], dev).to(torch.int64)
-    if q.numel() != n:
-        raise CorruptStreamError(f"residual holds {q.numel()} values for an image of {n}")
+    q = ints_to_torch(sections["residual"], dev, count=n).to(torch.int64)
     if mode == "int":
         out = (base + q * (2 * int(e) + 1)).clamp(0, 255 if meta.dtype == "uint8" else 65535)
         out = out.to(torch.uint8) if meta.dtype == "uint8" else out.to(torch.int32).to(torch.uint16)
@@ -116,8 +114,8 @@ def decode(sections: dict, x01_hat: torch.Tensor, meta: ImageMeta, e: float, mod
     else:
         out = (base + q.to(torch.float64) * (2 * e)).to(torch.float32)
         idx = _ints_to_indices(sections["exceptions"], n, dev)
-        bits = ints_to_torch(sections["exception_bits"], dev)
-        if bits.numel() != idx.numel():
-            raise CorruptStreamError("error-bound exception list and values differ in length")
+        bits = ints_to_torch(sections["exception_bits"], dev, count=idx.numel())
         out[idx] = bits.to(torch.int32).view(torch.float32)
+    if meta.dtype == "float32" and not bool(torch.isfinite(out).all()):  # the inputs were finite: damage
+        raise CorruptStreamError("error-bound residual decodes to values that are not finite")
     return out.reshape(meta.shape)

@@ -51,6 +51,12 @@ FIXES, PALETTE = "res_fixes", "res_palette"
 PASS_SECTIONS = tuple(f"res_p{k}" for k in range(len(PASSES)))
 SECTIONS = (PALETTE, FIXES, *PASS_SECTIONS)
 SPARSE = 2  # a lossless tile is coded through a palette when the span of its values holds this many levels per value
+PALETTE_MAX = 1 << 16  # values a palette may list (every level of uint16)
+
+
+def fixes_limit(pixels: int) -> int:
+    """The most values a tile's fixes section may hold: the four passes' counts, then 4 per listed pixel."""
+    return len(PASSES) + 4 * pixels
 TOL = 1e-6
 MAX_Q = 1 << 20  # |q| of any valid stream is below 2**18 (the largest image range over the smallest bin)
 TRUNK_HALO = 3  # half-resolution positions the trunk sees around a position (the heads see HALO - 3 more)
@@ -278,7 +284,7 @@ def _unpack_palette(buf, meta: ImageMeta, e: int, device) -> torch.Tensor | None
     """The palette section -> the tile's values (float64, strictly increasing within the image's range), or None."""
     if len(buf) == 0:
         return None
-    v = torch.cumsum(torch.from_numpy(decode_ints(bytes(buf)).astype(np.int64)), 0)
+    v = torch.cumsum(torch.from_numpy(decode_ints(bytes(buf), max_count=PALETTE_MAX).astype(np.int64)), 0)
     lo, hi = int(meta.lo), int(meta.hi)
     if e != 0 or v.numel() == 0 or SPARSE * v.numel() > int(v[-1] - v[0]) + 1 or int(v[0]) < lo or int(v[-1]) > hi or \
             bool((torch.diff(v) <= 0).any()):
@@ -310,7 +316,7 @@ def _unpack_fixes(buf, grid: int, device) -> list[tuple]:
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     if len(buf) == 0:
         return [(empty, empty, empty, empty)] * len(PASSES)
-    v = torch.from_numpy(decode_ints(bytes(buf)).astype(np.int64))
+    v = torch.from_numpy(decode_ints(bytes(buf), max_count=fixes_limit(grid)).astype(np.int64))
     counts = v[:len(PASSES)]
     total = int(counts.sum()) if v.numel() >= len(PASSES) else -1
     if v.numel() < len(PASSES) or bool((counts < 0).any()) or v.numel() != len(PASSES) + 4 * total:

@@ -31,11 +31,11 @@ from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_copy
 
 from . import api, tiling
-from .collectives.codecs import ErrorBounded, Lossless
+from .collectives.codecs import ErrorBounded, Lossless, error_bound_config
 from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
-from .framing import read_prefix
+from .framing import read_prefix, xxh64
 from .models import registry
-from .pixels import DTYPES, MAX_CHANNELS
+from .pixels import DTYPES, MAX_CHANNELS, check_pixels
 
 LAYOUTS = ("hwc", "zhw")
 DEVICES = (None, "auto", "cpu", "cuda")
@@ -98,7 +98,8 @@ class Visemz(Codec):
 
 
 # ------------------------------------------------------------------------------ float codecs
-SHAPE_MAGIC, SHAPE_VERSION = b"VZNA", 1
+# version 1: magic, version, ndim, the sizes, the stream; 2 (written today): a checksum of every byte after the sizes
+SHAPE_MAGIC, SHAPE_VERSION = b"VZNA", 2
 SHAPE_HEAD = struct.Struct("<4sBB")  # magic, version, ndim; then ndim little-endian uint64 sizes
 MAX_NDIM = 32  # NumPy's own limit
 FLOAT_DTYPES = ("float32", "float16")
@@ -113,20 +114,26 @@ class _ShapedFloatCodec(Codec):
         a = ensure_ndarray(buf)
         if a.dtype.name not in FLOAT_DTYPES:
             raise UnsupportedFormatError(f"{self.codec_id} codec: chunk dtype {a.dtype.name} is not one of {list(FLOAT_DTYPES)}")
+        check_pixels(a.size, f"{self.codec_id} chunk of shape {a.shape}")  # what a reader allows
         head = SHAPE_HEAD.pack(SHAPE_MAGIC, SHAPE_VERSION, a.ndim) + struct.pack(f"<{a.ndim}Q", *a.shape)
-        return head + self.stream.encode(np.ascontiguousarray(a))
+        inner = self.stream.encode(np.ascontiguousarray(a))
+        return head + struct.pack("<Q", xxh64(head, inner)) + inner
 
     def decode(self, buf, out=None) -> np.ndarray:
         what = f"{self.codec_id} chunk"
         mv, (ndim,) = read_prefix(ensure_contiguous_ndarray(buf), what, SHAPE_HEAD, SHAPE_HEAD.size, SHAPE_MAGIC,
-                                  SHAPE_VERSION)
+                                  (1, SHAPE_VERSION))
         start = SHAPE_HEAD.size + 8 * ndim
         if ndim > MAX_NDIM or len(mv) < start:
             raise CorruptStreamError(f"{what} header of {len(mv)} bytes does not hold {ndim} sizes (at most {MAX_NDIM})")
+        if mv[4] == SHAPE_VERSION:
+            if len(mv) < start + 8 or xxh64(mv[:start], mv[start + 8:]) != struct.unpack_from("<Q", mv, start)[0]:
+                raise CorruptStreamError(f"{what} checksum mismatch: the chunk is corrupt or truncated")
+            start += 8
         shape = struct.unpack_from(f"<{ndim}Q", mv, SHAPE_HEAD.size)
-        values = self.stream.decode(mv[start:])
-        if values.size != math.prod(shape):
-            raise CorruptStreamError(f"{what} holds {values.size} values, not the {math.prod(shape)} of shape {shape}")
+        count = math.prod(shape)
+        check_pixels(count, f"{what} shape {shape}")  # before the stream allocates them
+        values = self.stream.decode(mv[start:], count=count)  # the stream's own count held to the shape's first
         values = values.reshape(shape)
         return ndarray_copy(values, out) if out is not None else values
 
@@ -138,7 +145,7 @@ class VisemzErrorBounded(_ShapedFloatCodec):
     codec_id = "visemz_eb"
 
     def __init__(self, eb: float, predictor: str = "lorenzo"):
-        self.stream = ErrorBounded(eb, predictor)
+        self.stream = ErrorBounded(eb, predictor)  # checks eb (NumPy scalars taken, kept as a float) and predictor
 
     @property
     def eb(self) -> float:
@@ -149,9 +156,12 @@ class VisemzErrorBounded(_ShapedFloatCodec):
 
     @classmethod
     def from_config(cls, config: dict) -> "VisemzErrorBounded":
-        """A config without a predictor was written before predictors existed: its chunks have none."""
-        config = {k: v for k, v in config.items() if k != "id"}
-        return cls(config["eb"], config.get("predictor", "none"))
+        """A config without a predictor takes the constructor's default (each chunk records its own predictor,
+        so chunks written before predictors decode alike); one without ``eb`` is InvalidArgumentError."""
+        unknown = set(config) - {"id", "eb", "predictor"} if isinstance(config, dict) else set()
+        if unknown:
+            raise InvalidArgumentError(f"{cls.codec_id} config has unknown keys {sorted(unknown)}")
+        return cls(*error_bound_config(config))
 
     def __repr__(self) -> str:
         return f"VisemzErrorBounded(eb={self.eb!r}, predictor={self.stream.predictor!r})"

@@ -21,6 +21,7 @@ Both follow numcodecs' Codec shape: ``codec_id``, ``encode``/``decode``, ``get_c
 
 from __future__ import annotations
 
+import numbers
 import struct
 from dataclasses import dataclass
 
@@ -29,9 +30,10 @@ import torch
 
 from .. import cuda
 from . import gpu
-from ..encoders import decode_ints, encode_ints
+from ..encoders import decode_ints, encode_ints, stream
+from ..encoders import layout as L
 from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
-from ..framing import read_prefix
+from ..framing import read_prefix, xxh64
 
 # dtype -> (bits, exponent bits, mantissa bits, unsigned view)
 FLOATS = {"float32": (32, 8, 23, np.uint32), "float16": (16, 5, 10, np.uint16), "bfloat16": (16, 8, 7, np.uint16)}
@@ -46,6 +48,8 @@ def _as_array(x) -> tuple[np.ndarray, str]:
             return x.detach().contiguous().view(torch.int16).cpu().numpy().view(np.uint16), name
         return x.detach().contiguous().cpu().numpy(), name
     a = np.asarray(x)
+    if not a.dtype.isnative:  # big-endian data: the bit views below read native order
+        a = a.astype(a.dtype.newbyteorder("="))
     return a, a.dtype.name
 
 
@@ -67,10 +71,26 @@ def _from_float64(v: np.ndarray, name: str) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
 
 
+def _checksum(head, body) -> bytes:
+    """The u64 xxh64 of a stream's fixed header and of everything after the checksum field: every other byte."""
+    return struct.pack("<Q", xxh64(head, body))
+
+
+def _check_sum(mv: memoryview, head: int, what: str) -> None:
+    """A stream whose u64 checksum follows its ``head`` fixed bytes: every other byte checked against it."""
+    if len(mv) < head + 8:
+        raise CorruptStreamError(f"{what} of {len(mv)} bytes is shorter than its {head + 8}-byte header")
+    (stored,) = struct.unpack_from("<Q", mv, head)
+    if xxh64(mv[:head], mv[head + 8:]) != stored:
+        raise CorruptStreamError(f"{what} checksum mismatch: the stream is corrupt or truncated")
+
+
 # ------------------------------------------------------------------------- error-bounded
-EB_MAGIC, EB_VERSION = b"VZEB", 2  # version 1: no predictor (still written for predictor "none"); 2: predictor field
+# version 1: no predictor; 2: the predictor field; 3 (written today): version 2's header then a checksum of every byte
+EB_MAGIC, EB_VERSION = b"VZEB", 3
 EB_HEAD = struct.Struct("<4sBBHd")  # version 1: magic, version, dtype code, reserved, eb
-EB_HEAD2 = struct.Struct("<4sBBBBQd")  # version 2: magic, version, dtype code, predictor code, reserved, row length, eb
+EB_HEAD2 = struct.Struct("<4sBBBBQd")  # versions 2, 3: magic, version, dtype code, predictor code, reserved, row length, eb
+EB_FRONT = EB_HEAD2.size + 8  # version 3: the header and its u64 xxh64 of bytes [0, 24) and [32, end), then the ints stream
 PREDICTORS = ("none", "lorenzo", "lorenzo2d")  # index = the header's predictor code
 STEP_LIMIT = 2**31 - 1  # every integer a stream holds (steps, residuals, sums) has |v| < this
 
@@ -150,8 +170,9 @@ class ErrorBounded:
     codec_id: str = "visemz-error-bounded"
 
     def __post_init__(self):
-        if not (isinstance(self.eb, (int, float)) and np.isfinite(self.eb) and self.eb > 0):
+        if isinstance(self.eb, bool) or not isinstance(self.eb, numbers.Real) or not (np.isfinite(self.eb) and self.eb > 0):
             raise InvalidArgumentError(f"eb={self.eb!r}: the error bound must be a finite number > 0")
+        object.__setattr__(self, "eb", float(self.eb))  # NumPy scalars too: the stream and a config hold a float64
         if self.predictor not in PREDICTORS:
             raise InvalidArgumentError(f"predictor={self.predictor!r}: expected one of {list(PREDICTORS)}")
 
@@ -184,7 +205,7 @@ class ErrorBounded:
         pred = self.prediction(getattr(x, "shape", None), row)
         if cuda.is_gpu_array(x):  # quantised, predicted and encoded on the GPU; the host sees only the stream
             s, name = gpu.eb_encode(x, self.eb, pred)
-            return self._head(name, pred) + gpu.stream_bytes(s)
+            return self.frame(gpu.stream_bytes(s), name, pred)
         q, name = self.quantize(x)
         return self.encode_symbols(q, name, pred)
 
@@ -202,11 +223,13 @@ class ErrorBounded:
         """``decode_device`` of several streams, with one host read for all their error words."""
         return gpu.eb_decode_many(streams, self.eb, dtype, self.prediction(None, row))
 
-    def _head(self, dtype: str, pred: Prediction | None = None) -> bytes:
+    def frame(self, ints: bytes, dtype: str, pred: Prediction | None = None) -> bytes:
+        """The stream (version 3) around the ints stream of its residuals: the header, then the checksum of
+        every other byte, then the ints stream.  The CPU and the GPU encoders both end here, so their streams
+        are the same bytes wherever the ints streams are."""
         pred = pred or self.prediction()
-        if pred.predictor == "none":  # the version-1 stream, byte for byte
-            return EB_HEAD.pack(EB_MAGIC, 1, _CODES[dtype], 0, float(self.eb))
-        return EB_HEAD2.pack(EB_MAGIC, EB_VERSION, _CODES[dtype], pred.code, 0, pred.row, float(self.eb))
+        head = EB_HEAD2.pack(EB_MAGIC, EB_VERSION, _CODES[dtype], pred.code, 0, pred.row, self.eb)
+        return head + _checksum(head, ints) + ints
 
     def encode_values(self, v: np.ndarray, dtype: str, pred: Prediction | None = None) -> bytes:
         """Encode float64 values (e.g. a sum of decoded tensors) as a stream of ``dtype``."""
@@ -220,44 +243,52 @@ class ErrorBounded:
         return self.encode_residuals(pred.residuals(q), dtype, pred)
 
     def encode_residuals(self, r: np.ndarray, dtype: str, pred: Prediction) -> bytes:
-        return self._head(dtype, pred) + encode_ints(r, policy="block", bitshuffle=True, entropy="none")
+        return self.frame(encode_ints(r, policy="block", bitshuffle=True, entropy="none"), dtype, pred)
 
-    def decode(self, buf, exact: bool = False) -> np.ndarray:
+    def decode(self, buf, exact: bool = False, count: int | None = None) -> np.ndarray:
         """Bytes -> flat NumPy array in the original dtype (bf16 as its uint16 bit patterns).
 
         ``exact=True`` returns the float64 reconstruction 2 eb q, which is within eb of the
-        input; the original dtype adds its own rounding on top.
+        input; the original dtype adds its own rounding on top.  ``count``: the number of values the
+        caller expects, held to the stream's own before anything is allocated.
         """
-        q, name = self.symbols(buf)
+        q, name = self.symbols(buf, count)
         v = q.astype(np.float64) * (2 * self.eb)
         return v if exact else _from_float64(v, name)
 
-    def symbols(self, buf) -> tuple[np.ndarray, str]:
+    def symbols(self, buf, count: int | None = None) -> tuple[np.ndarray, str]:
         """Bytes -> the int64 steps q (predictions undone) and the dtype name."""
-        r, name, pred = self.residual_symbols(buf)
+        r, name, pred = self.residual_symbols(buf, count)
         return pred.steps(r), name
 
-    def residual_symbols(self, buf) -> tuple[np.ndarray, str, Prediction]:
-        """Bytes -> the int32 integers the stream holds, the dtype name and the stream's prediction."""
+    def residual_symbols(self, buf, count: int | None = None) -> tuple[np.ndarray, str, Prediction]:
+        """Bytes -> the int32 integers the stream holds, the dtype name and the stream's prediction.
+
+        Reads every version: 1 (no predictor), 2 and 3 (3: its checksum first)."""
         try:
             peek = memoryview(buf).cast("B")
         except TypeError:
             peek = b""  # read_prefix names the bad type
+        what = "error-bounded stream"
         if len(peek) > 4 and bytes(peek[:4]) == EB_MAGIC and peek[4] == 1:
-            mv, (code, _reserved, eb) = read_prefix(buf, "error-bounded stream", EB_HEAD, EB_HEAD.size, EB_MAGIC, 1)
+            mv, (code, _reserved, eb) = read_prefix(buf, what, EB_HEAD, EB_HEAD.size, EB_MAGIC, 1)
             pred, head = Prediction("none"), EB_HEAD.size
         else:
-            mv, (code, pcode, reserved, row, eb) = read_prefix(buf, "error-bounded stream", EB_HEAD2, EB_HEAD2.size,
-                                                                EB_MAGIC, EB_VERSION)
+            mv, (code, pcode, reserved, row, eb) = read_prefix(buf, what, EB_HEAD2, EB_HEAD2.size, EB_MAGIC, (2, EB_VERSION))
+            head = EB_HEAD2.size
+            if mv[4] == EB_VERSION:
+                _check_sum(mv, head, what)
+                head = EB_FRONT
             if pcode >= len(PREDICTORS) or reserved or (PREDICTORS[pcode] == "lorenzo2d") != (row > 0) or row > 2**29:
                 raise CorruptStreamError(f"error-bounded stream predictor code {pcode} / row length {row} / reserved "
                                          f"{reserved} are not a valid prediction")
-            pred, head = Prediction(PREDICTORS[pcode], row), EB_HEAD2.size
+            pred = Prediction(PREDICTORS[pcode], row)
         if code >= len(FLOATS):
             raise CorruptStreamError(f"error-bounded stream dtype code {code} is unknown")
         if eb != self.eb:
             raise InvalidArgumentError(f"stream was written with eb={eb}, this codec has eb={self.eb}")
-        r = decode_ints(mv[head:])
+        _check_block_stream(mv[head:])
+        r = decode_ints(mv[head:], count=count, entropy="none")  # every writer's ints stream has no entropy stage
         if pred.row and r.size % pred.row:
             raise CorruptStreamError(f"error-bounded stream of {r.size} values is not whole rows of {pred.row}")
         return r, list(FLOATS)[code], pred
@@ -267,8 +298,26 @@ class ErrorBounded:
 
     @classmethod
     def from_config(cls, config: dict) -> "ErrorBounded":
-        """A config without a predictor predates predictors: its streams had none."""
-        return cls(config["eb"], config.get("predictor", "none"))
+        """A config without a predictor takes the default, as the constructor does (a stream records its own
+        predictor, so chunks written without one decode alike)."""
+        return cls(*error_bound_config(config))
+
+
+def _check_block_stream(ints: memoryview) -> None:
+    """An error-bounded stream's block stream is of the per-block policy, bitshuffled, as every writer makes it
+    (homomorphic addition needs the per-block policy; the plain packing's decoder takes about 5x the memory)."""
+    at = stream.HEAD + 5  # entropy none: the block header's policy and flags bytes, after the ints stream's header
+    plain = len(ints) > 5 and ints[5] == 0  # another entropy code is refused by decode_ints, naming it
+    if plain and len(ints) >= at + 2 and (ints[at], ints[at + 1]) != (L.POLICIES["block"], L.FLAG_BITSHUFFLE):
+        raise CorruptStreamError(f"error-bounded stream's block stream has policy {ints[at]} and flags {ints[at + 1]}: "
+                                 "expected the per-block policy, bitshuffled")
+
+
+def error_bound_config(config: dict) -> tuple[float, str]:
+    """(eb, predictor) of an error-bounded codec's config, naming what is missing."""
+    if not isinstance(config, dict) or "eb" not in config:
+        raise InvalidArgumentError(f"error-bounded codec config {config!r} lacks the error bound 'eb'")
+    return config["eb"], config.get("predictor", ErrorBounded.__dataclass_fields__["predictor"].default)
 
 
 def predicts_rows(codec) -> bool:
@@ -277,8 +326,10 @@ def predicts_rows(codec) -> bool:
 
 
 # -------------------------------------------------------------------------------- lossless
-LL_MAGIC, LL_VERSION = b"VZLL", 1
+# version 1: no checksum (the device wire form keeps its layout); 2 (written today): a checksum after the header
+LL_MAGIC, LL_VERSION = b"VZLL", 2
 LL_HEAD = struct.Struct("<4sBB7sQ")  # magic, version, dtype code, top-7 exponents, n
+LL_TABLE = 32  # four u64 part lengths after the header (version 2: after the checksum)
 ESCAPE = 7
 
 
@@ -291,7 +342,7 @@ class Lossless:
     def encode(self, x) -> bytes:
         if cuda.is_gpu_array(x):
             wire, _name = gpu.ll_encode(x, FLOATS, self._head)
-            return gpu.ll_bytes(wire.get().tobytes(), LL_HEAD.size + 32)
+            return self._seal(gpu.ll_bytes(wire.get().tobytes(), LL_HEAD.size + LL_TABLE))
         a, name = _as_array(x)
         _check_float(name)
         bits, ebits, mbits, utype = FLOATS[name]
@@ -309,11 +360,20 @@ class Lossless:
         gaps = np.diff(esc, prepend=0).astype(np.int32) if esc.size else np.zeros(0, np.int32)
         parts = [packed, rest_bytes, encode_ints(gaps, policy="global", entropy="none"), exp[esc].astype(np.uint8).tobytes()]
         table = struct.pack(f"<{len(parts)}Q", *(len(p) for p in parts))
-        return LL_HEAD.pack(LL_MAGIC, LL_VERSION, _CODES[name], bytes(top.astype(np.uint8)), u.size) + table + b"".join(parts)
+        return self._seal(self._head(name, bytes(top.astype(np.uint8)), u.size) + table + b"".join(parts))
 
     @staticmethod
     def _head(name: str, top: bytes, n: int) -> bytes:
-        return LL_HEAD.pack(LL_MAGIC, LL_VERSION, _CODES[name], top, n)
+        """The fixed header of version 1, as the device wire form carries it."""
+        return LL_HEAD.pack(LL_MAGIC, 1, _CODES[name], top, n)
+
+    @staticmethod
+    def _seal(v1: bytes) -> bytes:
+        """Version-1 bytes (CPU- or GPU-made alike) -> the version-2 stream: version 2 in the header, then the
+        checksum of every other byte, then the rest as it was."""
+        head = v1[:4] + bytes([LL_VERSION]) + v1[5:LL_HEAD.size]
+        rest = v1[LL_HEAD.size:]
+        return head + _checksum(head, rest) + rest
 
     def encode_device(self, x):
         """CUDA tensor / cupy array -> (device buffer, dtype name).  The buffer is this format with the
@@ -324,22 +384,36 @@ class Lossless:
         """Device buffer from ``encode_device`` -> float64 cupy array of the ``n`` exact values."""
         return gpu.bits_to_float64(gpu.ll_decode_wire(buf, n, dtype, FLOATS, LL_HEAD), dtype)
 
-    def decode(self, buf) -> np.ndarray:
-        mv, (code, top, n) = read_prefix(buf, "lossless stream", LL_HEAD, LL_HEAD.size + 32, LL_MAGIC, LL_VERSION)
+    def decode(self, buf, count: int | None = None) -> np.ndarray:
+        """Bytes (version 1 or 2) -> the flat values (bf16 as its uint16 bit patterns); ``count``: the number
+        of values the caller expects, held to the stream's before anything is allocated."""
+        what = "lossless stream"
+        mv, (code, top, n) = read_prefix(buf, what, LL_HEAD, LL_HEAD.size, LL_MAGIC, (1, LL_VERSION))
+        pos = LL_HEAD.size
+        if mv[4] == LL_VERSION:
+            _check_sum(mv, pos, what)
+            pos += 8
+        if len(mv) < pos + LL_TABLE:
+            raise CorruptStreamError(f"{what} of {len(mv)} bytes is shorter than its {pos + LL_TABLE}-byte header")
         if code >= len(FLOATS):
             raise CorruptStreamError(f"lossless stream dtype code {code} is unknown")
+        if count is not None and n != count:
+            raise CorruptStreamError(f"lossless stream holds {n} values where {count} are expected")
         name = list(FLOATS)[code]
         bits, ebits, mbits, utype = FLOATS[name]
-        sizes = struct.unpack_from("<4Q", mv, LL_HEAD.size)
+        sizes = struct.unpack_from("<4Q", mv, pos)
         rest_len = (n * (1 + mbits) + 7) // 8
-        if sizes[0] != (3 * n + 7) // 8 or sizes[1] != rest_len or LL_HEAD.size + 32 + sum(sizes) != len(mv):
+        pos += LL_TABLE
+        # every part's size fits the buffer before anything is allocated: n is at most 8/3 values a byte
+        if sizes[0] != (3 * n + 7) // 8 or sizes[1] != rest_len or pos + sum(sizes) != len(mv) or sizes[3] > n:
             raise CorruptStreamError(f"lossless stream sizes {sizes} do not fit {n} values of {name}")
-        pos = LL_HEAD.size + 32
         codes = _unpack3(np.frombuffer(mv, np.uint8, sizes[0], pos), n)
-        rest = _unpack_fixed(np.frombuffer(mv, np.uint8, sizes[1], pos + sizes[0]), 1 + mbits, n)
-        esc = np.cumsum(decode_ints(mv[pos + sizes[0] + sizes[1] : pos + sizes[0] + sizes[1] + sizes[2]]).astype(np.int64))
-        raw_exp = np.frombuffer(mv, np.uint8, sizes[3], pos + sizes[0] + sizes[1] + sizes[2])
         want = np.flatnonzero(codes == ESCAPE)
+        gaps = decode_ints(mv[pos + sizes[0] + sizes[1] : pos + sizes[0] + sizes[1] + sizes[2]], count=want.size,
+                           entropy="none")
+        esc = np.cumsum(gaps.astype(np.int64))
+        rest = _unpack_fixed(np.frombuffer(mv, np.uint8, sizes[1], pos + sizes[0]), 1 + mbits, n)
+        raw_exp = np.frombuffer(mv, np.uint8, sizes[3], pos + sizes[0] + sizes[1] + sizes[2])
         if raw_exp.size != esc.size or not np.array_equal(esc, want):
             raise CorruptStreamError("lossless stream escape list disagrees with its codes")
         table = np.frombuffer(bytes(top), np.uint8).astype(np.uint32)

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import cuda
 from ..config import DEFAULTS
-from ..errors import InvalidArgumentError
+from ..errors import CorruptStreamError, InvalidArgumentError
 from . import entropy as E
 from . import layout as L
 from . import gpu, reference, stream
@@ -89,16 +89,30 @@ def _encode_cpu(arr, cfg: EncoderConfig) -> bytes:
     return stream.pack(len(raw), kind, DEFAULTS.entropy_chunk, frames)
 
 
-def decode_ints(buf, *, device: str | None = None):
+def decode_ints(buf, *, device: str | None = None, count: int | None = None, max_count: int | None = None,
+                entropy: str | None = None):
     """Decode an ints stream into a 1-D int32 array.
 
     device None or "cpu": a NumPy array, decoded on the CPU.  "cuda": a cupy array,
     decoded on the GPU.  "auto": the GPU when one is usable.
+
+    ``count`` (exactly that many values) or ``max_count`` (at most that many): what the reader's shape
+    allows; the stream's raw size and its block header's value count are held to it before anything is
+    decompressed or allocated (``CorruptStreamError``).  ``entropy``: the one entropy stage the reader's
+    format allows (e.g. "none"), or None for any.
     """
     where = cuda.resolve(device or "cpu")
-    parsed = stream.parse(buf)
+    parsed = stream.parse(buf, count if count is not None else max_count)
+    if entropy is not None and parsed.entropy != E.check_kind(entropy):
+        raise CorruptStreamError(f"ints stream uses entropy {E.NAMES[parsed.entropy]!r} where only {entropy!r} is allowed")
+    if count is not None or max_count is not None:
+        declared = stream.declared_count(parsed)
+        if declared is not None:
+            L.check_declared(declared, count, max_count, "ints stream")
     if where == "cuda":
-        return gpu.decode_ints(parsed)
+        out = gpu.decode_ints(parsed)
+        L.check_declared(int(out.size), count, max_count, "ints stream")  # ANS: its header is read on the device
+        return out
     if parsed.entropy == E.KINDS["none"]:
         raw = parsed.frames[0]
     else:

@@ -107,6 +107,21 @@ def max_stream_size(policy: int, n: int) -> int:
     return payload_offset(policy, n) + max_payload(policy, n)  # meta at its largest (t = 8)
 
 
+def max_raw_size(n: int) -> int:
+    """The largest block stream of at most ``n`` values under either policy: what a reader that expects no
+    more than ``n`` values may accept as an ints stream's raw size, before it decompresses anything."""
+    return max(max_stream_size(p, n) for p in POLICIES.values())
+
+
+def check_declared(n: int, count: int | None = None, max_count: int | None = None, what: str = "block stream") -> None:
+    """A stream's declared number of values against what its reader expects: exactly ``count``, or at most
+    ``max_count`` (the reader's shape bounds every allocation that follows)."""
+    if count is not None and n != count:
+        raise CorruptStreamError(f"{what} declares {n} values where {count} are expected")
+    if max_count is not None and n > max_count:
+        raise CorruptStreamError(f"{what} declares {n} values, more than the {max_count} it may hold")
+
+
 def check_policy(policy: str) -> int:
     if policy not in POLICIES:
         raise UnsupportedFormatError(f"policy={policy!r}: expected one of {sorted(POLICIES)}")

@@ -198,7 +198,7 @@ def escaped_values(stream, count: int, t: np.ndarray, tables: CdfTables) -> np.n
     stream of them) -> the escaped values (int64), each checked."""
     if count == 0:
         return np.zeros(0, np.int64)
-    excess = stream if isinstance(stream, np.ndarray) else decode_ints(bytes(stream)).astype(np.int64)
+    excess = stream if isinstance(stream, np.ndarray) else decode_ints(bytes(stream), count=count).astype(np.int64)
     if excess.size != count:
         raise CorruptStreamError(f"conditional rANS escape stream holds {excess.size} values, expected {count}")
     lo = tables.offsets[t].astype(np.int64)

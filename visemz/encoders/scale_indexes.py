@@ -175,7 +175,7 @@ def read_scale_exceptions(buf, total: int, table_size: int) -> tuple[np.ndarray,
     the other): each array's positions are then handed to ``apply_scale_exceptions``."""
     if len(memoryview(buf).cast("B")) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    data = decode_ints(buf).astype(np.int64)
+    data = decode_ints(buf, max_count=2 * total).astype(np.int64)  # a position and an index per listed symbol
     k = data.size // 2
     if data.size % 2 or k == 0:
         raise CorruptStreamError(f"scale exception section holds {data.size} values, not 2 per listed position")

@@ -6,6 +6,11 @@ through ``safetensors`` only: nothing is ever unpickled.  The model id recorded 
 every compressed file is the xxh64 of the weights file, so a file written with other
 weights is refused instead of decoded into garbage.
 
+Weights are kept loadable by id after an update: a file names the weights it was written with
+(``model_id``), and ``load`` takes that id.  The installed weights answer for their own id; older
+ones are in the archive (``weights/archive/<id>.safetensors``, the file whose xxh64 is its name), so
+a weights update never makes a file already written unreadable.
+
 The same file holds the integer CDF tables the codec's rANS coder uses (``tables/...``,
 ``entropy_tables.py``), computed from the model when it is saved and attached to the
 loaded model as ``model.visemz_tables``: a decoder never recomputes them.
@@ -40,6 +45,14 @@ def weights_dir() -> Path:
 
 def weights_path(spec: ModelSpec) -> Path:
     return weights_dir() / f"{spec.name}.safetensors"
+
+
+ARCHIVE = "archive"  # a sub-folder of the weights folder: older weights, each named by its id
+
+
+def archive_path(model_id: str) -> Path:
+    """Where archived weights of id ``model_id`` (16 hex digits, checked by the caller) are."""
+    return weights_dir() / ARCHIVE / f"{model_id}.safetensors"
 
 
 STORAGES = ("int8", "float32")
@@ -120,27 +133,35 @@ def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
 _LOAD_LOCK = threading.Lock()
 
 
-def load(spec: ModelSpec, device: str = "cpu") -> tuple[torch.nn.Module, str]:
-    """The model for ``spec`` with its shipped weights, in eval mode, and its model id (cached).
+def load(spec: ModelSpec, device: str = "cpu", model_id: str | None = None) -> tuple[torch.nn.Module, str]:
+    """The model for ``spec`` in eval mode and its model id (cached): with the installed weights, or with
+    the weights of ``model_id`` (a file's), the installed ones when that is their id, else the archived
+    ones of that id (``UnsupportedFormatError`` when there are none).
 
     Thread-safe: several pipeline streams asking at once get one model, fully on the device.  Built
     outside inference mode whatever the caller's, so the cached model's tensors are ordinary ones that
     autograd may use later (encoder-side refinement differentiates through the model, ``refine.py``)."""
-    key = (spec, device)
+    installed = _cached((spec, device, None), lambda: _load(spec, device, weights_path(spec)))
+    if model_id is None or model_id == installed[1]:
+        return installed
+    return _cached((spec, device, model_id), lambda: _load_archived(spec, device, model_id, installed[1]))
+
+
+def _cached(key: tuple, make) -> tuple[torch.nn.Module, str]:
     hit = _LOADED.get(key)
     if hit is not None:  # the common case, without the lock and the inference-mode switch (host time)
         return hit
     with _LOAD_LOCK, torch.inference_mode(False):
         hit = _LOADED.get(key)
         if hit is None:
-            hit = _load(spec, device)
+            hit = make()
             while len(_LOADED) >= _LOADED_MAX:
                 del _LOADED[next(iter(_LOADED))]  # the oldest load
             _LOADED[key] = hit
         return hit
 
 
-_LOADED: dict[tuple, tuple[torch.nn.Module, str]] = {}  # (spec, device) -> model and id, read without the lock
+_LOADED: dict[tuple, tuple[torch.nn.Module, str]] = {}  # (spec, device, id or None) -> model and id, read without the lock
 _LOADED_MAX = 32
 
 
@@ -149,15 +170,27 @@ def _cache_clear() -> None:
         _LOADED.clear()
 
 
-def _load(spec: ModelSpec, device: str) -> tuple[torch.nn.Module, str]:
-    path = weights_path(spec)
+def _load_archived(spec: ModelSpec, device: str, model_id: str, installed: str) -> tuple[torch.nn.Module, str]:
+    path = archive_path(model_id)
+    if not path.is_file():
+        raise UnsupportedFormatError(f"file was written with weights {model_id} of {spec.name}; this install has "
+                                     f"{installed} and no archived weights of that id")
+    model, got = _load(spec, device, path)
+    if got != model_id:
+        raise UnsupportedFormatError(f"archived weights {path.name} have the id {got}, not the {model_id} of their name")
+    return model, got
+
+
+def _load(spec: ModelSpec, device: str, path: Path) -> tuple[torch.nn.Module, str]:
     if not path.is_file():
         raise UnsupportedFormatError(f"no weights for model {spec.name!r} at {path}")
     tensors, meta = read_tensors(path)
     stored = json.loads(meta.get("spec", "{}"))
-    if (stored.get("N"), stored.get("M"), stored.get("variable_rate")) != (spec.N, spec.M, "gain-units"):
-        raise UnsupportedFormatError(f"weights {path.name} are N={stored.get('N')}, M={stored.get('M')}, "
-                                     f"variable rate {stored.get('variable_rate')!r}; expected {spec.N}/{spec.M} with gain units")
+    if (stored.get("arch"), stored.get("variant"), stored.get("N"), stored.get("M"), stored.get("variable_rate")) != \
+            (spec.arch, spec.variant, spec.N, spec.M, "gain-units"):
+        raise UnsupportedFormatError(f"weights {path.name} are {stored.get('arch')}-{stored.get('variant')} N={stored.get('N')}, "
+                                     f"M={stored.get('M')}, variable rate {stored.get('variable_rate')!r}; expected "
+                                     f"{spec.name} {spec.N}/{spec.M} with gain units")
     if stored.get("slices", []) != list(spec.slices):
         raise UnsupportedFormatError(f"weights {path.name} code their latent in slices {stored.get('slices')}; "
                                      f"{spec.name} expects {list(spec.slices) or 'none'}")
