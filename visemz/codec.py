@@ -321,7 +321,7 @@ class ImageCodec:
             rans = bool(latents.rans_sections(h))
         for i in range(grid.count):  # every section's declared size, before any is decoded or any network runs
             y0, y1, x0, x1 = tiling.pixel_box(grid, i, meta)
-            image_header.check_sections(*tile_of(i), _tile_shapes(net, meta, grid, i),
+            image_header.check_sections(*tile_of(i), latents.section_shapes(net, _tile_shapes(net, meta, grid, i)),
                                         (y1 - y0) * (x1 - x0) * meta.channels, f"tile {i}")
         net64 = _model64(spec, self.device, h["model_id"]) if rans or h["residual"] is not None else None
         return _File(self.device, h, meta, grid, net, net64, tile_of, _learned_prior(h, spec, self.device))

@@ -221,14 +221,18 @@ def check_sections(sections: dict, coding: dict | None, shapes: dict[str, tuple]
         ints[latents.SCALES] = (None, 2 * math.prod(shapes["y"]))  # positions and indexes of listed scales
     for name, body in sections.items():
         try:
-            _check_section(name, body, coding, shapes, ints)
+            _check_section(name, body, coding, shapes, ints, pixels)
         except CorruptStreamError as e:
             raise CorruptStreamError(f"{what} section {name!r}: {e}") from None
 
 
-def _check_section(name: str, body, coding: dict | None, shapes: dict, ints: dict) -> None:
+def _check_section(name: str, body, coding: dict | None, shapes: dict, ints: dict, pixels: int) -> None:
     if (coding or {}).get(name) == "rans":
         RL.parse(body, math.prod(shapes[name]), None)
+    elif name in residual_coder.PASS_SECTIONS:  # a pixel's q >> k and, for a wide distribution, its low bits
+        n = RL.parse(body, None, None).plan.n
+        if n > 2 * pixels:
+            raise CorruptStreamError(f"its conditional rANS stream claims {n} symbols for {pixels} pixels")
     elif name in ints and len(body):  # an empty section (no scale listed) holds no stream
         count, most = ints[name]
         parsed = stream.parse(body, count if count is not None else most)

@@ -68,6 +68,15 @@ def slice_name(k: int) -> str:
     return f"y{k}"
 
 
+def section_shapes(net, shapes: dict[str, tuple]) -> dict[str, tuple]:
+    """The shapes of a model's symbol sections, from ``architectures.latent_shapes``: those shapes, and for a
+    channel-context model each slice's (``y0`` .. ``y{S-1}``) beside them."""
+    if not channel_context.is_context(net):
+        return dict(shapes)
+    batch, _, h, w = shapes["y"]
+    return {**shapes, **{slice_name(k): (batch, g, h, w) for k, g in enumerate(net.slices)}}
+
+
 def section_names(fmt: int, symbol_names) -> set[str]:
     """The sections an image file of format ``fmt`` must hold for these symbol tensors."""
     names = set(symbol_names)
@@ -215,7 +224,8 @@ def _decode_context(net, net64, sections: dict, shapes: dict[str, tuple], qualit
     z = _decode_section(sections, "z", shapes["z"], coding["z"], lambda: _channels(shapes["z"], device),
                         tables.factorized, device)
     batch, _, h, w = shapes["y"]
-    slice_shapes = [(batch, g, h, w) for g in net.slices]
+    named = section_shapes(net, shapes)
+    slice_shapes = [named[slice_name(k)] for k in range(len(net.slices))]
     listed = read_scale_exceptions(sections[SCALES], sum(math.prod(s) for s in slice_shapes), tables.scale_table.size)
     params = architectures.hyper_output(net64, z.to(torch.float64), quality)
     if tuple(params.shape) != (batch, 2 * shapes["y"][1], h, w):

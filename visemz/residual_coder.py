@@ -316,7 +316,7 @@ def _unpack_fixes(buf, grid: int, device) -> list[tuple]:
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     if len(buf) == 0:
         return [(empty, empty, empty, empty)] * len(PASSES)
-    v = torch.from_numpy(decode_ints(bytes(buf), max_count=fixes_limit(grid)).astype(np.int64))
+    v = torch.from_numpy(decode_ints(bytes(buf), max_count=fixes_limit(len(PASSES) * grid)).astype(np.int64))
     counts = v[:len(PASSES)]
     total = int(counts.sum()) if v.numel() >= len(PASSES) else -1
     if v.numel() < len(PASSES) or bool((counts < 0).any()) or v.numel() != len(PASSES) + 4 * total:
