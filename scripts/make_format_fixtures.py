@@ -33,13 +33,14 @@ import torch
 import zstandard
 
 import visemz
-from visemz import container, latents, pages, residual, tile_index, zarr_codecs
+from visemz import container, latents, pages, residual, residual_coder, tile_index, zarr_codecs
 from visemz import codec as image_codec
 from visemz.collectives import codecs as float_codecs
 from visemz.config import DEFAULTS
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints, rans, reference
 from visemz.encoders import layout as L
+from visemz.encoders import rans_layout as RL
 from visemz.encoders import stream
 from visemz.io.writers import write_atomic
 from visemz.models import all_specs, parse
@@ -150,8 +151,15 @@ def _tile_sections(buf: bytes, c: container.Container, prefix: str) -> dict:
         for name in t["parts"]:
             body = index.part(i, name)
             out[f"{prefix}tile{i}_section_{name}"] = held[name].numpy().reshape(-1) if coding.get(name) == "rans" \
+                else _pass_symbols(body) if name in residual_coder.PASS_SECTIONS \
                 else decode_ints(body) if len(body) else np.zeros(0, np.int32)
     return out
+
+
+def _pass_symbols(body) -> np.ndarray:
+    """A learned residual's pass section as the symbol count its conditional rANS stream declares (its symbols
+    need the residual prior's float64 distributions, which the pixel decode checks)."""
+    return np.array([RL.parse(bytes(body), None, None).plan.n] if len(body) else [], np.int64)
 
 
 def _by_section(symbols: dict, model: str) -> dict:
@@ -173,6 +181,10 @@ IMAGES = (  # (model, dtype, shape, max_error): no residual, each residual mode,
     ("mbt2018-mean", "uint16", (24, 18), 3),
     ("balle2016", "float32", (16, 20), 0),
     ("mbt2018-mean", "float32", (16, 20, 2), 0.01),
+    # the learned residual (format 6): gray lossless, near-lossless, and a sparse 16-bit tile through a palette
+    ("mbt2018-mean", "uint8", (40, 52), 0),
+    ("mbt2018-mean", "uint8", (40, 52), 2),
+    ("mbt2018-mean", "uint16", (32, 40), 0),
 )
 
 
@@ -208,8 +220,9 @@ def images(w: Writer) -> None:
 
 
 def context_images(w: Writer) -> None:
-    """Format 7, written when the channel-context model's weights are installed (any weights: the test reads
-    the container and the integer sections only)."""
+    """Format 7, written when the channel-context model's weights are installed.  While none ship, they are
+    written with the seeded weights tests/conftest.py gives such a model (``VISEMZ_WEIGHTS_DIR`` at a folder
+    holding those beside links to the shipped files), which the pixel test decodes them with."""
     if not all(W.weights_path(s).is_file() for s in all_specs() if s.context):
         print("no weights of the channel-context models installed: no format 7 fixture written")
         return

@@ -109,7 +109,7 @@ def compress(
     no_resume: bool = typer.Option(False, "--no-resume", help="make again the outputs that are current"),
     tile: int = typer.Option(0, min=0, help="core tile size in pixels, a multiple of 64 (0: VISEMZ_TILE); "
                                             "larger images are compressed tile by tile"),
-    refine: Optional[int] = typer.Option(None, "--refine", min=0, max=MAX_REFINE,
+    refine: Optional[int] = typer.Option(None, "--refine",  # range checked by check_compress, naming the value
                                          help=f"encoder-side latent refinement steps, 0-{MAX_REFINE} (default: "
                                               "VISEMZ_REFINE, else 0): slower encoding, smaller files at "
                                               "the same quality, the same decoder"),
