@@ -18,17 +18,17 @@ and CUDA time per operator and kernel, with a Chrome trace (gzip) for a closer l
 from __future__ import annotations
 
 import argparse
-from collections import Counter
-import cProfile
 import contextlib
+import cProfile
 import gzip
 import io
 import json
-from pathlib import Path
 import pstats
 import tempfile
 import threading
 import time
+from collections import Counter
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile

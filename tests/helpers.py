@@ -16,10 +16,10 @@ import torch
 
 from visemz import codec as codec_module
 from visemz import container, tiling
-from visemz.models import graphs
 from visemz.codec import ImageCodec
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints
+from visemz.models import graphs
 
 EDGE_SIZES = (0, 1, 31, 32, 33, 63, 64, 65, 127, 129, 16383, 16384, 16385, 32769)
 DISTRIBUTIONS = ("zeros", "latent", "heavy", "extremes", "uniform", "dense")
@@ -208,8 +208,8 @@ def tiled_synthesis(codec: ImageCodec, buf: bytes, park) -> tuple[list, list[int
     graphs.DEFAULTS = dataclasses.replace(saved, graphs=0)
     try:
         with codec_module.network_math():
-            parts = [(i, as_numpy(x)) for i, x in tiling.synthesise(net, f.grid, list(range(f.grid.count)), latent_of, 1,
-                                                                    park)]
+            parts = [(i, as_numpy(x)) for i, x in tiling.synthesise(net, f.grid, list(range(f.grid.count)), latent_of,
+                                                                    1, park)]
     finally:
         graphs.DEFAULTS = saved
     return parts, g_s.counts

@@ -108,8 +108,8 @@ def test_weights_ship_the_tables_the_model_gives():
 def test_weights_without_tables_still_decode_format_2_and_refuse_format_3(tmp_path, monkeypatch, cpu):
     spec = parse("balle2016-gray")
     tensors, meta = W.read_tensors(W.weights_path(spec))
-    save_file({k: v for k, v in tensors.items() if not k.startswith("tables/")}, str(tmp_path / f"{spec.name}.safetensors"),
-              metadata=meta)
+    save_file({k: v for k, v in tensors.items() if not k.startswith("tables/")},
+              str(tmp_path / f"{spec.name}.safetensors"), metadata=meta)
     monkeypatch.setenv("VISEMZ_WEIGHTS_DIR", str(tmp_path))
     W.load.cache_clear()
     codec._model64.cache_clear()
@@ -166,7 +166,7 @@ def test_hostile_scale_exceptions_are_rejected(cpu):
         "index beyond the table": [0, 64],
         "position far from a boundary": [0, 3],  # (the test image's scales are not within 1e-8 of one)
     }
-    for label, values in hostile.items():
+    for values in hostile.values():
         section = encode_ints(np.array(values, np.int32), policy="global", entropy="none")
         with pytest.raises(CorruptStreamError):
             cpu.decompress(_repack(buf, y_scales=section))
@@ -186,13 +186,15 @@ def test_hostile_coding_fields_are_rejected(cpu, model):
     buf = cpu.compress(_image("uint8", (64, 64, 3)), model=model, quality=5, image_format=3)
     coding = container.unpack(buf).meta["coding"]
     assert set(coding.values()) == {"rans"}
-    for bad in (None, "rans", {"y": "lzma"}, dict(coding, w="rans"), {"z": "rans"} if model == "balle2016" else {"y": "rans"}):
+    for bad in (None, "rans", {"y": "lzma"}, dict(coding, w="rans"),
+                {"z": "rans"} if model == "balle2016" else {"y": "rans"}):
         with pytest.raises(CorruptStreamError, match="coding"):
             cpu.decompress(_rewrite(buf, coding=bad))
     with pytest.raises(VisemzError):  # a rANS stream read as an ints stream
         cpu.decompress(_rewrite(buf, coding={k: "ints" for k in coding}))
     c = container.unpack(buf)
-    without = container.pack(c.kind, {k: v for k, v in c.meta.items() if k != "coding"}, {k: bytes(v) for k, v in c.sections.items()})
+    without = container.pack(c.kind, {k: v for k, v in c.meta.items() if k != "coding"},
+                             {k: bytes(v) for k, v in c.sections.items()})
     with pytest.raises(CorruptStreamError, match="coding"):
         cpu.decompress(without)
 

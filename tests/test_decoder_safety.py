@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 import visemz
 from visemz import config, container, pages, tile_index
-from visemz.collectives.codecs import EB_FRONT, LL_HEAD, ErrorBounded, Lossless
+from visemz.collectives.codecs import LL_HEAD, ErrorBounded, Lossless
 from visemz.encoders import decode_ints, encode_ints, entropy, stream
 from visemz.encoders import layout as L
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
@@ -40,7 +40,8 @@ def repack(buf: bytes, edit=lambda s: s, sections: dict | None = None) -> bytes:
     head = edit(json.dumps({"kind": c.kind, "sections": list(secs), "meta": c.meta}, separators=(",", ":"))).encode()
     lengths = write_varints([len(head), *map(len, secs.values())])
     prefix = container.MAGIC + struct.pack("<HBB", 2, len(secs), 0)
-    return prefix + struct.pack("<Q", xxh64(prefix, lengths, head, *secs.values())) + lengths + head + b"".join(secs.values())
+    checksum = struct.pack("<Q", xxh64(prefix, lengths, head, *secs.values()))
+    return prefix + checksum + lengths + head + b"".join(secs.values())
 
 
 def sub(key: str, value: str):
@@ -361,7 +362,8 @@ def test_big_endian_arrays_are_taken(model_weights, gray):
     for dtype, e in ((">u2", 0), (">f4", 0), (">f4", 0.5)):
         x = gray.astype(dtype)
         out = visemz.decompress(visemz.compress(x, max_error=e, device="cpu"), device="cpu")
-        assert out.dtype == x.dtype.newbyteorder("=") and np.abs(out.astype(np.float64) - x.astype(np.float64)).max() <= e
+        assert out.dtype == x.dtype.newbyteorder("=") and \
+            np.abs(out.astype(np.float64) - x.astype(np.float64)).max() <= e
     x = _field(300).astype(">f4")
     assert np.array_equal(Lossless().decode(Lossless().encode(x)), x.astype("<f4"))
     assert np.abs(ErrorBounded(1e-3).decode(ErrorBounded(1e-3).encode(x)) - x).max() <= 1.001e-3

@@ -10,9 +10,15 @@ from visemz.config import DEFAULTS
 from visemz.encoders import rans_gpu
 from visemz.encoders import rans_layout as RL
 from visemz.encoders.cdf_tables import COST_UNIT
-from visemz.framing import read_varints, write_varints
 from visemz.encoders.rans import decode_conditional, encode_conditional, prepare
-from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
+from visemz.errors import (
+    CorruptStreamError,
+    InvalidArgumentError,
+    LimitExceededError,
+    UnsupportedFormatError,
+    VisemzError,
+)
+from visemz.framing import read_varints, write_varints
 
 from .helpers import damaged_copies
 from .rans_cases import GOLDEN, KINDS, PLANS, SIZES, gaussian_tables, ideal_bits, make_case
@@ -335,7 +341,8 @@ def test_escape_varints_are_checked(tables, small):
                 RL.escape_varints(excess) [:-1] + b"\x80",  # the last one unterminated
                 RL.escape_varints(excess[:-1]) + write_varints([1 << 33])):  # beyond int32
         must_fail(with_body(buf, head + bad), idx, tables, CorruptStreamError)
-    np.testing.assert_array_equal(decode_conditional(with_body(buf, head + RL.escape_varints(excess)), idx, tables), sym)
+    np.testing.assert_array_equal(decode_conditional(with_body(buf, head + RL.escape_varints(excess)), idx, tables),
+                                  sym)
 
 
 def test_group_sizes_that_do_not_add_up_are_refused(tables):

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from skimage import data
 
-import visemz
 from visemz import codec, container, tiling
 
 from .helpers import cross_device_tolerance, tiled_synthesis

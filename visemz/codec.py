@@ -42,7 +42,6 @@ from .pixels import (
 )
 from .refine import RefineSettings, settings_for
 
-
 # the lossy qualities quality="auto" tries with max_error: measured on gray crops, the smallest totals came at 2
 # (8-bit EM slices, near-lossless X-rays) or 4 (16-bit images), within 1-4% of each other
 AUTO_QUALITIES = (2.0, 4.0)
@@ -141,7 +140,8 @@ class ImageCodec:
             raise InvalidArgumentError(f"image_format={image_format!r}: this build writes {list(FORMATS_READ)}")
         if quality == "auto":
             if max_error is None:
-                raise InvalidArgumentError('quality="auto" chooses between lossy qualities for max_error: give max_error')
+                raise InvalidArgumentError('quality="auto" chooses between lossy qualities for max_error: give '
+                                           'max_error')
             kw = dict(model=model, max_error=max_error, image_format=image_format, tile=tile, refine=refine)
             return min((self.compress(image, quality=q, **kw) for q in AUTO_QUALITIES), key=len)
         q = registry.check_quality(quality)
@@ -316,7 +316,8 @@ class ImageCodec:
         else:
             grid = tiling.grid_for(meta, None)
             if {k: list(v) for k, v in want.items()} != h["symbols"]:
-                raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and {spec.name}")
+                raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and "
+                                         f"{spec.name}")
             tile_of = lambda i: (c.sections, h.get("coding"))  # noqa: E731
             rans = bool(latents.rans_sections(h))
         for i in range(grid.count):  # every section's declared size, before any is decoded or any network runs
@@ -333,7 +334,8 @@ def _format_for(spec: registry.ModelSpec, image_format: int | None, refining) ->
     own = CONTEXT if spec.context else FORMAT
     if image_format is not None and (image_format == CONTEXT) != spec.context:
         raise InvalidArgumentError(f"image_format={image_format}: model {spec.arch} writes format {own}"
-                                   + ("" if spec.context else f" (or {[f for f in FORMATS_READ if f != CONTEXT]} on request)"))
+                                   + ("" if spec.context
+                                      else f" (or {[f for f in FORMATS_READ if f != CONTEXT]} on request)"))
     if spec.context and refining is not None:
         raise InvalidArgumentError(f"refine: model {spec.arch} has no encoder-side refinement; use refine=0")
     return own if image_format is None else image_format

@@ -145,7 +145,8 @@ def zero_share(t: torch.Tensor) -> float:
 
 def _encode_rans(net, net64, symbols: dict[str, torch.Tensor], quality: float) -> dict[str, bytes]:
     coded, scales = rans_inputs(net, net64, symbols, quality)
-    out = {k: encode_conditional(sym, idx, tables, lane_symbols=lanes) for k, (sym, idx, tables, lanes) in coded.items()}
+    out = {k: encode_conditional(sym, idx, tables, lane_symbols=lanes)
+           for k, (sym, idx, tables, lanes) in coded.items()}
     return out if scales is None else {**out, SCALES: scales}
 
 

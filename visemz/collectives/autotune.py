@@ -43,7 +43,8 @@ HOST_SCALE = 64  # NumPy codecs run at about 1/100 of a GPU's speed: CPU calibra
 @dataclass
 class _GroupState:
     models: dict = field(default_factory=dict)  # (eb, dtype) -> CostModel
-    ratios: dict = field(default_factory=dict)  # (eb, dtype) -> ratio of the last compressed all_reduce's final payloads
+    # (eb, dtype) -> ratio of the last compressed all_reduce's final payloads
+    ratios: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)  # (eb, dtype) -> wall time its calibration took on this rank
 
 

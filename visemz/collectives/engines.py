@@ -17,9 +17,9 @@ import torch
 
 from .. import cuda
 from ..config import DEFAULTS
+from ..errors import LimitExceededError
 from . import gpu
 from . import transport as T
-from ..errors import LimitExceededError
 from .codecs import ErrorBounded, Lossless, _to_float64, predicts_rows
 from .homomorphic import add as host_add
 
@@ -99,7 +99,8 @@ class DeviceEngine:
 
     def __init__(self, codec, device: torch.device, row: int = 0):
         self.codec, self.device, self.kwargs = codec, device, _encode_args(codec, row)
-        self._streams: list[torch.cuda.Stream] = []  # encode_many's side streams, made once (a plan's engine lives long)
+        # encode_many's side streams, made once (a plan's engine lives long)
+        self._streams: list[torch.cuda.Stream] = []
 
     def inband(self, n_out: int, n_in: int, largest: int) -> T.InBand | None:
         """In-band lengths (``transport.InBand``) for a step sending an error-bounded chunk of ``n_out`` values

@@ -195,7 +195,8 @@ def _nvcomp():
     try:
         from nvidia import nvcomp
     except ImportError:
-        raise DeviceUnavailableError("nvCOMP is not installed: pip install 'visemz[gpu]' (nvidia-nvcomp-cu13)") from None
+        raise DeviceUnavailableError("nvCOMP is not installed: pip install 'visemz[gpu]' "
+                                     "(nvidia-nvcomp-cu13)") from None
     _use_cupy_pools(nvcomp, cuda.require_cupy())
     return nvcomp
 
@@ -288,8 +289,9 @@ def _side_stream(device_id: int, caller_ptr: int):
 
 
 def _encode_alone(cp, kind: int, streams: list[list]) -> Callable[[], list[list[bytes]]]:
-    """Each of one or more streams' chunks in an nvCOMP launch of its own (its own length as the launch's largest chunk, so
-    its bytes are those of a launch on the caller's stream) -> a function giving each one's frames (host bytes).
+    """Each of one or more streams' chunks in an nvCOMP launch of its own (its own length as the launch's largest
+    chunk, so its bytes are those of a launch on the caller's stream) -> a function giving each one's frames (host
+    bytes).
 
     The launches run on a side stream of the caller's, which first waits for the caller's work so far (the
     block encoder), and the last one is not waited for here: the caller's stream goes on meanwhile (the

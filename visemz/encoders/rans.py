@@ -94,7 +94,8 @@ def _decode_coded(parsed: RL.Parsed, t: np.ndarray, tables: CdfTables) -> np.nda
     sym = entry - tables.cdf_start[t]
     escaped = sym == tables.n_symbols[t] - 1
     if int(escaped.sum()) != parsed.escapes:
-        raise CorruptStreamError(f"conditional rANS stream decodes {int(escaped.sum())} escapes, its header {parsed.escapes}")
+        raise CorruptStreamError(f"conditional rANS stream decodes {int(escaped.sum())} escapes, its header "
+                                 f"{parsed.escapes}")
     values = tables.offsets[t] + sym
     pos = np.flatnonzero(escaped)
     values[pos] = escaped_values(parsed.escape_stream, parsed.escapes, t[pos], tables)

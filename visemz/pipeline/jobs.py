@@ -314,7 +314,8 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
         cfg.writer == "kvikio" or (cfg.writer == "auto" and kvikio_io.available()))
     if cfg.writer == "kvikio" and not gpu_writer:
         kvikio_io.require()  # names what is missing
-        raise InvalidArgumentError("writer 'kvikio' writes .npy from GPU memory: it needs --format npy and device 'cuda'")
+        raise InvalidArgumentError("writer 'kvikio' writes .npy from GPU memory: it needs --format npy and device "
+                                   "'cuda'")
     settings = {"format": cfg.fmt, "region": list(cfg.region) if cfg.region is not None else None}
     gate, first = _gate(codec.device, cfg.streams, 1), _FirstUse(codec.device)
     decode_one = codec.decompress_tensor if gpu_writer else codec.decompress
@@ -357,8 +358,8 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
         todo = [i for i, r in enumerate(triaged) if r is None]
         feeds = [finished, executor.parallel_feed(todo, read, cpu_threads())]
         results, _ = _run([it.rel for it in items], feeds, compute, write, codec.device, cfg.streams, progress)
-        summary = Summary(destination.finished(results, items, dest, owned, reasons), time.perf_counter() - t0, vsz_in=True,
-                          notes=dest.notes)
+        summary = Summary(destination.finished(results, items, dest, owned, reasons), time.perf_counter() - t0,
+                          vsz_in=True, notes=dest.notes)
         dest.finish(summary, [summary], items, {"job": "decompress", "source": files.shown(src),
                                                 "config": asdict(cfg), "settings": settings, "device": codec.device})
         return summary
