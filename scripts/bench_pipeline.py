@@ -48,9 +48,8 @@ from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evalkit  # noqa: E402
-from visemz import measure  # noqa: E402
+from visemz import defaults, measure  # noqa: E402
 from visemz import pixels as px  # noqa: E402
-from visemz.config import DEFAULTS  # noqa: E402
 from visemz.encoders import gpu  # noqa: E402
 from visemz.errors import InvalidArgumentError  # noqa: E402
 from visemz.io import files, loaders, writers  # noqa: E402
@@ -326,7 +325,7 @@ def single_gpu(args, work: Path) -> dict:
     folder = build_folder(args.data, work, args.repeat_to, with_npy=plan.kvikio and not args.no_kvikio)
     out = work / "out"
     report = {"device": device_name(device), "torch": torch.__version__, "cpus": os.cpu_count(),
-              "entropy_batch": DEFAULTS.entropy_batch,
+              "entropy_batch": defaults.get("entropy_batch"),
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "folder": {"distinct": len(folder.images), "files": folder.files}, "runs": []}
     if plan.kvikio:

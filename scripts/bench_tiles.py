@@ -56,9 +56,8 @@ from scipy.interpolate import PchipInterpolator
 
 import visemz
 from evalkit import Device, converted_folder, gray16, mosaic, sources
-from visemz import container, measure
+from visemz import container, defaults, measure
 from visemz.codec import network_math
-from visemz.config import DEFAULTS
 from visemz.errors import LimitExceededError
 from visemz.evaluation.bjontegaard import BDError, bd_psnr, bd_rate
 from visemz.io import files
@@ -383,7 +382,7 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="mbt2018-mean")
     ap.add_argument("--quality", type=float, default=4.0)
-    ap.add_argument("--tile", type=int, default=DEFAULTS.tile)
+    ap.add_argument("--tile", type=int, default=defaults.get("tile"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--untiled-max", type=int, default=16384, help="largest size the untiled path is tried at")
     ap.add_argument("--kodak-images", type=int, default=24)
@@ -413,13 +412,14 @@ def main(argv=None) -> None:
     if args.pipeline:
         args.sizes, args.skip = [], ["untiled", "kodak", "region", "seams"]
     dev = Device(args.device)
-    print(f"device: {dev.describe()} ({args.device}); tile {args.tile}, tile batch {DEFAULTS.tile_batch}", flush=True)
+    tile_batch = defaults.get("tile_batch")
+    print(f"device: {dev.describe()} ({args.device}); tile {args.tile}, tile batch {tile_batch}", flush=True)
     images = sources(args.data) if args.sizes or "pipeline" not in args.skip else []
     kodak = [gray16(load_image(p)) for p in sorted(args.kodak.glob("*.png"))[: args.kodak_images]]
     if args.pipeline and not kodak:
         raise SystemExit(f"no PNG images under --kodak {args.kodak}: the pipeline part compares with them")
     report = {"device": dev.describe(), "torch": torch.__version__, "tile": args.tile,
-              "tile_batch": DEFAULTS.tile_batch, "model": args.model, "quality": args.quality, "data": str(args.data),
+              "tile_batch": tile_batch, "model": args.model, "quality": args.quality, "data": str(args.data),
               "sizes": []}
     def save() -> None:  # after every part: a run cut off by the end of a GPU job keeps what it measured
         write_atomic(args.out, (json.dumps(report, indent=1) + "\n").encode())

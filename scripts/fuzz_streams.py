@@ -32,8 +32,6 @@ to decode them) go to OUT/reproducers/, the report to OUT/report.json (rewritten
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import json
 import math
 import re
@@ -53,7 +51,7 @@ import numpy as np
 import torch
 
 import visemz
-from visemz import container, pages
+from visemz import container, defaults, pages
 from visemz.collectives.codecs import ErrorBounded, Lossless
 from visemz.encoders import decode_ints, encode_ints, entropy, rans, reference, stream
 from visemz.encoders import layout as L
@@ -152,16 +150,10 @@ def _rans_seeds(add) -> None:
                 lambda b, i=gidx, t=gtables: rans.decode_conditional(b, i, t), how + " (tests/fixtures/rans)")
 
 
-@contextlib.contextmanager
 def _many_lanes():
     """Image seeds' rANS sections written with many lanes (8 code bytes a lane): the stream records its plan, and
     the CPU decoder's sequential steps, most of a small file's decode, fall from thousands to tens."""
-    saved = rans.DEFAULTS
-    rans.DEFAULTS = dataclasses.replace(saved, rans_lane_bytes=8, rans_lane_symbols=64)
-    try:
-        yield
-    finally:
-        rans.DEFAULTS = saved
+    return defaults.set(rans_lane_bytes=8, rans_lane_symbols=64)
 
 
 def _image_seeds(add) -> None:

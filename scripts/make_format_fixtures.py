@@ -22,8 +22,6 @@ file's promise and to that reconstruction.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import io
 import json
 from pathlib import Path
@@ -34,11 +32,10 @@ import zstandard
 
 import visemz
 from visemz import codec as image_codec
-from visemz import container, latents, pages, residual, tile_index, zarr_codecs
+from visemz import container, defaults, latents, pages, residual, tile_index, zarr_codecs
 from visemz.collectives import codecs as float_codecs
-from visemz.config import DEFAULTS
 from visemz.device import as_numpy
-from visemz.encoders import decode_ints, encode_ints, rans, reference, stream
+from visemz.encoders import decode_ints, encode_ints, reference, stream
 from visemz.encoders import layout as L
 from visemz.io.writers import write_atomic
 from visemz.models import all_specs, parse
@@ -85,8 +82,8 @@ class Writer:
         self.added.append(name)
 
     def save(self) -> None:
-        self.manifest["written_with"] = {"zstandard": zstandard.__version__, "zstd_level": DEFAULTS.zstd_level,
-                                         "entropy_chunk": DEFAULTS.entropy_chunk}
+        self.manifest["written_with"] = {"zstandard": zstandard.__version__, "zstd_level": defaults.get("zstd_level"),
+                                         "entropy_chunk": defaults.get("entropy_chunk")}
         self.manifest["fixtures"].sort(key=lambda f: f["name"])
         write_atomic(self.out / MANIFEST, (json.dumps(self.manifest, indent=1) + "\n").encode())
 
@@ -193,15 +190,9 @@ SKIPPED_IMAGES = ("mbt2018-mean",)  # also written with skipped symbols (conditi
 SKIP_FREQ = 65531
 
 
-@contextlib.contextmanager
 def _rans_skip(freq: int):
     """Write conditional rANS sections with this skip threshold, whatever VISEMZ_RANS_SKIP_FREQ says."""
-    saved = rans.DEFAULTS
-    rans.DEFAULTS = dataclasses.replace(saved, rans_skip_freq=freq)
-    try:
-        yield
-    finally:
-        rans.DEFAULTS = saved
+    return defaults.set(rans_skip_freq=freq)
 
 
 def images(w: Writer) -> None:

@@ -276,26 +276,25 @@ def test_fractional_qualities(model, dtype, shape):
 
 
 @pytest.mark.parametrize("tf32", [0, 1])
-def test_network_math_sets_tf32_from_the_setting_and_restores_the_callers(monkeypatch, tf32):
+def test_network_math_sets_tf32_from_the_setting_and_restores_the_callers(tf32):
     """VISEMZ_TF32 decides cuDNN's TF32 switch while any codec call runs (nested calls share it); the
     caller's own switch comes back when the last one leaves, and torch's matmul switch is never touched."""
-    import dataclasses
+    from visemz import codec, defaults
 
-    from visemz import codec, config
-    monkeypatch.setattr(codec, "DEFAULTS", dataclasses.replace(config.DEFAULTS, tf32=tf32))
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    try:
-        for matmul in (False, True):
-            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = not tf32, matmul
-            with codec.network_math():
-                assert torch.backends.cudnn.allow_tf32 == bool(tf32)
+    with defaults.set(tf32=tf32):
+        try:
+            for matmul in (False, True):
+                torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = not tf32, matmul
                 with codec.network_math():
                     assert torch.backends.cudnn.allow_tf32 == bool(tf32)
-                assert torch.backends.cudnn.allow_tf32 == bool(tf32) and torch.is_inference_mode_enabled()
-                assert torch.backends.cuda.matmul.allow_tf32 == matmul
-            assert torch.backends.cudnn.allow_tf32 == (not tf32) and torch.backends.cuda.matmul.allow_tf32 == matmul
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+                    with codec.network_math():
+                        assert torch.backends.cudnn.allow_tf32 == bool(tf32)
+                    assert torch.backends.cudnn.allow_tf32 == bool(tf32) and torch.is_inference_mode_enabled()
+                    assert torch.backends.cuda.matmul.allow_tf32 == matmul
+                assert torch.backends.cudnn.allow_tf32 == (not tf32) and torch.backends.cuda.matmul.allow_tf32 == matmul
+        finally:
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def test_tf32_environment_setting(monkeypatch):

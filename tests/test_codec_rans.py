@@ -294,7 +294,7 @@ def test_float64_copy_is_made_from_the_loaded_model_once_per_weights(monkeypatch
 def test_hyper_latent_lanes_take_at_most_the_hyper_cap(cpu, monkeypatch):
     """z's rANS stream is planned with lanes of at most VISEMZ_RANS_HYPER_LANE_SYMBOLS symbols (its decode
     precedes y's); y keeps VISEMZ_RANS_LANE_SYMBOLS.  The setting is validated like the others."""
-    from visemz import config, tile_index
+    from visemz import config, defaults, tile_index
     from visemz.encoders import rans_layout as RL
 
     img = data.astronaut()  # 512 x 512: z holds 128 x 8 x 8 = 8192 symbols
@@ -304,14 +304,14 @@ def test_hyper_latent_lanes_take_at_most_the_hyper_cap(cpu, monkeypatch):
     assert index.coding(0)["z"] == "rans"
     z = RL.parse(index.part(0, "z"), None, None).plan
     y = RL.parse(index.part(0, "y"), None, None).plan
-    assert z.n == 8192 and z.lanes * z.groups >= 8 and z.steps <= config.DEFAULTS.rans_hyper_lane_symbols
+    assert z.n == 8192 and z.lanes * z.groups >= 8 and z.steps <= defaults.get("rans_hyper_lane_symbols")
     assert y.steps > 1024  # y is planned by bytes and VISEMZ_RANS_LANE_SYMBOLS, not the hyper cap
     monkeypatch.setenv("VISEMZ_RANS_HYPER_LANE_SYMBOLS", "256")
-    assert config._from_env().rans_hyper_lane_symbols == 256
+    assert config.from_env().rans_hyper_lane_symbols == 256
     for bad in ("0", str((1 << 20) + 1)):
         monkeypatch.setenv("VISEMZ_RANS_HYPER_LANE_SYMBOLS", bad)
         with pytest.raises(InvalidArgumentError, match="VISEMZ_RANS_HYPER_LANE_SYMBOLS"):
-            config._from_env()
+            config.from_env()
 
 
 def test_loaded_models_are_frozen_for_inference():
@@ -329,19 +329,16 @@ def test_loaded_models_are_frozen_for_inference():
 
 
 @pytest.mark.parametrize("model,quality", [("mbt2018-mean", 1), ("balle2016", 6)])  # balle2016's y is rANS-coded there
-def test_skipping_near_certain_zeros_keeps_the_symbols(cpu, model, quality, monkeypatch):
+def test_skipping_near_certain_zeros_keeps_the_symbols(cpu, model, quality):
     """With VISEMZ_RANS_SKIP_FREQ the image's rANS sections are version-3 streams, the file decodes to the same
     symbols and pixels, and its size moves by under 1%."""
-    from dataclasses import replace
-
-    from visemz import tile_index
-    from visemz.encoders import rans
+    from visemz import defaults, tile_index
     from visemz.encoders import rans_layout as RL
 
     img = data.astronaut()
     plain = cpu.compress(img, model=model, quality=quality)
-    monkeypatch.setattr(rans, "DEFAULTS", replace(rans.DEFAULTS, rans_skip_freq=65531))
-    skipping = cpu.compress(img, model=model, quality=quality)
+    with defaults.set(rans_skip_freq=65531):
+        skipping = cpu.compress(img, model=model, quality=quality)
     c = container.unpack(skipping)
     t = c.meta["tiles"]
     index = tile_index.TileIndex(c.sections, 1, t["parts"], t["symbols"], c.meta["format"])

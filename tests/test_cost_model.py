@@ -2,12 +2,12 @@
 
 import importlib.util
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from visemz import config, defaults
 from visemz.collectives import autotune
 from visemz.collectives.cost import ALGORITHMS, CostModel, Line, exchanges, fit_corrections, messages, wire_factor
 from visemz.errors import InvalidArgumentError
@@ -92,13 +92,15 @@ def test_ties_go_to_plain_and_missing_timings_are_refused():
 
 
 def test_calibration_sizes_setting(monkeypatch):
-    monkeypatch.setattr(autotune, "DEFAULTS", replace(autotune.DEFAULTS, collective_calibration_kib="1024,32768"))
-    assert autotune.calibration_bytes(torch.device("cuda", 0)) == (1024 * 1024, 32 * 1024 * 1024)
-    assert autotune.calibration_bytes(torch.device("cpu")) == (16 * 1024, 512 * 1024)
-    for bad in ("32768,1024", "1024", "a,b"):
-        monkeypatch.setattr(autotune, "DEFAULTS", replace(autotune.DEFAULTS, collective_calibration_kib=bad))
+    with defaults.set(collective_calibration_kib="1024,32768"):
+        assert autotune.calibration_bytes(torch.device("cuda", 0)) == (1024 * 1024, 32 * 1024 * 1024)
+        assert autotune.calibration_bytes(torch.device("cpu")) == (16 * 1024, 512 * 1024)
+    for bad in ("32768,1024", "1024", "a,b"):  # refused when set, so a calibration never meets one
+        with pytest.raises(InvalidArgumentError, match="collective_calibration_kib"):
+            defaults.set(collective_calibration_kib=bad)
+        monkeypatch.setenv("VISEMZ_COLLECTIVE_CALIBRATION_KIB", bad)
         with pytest.raises(InvalidArgumentError, match="VISEMZ_COLLECTIVE_CALIBRATION_KIB"):
-            autotune.calibration_bytes(torch.device("cpu"))
+            config.from_env()
 
 
 def test_script_formulas_and_limits():

@@ -29,10 +29,9 @@ import zstandard
 
 import visemz
 from visemz import codec as image_codec
-from visemz import container, image_header, latents, pages, residual, tile_index, zarr_codecs
+from visemz import container, defaults, image_header, latents, pages, residual, tile_index, zarr_codecs
 from visemz.collectives import ErrorBounded, Lossless
 from visemz.collectives.codecs import EB_VERSION, LL_VERSION
-from visemz.config import DEFAULTS
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints, entropy, gpu, reference, stream
 from visemz.encoders import layout as L
@@ -72,8 +71,9 @@ def writes_today(f: dict) -> bool:
 
 def skip_unless_written_alike() -> None:
     """zstd frames and the frame size depend on VISEMZ_ZSTD_LEVEL and VISEMZ_ENTROPY_CHUNK."""
-    if (DEFAULTS.zstd_level, DEFAULTS.entropy_chunk) != (WRITTEN_WITH["zstd_level"], WRITTEN_WITH["entropy_chunk"]):
-        pytest.skip(f"zstd level {DEFAULTS.zstd_level} / frame size {DEFAULTS.entropy_chunk} set in the environment "
+    level, chunk = defaults.get("zstd_level"), defaults.get("entropy_chunk")
+    if (level, chunk) != (WRITTEN_WITH["zstd_level"], WRITTEN_WITH["entropy_chunk"]):
+        pytest.skip(f"zstd level {level} / frame size {chunk} set in the environment "
                     f"differ from the fixtures' {WRITTEN_WITH['zstd_level']} / {WRITTEN_WITH['entropy_chunk']}")
 
 

@@ -6,7 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from visemz.config import DEFAULTS
+from visemz import defaults
 from visemz.encoders import rans_gpu
 from visemz.encoders import rans_layout as RL
 from visemz.encoders.cdf_tables import COST_UNIT
@@ -390,8 +390,8 @@ def test_gpu_encoders_one_read_covers_the_streams(tables, kind):
     """The GPU encoder reads the groups' sizes and streams in one copy of ``_read_guess`` bytes (a second copy
     when they are longer): the guess, computed from the same integers on the CPU, covers the streams."""
     for lane_bytes, lane_symbols in PLANS:
-        lane_bytes = DEFAULTS.rans_lane_bytes if lane_bytes is None else lane_bytes
-        lane_symbols = DEFAULTS.rans_lane_symbols if lane_symbols is None else lane_symbols
+        lane_bytes = defaults.get("rans_lane_bytes") if lane_bytes is None else lane_bytes
+        lane_symbols = defaults.get("rans_lane_symbols") if lane_symbols is None else lane_symbols
         for n in SIZES[1:] + (300_000,):
             sym, idx = make_case(kind, n, seed=n)
             buf = encode_conditional(sym, idx, tables, lane_bytes=lane_bytes, lane_symbols=lane_symbols)
@@ -458,11 +458,11 @@ def test_skip_threshold_is_checked_by_name(tables, monkeypatch):
         with pytest.raises(InvalidArgumentError, match="skip_freq"):
             encode_conditional(sym, idx, tables, skip_freq=bad)
     monkeypatch.setenv("VISEMZ_RANS_SKIP_FREQ", "65531")
-    assert config._from_env().rans_skip_freq == 65531
+    assert config.from_env().rans_skip_freq == 65531
     for bad in ("-1", "65537"):
         monkeypatch.setenv("VISEMZ_RANS_SKIP_FREQ", bad)
         with pytest.raises(InvalidArgumentError, match="VISEMZ_RANS_SKIP_FREQ"):
-            config._from_env()
+            config.from_env()
 
 
 def reframe3(buf: bytes, *, positions=None, values=None, **counts) -> bytes:

@@ -11,7 +11,7 @@ import torch
 from skimage import data
 
 import visemz
-from visemz import config, measure, refine, tiling
+from visemz import config, defaults, measure, refine, tiling
 from visemz.errors import InvalidArgumentError
 from visemz.models import architectures, registry
 from visemz.models import weights as W
@@ -47,7 +47,7 @@ def test_refine_zero_is_the_analysis(cpu):
     """refine=0 (and the default, VISEMZ_REFINE=0) writes the same bytes as before refinement existed: the
     symbols are round(g * g_a(x) - median) (factorized) and round(hg * h_a(y) - median_z), round(y - mean)
     (hyperprior), computed here from the model's layers directly."""
-    assert config.DEFAULTS.refine == 0
+    assert defaults.get("refine") == 0
     img = _rgb()
     for arch in ARCHS:
         buf = cpu.compress(img, model=arch, quality=3.3, refine=0)
@@ -163,11 +163,11 @@ def test_bad_refine_values_are_refused(cpu, bad):
 
 def test_refine_environment_default(monkeypatch):
     monkeypatch.setenv("VISEMZ_REFINE", "25")
-    assert config._from_env().refine == 25
+    assert config.from_env().refine == 25
     for bad in ("-1", str(config.MAX_REFINE + 1), "ten"):
         monkeypatch.setenv("VISEMZ_REFINE", bad)
         with pytest.raises(InvalidArgumentError, match="VISEMZ_REFINE"):
-            config._from_env()
+            config.from_env()
 
 
 def test_settings_schedules():

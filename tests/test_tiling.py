@@ -15,8 +15,8 @@ import torch
 from skimage import data
 
 import visemz
-from visemz import container, latents, pages, tile_index, tiling
-from visemz.config import DEFAULTS, Defaults
+from visemz import container, defaults, latents, pages, tile_index, tiling
+from visemz.config import Defaults
 from visemz.errors import CorruptStreamError, InvalidArgumentError
 from visemz.framing import read_varints, write_varints
 from visemz.measure import psnr
@@ -333,7 +333,7 @@ CODER_SETTINGS = ("zstd_level", "entropy_chunk", "rans_lane_bytes", "rans_lane_s
 @pytest.mark.parametrize("case", sorted(WRITTEN_BEFORE))
 def test_error_bounded_files_keep_their_bytes(codec, case):
     image, options, ids, digest = WRITTEN_BEFORE[case]
-    changed = [f.name for f in fields(Defaults) if f.name in CODER_SETTINGS and getattr(DEFAULTS, f.name) != f.default]
+    changed = [f.name for f in fields(Defaults) if f.name in CODER_SETTINGS and defaults.get(f.name) != f.default]
     if changed:
         pytest.skip(f"coder settings {changed} are set in the environment")
     here = (".".join(torch.__version__.split(".")[:2]), torch.backends.cpu.get_cpu_capability())

@@ -24,8 +24,8 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
-from . import __version__
-from .config import DEFAULTS, MAX_REFINE
+from . import __version__, defaults
+from .config import MAX_REFINE
 from .errors import InvalidArgumentError, VisemzError
 from .io import files
 from .io.writers import to_json
@@ -129,7 +129,7 @@ def compress(
     from .pipeline import jobs
 
     rank, world = _torchrun_group(resolved)
-    workers = processes or DEFAULTS.processes
+    workers = processes or defaults.get("processes")
     if workers > 1 and world > 1:
         _say(f"visemz: --processes {workers} ignored under torchrun: its {world} ranks are the processes")
     if workers > 1 and world == 1:  # this process starts the ranks (under torchrun, torchrun did)

@@ -32,8 +32,8 @@ import math
 import numpy as np
 import torch
 
+from . import defaults
 from . import device as dev
-from .config import DEFAULTS
 from .encoders import EncoderConfig, start_encode_ints
 from .encoders.rans import decode_conditional, encode_conditional
 from .encoders.scale_indexes import (
@@ -159,7 +159,7 @@ def rans_inputs(net, net64, symbols: dict[str, torch.Tensor], quality: float) ->
         y = symbols["y"]
         return {"y": (_array(y), _channels(y.shape, y.device), tables.factorized, None)}, None
     z = symbols["z"]
-    hyper_lanes = min(DEFAULTS.rans_lane_symbols, DEFAULTS.rans_hyper_lane_symbols)
+    hyper_lanes = min(defaults.get("rans_lane_symbols"), defaults.get("rans_hyper_lane_symbols"))
     coded = {"z": (_array(z), _channels(z.shape, z.device), tables.factorized, hyper_lanes)}
     if channel_context.is_context(net):
         return _context_inputs(net, net64, symbols, quality, coded)

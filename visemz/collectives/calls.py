@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..config import DEFAULTS
+from .. import defaults
 from ..errors import InvalidArgumentError, PeerFailedError, UnsupportedFormatError, VisemzError
 from . import transport as T
 from .codecs import FLOATS, PREDICTORS, ErrorBounded, Lossless, predicts_rows
@@ -102,7 +102,7 @@ def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1
     key = [float(COLLECTIVES.index(what)), float(OPS.index(op)), float(list(FLOATS).index(name)), *_codec_key(codec),
            float(extra), float(len(sizes)), float(sum(sizes)),
            float(hash(sizes) & (2**52 - 1)),  # ints hash alike in every process
-           float(row), float(on_gpu), float(DEFAULTS.collective_inband_kib if on_gpu else 0)]
+           float(row), float(on_gpu), float(defaults.get("collective_inband_kib") if on_gpu else 0)]
     return key, name
 
 

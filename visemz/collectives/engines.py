@@ -15,8 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import cuda
-from ..config import DEFAULTS
+from .. import cuda, defaults
 from ..errors import LimitExceededError
 from . import gpu
 from . import transport as T
@@ -107,7 +106,7 @@ class DeviceEngine:
         and receiving one of ``n_in``, when the ``largest`` chunk of the collective has a worst-case stream
         within ``VISEMZ_COLLECTIVE_INBAND_KIB`` (every rank decides alike for every step: the chunks' sizes
         are the same everywhere): a ring or doubling step then reads nothing on the host."""
-        if not isinstance(self.codec, ErrorBounded) or gpu.room(largest) > DEFAULTS.collective_inband_kib * 1024:
+        if not isinstance(self.codec, ErrorBounded) or gpu.room(largest) > defaults.get("collective_inband_kib") * 1024:
             return None
         room_in = gpu.room(n_in)
         return T.InBand(gpu.room(n_out), room_in, lambda words: gpu.settle_add(words, room_in))

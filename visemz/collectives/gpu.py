@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import cuda
-from ..config import DEFAULTS
+from .. import cuda, defaults
 from ..encoders import entropy as E
 from ..encoders import gpu as G
 from ..encoders import layout as L
@@ -323,7 +322,7 @@ def stream_bytes(s: DeviceStream) -> bytes:
     """The ints stream (entropy none) of a device block stream: what ``encode_ints`` writes on the CPU."""
     with torch_stream():
         raw = s.bytes_view().get().tobytes()
-    return stream.pack(len(raw), E.KINDS["none"], DEFAULTS.entropy_chunk, [raw])
+    return stream.pack(len(raw), E.KINDS["none"], defaults.get("entropy_chunk"), [raw])
 
 
 def _raise_add_errors(err: int) -> None:
@@ -459,7 +458,7 @@ def ll_bytes(wire: bytes, front: int) -> bytes:
     sizes = struct.unpack_from("<4Q", wire, front - TABLE_BYTES)
     at = front + sizes[0] + sizes[1]
     gaps = wire[at : at + sizes[2]]
-    packed = stream.pack(len(gaps), E.KINDS["none"], DEFAULTS.entropy_chunk, [gaps])
+    packed = stream.pack(len(gaps), E.KINDS["none"], defaults.get("entropy_chunk"), [gaps])
     table = struct.pack("<4Q", sizes[0], sizes[1], len(packed), sizes[3])
     return wire[: front - TABLE_BYTES] + table + wire[front:at] + packed + wire[at + sizes[2] :]
 

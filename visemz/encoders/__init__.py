@@ -12,8 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import cuda
-from ..config import DEFAULTS
+from .. import cuda, defaults
 from ..errors import CorruptStreamError, InvalidArgumentError
 from . import entropy as E
 from . import gpu, reference, stream
@@ -87,8 +86,9 @@ def _encode_cpu(arr, cfg: EncoderConfig) -> bytes:
     L.check_count(a.size)
     raw = reference.encode(a.reshape(-1), L.POLICIES[cfg.policy], cfg.bitshuffle)
     kind = E.KINDS[cfg.entropy]
-    frames = [raw] if kind == E.KINDS["none"] else E.compress_cpu(raw, kind, DEFAULTS.entropy_chunk)
-    return stream.pack(len(raw), kind, DEFAULTS.entropy_chunk, frames)
+    chunk = defaults.get("entropy_chunk")  # read once: the frames and the header must agree
+    frames = [raw] if kind == E.KINDS["none"] else E.compress_cpu(raw, kind, chunk)
+    return stream.pack(len(raw), kind, chunk, frames)
 
 
 def decode_ints(buf, *, device: str | None = None, count: int | None = None, max_count: int | None = None,

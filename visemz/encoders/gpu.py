@@ -18,8 +18,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .. import cuda
-from ..config import DEFAULTS
+from .. import cuda, defaults
 from ..errors import CorruptStreamError, DeviceUnavailableError, VisemzError
 from . import entropy as E
 from . import layout as L
@@ -398,7 +397,7 @@ def compress_many(raws: list, kind: int, chunk: int) -> Callable[[], list[list[b
     pieces = [[raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)] for raw in raws]
     # Only zstd is grouped: nvCOMP's ANS frames were measured (H200) to differ from byte 24
     # between two launches of the same stream, so grouping could not be checked to keep its bytes.
-    groupable = DEFAULTS.entropy_batch and kind == E.KINDS["zstd"]
+    groupable = defaults.get("entropy_batch") and kind == E.KINDS["zstd"]
     grouped = [i for i, raw in enumerate(raws) if groupable and raw.size >= chunk]
     future = None
     if grouped:
@@ -460,10 +459,11 @@ def start_encode_ints(items) -> Callable[[], list[bytes]]:
     entropy launch per kind, under way when this returns: the caller's stream may work meanwhile."""
     raws = encode_raws([(a, L.POLICIES[cfg.policy], cfg.bitshuffle) for a, cfg in items])
     kinds = [E.KINDS[cfg.entropy] for _, cfg in items]
+    chunk = defaults.get("entropy_chunk")  # read once: the frames and the headers must agree
     launched = []
     for kind in sorted(set(kinds) - {E.KINDS["none"]}):
         mine = [i for i, k in enumerate(kinds) if k == kind]
-        launched.append((mine, compress_many([raws[i] for i in mine], kind, DEFAULTS.entropy_chunk)))
+        launched.append((mine, compress_many([raws[i] for i in mine], kind, chunk)))
     plain = [i for i, k in enumerate(kinds) if k == E.KINDS["none"]]
     plain_bytes = _to_host(cuda.require_cupy(), [raws[i] for i in plain])
 
@@ -474,7 +474,6 @@ def start_encode_ints(items) -> Callable[[], list[bytes]]:
         for mine, result in launched:
             for i, f in zip(mine, result()):
                 frames[i] = f
-        chunk = DEFAULTS.entropy_chunk
         return [stream.pack(raw.size, kind, chunk, f) for raw, kind, f in zip(raws, kinds, frames)]
 
     return finish

@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..config import LOADERS, cpu_threads
+from ..config import LOADERS
+from ..defaults import cpu_threads
 from ..errors import DeviceUnavailableError, InvalidArgumentError, VisemzError
 from ..io import loaders
 from ..io.files import Item
