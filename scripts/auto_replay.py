@@ -62,8 +62,8 @@ def replay(rows: list[dict], cal: tuple[int, int], api: str, predictor: str = "l
         if ratio is None or any(sec(a, mb) is None for a in ALGORITHMS for mb in cal):
             lines.append(f"{kind} eb={eb:g}: no auto ratio or no rows at {cal} MiB")
             continue
-        m = CostModel.from_timings(world, (cal[0] * MB, cal[1] * MB), {a: (sec(a, cal[0]), sec(a, cal[1])) for a in ALGORITHMS},
-                                   ratio)
+        m = CostModel.from_timings(world, (cal[0] * MB, cal[1] * MB),
+                                   {a: (sec(a, cal[0]), sec(a, cal[1])) for a in ALGORITHMS}, ratio)
         cells = []
         for mb in sizes:
             if any(sec(a, mb) is None for a in ALGORITHMS):

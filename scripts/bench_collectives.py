@@ -1,7 +1,8 @@
 """Benchmark the compressed collectives on GPUs against NCCL's own, in the same run.
 
     # codec throughputs only (one GPU, no torchrun):
-    python scripts/bench_collectives.py --data DATA/eval/xray --label h100 --out codec.json --quick --codecs-only --codec-mb 64
+    python scripts/bench_collectives.py --data DATA/eval/xray --label h100 --out codec.json --quick --codecs-only \
+        --codec-mb 64
     # all_reduce, all_to_all and scatter over NVLink on N GPUs, then over TCP sockets on loopback
     # (a stand-in for an inter-node link):
     torchrun --nproc-per-node N scripts/bench_collectives.py --data DATA/eval/xray --label nvlink \\
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from visemz import measure
 from visemz.collectives import (
     ErrorBounded,
     Lossless,
@@ -54,14 +56,14 @@ from visemz.collectives import (
 )
 from visemz.collectives import gpu as G
 from visemz.collectives.codecs import FLOATS, LL_HEAD
-from visemz import measure
 from visemz.io import files, loaders
 from visemz.io.writers import write_atomic
 
 MB = 1 << 20
 NCCL_VARS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_SOCKET_IFNAME", "NCCL_NVLS_ENABLE", "NCCL_ALGO")
 OPS = ("all_reduce", "all_to_all", "scatter")
-BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_to_all": lambda w: (w - 1) / w, "scatter": lambda w: (w - 1) / w}
+BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_to_all": lambda w: (w - 1) / w,
+              "scatter": lambda w: (w - 1) / w}
 
 
 DEVICE = torch.device("cuda")  # where the tensors live: main() sets this rank's GPU, or the CPU (--device cpu)
@@ -133,7 +135,8 @@ class Report:
             write_atomic(self.path, json.dumps(self.data, indent=1).encode())
 
 
-def row(op: str, algorithm: str, kind: str, size: int, eb, t: float, world: int, p: float, t_nccl=None, **extra) -> dict:
+def row(op: str, algorithm: str, kind: str, size: int, eb, t: float, world: int, p: float, t_nccl=None,
+        **extra) -> dict:
     algbw = size / t / 1e9
     r = {"op": op, "algorithm": algorithm, "data": kind, "bytes": size, "eb": eb, "world": world, "seconds": t,
          "algbw_GBps": algbw, "busbw_GBps": algbw * BUS_FACTOR[op](world), "psnr_db": p}
@@ -166,7 +169,8 @@ def bench_all_reduce(args, pool, dev, report: Report, kind: str, size: int) -> N
             for algorithm in ("ring", "recursive_doubling", "auto"):
                 for api in args.api:
                     chosen = []
-                    run = plan(work, codec=codec, algorithm=algorithm) if api == "plan" else None  # made once, collectively
+                    # made once, collectively
+                    run = plan(work, codec=codec, algorithm=algorithm) if api == "plan" else None
 
                     def call(algorithm=algorithm, codec=codec, chosen=chosen, run=run):
                         if run is None:
@@ -204,15 +208,18 @@ def bench_all_to_all(args, pool, dev, report: Report, kind: str, size: int) -> N
         return torch.cat(outs)
 
     t_nccl = slowest(median_seconds(lambda: dist.all_to_all(outs, ins), args.reps))
-    report.add("rows", row("all_to_all", "nccl", kind, size, None, t_nccl, world, slowest(psnr(got(), want), dist.ReduceOp.MIN)))
+    report.add("rows", row("all_to_all", "nccl", kind, size, None, t_nccl, world,
+                           slowest(psnr(got(), want), dist.ReduceOp.MIN)))
     t = slowest(median_seconds(lambda: all_to_all(outs, ins, codec=None), args.reps))
-    report.add("rows", row("all_to_all", "plain", kind, size, None, t, world, slowest(psnr(got(), want), dist.ReduceOp.MIN), t_nccl))
+    report.add("rows", row("all_to_all", "plain", kind, size, None, t, world,
+                           slowest(psnr(got(), want), dist.ReduceOp.MIN), t_nccl))
     for eb in args.ebs:
         for predictor in args.predictors:
             codec = ErrorBounded(eb, predictor)
             t = slowest(median_seconds(lambda codec=codec: all_to_all(outs, ins, codec=codec), args.reps))
             p = slowest(psnr(got(), want), dist.ReduceOp.MIN)
-            report.add("rows", row("all_to_all", "compressed", kind, size, eb, t, world, p, t_nccl, predictor=predictor))
+            report.add("rows", row("all_to_all", "compressed", kind, size, eb, t, world, p, t_nccl,
+                                   predictor=predictor))
 
 
 def bench_scatter(args, pool, dev, report: Report, kind: str, size: int) -> None:
@@ -222,15 +229,17 @@ def bench_scatter(args, pool, dev, report: Report, kind: str, size: int) -> None
     want = make_data(kind, n, rank, pool, dev)
     out = torch.empty(n, device=dev)
     t_nccl = slowest(median_seconds(lambda: dist.scatter(out, parts, src=0), args.reps))
-    report.add("rows", row("scatter", "nccl", kind, size, None, t_nccl, world, slowest(psnr(out, want), dist.ReduceOp.MIN)))
+    report.add("rows", row("scatter", "nccl", kind, size, None, t_nccl, world,
+                           slowest(psnr(out, want), dist.ReduceOp.MIN)))
     t = slowest(median_seconds(lambda: scatter(out, parts, 0, codec=None), args.reps))
-    report.add("rows", row("scatter", "plain", kind, size, None, t, world, slowest(psnr(out, want), dist.ReduceOp.MIN), t_nccl))
+    report.add("rows", row("scatter", "plain", kind, size, None, t, world, slowest(psnr(out, want), dist.ReduceOp.MIN),
+                           t_nccl))
     for eb in args.ebs:
         for predictor in args.predictors:
             codec = ErrorBounded(eb, predictor)
             t = slowest(median_seconds(lambda codec=codec: scatter(out, parts, 0, codec=codec), args.reps))
-            report.add("rows", row("scatter", "compressed", kind, size, eb, t, world, slowest(psnr(out, want), dist.ReduceOp.MIN),
-                                   t_nccl, predictor=predictor))
+            report.add("rows", row("scatter", "compressed", kind, size, eb, t, world,
+                                   slowest(psnr(out, want), dist.ReduceOp.MIN), t_nccl, predictor=predictor))
 
 
 BENCHES = {"all_reduce": bench_all_reduce, "all_to_all": bench_all_to_all, "scatter": bench_scatter}
@@ -280,8 +289,8 @@ def bench_codecs(args, pool, dev) -> dict:
                 out[key] = {
                     "ratio": ratio, "encode_GBps": a.nbytes / t_enc / 1e9, "decode_GBps": a.nbytes / t_dec / 1e9,
                     "decode_float64_GBps": a.nbytes / t_dec64 / 1e9, "copy_GBps": a.nbytes / t_copy / 1e9,
-                    "homomorphic_add_GBps": a.nbytes / t_add / 1e9, "decompress_add_compress_GBps": a.nbytes / t_doc / 1e9,
-                    "homomorphic_speedup": t_doc / t_add}
+                    "homomorphic_add_GBps": a.nbytes / t_add / 1e9,
+                    "decompress_add_compress_GBps": a.nbytes / t_doc / 1e9, "homomorphic_speedup": t_doc / t_add}
                 print(kind, key, json.dumps(out[key]), flush=True)
     x = torch.randn(n * 2, device=dev, generator=torch.Generator(dev).manual_seed(0)).to(torch.bfloat16)
     buf, _ = Lossless().encode_device(x)
@@ -305,14 +314,16 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, required=True, help="JSON report (written by rank 0)")
     ap.add_argument("--quick", action="store_true", help="1, 16 and 256 MB; eb 1e-2 and 1e-4; 3 repetitions")
     ap.add_argument("--ops", default="all_reduce", help=f"comma-separated, of {','.join(OPS)}")
-    ap.add_argument("--sizes-mb", help="comma-separated sizes in MiB (overrides --quick's and the full default 1..1024)")
+    ap.add_argument("--sizes-mb",
+                    help="comma-separated sizes in MiB (overrides --quick's and the full default 1..1024)")
     ap.add_argument("--ebs", help="comma-separated error bounds (overrides the defaults)")
     ap.add_argument("--kinds", default="image,smooth", help="data kinds: image (needs --data), smooth")
     ap.add_argument("--reps", type=int, help="timed repetitions per row (default 3 with --quick, else 5)")
     ap.add_argument("--codec-mb", type=int, default=256, help="tensor size for the codec throughputs")
     ap.add_argument("--codecs-only", action="store_true", help="measure the codecs on one GPU and stop")
     ap.add_argument("--skip-codecs", action="store_true", help="measure the collectives only")
-    ap.add_argument("--predictors", default="none,lorenzo", help="error-bounded predictors, comma-separated: none,lorenzo")
+    ap.add_argument("--predictors", default="none,lorenzo",
+                    help="error-bounded predictors, comma-separated: none,lorenzo")
     ap.add_argument("--api", default="functional,plan",
                     help="all_reduce through the functional API (agrees per call) and/or a persistent plan")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -322,7 +333,8 @@ def parse_args() -> argparse.Namespace:
     args.kinds = [k for k in args.kinds.split(",") if k]
     args.predictors = [p for p in args.predictors.split(",") if p]
     args.api = [a for a in args.api.split(",") if a]
-    if set(args.predictors) - {"none", "lorenzo"} or set(args.api) - {"functional", "plan"} or not args.predictors or not args.api:
+    if set(args.predictors) - {"none", "lorenzo"} or set(args.api) - {"functional", "plan"} or \
+            not args.predictors or not args.api:
         ap.error("--predictors takes none,lorenzo (flat tensors: no rows for lorenzo2d); --api takes functional,plan")
     if set(args.ops) - set(OPS) or set(args.kinds) - {"image", "smooth"} or not args.ops or not args.kinds:
         ap.error(f"--ops takes {','.join(OPS)}; --kinds takes image,smooth")
@@ -347,7 +359,8 @@ def main() -> None:
         dev = DEVICE = torch.device("cpu")
         args.skip_codecs = True
     if distributed:
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", **({"device_id": dev} if dev.type == "cuda" else {}))
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
+                                **({"device_id": dev} if dev.type == "cuda" else {}))
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
     if any(s % (4 * world) for s in args.sizes):

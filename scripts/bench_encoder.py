@@ -15,12 +15,10 @@ import statistics
 
 import numpy as np
 
-from visemz import measure
-from visemz.config import DEFAULTS
+from visemz import defaults, measure
 from visemz.encoders import entropy as E
-from visemz.encoders import gpu
+from visemz.encoders import gpu, reference
 from visemz.encoders import layout as L
-from visemz.encoders import reference
 from visemz.io.writers import write_atomic
 
 
@@ -90,7 +88,7 @@ def main() -> None:
 
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     print(f"device: {name}")
-    rows = []
+    rows, chunk = [], defaults.get("entropy_chunk")
     for kind in ("latent", "laplace", "dense"):
         for mb in args.sizes_mb:
             n = mb * (1 << 20) // 4
@@ -103,11 +101,11 @@ def main() -> None:
                 raw = gpu.encode_raw(x, pid, True)
                 t_enc = timed(cp, lambda: gpu.encode_block_stream(x, pid, True), args.repeat)
                 t_dec = timed(cp, lambda: gpu.decode_block_stream(raw), args.repeat)
-                frames = gpu.compress_frames(raw, E.KINDS["zstd"], DEFAULTS.entropy_chunk)
+                frames = gpu.compress_frames(raw, E.KINDS["zstd"], chunk)
                 zsize = sum(f.size for f in frames)
-                sizes = [b - a for a, b in E.chunk_bounds(raw.size, DEFAULTS.entropy_chunk)]
+                sizes = [b - a for a, b in E.chunk_bounds(raw.size, chunk)]
                 host_frames = [f.get().tobytes() for f in frames]
-                t_zenc = timed(cp, lambda: gpu.compress_frames(raw, E.KINDS["zstd"], DEFAULTS.entropy_chunk), args.repeat)
+                t_zenc = timed(cp, lambda: gpu.compress_frames(raw, E.KINDS["zstd"], chunk), args.repeat)
                 t_zdec = timed(cp, lambda: gpu.decompress_frames(host_frames, E.KINDS["zstd"], sizes), args.repeat)
                 row = dict(base, codec=f"visemz-{policy}", ratio=x.nbytes / raw.size,
                            enc_GBps=x.nbytes / t_enc / 1e9, dec_GBps=x.nbytes / t_dec / 1e9,
@@ -129,7 +127,7 @@ def main() -> None:
                         row = dict(base, codec=f"nvcomp-{algo}", error=str(e)[:200])
                     rows.append(row)
                     print(json.dumps(row))
-            del x, dst
+            x = dst = None  # free them now (not del: the lambdas above name them)
             cp.get_default_memory_pool().free_all_blocks()
     # CPU reference, one core, i.i.d. Laplacian data
     v = np.round(np.random.default_rng(0).laplace(0, 0.5, 4 << 20)).astype(np.int32)

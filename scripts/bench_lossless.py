@@ -76,7 +76,8 @@ def main(argv=None) -> None:
     a.add_argument("--size", type=int, default=2048)
     a.add_argument("--device", default="cuda")
     a.add_argument("--bounds", default="0,2")
-    a.add_argument("--quality", type=float, default=None, help="visemz's lossy quality (default: the codec's for max_error)")
+    a.add_argument("--quality", type=float, default=None,
+                   help="visemz's lossy quality (default: the codec's for max_error)")
     a.add_argument("--reps", type=int, default=5)
     a.add_argument("--warmup", type=int, default=2)
     a.add_argument("--out", type=Path, required=True)
@@ -95,11 +96,13 @@ def main(argv=None) -> None:
             rows.append(row(f"visemz ({args.device})", img, e, lambda x: codec.compress(x, max_error=e, **kw),
                             codec.decompress, args.reps, args.warmup, sync))
             for name, (enc, dec) in classical(e, threads).items():
-                rows.append(row(f"{name} (cpu, {threads} threads)", img, e, enc, dec, args.reps, args.warmup, lambda: None))
+                rows.append(row(f"{name} (cpu, {threads} threads)", img, e, enc, dec, args.reps, args.warmup,
+                                lambda: None))
             for r in rows[-1 - len(classical(e, threads)):]:
                 r["image"] = path.name
-                print(f"{path.name} {r['dtype']} E={e} {r['codec']:32s} {r['bpp']:.3f} bpp  enc {r['encode_mp_s']:8.1f} MP/s"
-                      f"  dec {r['decode_mp_s']:8.1f} MP/s  max err {r['measured_max_error']}", flush=True)
+                print(f"{path.name} {r['dtype']} E={e} {r['codec']:32s} {r['bpp']:.3f} bpp  enc "
+                      f"{r['encode_mp_s']:8.1f} MP/s  dec {r['decode_mp_s']:8.1f} MP/s  max err "
+                      f"{r['measured_max_error']}", flush=True)
     report = {"device": device_name, "cpu_threads": threads, "size": args.size, "visemz": visemz.__version__,
               "reps": args.reps, "warmup": args.warmup, "rows": rows}
     write_atomic(args.out, (json.dumps(report, indent=1) + "\n").encode())

@@ -30,7 +30,6 @@ import contextlib
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from visemz import measure, pixels

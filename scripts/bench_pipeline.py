@@ -48,18 +48,21 @@ from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evalkit  # noqa: E402
-
-from visemz import measure  # noqa: E402
+from visemz import defaults, measure  # noqa: E402
 from visemz import pixels as px  # noqa: E402
-from visemz.config import DEFAULTS  # noqa: E402
 from visemz.encoders import gpu  # noqa: E402
 from visemz.errors import InvalidArgumentError  # noqa: E402
 from visemz.io import files, loaders, writers  # noqa: E402
 from visemz.models import architectures, registry  # noqa: E402
 from visemz.models import weights as W  # noqa: E402
 from visemz.pipeline import executor, kvikio_io, sources  # noqa: E402
-from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder  # noqa: E402
-from visemz.pipeline.jobs import verify  # noqa: E402
+from visemz.pipeline.jobs import (  # noqa: E402
+    CompressConfig,
+    DecompressConfig,
+    compress_folder,
+    decompress_folder,
+    verify,
+)
 from visemz.pipeline.results import ItemResult, Summary  # noqa: E402
 
 
@@ -68,7 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--data", type=Path, required=True, help="folder of source images (recursive), e.g. DATA/eval")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one, removed)")
     ap.add_argument("--out", type=Path, default=Path("bench_pipeline.json"))
-    ap.add_argument("--repeat-to", type=int, default=None, help="files in the folder at least (default 500, --quick 200)")
+    ap.add_argument("--repeat-to", type=int, default=None,
+                    help="files in the folder at least (default 500, --quick 200)")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per setting (default 3, --quick 1)")
     ap.add_argument("--streams", type=_int_list, default=None, help="multi-stream settings, e.g. 2,4,8 (--quick: 4)")
     ap.add_argument("--model", default="balle2016")
@@ -134,7 +138,8 @@ def build_folder(data: Path, work: Path, repeat_to: int, with_npy: bool) -> Fold
 
 def save_jpeg(path: Path, img: np.ndarray) -> None:
     """8-bit JPEG at quality 95 (what a microscope or camera folder of JPEGs looks like)."""
-    pixels = img if img.dtype == np.uint8 else (img.astype(np.float64) * 255 / max(float(img.max()), 1)).astype(np.uint8)
+    pixels = img if img.dtype == np.uint8 else \
+        (img.astype(np.float64) * 255 / max(float(img.max()), 1)).astype(np.uint8)
     if pixels.ndim == 3:
         pixels = cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR)
     if not cv2.imwrite(str(path), pixels, [cv2.IMWRITE_JPEG_QUALITY, 95]):
@@ -164,7 +169,8 @@ def slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
 
 
-def compress_row(label: str, src: Path, distinct: Path, out: Path, cfg: CompressConfig, repeat: int) -> tuple[dict, Path]:
+def compress_row(label: str, src: Path, distinct: Path, out: Path, cfg: CompressConfig,
+                 repeat: int) -> tuple[dict, Path]:
     """Compress the repeated folder ``src`` (after a warm-up on ``distinct``, kept in out/warm-<label>)."""
     dst = out / slug(label)
     compress_folder(distinct, out / f"warm-{slug(label)}", cfg)  # warm-up: weights, kernels, streams' workspaces
@@ -185,8 +191,8 @@ def launches() -> tuple[int, int]:
 def decompress_row(label: str, compressed: Path, out: Path, cfg: DecompressConfig, repeat: int) -> dict:
     dst = out / slug(label)
     decompress_folder(compressed / "rep000", out / f"warm-{slug(label)}", cfg)
-    seconds, summary = timed(lambda: decompress_folder(compressed, dst, cfg), lambda: shutil.rmtree(dst, ignore_errors=True),
-                             repeat, _device(cfg.device))
+    seconds, summary = timed(lambda: decompress_folder(compressed, dst, cfg),
+                             lambda: shutil.rmtree(dst, ignore_errors=True), repeat, _device(cfg.device))
     return row(label, seconds, summary, "bytes_out", streams=cfg.streams, format=cfg.fmt, writer=cfg.writer)
 
 
@@ -256,7 +262,8 @@ def jpeg_quality_for(images: list, target_psnr: float, device: str) -> tuple[int
 
 
 # ------------------------------------------------------------------ CompressAI's own loop
-def compressai_row(images: list, distinct: Path, out: Path, model: str, quality: float, device: str, repeat: int) -> dict:
+def compressai_row(images: list, distinct: Path, out: Path, model: str, quality: float, device: str,
+                   repeat: int) -> dict:
     nets = {}
     for variant in ("rgb", "gray"):
         net, _ = W.load(registry.spec(model, variant), device)
@@ -318,7 +325,7 @@ def single_gpu(args, work: Path) -> dict:
     folder = build_folder(args.data, work, args.repeat_to, with_npy=plan.kvikio and not args.no_kvikio)
     out = work / "out"
     report = {"device": device_name(device), "torch": torch.__version__, "cpus": os.cpu_count(),
-              "entropy_batch": DEFAULTS.entropy_batch,
+              "entropy_batch": defaults.get("entropy_batch"),
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "folder": {"distinct": len(folder.images), "files": folder.files}, "runs": []}
     if plan.kvikio:
@@ -335,7 +342,8 @@ def single_gpu(args, work: Path) -> dict:
         multi[n] = (r, dst)
     best_n = max(multi, key=lambda n: multi[n][0]["images_per_s"])
     best = multi[best_n][0]
-    dec = {1: decompress_row("b: decompress 1 stream", single_dst, out, DecompressConfig("npy", device, 1), args.repeat)}
+    dec = {1: decompress_row("b: decompress 1 stream", single_dst, out, DecompressConfig("npy", device, 1),
+                             args.repeat)}
     for n, (_, dst) in multi.items():
         dec[n] = decompress_row(f"c: decompress {n} streams", dst, out, DecompressConfig("npy", device, n), args.repeat)
     runs += list(dec.values())
@@ -436,8 +444,8 @@ def multi_gpu(args, work: Path) -> dict | None:
     gpus = min(world, torch.cuda.device_count())
     where = f"{world} GPUs" if gpus == world else f"{world} processes on {gpus} GPU{'s' if gpus > 1 else ''}"
     both = row(f"{where}, {n} streams each", statistics.median(times), summary, ranks=world)
-    return {"device": device_name("cuda"), "gpus": gpus, "processes": world, "torch": torch.__version__, "runs": [one, both],
-            "ratios": {"all_gpus_over_one": round(both["images_per_s"] / one["images_per_s"], 3)}}
+    return {"device": device_name("cuda"), "gpus": gpus, "processes": world, "torch": torch.__version__,
+            "runs": [one, both], "ratios": {"all_gpus_over_one": round(both["images_per_s"] / one["images_per_s"], 3)}}
 
 
 # ------------------------------------------------------------------ main

@@ -1,7 +1,8 @@
 """Tiled compression on large 16-bit images: peak GPU memory, throughput, region reads, seams.
 
     python scripts/bench_tiles.py --data DATA/eval/xray --kodak DATA/eval/kodak --out tiles.json
-    python scripts/bench_tiles.py --data DATA/eval/xray --kodak DATA/eval/kodak --sizes 256 512 --device cpu --kodak-images 1 --qualities 1 8 --out /tmp/t.json
+    python scripts/bench_tiles.py --data DATA/eval/xray --kodak DATA/eval/kodak --sizes 256 512 --device cpu \
+        --kodak-images 1 --qualities 1 8 --out /tmp/t.json
 
 For each size S of ``--sizes``: an S x S uint16 mosaic of the images under ``--data`` (gray; 8-bit
 images scaled by 257; each placement flipped differently so no two neighbours repeat), compressed
@@ -54,15 +55,14 @@ import torch
 from scipy.interpolate import PchipInterpolator
 
 import visemz
-from evalkit import Device, converted_folder, gray16, mib, mosaic, sources
-from visemz import container, measure
+from evalkit import Device, converted_folder, gray16, mosaic, sources
+from visemz import container, defaults, measure
 from visemz.codec import network_math
-from visemz.config import DEFAULTS
 from visemz.errors import LimitExceededError
+from visemz.evaluation.bjontegaard import BDError, bd_psnr, bd_rate
 from visemz.io import files
 from visemz.io.loaders import load_image
 from visemz.io.writers import write_atomic
-from visemz.evaluation.bjontegaard import BDError, bd_psnr, bd_rate
 from visemz.models import architectures
 from visemz.pipeline.jobs import CompressConfig, compress_folder
 
@@ -99,7 +99,7 @@ def decompress_parts(dev: Device, buf: bytes) -> dict | None:
         window = torch.zeros((latent.shape[0], latent.shape[1], y1 - y0, x1 - x0), device=latent.device)
         del latent
         _, synthesis = dev.memory(lambda: f.net.g_s(window))
-        del window
+        window = None  # free it now (not del: the lambda above names it)
         _, whole = dev.memory(lambda: codec.decompress(buf))
     parts = {"entropy_decode_tile": entropy["allocated_peak"] - entropy["before"],
              "g_s_tile_window": synthesis["allocated_peak"] - synthesis["before"],
@@ -120,8 +120,8 @@ def bench_size(dev: Device, img: np.ndarray, args) -> tuple[dict, bytes]:
     buf, out, figures = round_trip(dev, img, lambda: visemz.compress(img, **opts),
                                    lambda b: visemz.decompress(b, device=dev.name), args.repeats)
     tiles = container.unpack(buf).meta["tiles"]
-    row = {"size": img.shape[0], "grid": tiles["grid"], "bytes": len(buf), "bpp": round(measure.bpp(len(buf), img.size), 4),
-           "psnr": round(measure.psnr(img, out), 3), **figures}
+    row = {"size": img.shape[0], "grid": tiles["grid"], "bytes": len(buf),
+           "bpp": round(measure.bpp(len(buf), img.size), 4), "psnr": round(measure.psnr(img, out), 3), **figures}
     parts = decompress_parts(dev, buf)
     if parts is not None:
         row["decompress_parts_mib"] = parts
@@ -288,7 +288,8 @@ def _lane_ratios(runs: list[dict]) -> dict:
     out = {"lanes_over_one_lane": ratios, "lanes_overlap": bool(ratios) and max(ratios.values()) > 1.05}
     if runs[0]["memory_mib"] is not None:
         working = [r["memory_mib"]["allocated_peak"] - r["memory_mib"]["before"] for r in runs]
-        out["working_memory_over_one_lane"] = {str(r["lanes"]): round(w / working[0], 2) for r, w in zip(runs[1:], working[1:])}
+        out["working_memory_over_one_lane"] = {str(r["lanes"]): round(w / working[0], 2)
+                                               for r, w in zip(runs[1:], working[1:])}
     return out
 
 
@@ -315,8 +316,8 @@ def bench_seams(dev: Device, kodak: list[np.ndarray], args) -> dict:
     rows = [_seam_row(q, points, args.seam_tile) for q in args.qualities]
     for row in rows:
         print(json.dumps({"seams": row}), flush=True)
-    out = {"tile": args.seam_tile, "images": len(images), "shapes": sorted({f"{i.shape[0]}x{i.shape[1]}" for i in images}),
-           "rows": rows}
+    out = {"tile": args.seam_tile, "images": len(images),
+           "shapes": sorted({f"{i.shape[0]}x{i.shape[1]}" for i in images}), "rows": rows}
     bd = [_bd(p) for p in points]
     bd = [b for b in bd if b is not None]
     out["bd_psnr_db"] = round(statistics.mean(b for b, _ in bd), 4) if bd else None
@@ -381,7 +382,7 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="mbt2018-mean")
     ap.add_argument("--quality", type=float, default=4.0)
-    ap.add_argument("--tile", type=int, default=DEFAULTS.tile)
+    ap.add_argument("--tile", type=int, default=defaults.get("tile"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--untiled-max", type=int, default=16384, help="largest size the untiled path is tried at")
     ap.add_argument("--kodak-images", type=int, default=24)
@@ -394,9 +395,12 @@ def main(argv=None) -> None:
     ap.add_argument("--lanes", type=int, nargs="+", default=[4], help="lane counts the pipeline part compares with 1")
     ap.add_argument("--work", type=Path, default=None, help="the pipeline part's scratch folder (kept; default: "
                                                             "a temporary one, removed)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["untiled", "kodak", "region", "seams", "pipeline", "codecs"])
-    ap.add_argument("--seams", action="store_true", help="only the seams part (tiles of --seam-tile on the Kodak images)")
-    ap.add_argument("--pipeline", action="store_true", help="only the pipeline part (mosaics and Kodak through the lanes)")
+    ap.add_argument("--skip", nargs="*", default=[],
+                    choices=["untiled", "kodak", "region", "seams", "pipeline", "codecs"])
+    ap.add_argument("--seams", action="store_true",
+                    help="only the seams part (tiles of --seam-tile on the Kodak images)")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="only the pipeline part (mosaics and Kodak through the lanes)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.seams and args.pipeline:
@@ -408,13 +412,15 @@ def main(argv=None) -> None:
     if args.pipeline:
         args.sizes, args.skip = [], ["untiled", "kodak", "region", "seams"]
     dev = Device(args.device)
-    print(f"device: {dev.describe()} ({args.device}); tile {args.tile}, tile batch {DEFAULTS.tile_batch}", flush=True)
+    tile_batch = defaults.get("tile_batch")
+    print(f"device: {dev.describe()} ({args.device}); tile {args.tile}, tile batch {tile_batch}", flush=True)
     images = sources(args.data) if args.sizes or "pipeline" not in args.skip else []
     kodak = [gray16(load_image(p)) for p in sorted(args.kodak.glob("*.png"))[: args.kodak_images]]
     if args.pipeline and not kodak:
         raise SystemExit(f"no PNG images under --kodak {args.kodak}: the pipeline part compares with them")
-    report = {"device": dev.describe(), "torch": torch.__version__, "tile": args.tile, "tile_batch": DEFAULTS.tile_batch,
-              "model": args.model, "quality": args.quality, "data": str(args.data), "sizes": []}
+    report = {"device": dev.describe(), "torch": torch.__version__, "tile": args.tile,
+              "tile_batch": tile_batch, "model": args.model, "quality": args.quality, "data": str(args.data),
+              "sizes": []}
     def save() -> None:  # after every part: a run cut off by the end of a GPU job keeps what it measured
         write_atomic(args.out, (json.dumps(report, indent=1) + "\n").encode())
 
@@ -427,7 +433,8 @@ def main(argv=None) -> None:
         peaks = [r[f"{part}_peak_mib"] for r in report["sizes"] if r[f"{part}_peak_mib"] is not None]
         if peaks:
             report[f"{part}_peak_spread"] = round(max(peaks) / min(peaks) - 1, 4)
-            print(f"{part} peak {min(peaks)}..{max(peaks)} MiB over the sizes: spread {report[f'{part}_peak_spread']:.1%}",
+            print(f"{part} peak {min(peaks)}..{max(peaks)} MiB over the sizes: spread "
+                  f"{report[f'{part}_peak_spread']:.1%}",
                   flush=True)
     if "untiled" not in args.skip:
         report["untiled"] = bench_untiled(dev, images, args)

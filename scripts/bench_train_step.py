@@ -32,7 +32,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train  # noqa: E402  (scripts/train.py: the training step itself)
-
 from visemz.io.writers import write_atomic  # noqa: E402
 from visemz.models import registry  # noqa: E402
 
@@ -53,7 +52,8 @@ def spec_of(name: str, tiny: bool) -> registry.ModelSpec:
 def sampler_of(args, device) -> train.CropSampler:
     rng = np.random.default_rng(0)
     size = max(2 * args.patch, 64)
-    images = [train.Image(train._to16(rng.integers(0, 256, (3, size, size), dtype=np.uint8)), "photo") for _ in range(4)]
+    images = [train.Image(train._to16(rng.integers(0, 256, (3, size, size), dtype=np.uint8)), "photo")
+              for _ in range(4)]
     return train.CropSampler(images, train.draw_weights(images, None), args.patch, device)
 
 
@@ -91,9 +91,9 @@ def visemz_rows(name: str, args, device, sampler) -> list[dict]:
             t.capture()
         row = time_steps(lambda: t.train_step(1.0), args, device)
         params = sum(p.numel() for p in t.model.parameters())
-        rows.append({"model": name, "N": spec.N, "M": spec.M, "slices": list(spec.slices), "params_m": round(params / 1e6, 2),
-                     "mode": "cuda graph" if graphs else "eager", **row})
-        del t
+        rows.append({"model": name, "N": spec.N, "M": spec.M, "slices": list(spec.slices),
+                     "params_m": round(params / 1e6, 2), "mode": "cuda graph" if graphs else "eager", **row})
+        t = None  # free it now (not del: the lambda above names it)
     return rows
 
 
@@ -116,7 +116,8 @@ def elic_rows(args, device, sampler) -> list[dict]:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=not args.no_amp):
             out = net(x)
         bits = sum(torch.log(v.float()).sum() for v in out["likelihoods"].values()) / -np.log(2)
-        loss = ELIC_LAMBDA * 255**2 * torch.mean((out["x_hat"].float() - x) ** 2) + bits / (x.shape[0] * x.shape[2] * x.shape[3])
+        bpp = bits / (x.shape[0] * x.shape[2] * x.shape[3])
+        loss = ELIC_LAMBDA * 255**2 * torch.mean((out["x_hat"].float() - x) ** 2) + bpp
         aux = net.aux_loss()
         opt.zero_grad(set_to_none=True)
         aux_opt.zero_grad(set_to_none=True)

@@ -122,9 +122,11 @@ def unavailable(config: dict) -> str | None:
     try:
         back = numcodecs.get_codec(config).decode(numcodecs.get_codec(config).encode(probe))
     except Exception as e:  # a library the build links but cannot use: its own exception types
-        return f"imagecodecs {imagecodecs.__version__} {feature} failed on a 64x64 uint16 probe: {type(e).__name__}: {e}"
+        return f"imagecodecs {imagecodecs.__version__} {feature} failed on a 64x64 uint16 probe: " \
+               f"{type(e).__name__}: {e}"
     if np.asarray(back).shape != probe.shape:
-        return f"imagecodecs {imagecodecs.__version__} {feature} decoded a 64x64 probe to shape {np.asarray(back).shape}"
+        return f"imagecodecs {imagecodecs.__version__} {feature} decoded a 64x64 probe to shape " \
+               f"{np.asarray(back).shape}"
     return None
 
 
@@ -292,16 +294,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--data", type=Path, required=True, help="images the mosaic is built from, e.g. DATA/eval/xray")
     ap.add_argument("--size", type=int, default=16384, help="the mosaic is SIZE x SIZE uint16 pixels")
     ap.add_argument("--chunk", type=int, default=4096, help="Zarr chunks are CHUNK x CHUNK (e.g. 4096 or 2048)")
-    ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="visemz's device (auto: cuda when there is one)")
+    ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                    help="visemz's device (auto: cuda when there is one)")
     ap.add_argument("--model", default="mbt2018-mean")
     ap.add_argument("--quality", type=float, default=4.0)
     ap.add_argument("--codecs", nargs="+", choices=CODECS, default=list(CODECS))
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="imagecodecs' numthreads inside a chunk")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                    help="imagecodecs' numthreads inside a chunk")
     ap.add_argument("--repeats", type=int, default=3, help="timed region reads, after a warm-up")
     ap.add_argument("--read-repeats", type=int, default=1, help="timed whole-array reads")
-    ap.add_argument("--calib-steps", type=int, default=8, help="most trials (each codes the whole array) to match a lossy "
-                    "row's bpp to visemz_lossy's")
-    ap.add_argument("--calib-tol", type=float, default=0.02, help="relative bpp difference a lossy row's calibration stops at")
+    ap.add_argument("--calib-steps", type=int, default=8,
+                    help="most trials (each codes the whole array) to match a lossy row's bpp to visemz_lossy's")
+    ap.add_argument("--calib-tol", type=float, default=0.02,
+                    help="relative bpp difference a lossy row's calibration stops at")
     ap.add_argument("--work", type=Path, help="folder for the Zarr stores (kept); default: a temporary folder")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -360,7 +365,8 @@ def main(argv=None) -> None:
             rows[name] = {"skipped": reason} if reason else bench_codec(dev, img, name, config, work, args)
             if calibration is not None:  # the rate the row reached, from its stored bytes
                 rows[name]["target_bpp"] = calibration["target_bpp"]
-                rows[name]["bpp_over_target"] = round(measure.bpp(rows[name]["stored_bytes"], img.size) / calibration["target_bpp"], 4)
+                rows[name]["bpp_over_target"] = round(measure.bpp(rows[name]["stored_bytes"], img.size)
+                                                      / calibration["target_bpp"], 4)
             print(json.dumps({name: {k: v for k, v in rows[name].items() if k != "config"}}), flush=True)
             save()
     save()

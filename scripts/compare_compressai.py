@@ -3,8 +3,8 @@
     python scripts/compare_compressai.py --data DATA --out compare.json [--limit N] [--no-cpu]
     python scripts/compare_compressai.py --summarise compare.json     # the summary of an earlier run
 
-For every shipped model at each --qualities point (default CompressAI's ladder 1-8): bpp, PSNR and MS-SSIM on Kodak (RGB models) and on the
-X-ray set (grayscale models), and milliseconds per image for compress + decompress:
+For every shipped model at each --qualities point (default CompressAI's ladder 1-8): bpp, PSNR and MS-SSIM on
+Kodak (RGB models) and on the X-ray set (grayscale models), and milliseconds per image for compress + decompress:
 CompressAI with its model on the GPU (its rANS runs on the CPU), visemz on the GPU, and
 visemz on the CPU.  Times are medians over --repeat runs after one warm-up, with
 torch.cuda.synchronize() around each timed call.  The device name is printed.
@@ -26,9 +26,9 @@ import torch
 import evalkit
 import visemz
 from visemz import pixels
-from visemz.models import all_specs, architectures
 from visemz.evaluation import bjontegaard
 from visemz.io.writers import write_atomic
+from visemz.models import all_specs, architectures
 from visemz.models import weights as W
 
 PUBLISHED = Path(__file__).resolve().parent.parent / "docs" / "results" / "rd" / "compressai_published_kodak.json"
@@ -87,12 +87,14 @@ def main() -> None:
                 rep = args.repeat if i == 0 or img.size < 2_000_000 else 1
                 if i == 0:
                     compressai_roundtrip(ref, img, main_dev, quality)  # warm-up
-                t_ca, (n_ca, rec_ca) = evalkit.timed(lambda: compressai_roundtrip(ref, img, main_dev, quality), sync, rep)
+                t_ca, (n_ca, rec_ca) = evalkit.timed(lambda: compressai_roundtrip(ref, img, main_dev, quality),
+                                                     sync, rep)
                 acc["ca"].append((n_ca, rec_ca, t_ca))
                 for key, codec in (("gpu", vz_gpu), ("cpu", vz_cpu)):
                     if codec is None or (key == "cpu" and args.no_cpu):
                         continue
-                    run = lambda: (lambda b: (len(b), codec.decompress(b)))(codec.compress(img, model=spec.arch, quality=quality))
+                    run = lambda: (lambda b: (len(b), codec.decompress(b)))(
+                        codec.compress(img, model=spec.arch, quality=quality))
                     if i == 0:
                         run()
                     t, (n, rec) = evalkit.timed(run, sync if key == "gpu" else None, rep if key == "gpu" else 1)
@@ -101,7 +103,8 @@ def main() -> None:
                 if not vals:
                     continue
                 row = {
-                    "model": spec.name, "quality": quality, "set": set_name, "coder": {"ca": "compressai-rans", "gpu": "visemz-gpu", "cpu": "visemz-cpu"}[key],
+                    "model": spec.name, "quality": quality, "set": set_name,
+                    "coder": {"ca": "compressai-rans", "gpu": "visemz-gpu", "cpu": "visemz-cpu"}[key],
                     "images": len(vals),
                     "bpp": evalkit.mean(evalkit.bpp(n, img) for (n, _, _), (_, img) in zip(vals, images)),
                     "psnr": evalkit.mean(evalkit.psnr(img, rec) for (_, rec, _), (_, img) in zip(vals, images)),
@@ -154,7 +157,8 @@ def print_summary(name: str, summary: dict) -> None:
     print("| model | quality | set | coder | bpp ratio | PSNR delta dB | speedup |")
     print("|---|---|---|---|---|---|---|")
     for p in summary["pairs"]:
-        print(f"| {p['model']} | {p['quality']:g} | {p['set']} | {p['coder']} | {p['bpp_ratio']} | {p['psnr_delta_db']} | {p['speedup']} |")
+        print(f"| {p['model']} | {p['quality']:g} | {p['set']} | {p['coder']} | {p['bpp_ratio']} | "
+              f"{p['psnr_delta_db']} | {p['speedup']} |")
     for b in summary["bd_vs_published_kodak"]:
         gap = b["bd_psnr_db_vs_published"]
         print(f"BD-PSNR on Kodak against CompressAI's published {b['arch']}: {b['coder']} "
@@ -166,7 +170,8 @@ def print_table(name: str, rows: list[dict]) -> None:
     print("| model | quality | set | coder | bpp | PSNR dB | MS-SSIM | ms/image |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['quality']:g} | {r['set']} | {r['coder']} | {r['bpp']:.4f} | {r['psnr']:.2f} | {r['ms_ssim']:.4f} | {r['ms_per_image']:.1f} |")
+        print(f"| {r['model']} | {r['quality']:g} | {r['set']} | {r['coder']} | {r['bpp']:.4f} | {r['psnr']:.2f} | "
+              f"{r['ms_ssim']:.4f} | {r['ms_per_image']:.1f} |")
 
 
 if __name__ == "__main__":

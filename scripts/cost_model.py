@@ -54,7 +54,8 @@ def codec_row(codecs: dict, kind: str, row: dict) -> dict | None:
     return codecs.get(f"{base}/{predictor}") or (codecs.get(base) if predictor == "none" else None)
 
 
-def measured_rows(measured: dict, codecs: dict, kind: str, api: str | None = None) -> tuple[float, list[tuple[dict, dict]]]:
+def measured_rows(measured: dict, codecs: dict, kind: str,
+                  api: str | None = None) -> tuple[float, list[tuple[dict, dict]]]:
     """(link bytes/s fitted to NCCL at the largest size, [(compressed all_reduce row, its codec row)]);
     ``api`` keeps the rows of one API (functional, plan) where the JSON has both."""
     rows = [r for r in measured["rows"] if r["op"] == "all_reduce" and r["data"] == kind
@@ -91,7 +92,8 @@ def samples(world: int, alpha: float, bw: float, pairs: list) -> list[tuple]:
 def check_table(world: int, alpha: float, bw: float, pairs: list, corr: tuple[float, float]) -> str:
     lines = ["| algorithm | MB | eb | predictor | measured ms | model ms | corrected model ms |",
              "|---|---:|---:|---|---:|---:|---:|"]
-    for r, c in sorted(pairs, key=lambda p: (p[0]["algorithm"], p[0]["bytes"], -p[0]["eb"], p[0].get("predictor") or "")):
+    for r, c in sorted(pairs, key=lambda p: (p[0]["algorithm"], p[0]["bytes"], -p[0]["eb"],
+                                             p[0].get("predictor") or "")):
         raw, fixed = (model(world, alpha, bw, c, k).seconds(r["algorithm"], r["bytes"]) for k in ((0.0, 1.0), corr))
         lines.append(f"| {r['algorithm']} | {r['bytes'] / 2**20:.0f} | {r['eb']:g} | {r.get('predictor') or 'none'} "
                      f"| {r['seconds'] * 1e3:.2f} "
@@ -100,7 +102,8 @@ def check_table(world: int, alpha: float, bw: float, pairs: list, corr: tuple[fl
 
 
 def plain_seconds(size: float, world: int, alpha: float, bw: float) -> float:
-    free = {"ratio": 1.0, "encode_GBps": float("inf"), "decode_GBps": float("inf"), "homomorphic_add_GBps": float("inf")}
+    free = {"ratio": 1.0, "encode_GBps": float("inf"), "decode_GBps": float("inf"),
+            "homomorphic_add_GBps": float("inf")}
     return model(world, alpha, bw, free).seconds("plain", size)
 
 
@@ -118,7 +121,8 @@ def table(c: dict, size: float, alpha: float, gbits: list[float], worlds: list[i
         for w in worlds:
             m = model(w, alpha, bw, c, corr)
             p, q, d = (m.seconds(a, size) for a in ("plain", "ring", "recursive_doubling"))
-            lines.append(f"| {w} | {g:g} | {p * 1e3:.1f} | {q * 1e3:.1f} | {p / q:.2f}x | {d * 1e3:.1f} | {m.choose(size)} |")
+            lines.append(f"| {w} | {g:g} | {p * 1e3:.1f} | {q * 1e3:.1f} | {p / q:.2f}x | {d * 1e3:.1f} | "
+                         f"{m.choose(size)} |")
     return "\n".join(lines)
 
 
@@ -162,7 +166,8 @@ def main() -> None:
     label = "alpha-beta with measured corrections" if args.measured else "alpha-beta"
     print(f"**Model** ({label}, not measured): all_reduce of {args.bytes / 2**20:.0f} MiB, alpha {args.alpha_us} us; "
           f"codec figures measured on {report.get('device')} ({args.case}: ratio {c['ratio']:.2f}, encode "
-          f"{c['encode_GBps']:.0f} GB/s, decode {c['decode_GBps']:.0f} GB/s, homomorphic add {c['homomorphic_add_GBps']:.0f} GB/s)\n")
+          f"{c['encode_GBps']:.0f} GB/s, decode {c['decode_GBps']:.0f} GB/s, homomorphic add "
+          f"{c['homomorphic_add_GBps']:.0f} GB/s)\n")
     print(table(c, args.bytes, alpha, [100, 200], WORLDS, corr))
 
 

@@ -36,14 +36,16 @@ def eval_sets(data: Path, variant: str, limit: int | None = None) -> dict[str, l
     """RGB models: Kodak.  Grayscale models: the X-ray set and Kodak's luma."""
     if variant == "rgb":
         return {"kodak": load_folder(data / "eval" / "kodak", False, limit)}
-    return {"xray": load_folder(data / "eval" / "xray", True, limit), "kodak-gray": load_folder(data / "eval" / "kodak", True, limit)}
+    return {"xray": load_folder(data / "eval" / "xray", True, limit),
+            "kodak-gray": load_folder(data / "eval" / "kodak", True, limit)}
 
 
 psnr = measure.psnr  # the peak of the image's dtype: 255 for these 8-bit sets
 
 
 def ms_ssim(a: np.ndarray, b: np.ndarray) -> float:
-    """Five-scale MS-SSIM of two 8-bit images, on the GPU when there is one (a 5-Mpixel X-ray takes seconds on a CPU)."""
+    """Five-scale MS-SSIM of two 8-bit images, on the GPU when there is one (a 5-Mpixel X-ray takes seconds on a
+    CPU)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return metrics.ms_ssim(metrics.to_unit_batch(a, device), metrics.to_unit_batch(b, device))
 
@@ -165,7 +167,8 @@ class Device:
         before = torch.cuda.memory_allocated()
         out = fn()
         torch.cuda.synchronize()
-        figures = {"allocated_peak": int(torch.cuda.max_memory_allocated()), "reserved_peak": int(torch.cuda.max_memory_reserved()),
+        figures = {"allocated_peak": int(torch.cuda.max_memory_allocated()),
+                   "reserved_peak": int(torch.cuda.max_memory_reserved()),
                    "before": int(before), "cupy_pool": None if pool is None else int(pool.total_bytes())}
         return out, {k: mib(v) for k, v in figures.items()}
 

@@ -84,7 +84,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", type=Path, default=None, help="checkpoints to export (default: only measure --out)")
     ap.add_argument("--data", type=Path, default=None,
-                    help="the data folder (e.g. DATA: its eval/kodak and eval/xray), for --storage-check and --qualities")
+                    help="the data folder (e.g. DATA: its eval/kodak and eval/xray), for --storage-check and "
+                         "--qualities")
     ap.add_argument("--out", type=Path, default=Path("visemz/models/weights"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--models", nargs="*", default=None, help="checkpoint names to export (default: all but NAME@tag)")

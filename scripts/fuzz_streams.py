@@ -23,16 +23,15 @@ are not traced, the process's peak RSS is reported beside).  It reports: variant
 (visemz's by type); every exception that is not a visemz error, with a reproducer; every silent wrong
 output (a raw variant of a checksummed kind that decodes to other values than its seed); the slowest case;
 the largest memory against its allowance, twice what a valid stream of its kind needs for the values the
-variant declares (the most traced bytes a value over the kind's seeds); and the cases over 2 s of CPU time (the process runs one compute thread; wall time, which
-counts what else the machine runs, is counted beside) or over that allowance.  Reproducers (the bytes and a JSON of how
+variant declares (the most traced bytes a value over the kind's seeds); and the cases over 2 s of CPU time
+(the process runs one compute thread; wall time, which counts what else the machine runs, is counted beside)
+or over that allowance.  Reproducers (the bytes and a JSON of how
 to decode them) go to OUT/reproducers/, the report to OUT/report.json (rewritten as it goes).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import json
 import math
 import re
@@ -41,8 +40,8 @@ import signal
 import struct
 import sys
 import time
-import tracemalloc
 import traceback
+import tracemalloc
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +51,7 @@ import numpy as np
 import torch
 
 import visemz
-from visemz import container, pages
+from visemz import container, defaults, pages
 from visemz.collectives.codecs import ErrorBounded, Lossless
 from visemz.encoders import decode_ints, encode_ints, entropy, rans, reference, stream
 from visemz.encoders import layout as L
@@ -122,8 +121,9 @@ def seeds() -> list[Seed]:
 
     for policy in L.POLICIES:
         for shuffle in (True, False):
-            add("block", f"block-{policy}-{int(shuffle)}", reference.encode(_ints(3000, 1), L.POLICIES[policy], shuffle),
-                reference.decode, "visemz.encoders.reference.decode(buf)", checksummed=False)
+            add("block", f"block-{policy}-{int(shuffle)}",
+                reference.encode(_ints(3000, 1), L.POLICIES[policy], shuffle), reference.decode,
+                "visemz.encoders.reference.decode(buf)", checksummed=False)
     for ent, policy in (("none", "global"), ("zstd", "block"), ("zstd", "global")):
         add("ints", f"ints-{ent}-{policy}", encode_ints(_ints(3000, 2), policy=policy, entropy=ent), decode_ints,
             "visemz.encoders.decode_ints(buf)")
@@ -150,16 +150,10 @@ def _rans_seeds(add) -> None:
                 lambda b, i=gidx, t=gtables: rans.decode_conditional(b, i, t), how + " (tests/fixtures/rans)")
 
 
-@contextlib.contextmanager
 def _many_lanes():
     """Image seeds' rANS sections written with many lanes (8 code bytes a lane): the stream records its plan, and
     the CPU decoder's sequential steps, most of a small file's decode, fall from thousands to tens."""
-    saved = rans.DEFAULTS
-    rans.DEFAULTS = dataclasses.replace(saved, rans_lane_bytes=8, rans_lane_symbols=64)
-    try:
-        yield
-    finally:
-        rans.DEFAULTS = saved
+    return defaults.set(rans_lane_bytes=8, rans_lane_symbols=64)
 
 
 def _image_seeds(add) -> None:
@@ -179,7 +173,8 @@ def _image_files(add) -> None:
         "image-v5-rgb-lossy": codec.compress(rgb),
         "image-v5-mbt-u16-e3": codec.compress(_image((64, 48), "uint16", 4), model="mbt2018-mean", max_error=3),
         "image-v5-tiled-e1": codec.compress(_image((96, 64), "uint8", 5), max_error=1, tile=64),
-        "image-v4-tiled-mbt": codec.compress(_image((64, 96), "uint8", 6), model="mbt2018-mean", tile=64, image_format=4),
+        "image-v4-tiled-mbt": codec.compress(_image((64, 96), "uint8", 6), model="mbt2018-mean", tile=64,
+                                             image_format=4),
         "image-v3-u8-e1": codec.compress(gray, max_error=1, image_format=3),
         "image-v2-f32-e0": codec.compress(_image((40, 64), "float32", 7), max_error=0, image_format=2),
     }
@@ -205,13 +200,15 @@ def _float_seeds(add) -> None:
     eb, ll = VisemzErrorBounded(1e-3), VisemzLossless()
     chunk = x[:600].reshape(2, 3, 100)
     add("zarr", "zarr-v2-eb", eb.encode(chunk), eb.decode, "visemz.zarr_codecs.VisemzErrorBounded(1e-3).decode(buf)")
-    add("zarr", "zarr-v2-ll", ll.encode(chunk.astype(np.float16)), ll.decode, "visemz.zarr_codecs.VisemzLossless().decode(buf)")
+    add("zarr", "zarr-v2-ll", ll.encode(chunk.astype(np.float16)), ll.decode,
+        "visemz.zarr_codecs.VisemzLossless().decode(buf)")
     # older versions, written before their checksums: read as ever, reported apart (nothing covers their headers)
     v3 = ErrorBounded(1e-3, "lorenzo").encode(x)
     add("legacy", "eb-v2", v3[:4] + b"\x02" + v3[5:24] + v3[32:], lambda b: ErrorBounded(1e-3).decode(b),
         "visemz.collectives.codecs.ErrorBounded(1e-3).decode(buf)", checksummed=False)
     v3 = ErrorBounded(1e-3, "none").encode(x)
-    add("legacy", "eb-v1", struct.pack("<4sBBHd", b"VZEB", 1, 0, 0, 1e-3) + v3[32:], lambda b: ErrorBounded(1e-3).decode(b),
+    add("legacy", "eb-v1", struct.pack("<4sBBHd", b"VZEB", 1, 0, 0, 1e-3) + v3[32:],
+        lambda b: ErrorBounded(1e-3).decode(b),
         "visemz.collectives.codecs.ErrorBounded(1e-3).decode(buf)", checksummed=False)
     v2 = Lossless().encode(x)
     add("legacy", "ll-v1", v2[:4] + b"\x01" + v2[5:21] + v2[29:], Lossless().decode,
@@ -362,8 +359,9 @@ def mutate_bytes(b: bytearray, rng, start: int, end: int, in_place: bool) -> str
     return f"{op}@{at}"
 
 
-JSON_VALUES = [0, -1, 1, 2, 3, 5, 8, 64, 65, 255, 256, 4096, 65535, 65536, 2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**63, 2**64,
-               0.5, -0.0, 1e-320, 1e308, 36.5, True, False, None, "", "x", "zstd", "none", "ans", "rans", "ints", "int",
+JSON_VALUES = [0, -1, 1, 2, 3, 5, 8, 64, 65, 255, 256, 4096, 65535, 65536, 2**31 - 1, 2**31, 2**32, 2**53 + 1,
+               2**63, 2**64, 0.5, -0.0, 1e-320, 1e308, 36.5, True, False, None,
+               "", "x", "zstd", "none", "ans", "rans", "ints", "int",
                "bits", "float", "uint8", "uint16", "float32", "float64", "balle2016-rgb", "balle2016-gray",
                "mbt2018-mean-rgb", "mbt2018-mean-gray", "balle2016-rgb-q1", "0123456789abcdef", "f14f2366b618726b",
                [], [1], [0, 0], [0, 255], [64, 64], [64, 64, 3], [1, 1], [2, 2], [32, 16], {}, {"y": [1, 192, 4, 4]},
@@ -381,7 +379,8 @@ def mutate_json(text: str, rng) -> tuple[str, str]:
     op = ["value", "literal", "delete", "add", "duplicate", "text"][int(rng.integers(6))]
     if op == "text":
         b = bytearray(text.encode())
-        return bytes(b[:int(rng.integers(len(b)))] + b[int(rng.integers(len(b))):]).decode("utf-8", "replace"), "json-cut"
+        cut = bytes(b[:int(rng.integers(len(b)))] + b[int(rng.integers(len(b))):])
+        return cut.decode("utf-8", "replace"), "json-cut"
     parent, key = _at(obj, path[:-1]), path[-1] if path else None
     if op == "delete" and isinstance(parent, dict) and key is not None:
         del parent[key]
@@ -438,7 +437,8 @@ def deep_ints(buf: bytes, rng) -> tuple[bytes, str]:
                                                                                       parsed.sizes)
     b = bytearray(raw)
     what = mutate_bytes(b, rng, 0, len(b), in_place=False)
-    frames = [bytes(b)] if parsed.entropy == 0 else entropy.compress_cpu(bytes(b), parsed.entropy, max(parsed.chunk, 4096))
+    frames = [bytes(b)] if parsed.entropy == 0 else \
+        entropy.compress_cpu(bytes(b), parsed.entropy, max(parsed.chunk, 4096))
     return stream.pack(len(b), parsed.entropy, parsed.chunk or 4096, frames), "block-stream " + what
 
 
@@ -473,7 +473,8 @@ def _replace_section(c: container.Container, secs: dict, rng) -> str:
         n, p = t["grid"][0] * t["grid"][1], len(t["parts"])
         fmt = c.meta["format"]
         index = secs["tile_index"]
-        lengths, pos = read_varints(index, 0, n * p, "index") if fmt >= 5 else (np.frombuffer(index, "<u8", n * p), 8 * n * p)
+        lengths, pos = read_varints(index, 0, n * p, "index") if fmt >= 5 else \
+            (np.frombuffer(index, "<u8", n * p), 8 * n * p)
         parts = [secs["tiles"][a:z] for a, z in _splits(lengths, 0)]
         k = int(rng.integers(len(parts)))
         parts[k], what = _mutated_part(parts[k], rng)
@@ -574,8 +575,8 @@ class Report:
                      "by_mode": Counter(), "outcomes": Counter(), "visemz_errors": Counter(),
                      "non_visemz_exceptions": 0, "silent_wrong_outputs": 0, "unprotected_changed_outputs": 0,
                      "hangs": 0, "over_time": 0, "over_time_wall": 0, "over_memory": 0, "traced": 0, "slowest": None,
-                     "slowest_cpu": None, "largest_memory": None, "largest_rss_rise": None, "seconds_by_kind": Counter(), "error_sites": Counter(),
-                     "findings": []}
+                     "slowest_cpu": None, "largest_memory": None, "largest_rss_rise": None,
+                     "seconds_by_kind": Counter(), "error_sites": Counter(), "findings": []}
         self.kept = Counter()
         (out / "reproducers").mkdir(parents=True, exist_ok=True)
 
@@ -719,7 +720,8 @@ def _account(report: Report, i: int, seed: Seed, mode: str, how: str, data: byte
     if c.traced > allowance:
         d["over_memory"] += 1
         report.finding("over the memory allowance", i, seed, mode, how, data,
-                       f"{c.traced} traced bytes, allowance {int(allowance)} (seed {seed.peak}, declared {declared} values)")
+                       f"{c.traced} traced bytes, allowance {int(allowance)} (seed {seed.peak}, declared {declared} "
+                       "values)")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.frames < 1 or args.photons <= 0:
-        raise SystemExit(f"--frames {args.frames} / --photons {args.photons}: expected at least 1 frame and photons > 0")
+        raise SystemExit(f"--frames {args.frames} / --photons {args.photons}: expected at least 1 frame and "
+                         "photons > 0")
     found = files.discover(args.src, files.IMAGE_EXTENSIONS)
     if not found:
         raise SystemExit(f"no images in {args.src}")

@@ -7,10 +7,10 @@ One fixture per stream kind and format version, as the current code writes it: b
 .vsz image files (each residual mode, each model; format 7 where the channel-context weights are
 installed), a pages file, the error-bound residual on
 its own (model-free inputs), the collectives' float codecs (error-bounded and lossless, fp32,
-fp16, bf16), and the numcodecs float chunks (their shape header around those codecs).  Existing fixtures are never rewritten: a fixture is a file some user already has.
-When a format's version changes, this script adds fixtures named with the new version beside
-the old ones (the test demands one for every current version), and the old ones keep being
-decoded.
+fp16, bf16), and the numcodecs float chunks (their shape header around those codecs).  Existing
+fixtures are never rewritten: a fixture is a file some user already has.  When a format's version
+changes, this script adds fixtures named with the new version beside the old ones (the test demands
+one for every current version), and the old ones keep being decoded.
 
 Image fixtures are written with whatever weights are installed, and store the image, each section's
 integers and the reconstruction the writing install decoded.  The test decodes them to pixels (with
@@ -22,8 +22,6 @@ file's promise and to that reconstruction.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import io
 import json
 from pathlib import Path
@@ -33,15 +31,13 @@ import torch
 import zstandard
 
 import visemz
-from visemz import container, latents, pages, residual, residual_coder, tile_index, zarr_codecs
 from visemz import codec as image_codec
+from visemz import container, defaults, latents, pages, residual, residual_coder, tile_index, zarr_codecs
 from visemz.collectives import codecs as float_codecs
-from visemz.config import DEFAULTS
 from visemz.device import as_numpy
-from visemz.encoders import decode_ints, encode_ints, rans, reference
+from visemz.encoders import decode_ints, encode_ints, reference, stream
 from visemz.encoders import layout as L
 from visemz.encoders import rans_layout as RL
-from visemz.encoders import stream
 from visemz.io.writers import write_atomic
 from visemz.models import all_specs, parse
 from visemz.models import weights as W
@@ -87,8 +83,8 @@ class Writer:
         self.added.append(name)
 
     def save(self) -> None:
-        self.manifest["written_with"] = {"zstandard": zstandard.__version__, "zstd_level": DEFAULTS.zstd_level,
-                                         "entropy_chunk": DEFAULTS.entropy_chunk}
+        self.manifest["written_with"] = {"zstandard": zstandard.__version__, "zstd_level": defaults.get("zstd_level"),
+                                         "entropy_chunk": defaults.get("entropy_chunk")}
         self.manifest["fixtures"].sort(key=lambda f: f["name"])
         write_atomic(self.out / MANIFEST, (json.dumps(self.manifest, indent=1) + "\n").encode())
 
@@ -101,7 +97,8 @@ def block_streams(w: Writer) -> None:
             name = f"block-v{L.VERSION}-{policy}-{'bitshuffle' if bitshuffle else 'plain'}"
             w.add(name, "block", L.VERSION, raw, ".bin", {"values": v}, policy=policy, bitshuffle=bitshuffle)
         empty = np.zeros(0, np.int32)
-        w.add(f"block-v{L.VERSION}-{policy}-empty", "block", L.VERSION, reference.encode(empty, L.POLICIES[policy], True),
+        w.add(f"block-v{L.VERSION}-{policy}-empty", "block", L.VERSION,
+              reference.encode(empty, L.POLICIES[policy], True),
               ".bin", {"values": empty}, policy=policy, bitshuffle=True)
 
 
@@ -167,7 +164,8 @@ def _by_section(symbols: dict, model: str) -> dict:
     spec = parse(model)
     if not spec.context:
         return symbols
-    return {"z": symbols["z"], **{latents.slice_name(k): v for k, v in enumerate(torch.split(symbols["y"], spec.slices, 1))}}
+    slices = torch.split(symbols["y"], spec.slices, 1)
+    return {"z": symbols["z"], **{latents.slice_name(k): v for k, v in enumerate(slices)}}
 
 
 def _container_suffix() -> str:
@@ -204,15 +202,9 @@ SKIPPED_IMAGES = ("mbt2018-mean",)  # also written with skipped symbols (conditi
 SKIP_FREQ = 65531
 
 
-@contextlib.contextmanager
 def _rans_skip(freq: int):
     """Write conditional rANS sections with this skip threshold, whatever VISEMZ_RANS_SKIP_FREQ says."""
-    saved = rans.DEFAULTS
-    rans.DEFAULTS = dataclasses.replace(saved, rans_skip_freq=freq)
-    try:
-        yield
-    finally:
-        rans.DEFAULTS = saved
+    return defaults.set(rans_skip_freq=freq)
 
 
 def images(w: Writer) -> None:
@@ -239,14 +231,15 @@ def _write_images(w: Writer, cases: list) -> None:
             name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "") \
                 + _container_suffix() + (f"-skip{skip}" if skip else "")
             decoded = visemz.decompress(buf, device="cpu")
-            w.add(name, "image", fmt, buf, ".vsz", {"image": img, "decoded": decoded, **_sections(buf)}, model=model, quality=1,
-                  max_error=e, container=container.VERSION, **({"tile": tile} if tile else {}),
+            w.add(name, "image", fmt, buf, ".vsz", {"image": img, "decoded": decoded, **_sections(buf)}, model=model,
+                  quality=1, max_error=e, container=container.VERSION, **({"tile": tile} if tile else {}),
                   **({"rans_skip_freq": skip} if skip else {}))
 
 
 def page_stack(w: Writer) -> None:
     stack = np.stack([_image("uint8", (20, 24), seed=k) for k in range(2)])
-    buf = pages.encode(stack, lambda page: visemz.compress(page, model="balle2016", quality=1, max_error=1, device="cpu"))
+    buf = pages.encode(stack, lambda page: visemz.compress(page, model="balle2016", quality=1, max_error=1,
+                                                           device="cpu"))
     page_arrays = {}
     for k, page in enumerate(pages.page_buffers(container.unpack(buf))):
         page_arrays.update(_sections(page, prefix=f"page{k}_"))
@@ -263,16 +256,19 @@ def residuals(w: Writer) -> None:
     for dtype, shape, e in RESIDUALS:
         img = _image(dtype, shape, seed=7)
         t = torch.from_numpy(img)
-        lo, hi = (0.0, 255.0) if dtype == "uint8" else (float(img.astype(np.float64).min()), float(img.astype(np.float64).max()))
+        lo, hi = (0.0, 255.0) if dtype == "uint8" else (float(img.astype(np.float64).min()),
+                                                        float(img.astype(np.float64).max()))
         meta = ImageMeta(dtype, shape, lo, hi)
         rng = np.random.default_rng(8)
         x01 = np.clip((img.astype(np.float64) - lo) / (hi - lo) + rng.normal(0, 0.02, shape), 0, 1)
-        x01.reshape(-1)[::11] = (np.arange(x01[..., None].reshape(-1)[::11].size) % 255 + 0.5) / 255  # rounding ties: the mask
+        # rounding ties: the mask
+        x01.reshape(-1)[::11] = (np.arange(x01[..., None].reshape(-1)[::11].size) % 255 + 0.5) / 255
         sections, mode = residual.encode(t, torch.from_numpy(x01), meta, e, entropy="none", bitshuffle=True)
         decoded = residual.decode(sections, torch.from_numpy(x01), meta, e, mode)
         decoded = as_numpy(decoded)
         name = f"residual-v{image_codec.FORMAT}-{mode}-{dtype}-e{e}"
-        w.add(name, "residual", image_codec.FORMAT, _npz(**{k: np.frombuffer(v, np.uint8) for k, v in sections.items()}),
+        w.add(name, "residual", image_codec.FORMAT, _npz(**{k: np.frombuffer(v, np.uint8)
+                                                            for k, v in sections.items()}),
               ".sections.npz", {"image": img, "x01_hat": x01, "decoded": decoded}, mode=mode, max_error=e,
               dtype=dtype, shape=list(shape), range=[lo, hi], entropy="none", bitshuffle=True)
 
@@ -299,7 +295,8 @@ def float_codecs_(w: Writer) -> None:
             buf = codec.encode(x.reshape(shape))
             version = buf[4]  # the current version (version 1 was written without a predictor, named without one)
             suffix = "" if version == 1 else f"-{predictor}"
-            w.add(f"eb-v{version}-{name}{suffix}", "eb", version, buf, ".bin", {"bits": _bits(x), "decoded": codec.decode(buf)},
+            w.add(f"eb-v{version}-{name}{suffix}", "eb", version, buf, ".bin",
+                  {"bits": _bits(x), "decoded": codec.decode(buf)},
                   eb=1e-3, dtype=name, predictor=predictor, shape=shape, row=codec.prediction(shape).row)
         finfo = torch.finfo(dtype)
         special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), finfo.max, finfo.min, finfo.tiny,
@@ -329,7 +326,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     w = Writer(args.out)
-    for part in (block_streams, ints_streams, images, context_images, page_stack, residuals, float_codecs_, numcodecs_chunks):
+    for part in (block_streams, ints_streams, images, context_images, page_stack, residuals, float_codecs_,
+                 numcodecs_chunks):
         part(w)
     w.save()
     print(f"{len(w.added)} fixtures added to {args.out}: {', '.join(w.added) or 'none'}")

@@ -408,9 +408,10 @@ def manifest(cands: list[Candidate], trees: dict[str, GitTree], chunks: dict, ar
     dropped = [{"source": c.source, "path": c.path, "blob": c.blob, "reason": c.drop[0], "detail": c.drop[1],
                 **({"nearest_eval": c.info["nearest_eval"]} if "nearest_eval" in c.info else {})}
                for c in cands if c.drop is not None]
-    settings = {"scale": args.scale, "photo_filter": "cv2.INTER_AREA", "xray_max_side": args.xray_max_side, "min_side": args.min_side,
-                "chunk_bytes": chunk_limit(args), "hash": "255-bit DCT hash of a 64x64 gray thumbnail",
-                "hash_distance": args.hash_distance, "eval_source": args.eval_source}
+    settings = {"scale": args.scale, "photo_filter": "cv2.INTER_AREA", "xray_max_side": args.xray_max_side,
+                "min_side": args.min_side, "chunk_bytes": chunk_limit(args),
+                "hash": "255-bit DCT hash of a 64x64 gray thumbnail", "hash_distance": args.hash_distance,
+                "eval_source": args.eval_source}
     return {"settings": settings, "sources": sources, "chunks": chunks, "kept": kept, "dropped": dropped}
 
 
@@ -430,7 +431,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, required=True, help="OUT/train3 is written (it must not exist)")
     ap.add_argument("--scale", type=float, default=0.75, help="photos' downscaling factor")
     ap.add_argument("--xray-max-side", type=int, default=1024, help="X-rays larger than this are reduced to it")
-    ap.add_argument("--min-side", type=int, default=128, help="images whose shorter side, resized, is smaller are dropped")
+    ap.add_argument("--min-side", type=int, default=128,
+                    help="images whose shorter side, resized, is smaller are dropped")
     ap.add_argument("--chunk-mb", type=float, default=22.0, help="largest chunk, in MB (10^6 bytes)")
     ap.add_argument("--hash-distance", type=int, default=48, help="near-duplicate: hashes within this many of 255 bits")
     ap.add_argument("--eval-source", default="actualmed",

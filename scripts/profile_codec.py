@@ -18,23 +18,22 @@ and CUDA time per operator and kernel, with a Chrome trace (gzip) for a closer l
 from __future__ import annotations
 
 import argparse
-from collections import Counter
-import cProfile
 import contextlib
+import cProfile
 import gzip
 import io
 import json
-from pathlib import Path
 import pstats
 import tempfile
 import threading
 import time
+from collections import Counter
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from visemz import ImageCodec, cuda, measure
-from visemz.config import DEFAULTS
+from visemz import ImageCodec, cuda, defaults, measure
 from visemz.encoders import gpu
 from visemz.io import loaders
 from visemz.io.writers import write_atomic
@@ -168,10 +167,10 @@ def main() -> None:
 
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     report = {"device": name, "image": args.image.name, "shape": list(image.shape), **kwargs, "bytes": len(buf),
-              "entropy_chunk": DEFAULTS.entropy_chunk,
+              "entropy_chunk": defaults.get("entropy_chunk"),
               "compress_ms": median_ms(lambda: codec.compress(image, **kwargs), args.device, args.reps),
               "decompress_ms": median_ms(lambda: codec.decompress_tensor(buf), args.device, args.reps)}
-    report["entropy_batch"] = DEFAULTS.entropy_batch
+    report["entropy_batch"] = defaults.get("entropy_batch")
     rates = {n: threaded_rate(codec, image, kwargs, n, args.reps) for n in map(int, args.threads.split(","))}
     report["threaded_images_per_s"] = {n: r for n, (r, _) in rates.items()}
     report["calls_per_nvcomp_launch"] = {n: c for n, (_, c) in rates.items()}

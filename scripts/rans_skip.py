@@ -43,7 +43,8 @@ def sections(codec: ImageCodec, img, model: str, quality: float) -> dict[str, tu
 
 def measure_section(sym, idx, tables, lanes, skip: int, reps: int, sync) -> dict:
     """One section coded at one threshold: sizes, plan and medians of encode and decode (checked)."""
-    enc_s, buf = measure.median_seconds(lambda: encode_conditional(sym, idx, tables, lane_symbols=lanes, skip_freq=skip),
+    enc_s, buf = measure.median_seconds(lambda: encode_conditional(sym, idx, tables, lane_symbols=lanes,
+                                                                   skip_freq=skip),
                                         reps, warmup=1, sync=sync)
     dec_s, back = measure.median_seconds(lambda: decode_conditional(buf, idx, tables), reps, warmup=1, sync=sync)
     if not np.array_equal(dev.as_numpy(back).reshape(-1), dev.as_numpy(sym).reshape(-1)):

@@ -45,7 +45,8 @@ def parse_ladder(text: str) -> tuple[str, tuple]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="a folder of images, or of sub-folders of images (one dataset each)")
+    ap.add_argument("--data", type=Path, required=True,
+                    help="a folder of images, or of sub-folders of images (one dataset each)")
     ap.add_argument("--out", type=Path, default=Path("report"))
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--limit", type=int, default=None, help="first N images of each dataset")

@@ -72,14 +72,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
-
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from visemz.io.writers import atomic_file
 from visemz.errors import InvalidArgumentError
+from visemz.io.writers import atomic_file
 from visemz.models import architectures, training
 from visemz.models import weights as W
 
@@ -127,7 +126,8 @@ def _read_gray(p: Path) -> Image | None:
 def load_images(data: Path, variant: str) -> list[Image]:
     """Every training image of a variant (see the module docstring), as Image records."""
     rgb_files = _files(data / "train" / "rgb") + _files(data / "train2" / "rgb") + _files(data / "train3" / "rgb")
-    gray_files = (_files(data / "train" / "gray") + _files(data / "train2" / "gray") + _files(data / "train2" / "gray16")
+    gray_files = (_files(data / "train" / "gray") + _files(data / "train2" / "gray")
+                  + _files(data / "train2" / "gray16")
                   + _files(data / "train3" / "gray"))
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # OpenCV decodes without the GIL
         images = list(pool.map(lambda p: _read_rgb(p, variant), rgb_files))
@@ -519,22 +519,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--models", nargs="+", required=True,
                     help="e.g. balle2016-rgb mbt2018-mean-gray balle2016-gray@area mbt2018-mean-rgb@q2 minnen2020-rgb")
     ap.add_argument("--out", type=Path, required=True, help="compact checkpoints and the log")
-    ap.add_argument("--state-dir", type=Path, default=None, help="full checkpoints with Adam's moments (default: --out)")
+    ap.add_argument("--state-dir", type=Path, default=None,
+                    help="full checkpoints with Adam's moments (default: --out)")
     ap.add_argument("--resume", type=Path, help="a folder of checkpoints this script wrote")
-    ap.add_argument("--init-from", type=Path, help="start from shipped weights in this folder (e.g. visemz/models/weights)")
+    ap.add_argument("--init-from", type=Path,
+                    help="start from shipped weights in this folder (e.g. visemz/models/weights)")
     ap.add_argument("--steps", type=int, default=10_000_000, help="stop when every model has this many steps")
     ap.add_argument("--time-limit", type=float, default=float("inf"), help="seconds of training in this run")
     ap.add_argument("--final-decay", type=float, default=0.0,
-                    help="fraction of --time-limit at the end over which the LR falls to x0.05 (the last run of a training only)")
+                    help="fraction of --time-limit at the end over which the LR falls to x0.05 (the last run of a "
+                         "training only)")
     ap.add_argument("--checkpoint-every", type=float, default=180.0, help="seconds between checkpoints")
     ap.add_argument("--gray-mix", default=DEFAULT_GRAY_MIX, help="shares of the gray groups (xray, science, photo)")
     ap.add_argument("--upscale", default="", help="enlarge a group's images at load, e.g. xray=2 (see above)")
     ap.add_argument("--batch", type=int, default=16, help="crops per step (per GPU under --ddp)")
     ap.add_argument("--patch", type=int, default=256)
-    ap.add_argument("--patch-schedule", default="", help="STEP:PATCH[xBATCH],...: other crops from a step on, e.g. 900000:512x8")
+    ap.add_argument("--patch-schedule", default="",
+                    help="STEP:PATCH[xBATCH],...: other crops from a step on, e.g. 900000:512x8")
     ap.add_argument("--loss", choices=training.LOSSES, default="normalised",
                     help="normalised: each sample's RD loss divided by its quality's reference (see above); rd: not")
-    ap.add_argument("--ddp", action="store_true", help="under torchrun: every model on every GPU, DistributedDataParallel")
+    ap.add_argument("--ddp", action="store_true",
+                    help="under torchrun: every model on every GPU, DistributedDataParallel")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--no-amp", action="store_true")
     ap.add_argument("--no-graphs", action="store_true", help="run steps eagerly instead of as CUDA graphs")
@@ -567,7 +572,8 @@ def parse_schedule(text: str) -> list[tuple[int, int, int | None]]:
         except ValueError:
             raise ValueError(f"--patch-schedule {text!r}: expected STEP:PATCH[xBATCH],... e.g. 900000:512x8") from None
         if entry[0] < 0 or entry[1] < 64 or entry[1] % 64 or (entry[2] is not None and entry[2] < 1):
-            raise ValueError(f"--patch-schedule {part!r}: the step must be >= 0, the patch a multiple of 64, the batch >= 1")
+            raise ValueError(f"--patch-schedule {part!r}: the step must be >= 0, the patch a multiple of 64, the batch "
+                             ">= 1")
         out.append(entry)
     return sorted(out)
 
@@ -698,7 +704,8 @@ def lr_scale(elapsed: float, args) -> float:
     return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac))
 
 
-AGREE_EVERY = 20  # steps between the --ddp ranks' agreements on stopping and the LR (one small all_reduce and host read)
+# steps between the --ddp ranks' agreements on stopping and the LR (one small all_reduce and host read)
+AGREE_EVERY = 20
 
 
 def run(trainers: list[Trainer], log: Log, args, state_dir: Path, data: Data | None = None, ranks: int = 1,
@@ -719,7 +726,8 @@ def run(trainers: list[Trainer], log: Log, args, state_dir: Path, data: Data | N
             with model_stream(t, args):
                 log.add(t, t.train_step(scale))
                 if t.step % args.log_every == 0 and not t.check_finite(log.row(t, time.perf_counter() - t0)):
-                    print(f"{t.name}: non-finite loss at step {t.step}; rolled back to the last finite state", flush=True)
+                    print(f"{t.name}: non-finite loss at step {t.step}; rolled back to the last finite state",
+                          flush=True)
         if data is not None and any([follow_schedule(t, data, args) for t in trainers]):
             data.drop_unused(trainers)
             capture(trainers, args)

@@ -39,7 +39,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from train import GRAY_GROUPS, CropSampler, Image, _files, draw_weights, parse_mix
-
 from visemz.io.writers import atomic_file
 from visemz.models import registry, residual_prior, training
 from visemz.models import weights as W
@@ -48,7 +47,8 @@ from visemz.models import weights as W
 # 8-bit copies), and EM slices
 HOLDOUT = (
     "astro_HorseHead", "astro_M51", "astro_gc_2mass_k", "astro_synth_lowsnr",
-    "fl_cp_0_2_N_G", "fl_cp_1-162hrhoe2", "fl_cp_101210OranePlt1_C16_w3", "fl_cp_1649_1109_0003_Amp5-1_B_20070424_C20_w2",
+    "fl_cp_0_2_N_G", "fl_cp_1-162hrhoe2", "fl_cp_101210OranePlt1_C16_w3",
+    "fl_cp_1649_1109_0003_Amp5-1_B_20070424_C20_w2",
     "em_train_image_24", "em_train_image_25", "em_train_image_26", "em_train_image_27", "em_train_image_28",
     "em_train_image_29",
 )
@@ -259,8 +259,8 @@ def train(args) -> None:
                 w.writerow([t.step, f"{t.seconds:.1f}", f"{lr_at(t, elapsed, args):.2e}",
                             f"{np.nanmean(a[:, 0]):.4f}", f"{np.nanmean(a[:, 1]):.4f}"])
                 f.flush()
-                print(f"step {t.step} {t.seconds:.0f}s bpp {np.nanmean(a[:, 0]):.4f} lossless {np.nanmean(a[:, 1]):.4f}",
-                      flush=True)
+                print(f"step {t.step} {t.seconds:.0f}s bpp {np.nanmean(a[:, 0]):.4f} lossless "
+                      f"{np.nanmean(a[:, 1]):.4f}", flush=True)
                 acc = []
             if time.time() - last_ckpt >= args.checkpoint_every:
                 t.seconds = base_seconds + time.time() - t0

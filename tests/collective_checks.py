@@ -18,7 +18,6 @@ import torch.multiprocessing as mp
 
 from visemz.collectives import (
     ErrorBounded,
-    transport,
     Lossless,
     all_gather,
     all_reduce,
@@ -28,6 +27,7 @@ from visemz.collectives import (
     last_algorithm,
     reduce_scatter,
     scatter,
+    transport,
 )
 from visemz.collectives.codecs import EB_HEAD2, PREDICTORS
 from visemz.collectives.cost import ALGORITHMS, AlgorithmCost, CostModel
@@ -41,7 +41,8 @@ def data(rank: int, dtype=torch.float32, n: int = N) -> torch.Tensor:
     """Rank r's tensor: a smooth field plus noise (every rank can rebuild every other's)."""
     g = torch.Generator().manual_seed(1000 + rank)
     t = torch.linspace(0, 12, n, dtype=torch.float64)
-    return (torch.sin(t + rank) * (rank + 1) + 0.01 * torch.randn(n, generator=g, dtype=torch.float64)).to(dtype).to(DEVICE)
+    noise = 0.01 * torch.randn(n, generator=g, dtype=torch.float64)
+    return (torch.sin(t + rank) * (rank + 1) + noise).to(dtype).to(DEVICE)
 
 
 def f64(t: torch.Tensor) -> np.ndarray:
@@ -71,7 +72,8 @@ def checks(rank: int, world: int) -> list[str]:
             all_reduce(t, codec=ErrorBounded(1e-3), algorithm=algorithm)
             dist.all_reduce(plain)
             # "auto" may pick plain torch.distributed, whose own rounding is the reference then
-            assert bounded(t, exact_sum(world, dtype), world * 1e-3) or (algorithm == "auto" and torch.equal(t, plain)), (
+            assert bounded(t, exact_sum(world, dtype), world * 1e-3) or \
+                (algorithm == "auto" and torch.equal(t, plain)), (
                 algorithm, dtype)
             assert same_everywhere(t), (algorithm, dtype)
     done.append("all_reduce error-bounded ring/recursive doubling/auto, fp32/bf16/fp16")
@@ -97,7 +99,8 @@ def checks(rank: int, world: int) -> list[str]:
         inputs = [data(rank, n=997) * (j + 1) for j in range(world)]
         out = torch.empty(997, device=DEVICE)
         reduce_scatter(out, inputs, codec=codec)
-        want = sum((data(r, n=997) * (rank + 1)).cpu().to(torch.float64).numpy() for r in range(world))  # the float32 inputs
+        want = sum((data(r, n=997) * (rank + 1)).cpu().to(torch.float64).numpy()
+                   for r in range(world))  # the float32 inputs
         assert bounded(out, want, world * 1e-3 if isinstance(codec, ErrorBounded) else 0.0), codec
 
         gathered = [torch.empty(N, device=DEVICE) for _ in range(world)]
@@ -117,7 +120,8 @@ def checks(rank: int, world: int) -> list[str]:
 
         outs = [torch.empty(300, device=DEVICE) for _ in range(world)]
         all_to_all(outs, [data(rank * world + j, n=300) for j in range(world)], codec=codec)
-        assert all(bounded(o, data(r * world + rank, n=300).cpu().to(torch.float64).numpy(), tol) for r, o in enumerate(outs))
+        assert all(bounded(o, data(r * world + rank, n=300).cpu().to(torch.float64).numpy(), tol)
+                   for r, o in enumerate(outs))
     done.append("reduce_scatter, all_gather, broadcast, scatter, all_to_all (error-bounded and lossless)")
 
     done += lorenzo2d_checks(rank, world)
@@ -132,7 +136,8 @@ def checks(rank: int, world: int) -> list[str]:
         ({"codec": ErrorBounded(1e-3), "algorithm": "auto" if rank == 0 else "ring"}, "algorithm"),
         ({"codec": ErrorBounded(1e-3), "async_op": True}, "async size"),
     ):
-        t = data(rank, torch.float16 if (what == "dtype" and rank == 0) else torch.float32, N + (rank if "size" in what else 0))
+        t = data(rank, torch.float16 if (what == "dtype" and rank == 0) else torch.float32,
+                 N + (rank if "size" in what else 0))
         try:
             handle = all_reduce(t, **kwargs)
             if kwargs.get("async_op"):

@@ -83,7 +83,8 @@ def _random_weights(specs, folder) -> None:
     prior = residual_prior.ResidualPrior(gray.channels, gray.N)
     for head in prior.heads:  # away from the all-zero start, so that the predictions differ from pixel to pixel
         torch.nn.init.normal_(head[-1].weight, std=0.01)
-    residual_weights.save(prior, "gray", {"lossy_model": gray.name, "lossy_model_id": W.file_id(folder / f"{gray.name}.safetensors"),
+    residual_weights.save(prior, "gray", {"lossy_model": gray.name,
+                                          "lossy_model_id": W.file_id(folder / f"{gray.name}.safetensors"),
                                           "note": "random weights for tests"}, folder)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import types
@@ -15,8 +14,7 @@ import pytest
 import torch
 
 from visemz import codec as codec_module
-from visemz import container, tiling
-from visemz.models import graphs
+from visemz import container, defaults, tiling
 from visemz.codec import ImageCodec
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints
@@ -204,14 +202,10 @@ def tiled_synthesis(codec: ImageCodec, buf: bytes, park) -> tuple[list, list[int
 
     g_s = _RecordingSynthesis(f.net.g_s, lambda: sum(r() is not None for r in refs))
     net = types.SimpleNamespace(g_s=g_s)
-    saved = graphs.DEFAULTS  # eager passes: a CUDA graph's replay would not call the recording g_s
-    graphs.DEFAULTS = dataclasses.replace(saved, graphs=0)
-    try:
-        with codec_module.network_math():
-            parts = [(i, as_numpy(x)) for i, x in tiling.synthesise(net, f.grid, list(range(f.grid.count)), latent_of, 1,
-                                                                    park)]
-    finally:
-        graphs.DEFAULTS = saved
+    # eager passes: a CUDA graph's replay would not call the recording g_s
+    with defaults.set(graphs=0), codec_module.network_math():
+        parts = [(i, as_numpy(x)) for i, x in tiling.synthesise(net, f.grid, list(range(f.grid.count)), latent_of,
+                                                                1, park)]
     return parts, g_s.counts
 
 
@@ -222,8 +216,8 @@ def check_switch_setting(monkeypatch, env: str, field: str) -> None:
 
     for value, want in (("0", 0), ("1", 1)):
         monkeypatch.setenv(env, value)
-        assert getattr(config._from_env(), field) == want
+        assert getattr(config.from_env(), field) == want
     for bad in ("2", "-1", "yes"):
         monkeypatch.setenv(env, bad)
         with pytest.raises(InvalidArgumentError, match=env):
-            config._from_env()
+            config.from_env()

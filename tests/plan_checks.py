@@ -19,7 +19,8 @@ from visemz.errors import InvalidArgumentError, PeerFailedError, PlanMismatchErr
 from . import collective_checks as C
 
 
-def _meets_its_contract(got: torch.Tensor, codec, algorithm: str, exact: np.ndarray, torch_sum: torch.Tensor, world: int):
+def _meets_its_contract(got: torch.Tensor, codec, algorithm: str, exact: np.ndarray, torch_sum: torch.Tensor,
+                        world: int):
     """``got`` (an all_reduce's result) against references computed without visemz: plain equals
     torch.distributed's all_reduce of the uncompressed tensors; lossless is the exact float64 sum in
     rank order, rounded once to the dtype, bit for bit; error-bounded lies within W eb of the exact sum."""
@@ -38,7 +39,8 @@ def _against_the_exact_sum(rank: int, world: int) -> list[str]:
     cases = [(ErrorBounded(1e-3, p), a, dt) for p in ("none", "lorenzo") for a in ("ring", "recursive_doubling")
              for dt in (torch.float32, torch.bfloat16)]
     cases += [(ErrorBounded(1e-3, "lorenzo2d"), "ring", torch.float32), (Lossless(), "auto", torch.float32),
-              (Lossless(), "auto", torch.bfloat16), (None, "auto", torch.float32), (ErrorBounded(2e-3), "plain", torch.float16)]
+              (Lossless(), "auto", torch.bfloat16), (None, "auto", torch.float32),
+              (ErrorBounded(2e-3), "plain", torch.float16)]
     for codec, algorithm, dtype in cases:
         shape = (53, 31) if codec is not None and getattr(codec, "predictor", "") == "lorenzo2d" else (C.N,)
         n = shape[0] * shape[1] if len(shape) == 2 else shape[0]
@@ -70,9 +72,11 @@ def _mismatches(rank: int, world: int) -> list[str]:
         ("predictor", lambda: plan(C.data(rank), codec=ErrorBounded(1e-3, "none" if odd else "lorenzo"))),
         ("dtype", lambda: plan(C.data(rank, torch.float16 if odd else torch.float32), codec=ErrorBounded(1e-3))),
         ("values", lambda: plan(C.data(rank, n=C.N + odd), codec=ErrorBounded(1e-3))),
-        ("algorithm or root", lambda: plan(C.data(rank), codec=ErrorBounded(1e-3), algorithm="ring" if odd else "auto")),
+        ("algorithm or root", lambda: plan(C.data(rank), codec=ErrorBounded(1e-3),
+                                           algorithm="ring" if odd else "auto")),
         ("op", lambda: plan(C.data(rank), op="avg" if odd else "sum")),
-        ("row length", lambda: plan(C.data(rank, n=10_010).reshape((1001, 10) if odd else (10, 1001)), codec=ErrorBounded(1e-3, "lorenzo2d"))),
+        ("row length", lambda: plan(C.data(rank, n=10_010).reshape((1001, 10) if odd else (10, 1001)),
+                                    codec=ErrorBounded(1e-3, "lorenzo2d"))),
     ):
         try:
             make()

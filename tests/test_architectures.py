@@ -20,13 +20,15 @@ def test_cached_gains_follow_the_parameters_and_serve_autograd():
     (y * inv).sum().backward()  # an inference tensor here would raise
     torch.testing.assert_close(y.grad, inv)
     fresh = architectures.GainUnits(4)
-    torch.testing.assert_close(units.at(2.5, torch.float64, "cpu")[1], fresh.at(2.5, torch.float64, "cpu")[1], rtol=0, atol=0)
+    torch.testing.assert_close(units.at(2.5, torch.float64, "cpu")[1], fresh.at(2.5, torch.float64, "cpu")[1],
+                               rtol=0, atol=0)
     with torch.no_grad():
         units.log_gain.add_(0.5)  # an optimiser step's in-place write
     g2, _ = units.at(2.5, torch.float32, "cpu")
     torch.testing.assert_close(g2, g * math.exp(0.5), rtol=1e-6, atol=0)
     units.load_state_dict(fresh.state_dict())
-    torch.testing.assert_close(units.at(2.5, torch.float32, "cpu")[0], fresh.at(2.5, torch.float32, "cpu")[0], rtol=0, atol=0)
+    torch.testing.assert_close(units.at(2.5, torch.float32, "cpu")[0], fresh.at(2.5, torch.float32, "cpu")[0],
+                               rtol=0, atol=0)
     for k in range(architectures._AT_CACHE_SIZE + 3):  # a long sweep of qualities keeps the cache bounded
         units.at(1 + k / 20, torch.float32, "cpu")
     assert len(units._at_cache) <= architectures._AT_CACHE_SIZE

@@ -30,7 +30,8 @@ def test_tiny_cpu_run(tmp_path, model_weights):
     (data / "kodak").mkdir(parents=True)
     (data / "xray").mkdir()
     for i in range(2):
-        cv2.imwrite(str(data / f"kodak/{i}.png"), cv2.GaussianBlur(rng.integers(0, 256, (64, 96, 3), dtype=np.uint8), (0, 0), 2))
+        cv2.imwrite(str(data / f"kodak/{i}.png"), cv2.GaussianBlur(rng.integers(0, 256, (64, 96, 3), dtype=np.uint8),
+                                                                   (0, 0), 2))
     cv2.imwrite(str(data / "xray/0.png"), cv2.GaussianBlur(rng.integers(0, 256, (80, 64), dtype=np.uint8), (0, 0), 2))
     out = tmp_path / "bench.json"
     bench_pipeline.main(["--data", str(data), "--work", str(tmp_path / "work"), "--out", str(out), "--device", "cpu",
@@ -38,7 +39,8 @@ def test_tiny_cpu_run(tmp_path, model_weights):
     report = json.loads(out.read_text())
     assert report["device"] == "CPU only" and report["folder"] == {"distinct": 3, "files": 6}
     labels = [r["label"] for r in report["runs"]]
-    assert labels[:4] == ["b: visemz 1 stream", "c: visemz 2 streams", "b: decompress 1 stream", "c: decompress 2 streams"]
+    assert labels[:4] == ["b: visemz 1 stream", "c: visemz 2 streams", "b: decompress 1 stream",
+                          "c: decompress 2 streams"]
     assert "a: compressai-loop" in labels and any(lbl.startswith("d: nvjpeg q") for lbl in labels)
     assert all(r["failed"] == 0 and r["done"] == r["files"] and r["images_per_s"] > 0 for r in report["runs"])
     q = report["quality"]

@@ -18,7 +18,8 @@ import bench_tiles  # noqa: E402
 def test_psnr_at_equal_bpp_reads_the_untiled_curve_at_the_tiled_rate():
     # untiled points (bpp, PSNR) on PSNR = 30 + 10 log10(bpp): a tiled file at 1.1x the bits and the same PSNR
     # lies 10 log10(1.1) = 0.414 dB below the untiled curve
-    curve = {q: (b, 30 + 10 * np.log10(b), 1.1 * b, 30 + 10 * np.log10(b)) for q, b in ((1, 0.25), (2, 0.5), (3, 1.0), (4, 2.0))}
+    curve = {q: (b, 30 + 10 * np.log10(b), 1.1 * b, 30 + 10 * np.log10(b))
+             for q, b in ((1, 0.25), (2, 0.5), (3, 1.0), (4, 2.0))}
     assert bench_tiles._psnr_at_equal_bpp(curve, 2) == pytest.approx(-10 * np.log10(1.1), abs=1e-9)
     assert bench_tiles._psnr_at_equal_bpp(curve, 4) is None  # 2.2 bpp: beyond the untiled curve
     row = bench_tiles._seam_row(2, [curve, curve], 256)

@@ -97,7 +97,8 @@ def test_tiny_run(tmp_path, model_weights, device):
                      "--calib-steps", "6", "--work", str(work), "--out", str(out)])
     report = json.loads(out.read_text())
     img = evalkit.mosaic(evalkit.sources(data), 128)
-    assert (report["device_kind"], report["size"], report["chunk"], report["raw_bytes"]) == (device, 128, 64, img.nbytes)
+    assert (report["device_kind"], report["size"], report["chunk"], report["raw_bytes"]) == \
+        (device, 128, 64, img.nbytes)
     assert report["distinct_values"] == len(np.unique(img)) and report["versions"]["zarr"] == zarr.__version__
     assert set(report["versions"]) >= {"zarr", "numcodecs", "imagecodecs", "visemz"}
     rows = report["rows"]
@@ -121,7 +122,8 @@ def test_tiny_run(tmp_path, model_weights, device):
     level = group["0"]
     assert level.chunks == (64, 64) and level.compressor.get_config()["id"] == "visemz"
     assert np.array_equal(level[...], img)
-    stored = sum(f.stat().st_size for f in (work / "visemz_lossless.ome.zarr" / "0").rglob("*") if f.is_file() and not f.name.startswith("."))
+    stored = sum(f.stat().st_size for f in (work / "visemz_lossless.ome.zarr" / "0").rglob("*") if f.is_file()
+                 and not f.name.startswith("."))
     assert stored == rows["visemz_lossless"]["stored_bytes"]
 
     for name in IMAGECODECS_ROWS:  # measured where imagecodecs is installed, otherwise skipped with the reason

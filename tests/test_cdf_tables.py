@@ -164,7 +164,7 @@ def test_invalid_tables_are_refused():
         "2-D": (cdf.reshape(1, -1), start, off),
         "float": (cdf.astype(np.float32), start, off),
     }
-    for name, arrays in cases.items():
+    for arrays in cases.values():
         with pytest.raises(InvalidArgumentError):
             CdfTables(*arrays)
     for bad in ([], [1.0, 0.5], [0.0, 1.0], [1.0, np.inf]):

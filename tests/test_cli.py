@@ -17,7 +17,6 @@ import cv2
 import numpy as np
 import pytest
 import tifffile
-
 from skimage import data
 
 import visemz
@@ -83,7 +82,8 @@ def strict_json(text: str):
 
 
 def _digest(folder: Path) -> dict:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in folder.rglob("*") if p.is_file()}
 
 
 def test_compress_resume_decompress_verify(tree, cli, tmp_path):
@@ -121,7 +121,8 @@ def test_compress_resume_decompress_verify(tree, cli, tmp_path):
     rows = {row["file"]: row for row in strict_json(r.stdout)}  # lossless: PSNR "inf", never Infinity
     assert r.exit_code == 1 and all(rows[rel]["max_error"] == 0 and rows[rel]["psnr"] == "inf" for rel in GOOD)
     assert all("error" in rows[b] for b in BAD)
-    assert r.stderr.strip().endswith(f"{len(GOOD)} verified, {len(BAD)} failed; lowest PSNR inf dB, largest max error 0")
+    assert r.stderr.strip().endswith(f"{len(GOOD)} verified, {len(BAD)} failed; lowest PSNR inf dB, "
+                                     "largest max error 0")
 
     info = strict_json(cli("info", dst / "a/b/rgb8.png.vsz", "--json").stdout)
     assert info["kind"] == "image" and info["meta"]["shape"] == [33, 47, 3] and info["bpp"] > 0
@@ -177,7 +178,8 @@ def test_killed_run_resumes_without_loss(cli, model_weights, tmp_path):
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == -signal.SIGKILL, f"the command ended by itself ({proc.returncode}): {err.decode()[-2000:]}"
+    assert proc.returncode == -signal.SIGKILL, \
+        f"the command ended by itself ({proc.returncode}): {err.decode()[-2000:]}"
     written = list(dst.rglob("*.vsz"))
     assert 0 < len(written) < len(images), "the run was not interrupted part-way"
     assert all(is_complete(p) for p in written)  # no partial file under a final name
@@ -206,7 +208,8 @@ def test_demo_runs_the_main_job_and_says_where_its_outputs_are(cli, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert "compressed 8 sample images" in r.stdout and "PSNR" in r.stdout
     assert f"outputs in {out}" in r.stdout
-    assert len(list((out / "compressed").glob("*.vsz"))) == 8 and len(list((out / "restored").glob("[!.]*"))) == 9  # and the manifest
+    assert len(list((out / "compressed").glob("*.vsz"))) == 8 and \
+        len(list((out / "restored").glob("[!.]*"))) == 9  # and the manifest
     r = cli("demo", "--device", "cpu", "--out", out)  # never into a folder that holds something
     assert r.exit_code == 2 and "not an empty folder" in r.stderr
 
@@ -222,7 +225,8 @@ def test_large_tiff_and_volume_tiled_and_a_region_decoded(cli, tmp_path):
     src, dst, out = tmp_path / "src", tmp_path / "dst", tmp_path / "out"
     rng = np.random.default_rng(5)
     cam = data.camera()
-    inputs = {"gray16.tif": cam[:200, :150].astype(np.uint16) * 250 + rng.integers(0, 200, (200, 150)).astype(np.uint16),
+    inputs = {"gray16.tif": cam[:200, :150].astype(np.uint16) * 250
+              + rng.integers(0, 200, (200, 150)).astype(np.uint16),
               "rgb8.tif": data.astronaut()[:130, :200], "volume.npy": np.stack([cam[:70, :130], cam[100:170, 200:330]])}
     for name, img in inputs.items():
         _write(src / name, img)
@@ -255,8 +259,8 @@ def test_a_tile_the_reader_refuses_is_a_usage_error(cli, tmp_path, tile):
 
 
 # ------------------------------------------------------------------ a CLI that answers fast and plainly
-NO_TORCH = ("import sys, atexit; atexit.register(lambda: print('torch loaded' if {'torch', 'compressai'} & set(sys.modules) "
-            "else 'torch not loaded', file=sys.stderr)); sys.argv = ['visemz', *sys.argv[1:]]; "
+NO_TORCH = ("import sys, atexit; atexit.register(lambda: print('torch loaded' if {'torch', 'compressai'} & "
+            "set(sys.modules) else 'torch not loaded', file=sys.stderr)); sys.argv = ['visemz', *sys.argv[1:]]; "
             "from visemz.cli import main; main()")
 
 
@@ -269,18 +273,21 @@ def test_help_usage_errors_version_and_info_load_no_torch(tmp_path, model_weight
     vsz.parent.mkdir()
     vsz.write_bytes(visemz.compress(_array("uint8", (16, 16), 0), device="cpu"))
     cases = [(["--help"], 0, "compress"), (["version"], 0, visemz.__version__), (["info", vsz], 0, "16x16 uint8"),
-             (["info", vsz.parent, "--json"], 0, '"files"'), (["compress", src, tmp_path / "d", "--model", "nope"], 2, "nope"),
+             (["info", vsz.parent, "--json"], 0, '"files"'),
+             (["compress", src, tmp_path / "d", "--model", "nope"], 2, "nope"),
              (["compress", src, tmp_path / "d", "--max-error", "nan"], 2, "max_error=nan"),
              (["compress", src, tmp_path / "d", "--max-error", "-1"], 2, "max_error=-1"),
              (["compress", src, tmp_path / "d", "--entropy", "lz4"], 2, "lz4"),
              (["compress", src, tmp_path / "d", "--entropy", "ans", "--device", "cpu"], 2, "entropy 'ans'"),
-             (["compress", src, tmp_path / "d", "--quality", "9"], 2, "--quality"), (["compress", src, src], 2, "is the source"),
-             (["compress", empty, tmp_path / "d"], 2, "no images"), (["decompress", src, tmp_path / "d", "--format", "gif"], 2, "gif"),
-             (["compress", src, tmp_path / "d", "--refine", "-1"], 2, "--refine"), (["ints-info", tmp_path / "nothing"], 2, "cannot read"),
+             (["compress", src, tmp_path / "d", "--quality", "9"], 2, "--quality"),
+             (["compress", src, src], 2, "is the source"), (["compress", empty, tmp_path / "d"], 2, "no images"),
+             (["decompress", src, tmp_path / "d", "--format", "gif"], 2, "gif"),
+             (["compress", src, tmp_path / "d", "--refine", "-1"], 2, "--refine"),
+             (["ints-info", tmp_path / "nothing"], 2, "cannot read"),
              (["info", tmp_path / "nothing"], 2, "neither a file nor a folder"), (["compres"], 2, "No such command")]
     for args, code, says in cases:
-        p = subprocess.run([sys.executable, "-c", NO_TORCH, *map(str, args)], capture_output=True, text=True, timeout=120,
-                           env=dict(os.environ, VISEMZ_WEIGHTS_DIR=str(model_weights)))
+        p = subprocess.run([sys.executable, "-c", NO_TORCH, *map(str, args)], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, VISEMZ_WEIGHTS_DIR=str(model_weights)))
         assert p.returncode == code and says in p.stdout + p.stderr, (args, p.returncode, p.stdout, p.stderr)
         assert p.stderr.rstrip().endswith("torch not loaded") and "Traceback" not in p.stderr, (args, p.stderr)
     assert not (tmp_path / "d").exists()
@@ -298,7 +305,8 @@ def _repacked(buf: bytes, edit) -> bytes:
 
     c = container.unpack(buf)
     secs = [bytes(v) for v in c.sections.values()]
-    text = edit(json.dumps({"kind": c.kind, "sections": list(c.sections), "meta": c.meta}, separators=(",", ":"))).encode()
+    text = edit(json.dumps({"kind": c.kind, "sections": list(c.sections), "meta": c.meta},
+                           separators=(",", ":"))).encode()
     lengths = write_varints([len(text), *map(len, secs)])
     prefix = b"\x89VSZ\r\n\x1a\n" + struct.pack("<HBB", 2, len(secs), 0)
     return prefix + struct.pack("<Q", xxh64(prefix, lengths, text, *secs)) + lengths + text + b"".join(secs)
@@ -319,7 +327,8 @@ def test_info_reads_folders_and_its_json_is_strict(cli, tmp_path):
     assert r.exit_code == 1 and "meta.max_error holds inf" in rows["sub/inf.png.vsz"]["error"]
     assert "error" in rows["sub/junk.vsz"]
     assert rows["a.png.vsz"]["bpp"] == round(8 * len(buf) / (32 * 48), 4)
-    assert r.stderr.strip() == doc["summary"] and doc["summary"].startswith("1 file(s)") and "2 unreadable" in doc["summary"]
+    assert r.stderr.strip() == doc["summary"] and doc["summary"].startswith("1 file(s)") and \
+        "2 unreadable" in doc["summary"]
     r = cli("info", folder / "a.png.vsz")
     assert r.exit_code == 0 and "a.png.vsz: image 32x48 uint8" in r.stdout and "bpp" in r.stdout
     r = cli("info", folder / "sub" / "junk.vsz")

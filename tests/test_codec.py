@@ -5,15 +5,15 @@ import struct
 
 import numpy as np
 import pytest
-from skimage import data
 import torch
 import xxhash
+from skimage import data
 
 import visemz
 from visemz import container
-from visemz.framing import write_varints
 from visemz.encoders import entropy, layout, stream
 from visemz.errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError, VisemzError
+from visemz.framing import write_varints
 from visemz.models import all_specs
 from visemz.models import weights as W
 
@@ -249,7 +249,8 @@ def test_format_1_files_are_refused_by_name():
     buf = visemz.compress(_image("uint8", (20, 30)))
     c = container.unpack(buf)
     meta = {k: v for k, v in c.meta.items() if k != "quality"}
-    old = container.pack(c.kind, dict(meta, format=1, model="balle2016-gray-q3"), {k: bytes(v) for k, v in c.sections.items()})
+    old = container.pack(c.kind, dict(meta, format=1, model="balle2016-gray-q3"),
+                         {k: bytes(v) for k, v in c.sections.items()})
     with pytest.raises(UnsupportedFormatError, match="image format 1"):
         visemz.decompress(old)
 
@@ -275,25 +276,25 @@ def test_fractional_qualities(model, dtype, shape):
 
 
 @pytest.mark.parametrize("tf32", [0, 1])
-def test_network_math_sets_tf32_from_the_setting_and_restores_the_callers(monkeypatch, tf32):
+def test_network_math_sets_tf32_from_the_setting_and_restores_the_callers(tf32):
     """VISEMZ_TF32 decides cuDNN's TF32 switch while any codec call runs (nested calls share it); the
     caller's own switch comes back when the last one leaves, and torch's matmul switch is never touched."""
-    import dataclasses
-    from visemz import codec, config
-    monkeypatch.setattr(codec, "DEFAULTS", dataclasses.replace(config.DEFAULTS, tf32=tf32))
+    from visemz import codec, defaults
+
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    try:
-        for matmul in (False, True):
-            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = not tf32, matmul
-            with codec.network_math():
-                assert torch.backends.cudnn.allow_tf32 == bool(tf32)
+    with defaults.set(tf32=tf32):
+        try:
+            for matmul in (False, True):
+                torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = not tf32, matmul
                 with codec.network_math():
                     assert torch.backends.cudnn.allow_tf32 == bool(tf32)
-                assert torch.backends.cudnn.allow_tf32 == bool(tf32) and torch.is_inference_mode_enabled()
-                assert torch.backends.cuda.matmul.allow_tf32 == matmul
-            assert torch.backends.cudnn.allow_tf32 == (not tf32) and torch.backends.cuda.matmul.allow_tf32 == matmul
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+                    with codec.network_math():
+                        assert torch.backends.cudnn.allow_tf32 == bool(tf32)
+                    assert torch.backends.cudnn.allow_tf32 == bool(tf32) and torch.is_inference_mode_enabled()
+                    assert torch.backends.cuda.matmul.allow_tf32 == matmul
+                assert torch.backends.cudnn.allow_tf32 == (not tf32) and torch.backends.cuda.matmul.allow_tf32 == matmul
+        finally:
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def test_tf32_environment_setting(monkeypatch):

@@ -108,8 +108,8 @@ def test_weights_ship_the_tables_the_model_gives():
 def test_weights_without_tables_still_decode_format_2_and_refuse_format_3(tmp_path, monkeypatch, cpu):
     spec = parse("balle2016-gray")
     tensors, meta = W.read_tensors(W.weights_path(spec))
-    save_file({k: v for k, v in tensors.items() if not k.startswith("tables/")}, str(tmp_path / f"{spec.name}.safetensors"),
-              metadata=meta)
+    save_file({k: v for k, v in tensors.items() if not k.startswith("tables/")},
+              str(tmp_path / f"{spec.name}.safetensors"), metadata=meta)
     monkeypatch.setenv("VISEMZ_WEIGHTS_DIR", str(tmp_path))
     W.load.cache_clear()
     codec._model64.cache_clear()
@@ -166,7 +166,7 @@ def test_hostile_scale_exceptions_are_rejected(cpu):
         "index beyond the table": [0, 64],
         "position far from a boundary": [0, 3],  # (the test image's scales are not within 1e-8 of one)
     }
-    for label, values in hostile.items():
+    for values in hostile.values():
         section = encode_ints(np.array(values, np.int32), policy="global", entropy="none")
         with pytest.raises(CorruptStreamError):
             cpu.decompress(_repack(buf, y_scales=section))
@@ -186,13 +186,15 @@ def test_hostile_coding_fields_are_rejected(cpu, model):
     buf = cpu.compress(_image("uint8", (64, 64, 3)), model=model, quality=5, image_format=3)
     coding = container.unpack(buf).meta["coding"]
     assert set(coding.values()) == {"rans"}
-    for bad in (None, "rans", {"y": "lzma"}, dict(coding, w="rans"), {"z": "rans"} if model == "balle2016" else {"y": "rans"}):
+    for bad in (None, "rans", {"y": "lzma"}, dict(coding, w="rans"),
+                {"z": "rans"} if model == "balle2016" else {"y": "rans"}):
         with pytest.raises(CorruptStreamError, match="coding"):
             cpu.decompress(_rewrite(buf, coding=bad))
     with pytest.raises(VisemzError):  # a rANS stream read as an ints stream
         cpu.decompress(_rewrite(buf, coding={k: "ints" for k in coding}))
     c = container.unpack(buf)
-    without = container.pack(c.kind, {k: v for k, v in c.meta.items() if k != "coding"}, {k: bytes(v) for k, v in c.sections.items()})
+    without = container.pack(c.kind, {k: v for k, v in c.meta.items() if k != "coding"},
+                             {k: bytes(v) for k, v in c.sections.items()})
     with pytest.raises(CorruptStreamError, match="coding"):
         cpu.decompress(without)
 
@@ -292,7 +294,7 @@ def test_float64_copy_is_made_from_the_loaded_model_once_per_weights(monkeypatch
 def test_hyper_latent_lanes_take_at_most_the_hyper_cap(cpu, monkeypatch):
     """z's rANS stream is planned with lanes of at most VISEMZ_RANS_HYPER_LANE_SYMBOLS symbols (its decode
     precedes y's); y keeps VISEMZ_RANS_LANE_SYMBOLS.  The setting is validated like the others."""
-    from visemz import config, tile_index
+    from visemz import config, defaults, tile_index
     from visemz.encoders import rans_layout as RL
 
     img = data.astronaut()  # 512 x 512: z holds 128 x 8 x 8 = 8192 symbols
@@ -302,14 +304,14 @@ def test_hyper_latent_lanes_take_at_most_the_hyper_cap(cpu, monkeypatch):
     assert index.coding(0)["z"] == "rans"
     z = RL.parse(index.part(0, "z"), None, None).plan
     y = RL.parse(index.part(0, "y"), None, None).plan
-    assert z.n == 8192 and z.lanes * z.groups >= 8 and z.steps <= config.DEFAULTS.rans_hyper_lane_symbols
+    assert z.n == 8192 and z.lanes * z.groups >= 8 and z.steps <= defaults.get("rans_hyper_lane_symbols")
     assert y.steps > 1024  # y is planned by bytes and VISEMZ_RANS_LANE_SYMBOLS, not the hyper cap
     monkeypatch.setenv("VISEMZ_RANS_HYPER_LANE_SYMBOLS", "256")
-    assert config._from_env().rans_hyper_lane_symbols == 256
+    assert config.from_env().rans_hyper_lane_symbols == 256
     for bad in ("0", str((1 << 20) + 1)):
         monkeypatch.setenv("VISEMZ_RANS_HYPER_LANE_SYMBOLS", bad)
         with pytest.raises(InvalidArgumentError, match="VISEMZ_RANS_HYPER_LANE_SYMBOLS"):
-            config._from_env()
+            config.from_env()
 
 
 def test_loaded_models_are_frozen_for_inference():
@@ -327,19 +329,16 @@ def test_loaded_models_are_frozen_for_inference():
 
 
 @pytest.mark.parametrize("model,quality", [("mbt2018-mean", 1), ("balle2016", 6)])  # balle2016's y is rANS-coded there
-def test_skipping_near_certain_zeros_keeps_the_symbols(cpu, model, quality, monkeypatch):
+def test_skipping_near_certain_zeros_keeps_the_symbols(cpu, model, quality):
     """With VISEMZ_RANS_SKIP_FREQ the image's rANS sections are version-3 streams, the file decodes to the same
     symbols and pixels, and its size moves by under 1%."""
-    from dataclasses import replace
-
-    from visemz import tile_index
-    from visemz.encoders import rans
+    from visemz import defaults, tile_index
     from visemz.encoders import rans_layout as RL
 
     img = data.astronaut()
     plain = cpu.compress(img, model=model, quality=quality)
-    monkeypatch.setattr(rans, "DEFAULTS", replace(rans.DEFAULTS, rans_skip_freq=65531))
-    skipping = cpu.compress(img, model=model, quality=quality)
+    with defaults.set(rans_skip_freq=65531):
+        skipping = cpu.compress(img, model=model, quality=quality)
     c = container.unpack(skipping)
     t = c.meta["tiles"]
     index = tile_index.TileIndex(c.sections, 1, t["parts"], t["symbols"], c.meta["format"])

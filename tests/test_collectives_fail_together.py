@@ -20,10 +20,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from visemz.collectives import (ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, broadcast, plan, transport,
-                                reduce_scatter, scatter)
-from visemz.errors import (InvalidArgumentError, LimitExceededError, PeerFailedError, PlanMismatchError,
-                           UnsupportedFormatError)
+from visemz.collectives import (
+    ErrorBounded,
+    Lossless,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    broadcast,
+    plan,
+    reduce_scatter,
+    scatter,
+    transport,
+)
+from visemz.errors import InvalidArgumentError, LimitExceededError, PlanMismatchError, UnsupportedFormatError
 
 from .collective_checks import data, run_ranks
 
@@ -58,18 +67,22 @@ def _cases(rank: int) -> dict:
                            "contiguous"),
         "NaN": (lambda: all_reduce(_with(float("nan")) if bad else t, codec=EB), InvalidArgumentError, "NaN or Inf"),
         "Inf": (lambda: all_reduce(_with(float("inf")) if bad else t, codec=EB), InvalidArgumentError, "NaN or Inf"),
-        "beyond int32 steps": (lambda: all_reduce(_with(1e7) if bad else t, codec=EB), LimitExceededError, "int32 steps"),
+        "beyond int32 steps": (lambda: all_reduce(_with(1e7) if bad else t, codec=EB), LimitExceededError,
+                               "int32 steps"),
         # (ErrorBounded(-1e-3) itself raises where it is made, before any collective is called)
-        "negative eb": (lambda: all_reduce(t, codec=_tampered(-1e-3) if bad else EB), InvalidArgumentError, "eb=-0.001"),
+        "negative eb": (lambda: all_reduce(t, codec=_tampered(-1e-3) if bad else EB), InvalidArgumentError,
+                        "eb=-0.001"),
         "not a codec": (lambda: all_reduce(t, codec=1e-3 if bad else EB), InvalidArgumentError, "codec=0.001"),
         "size": (lambda: all_reduce(data(rank, n=1001 if bad else 1000), codec=EB), PlanMismatchError, None),
-        "2-D rows of a 1-D tensor": (lambda: all_reduce(t if bad else t.reshape(40, 25), codec=ErrorBounded(1e-3, "lorenzo2d")),
+        "2-D rows of a 1-D tensor": (lambda: all_reduce(t if bad else t.reshape(40, 25),
+                                                        codec=ErrorBounded(1e-3, "lorenzo2d")),
                                      InvalidArgumentError, "lorenzo2d"),
         "all_gather output size": (lambda: all_gather(outs(999 if bad else 1000), t, codec=EB), InvalidArgumentError,
                                    "same number of values"),
-        "all_gather NaN": (lambda: all_gather(outs(), _with(float("nan")) if bad else t, codec=EB), InvalidArgumentError,
-                           "NaN or Inf"),
-        "broadcast src -1 on one rank": (lambda: broadcast(t, -1 if bad else 0, codec=EB), InvalidArgumentError, "src=-1"),
+        "all_gather NaN": (lambda: all_gather(outs(), _with(float("nan")) if bad else t, codec=EB),
+                           InvalidArgumentError, "NaN or Inf"),
+        "broadcast src -1 on one rank": (lambda: broadcast(t, -1 if bad else 0, codec=EB), InvalidArgumentError,
+                                         "src=-1"),
         "broadcast src -1 everywhere": (lambda: broadcast(t, -1, codec=EB), InvalidArgumentError, None),
         "broadcast root's Inf": (lambda: broadcast(_with(float("-inf")) if bad else t, BAD, codec=EB),
                                  InvalidArgumentError, "NaN or Inf"),
@@ -77,17 +90,17 @@ def _cases(rank: int) -> dict:
         "scatter root's list": (lambda: scatter(t, [t] * (w - bad), BAD, codec=EB), InvalidArgumentError, "3 tensors"),
         "scatter root's float64 part": (lambda: scatter(t, [t.double() if bad else t] * w, BAD, codec=EB),
                                         UnsupportedFormatError, "float64"),
-        "all_to_all float64": (lambda: all_to_all(outs(), [t.double() if bad else t] * w, codec=EB), UnsupportedFormatError,
-                               "float64"),
-        "all_to_all lossless count": (lambda: all_to_all(outs(), [t] * (w + bad), codec=Lossless()), InvalidArgumentError,
-                                      "inputs"),
-        "reduce_scatter count": (lambda: reduce_scatter(torch.empty(1000), [t] * (w - bad), codec=EB), InvalidArgumentError,
-                                 "inputs"),
+        "all_to_all float64": (lambda: all_to_all(outs(), [t.double() if bad else t] * w, codec=EB),
+                               UnsupportedFormatError, "float64"),
+        "all_to_all lossless count": (lambda: all_to_all(outs(), [t] * (w + bad), codec=Lossless()),
+                                      InvalidArgumentError, "inputs"),
+        "reduce_scatter count": (lambda: reduce_scatter(torch.empty(1000), [t] * (w - bad), codec=EB),
+                                 InvalidArgumentError, "inputs"),
         "reduce_scatter sizes": (lambda: reduce_scatter(torch.empty(999 if bad else 1000), [t] * w, codec=EB),
                                  InvalidArgumentError, "same number of values"),
         "plan op": (lambda: plan(t, op="max" if bad else "avg", codec=EB), InvalidArgumentError, "op='max'"),
-        "uncompressed all_reduce dtype": (lambda: all_reduce(t.double() if bad else t, codec=None), UnsupportedFormatError,
-                                          "float64"),
+        "uncompressed all_reduce dtype": (lambda: all_reduce(t.double() if bad else t, codec=None),
+                                          UnsupportedFormatError, "float64"),
     }
 
 
@@ -107,7 +120,8 @@ def _outcome(call) -> tuple[str, str, float]:
 def _async_outcome(rank: int) -> tuple[str, str, float]:
     """An asynchronous call with NaN on the bad rank (values are checked where the call runs): raised by
     ``wait`` on every rank."""
-    return _outcome(lambda: all_reduce(_with(float("nan")) if rank == BAD else data(rank, n=1000), codec=EB, async_op=True))
+    return _outcome(lambda: all_reduce(_with(float("nan")) if rank == BAD else data(rank, n=1000), codec=EB,
+                                       async_op=True))
 
 
 def _overflow_cases(rank: int) -> dict:
@@ -199,7 +213,8 @@ def _dies_in_the_middle(rank: int, init: str, queue) -> None:
             all_gather([torch.empty(1000) for _ in range(WORLD)], data(rank, n=1000), codec=EB)
             queue.put((rank, "error", f"all_gather finished without rank {WORLD - 1}"))
         except Exception as e:  # noqa: BLE001 (its type is the result)
-            queue.put((rank, "ok", (type(e).__name__, type(e.__cause__).__name__, str(e)[:300], time.perf_counter() - t0)))
+            queue.put((rank, "ok", (type(e).__name__, type(e.__cause__).__name__, str(e)[:300],
+                                    time.perf_counter() - t0)))
     except BaseException:  # noqa: BLE001
         queue.put((rank, "error", traceback.format_exc()))
     finally:

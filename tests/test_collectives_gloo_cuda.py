@@ -9,9 +9,17 @@ import os
 import pytest
 import torch
 
+from visemz.collectives import (
+    ErrorBounded,
+    Lossless,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    last_algorithm,
+    reduce_scatter,
+    scatter,
+)
 from visemz.collectives import transport as T
-from visemz.collectives import (ErrorBounded, Lossless, all_gather, all_reduce, all_to_all, last_algorithm, reduce_scatter,
-                                scatter)
 from visemz.errors import InvalidArgumentError, LimitExceededError, PeerFailedError, PlanMismatchError
 
 from .collective_checks import bounded, data, exact_sum, run_checks, run_ranks
@@ -38,7 +46,8 @@ def _device_checks(rank: int, world: int) -> list[str]:
             for algorithm in ("ring", "recursive_doubling"):
                 shape = (97, 103) if codec.predictor == "lorenzo2d" else (10_007,)
                 assert _same(lambda t: all_reduce(t, codec=codec, algorithm=algorithm),
-                             lambda: [data(rank, n=97 * 103).reshape(shape) if len(shape) == 2 else data(rank)]), (codec, algorithm)
+                             lambda: [data(rank, n=97 * 103).reshape(shape) if len(shape) == 2
+                                      else data(rank)]), (codec, algorithm)
     finally:
         T._exchange_inband = real
     assert bool(inband_steps) == (os.environ["VISEMZ_COLLECTIVE_INBAND_KIB"] != "0"), len(inband_steps)
@@ -55,7 +64,8 @@ def _device_checks(rank: int, world: int) -> list[str]:
         assert _same(lambda t, *outs: all_gather(list(outs), t, codec=codec),
                      lambda: [data(rank), *(torch.empty(10_007) for _ in range(world))]), codec
         assert _same(lambda *ts: all_to_all(list(ts[:world]), list(ts[world:]), codec=codec),
-                     lambda: [*(torch.empty(300) for _ in range(world)), *(data(rank * world + j, n=300) for j in range(world))])
+                     lambda: [*(torch.empty(300) for _ in range(world)),
+                              *(data(rank * world + j, n=300) for j in range(world))])
         root = world - 1
         assert _same(lambda out, *parts: scatter(out, list(parts) if rank == root else None, root, codec=codec),
                      lambda: [torch.empty(501), *(data(j, n=501) for j in range(world))]), codec

@@ -162,7 +162,8 @@ _NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bf
 def _bits(x: torch.Tensor) -> np.ndarray:
     """A tensor's bit patterns as unsigned NumPy integers (bf16, fp16 -> uint16, fp32 -> uint32)."""
     wide = x.element_size() == 4
-    return x.contiguous().view(torch.int32 if wide else torch.int16).cpu().numpy().view(np.uint32 if wide else np.uint16)
+    ints = x.contiguous().view(torch.int32 if wide else torch.int16).cpu().numpy()
+    return ints.view(np.uint32 if wide else np.uint16)
 
 
 def _tie_inputs(n: int, dtype):
@@ -273,7 +274,8 @@ def test_lossless_kernels_equal_cpu_and_decode_bit_exact(cp, dtype):
                 p.same_bytes(f"n={n} {kind}: encode", Lossless().encode(x.cuda()), Lossless().encode(x))
                 buf, got_name = Lossless().encode_device(x.cuda())
                 p.same(f"n={n} {kind}: dtype name", got_name == name, got_name)
-                p.same_array(f"n={n} {kind}: decoded bit patterns", gpu.ll_decode_wire(buf, n, name, FLOATS, LL_HEAD), _bits(x))
+                p.same_array(f"n={n} {kind}: decoded bit patterns", gpu.ll_decode_wire(buf, n, name, FLOATS, LL_HEAD),
+                             _bits(x))
 
 
 def test_lossless_decode_refuses_damaged_escapes(cp):
@@ -310,17 +312,20 @@ def test_lorenzo2d_kernels_equal_cpu(cp, dtype):
                     x = x.reshape(shape)
                     want = codec.encode(x)
                     s, _ = codec.encode_device(x.cuda())
-                    p.same_bytes(f"{case}: encode", codec.frame(gpu.stream_bytes(s), name, codec.prediction(shape)), want)
+                    p.same_bytes(f"{case}: encode", codec.frame(gpu.stream_bytes(s), name, codec.prediction(shape)),
+                                 want)
                     p.same_bytes(f"{case}: encode of bytes form", codec.encode(x.cuda()), want)
                     dec = codec.decode_device(s, name, row=shape[1]).get()
                     p.same_array(f"{case}: decode to {name}", dec.view(wide), codec.decode(want).view(wide))
-                    p.same_array(f"{case}: decode to float64", codec.decode_device(s, row=shape[1]), codec.decode(want, exact=True))
+                    p.same_array(f"{case}: decode to float64", codec.decode_device(s, row=shape[1]),
+                                 codec.decode(want, exact=True))
             (_, a), (_, b) = list(_inputs(n, 3, dtype))[:2]
             codec = ErrorBounded(1e-3, "lorenzo2d")
             a, b = a.reshape(shape), b.reshape(shape)
             want = add(codec.encode(a), codec.encode(b), codec)
             sa, sb = codec.encode_device(a.cuda())[0], codec.encode_device(b.cuda())[0]
-            p.same_bytes(f"{shape}: fused add", codec.frame(gpu.stream_bytes(gpu.add(sa, sb)), name, codec.prediction(shape)), want)
+            p.same_bytes(f"{shape}: fused add", codec.frame(gpu.stream_bytes(gpu.add(sa, sb)), name,
+                                                            codec.prediction(shape)), want)
 
 
 def test_predicted_device_streams_refuse_ranges_and_damage(cp):
@@ -357,7 +362,8 @@ def test_lorenzo_decode_across_tiles_equals_cpu(cp, dtype):
                 case = f"n={n} eb={eb}"
                 p.same_bytes(f"{case}: encode", codec.frame(gpu.stream_bytes(s), name), want)
                 p.same_array(f"{case}: decode to float64", codec.decode_device(s).get(), codec.decode(want, exact=True))
-                p.same_array(f"{case}: decode to {name}", codec.decode_device(s, name).get().view(wide), codec.decode(want).view(wide))
+                p.same_array(f"{case}: decode to {name}", codec.decode_device(s, name).get().view(wide),
+                             codec.decode(want).view(wide))
 
 
 def test_lorenzo_decode_finds_overflow_in_a_later_tile(cp):

@@ -50,7 +50,8 @@ def test_a_dead_or_stalled_rank_makes_the_others_raise_peer_failed_error(how, tm
 @pytest.mark.parametrize("bad", ["bogus", None, "Ring"])
 def test_an_unknown_algorithm_is_refused_naming_it_and_the_allowed_ones(call, bad):
     """Refused on the caller, before any communication: no process group exists here."""
-    with pytest.raises(InvalidArgumentError, match=r"algorithm=.*expected one of \['auto', 'ring', 'recursive_doubling', 'plain'\]") as e:
+    with pytest.raises(InvalidArgumentError,
+                       match=r"algorithm=.*expected one of \['auto', 'ring', 'recursive_doubling', 'plain'\]") as e:
         call(torch.zeros(8), codec=ErrorBounded(1e-3), algorithm=bad)
     assert repr(bad) in str(e.value)
 

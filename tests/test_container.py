@@ -14,8 +14,9 @@ from visemz.header_dictionary import DICTIONARIES
 
 # what a dictionary's bytes must stay forever: files name it by number (docs/FORMAT.md, section 3)
 DICTIONARY_XXH64 = {1: "3d67dec384d0c3fc"}
-IMAGE_META = {"format": 5, "model": "mbt2018-mean-rgb", "model_id": "68c1431dce83918a", "quality": 3.0, "dtype": "uint8",
-              "shape": [512, 768, 3], "range": [0.0, 255.0], "max_error": None, "residual": None, "entropy": "zstd",
+IMAGE_META = {"format": 5, "model": "mbt2018-mean-rgb", "model_id": "68c1431dce83918a", "quality": 3.0,
+              "dtype": "uint8", "shape": [512, 768, 3], "range": [0.0, 255.0], "max_error": None, "residual": None,
+              "entropy": "zstd",
               "tiles": {"size": 4096, "halo": [32, 16], "grid": [1, 1], "parts": ["y", "y_scales", "z"],
                         "symbols": ["y", "z"]}}
 
@@ -117,7 +118,8 @@ def test_dictionaries_never_change():
 
 def test_an_image_header_compresses_to_a_fraction():
     buf = C.pack("image", IMAGE_META, {"tile_index": b"", "tiles": b""})
-    raw = len(json.dumps({"kind": "image", "sections": ["tile_index", "tiles"], "meta": IMAGE_META}, separators=(",", ":")))
+    raw = len(json.dumps({"kind": "image", "sections": ["tile_index", "tiles"], "meta": IMAGE_META},
+                         separators=(",", ":")))
     c = C.unpack(buf)
     assert c.meta == IMAGE_META and buf[11] == 1 and c.header_bytes < raw / 4
     assert len(buf) == 20 + 3 + c.header_bytes  # three one-byte lengths: the header's and two empty sections'

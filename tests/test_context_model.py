@@ -155,7 +155,8 @@ def test_the_decoders_float64_last_bits_do_not_change_the_symbols(cpu, monkeypat
         tables = net.visemz_tables
         with monkeypatch.context() as m:
             _snap_and_perturb(m, net64, tables.scale_table, perturb=False)
-            sections, coding = latents.encode(latents.RANS, net, net64, symbols, q, {"entropy": "zstd", "bitshuffle": True})
+            sections, coding = latents.encode(latents.RANS, net, net64, symbols, q,
+                                              {"entropy": "zstd", "bitshuffle": True})
         positions, _ = read_scale_exceptions(sections["y_scales"], symbols["y"].numel(), tables.scale_table.size)
         assert positions.size > 100  # a third of the positions sit near a boundary; those within rel_tol are listed
         shapes = {k: tuple(v.shape) for k, v in symbols.items()}
@@ -181,7 +182,8 @@ def test_uneven_slices_code_and_decode():
     x = torch.rand(2, 1, 128, 64)
     with torch.no_grad():
         symbols = architectures.analyse(net, x, 4.2)
-        sections, coding = latents.encode(latents.RANS, net, net64, symbols, 4.2, {"entropy": "zstd", "bitshuffle": True})
+        sections, coding = latents.encode(latents.RANS, net, net64, symbols, 4.2,
+                                          {"entropy": "zstd", "bitshuffle": True})
         assert set(sections) == {"y0", "y1", "y2", "y3", "y4", "y_scales", "z"} and list(coding) == SLICES + ["z"]
         shapes = {k: tuple(v.shape) for k, v in symbols.items()}
         decoded = latents.decode(net, net64, sections, shapes, 4.2, "cpu", coding)

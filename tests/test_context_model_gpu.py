@@ -61,7 +61,8 @@ def test_files_decode_on_the_other_device_to_the_same_symbols(gpu_cpu_codecs, ti
                     for name, body in again.items():
                         p.same_bytes(f"{at}: tile {i} section {name} re-encoded on {other}", body, bytes(parts[name]))
                 a, b = cpu.decompress(buf), gpu.decompress(buf)
-                p.same(f"{at}: CPU decode dtype and shape", a.dtype == img.dtype and a.shape == img.shape, f"{a.dtype} {a.shape}")
+                p.same(f"{at}: CPU decode dtype and shape", a.dtype == img.dtype and a.shape == img.shape,
+                       f"{a.dtype} {a.shape}")
                 tol = cross_device_tolerance(img)
                 p.same_array(f"{at}: GPU and CPU images within {tol:g}", a, b, atol=tol)
 
@@ -73,7 +74,8 @@ def test_error_bound_holds_across_devices(gpu_cpu_codecs):
             for e in (0, 0.01) if img.dtype == np.float32 else (0, 2):
                 for enc, dec in ((gpu, cpu), (cpu, gpu), (gpu, gpu)):
                     out = dec.decompress(enc.compress(img, model=MODEL, quality=2, max_error=e))
-                    p.same_array(f"{label} E={e} written on {enc.device}, read on {dec.device}", out, img, atol=e or 0.0)
+                    p.same_array(f"{label} E={e} written on {enc.device}, read on {dec.device}", out, img,
+                                 atol=e or 0.0)
 
 
 def test_float64_slice_scales_on_the_gpu_match_the_cpu():

@@ -1,6 +1,5 @@
 """The cost model (visemz.collectives.cost) on synthetic timings, and scripts/cost_model.py's table."""
 
-from dataclasses import replace
 import importlib.util
 import json
 from pathlib import Path
@@ -8,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from visemz import config, defaults
 from visemz.collectives import autotune
 from visemz.collectives.cost import ALGORITHMS, CostModel, Line, exchanges, fit_corrections, messages, wire_factor
 from visemz.errors import InvalidArgumentError
@@ -25,7 +25,8 @@ def timings(link_Bps: float, codec_Bps: float, ratio: float, world: int = 2, lat
     link = 1 / link_Bps
     out = {}
     for a, lat in zip(ALGORITHMS, latency):
-        per_byte = wire_factor(a, world) * link / (1 if a == "plain" else ratio) + (0 if a == "plain" else 1 / codec_Bps)
+        per_byte = wire_factor(a, world) * link / (1 if a == "plain" else ratio) + \
+            (0 if a == "plain" else 1 / codec_Bps)
         out[a] = tuple(lat + n * per_byte for n in SIZES)
     return out
 
@@ -91,23 +92,27 @@ def test_ties_go_to_plain_and_missing_timings_are_refused():
 
 
 def test_calibration_sizes_setting(monkeypatch):
-    monkeypatch.setattr(autotune, "DEFAULTS", replace(autotune.DEFAULTS, collective_calibration_kib="1024,32768"))
-    assert autotune.calibration_bytes(torch.device("cuda", 0)) == (1024 * 1024, 32 * 1024 * 1024)
-    assert autotune.calibration_bytes(torch.device("cpu")) == (16 * 1024, 512 * 1024)
-    for bad in ("32768,1024", "1024", "a,b"):
-        monkeypatch.setattr(autotune, "DEFAULTS", replace(autotune.DEFAULTS, collective_calibration_kib=bad))
+    with defaults.set(collective_calibration_kib="1024,32768"):
+        assert autotune.calibration_bytes(torch.device("cuda", 0)) == (1024 * 1024, 32 * 1024 * 1024)
+        assert autotune.calibration_bytes(torch.device("cpu")) == (16 * 1024, 512 * 1024)
+    for bad in ("32768,1024", "1024", "a,b"):  # refused when set, so a calibration never meets one
+        with pytest.raises(InvalidArgumentError, match="collective_calibration_kib"):
+            defaults.set(collective_calibration_kib=bad)
+        monkeypatch.setenv("VISEMZ_COLLECTIVE_CALIBRATION_KIB", bad)
         with pytest.raises(InvalidArgumentError, match="VISEMZ_COLLECTIVE_CALIBRATION_KIB"):
-            autotune.calibration_bytes(torch.device("cpu"))
+            config.from_env()
 
 
 def test_script_formulas_and_limits():
     size, alpha, bw = 1 << 30, 5e-6, 12.5e9
     assert cm.plain_seconds(size, 2, alpha, bw) == pytest.approx(2 * alpha + size / bw)
-    free = {"ratio": 1.0, "encode_GBps": float("inf"), "decode_GBps": float("inf"), "homomorphic_add_GBps": float("inf")}
+    free = {"ratio": 1.0, "encode_GBps": float("inf"), "decode_GBps": float("inf"),
+            "homomorphic_add_GBps": float("inf")}
     # free codecs at ratio 1: the ring moves the same bytes, plus the reduce-scatter phase's 63 size words
     # and the 63 steps of the all_gather of the all-gather phase's sizes
     extra, plain_latency = 2 * 63 * alpha, 2 * 63 * alpha
-    assert cm.compressed_seconds(size, 64, alpha, bw, free) == pytest.approx(cm.plain_seconds(size, 64, alpha, bw) + extra)
+    assert cm.compressed_seconds(size, 64, alpha, bw, free) == \
+        pytest.approx(cm.plain_seconds(size, 64, alpha, bw) + extra)
     c = dict(free, ratio=4.0)
     # with free codecs, a 4x ratio divides the bandwidth term by 4
     want = plain_latency + extra + (cm.plain_seconds(size, 64, alpha, bw) - plain_latency) / 4
@@ -141,7 +146,8 @@ def _rows_of_the_model(world: int, alpha: float, link_Bps: float, corrections: t
     for a in ("ring", "recursive_doubling"):
         for mb in (1, 16, 256, 1024):
             t = cm.model(world, alpha, link_Bps, CODEC, corrections).seconds(a, mb * MIB)
-            rows.append({"op": "all_reduce", "data": "image", "algorithm": a, "bytes": mb * MIB, "eb": 1e-4, "seconds": t})
+            rows.append({"op": "all_reduce", "data": "image", "algorithm": a, "bytes": mb * MIB, "eb": 1e-4,
+                         "seconds": t})
     return {"world": world, "device": "test", "rows": rows}
 
 
@@ -190,7 +196,8 @@ def test_measured_rows_pair_each_row_with_its_predictors_codec_and_keep_one_api(
     nccl = {"op": "all_reduce", "data": "image", "algorithm": "nccl", "bytes": MIB, "eb": None, "seconds": 1e-3}
     rows = [nccl] + [{"op": "all_reduce", "data": "image", "algorithm": a, "bytes": MIB, "eb": 1e-4, "seconds": 2e-3,
                       "predictor": p, "api": api}
-                     for a in ("ring", "recursive_doubling") for p in ("none", "lorenzo") for api in ("functional", "plan")]
+                     for a in ("ring", "recursive_doubling") for p in ("none", "lorenzo")
+                     for api in ("functional", "plan")]
     measured = {"world": 2, "rows": rows}
     new = {"image/eb=0.0001/none": plain_codec, "image/eb=0.0001/lorenzo": lorenzo}
     _, pairs = cm.measured_rows(measured, new, "image", "plan")
@@ -236,7 +243,8 @@ def test_a_plans_chooser_keeps_its_answer_until_the_model_or_the_ratio_changes(m
 
 
 def _replay_module():
-    spec = importlib.util.spec_from_file_location("auto_replay", Path(__file__).parents[1] / "scripts" / "auto_replay.py")
+    spec = importlib.util.spec_from_file_location("auto_replay",
+                                                  Path(__file__).parents[1] / "scripts" / "auto_replay.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -250,8 +258,8 @@ def test_auto_replay_picks_what_its_lines_say_and_names_the_measured_best():
     def rows(slope_ring: float) -> list[dict]:
         out = []
         for size in (1, 16, 256, 1024):
-            out.append({"op": "all_reduce", "algorithm": "nccl", "data": "image", "eb": None, "bytes": size * mb, "world": 4,
-                        "seconds": 1e-3 + size * 4e-4})
+            out.append({"op": "all_reduce", "algorithm": "nccl", "data": "image", "eb": None, "bytes": size * mb,
+                        "world": 4, "seconds": 1e-3 + size * 4e-4})
             for a, t in (("ring", 5e-3 + size * slope_ring), ("recursive_doubling", 9e-3 + size * 3e-4)):
                 out.append({"op": "all_reduce", "algorithm": a, "api": "plan", "data": "image", "eb": 1e-4,
                             "bytes": size * mb, "world": 4, "seconds": t})

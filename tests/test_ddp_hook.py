@@ -44,7 +44,8 @@ def _train(rank, world, init, codec_name, algorithm, device, queue):
         torch.cuda.set_device(0)
         warm = ErrorBounded(1e-6)
         warm.decode_device(warm.encode_device(torch.zeros(64, device=dev))[0], "float32")
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
     try:
         torch.manual_seed(0)
         names = ("plain", "hooked", "synchronous")
@@ -74,7 +75,8 @@ def _train(rank, world, init, codec_name, algorithm, device, queue):
                           "from plain DDP": float((flat["hooked"] - flat["plain"]).abs().max()),
                           "same as synchronous": torch.equal(flat["hooked"], flat["synchronous"]),
                           "futures": sorted({t.__name__ for t in returned}), "calls": len(returned),
-                          "all futures": bool(returned) and all(issubclass(t, torch.futures.Future) for t in returned)}))
+                          "all futures": bool(returned) and all(issubclass(t, torch.futures.Future)
+                                                                for t in returned)}))
     except BaseException as e:  # noqa: BLE001 (any failure goes back to the parent as a result)
         queue.put((rank, repr(e)))
     finally:
@@ -90,7 +92,8 @@ def _train(rank, world, init, codec_name, algorithm, device, queue):
 def test_ddp_hook_returns_futures_and_trains_as_before(codec_name, algorithm, device, tmp_path):
     if device == "cuda":
         pytest.importorskip("cupy")
-    results = run_ranks(_train, 2, lambda r, q: (r, 2, tmp_path / "init", codec_name, algorithm, device, q), timeout=150)
+    results = run_ranks(_train, 2, lambda r, q: (r, 2, tmp_path / "init", codec_name, algorithm, device, q),
+                        timeout=150)
     for rank, got in results:
         assert isinstance(got, dict), f"rank {rank}: {got}"
         assert got["all futures"], f"rank {rank}: the hook returned {got['futures']}"

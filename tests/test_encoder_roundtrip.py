@@ -11,7 +11,8 @@ from visemz.errors import DeviceUnavailableError, UnsupportedFormatError
 from .helpers import DISTRIBUTIONS, EDGE_SIZES, check_roundtrip, make_ints
 
 CONFIGS = [
-    dict(policy=p, bitshuffle=b, entropy=e) for p in ("global", "block") for b in (True, False) for e in ("none", "zstd")
+    dict(policy=p, bitshuffle=b, entropy=e) for p in ("global", "block") for b in (True, False)
+    for e in ("none", "zstd")
 ]
 
 

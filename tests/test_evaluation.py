@@ -226,13 +226,15 @@ def test_refined_rows_join_a_finished_run(folder, tmp_path, model_weights):
     c = costs["rgb"]["visemz-balle2016-refine2"]
     assert (c["steps"], c["points"], c["upper_bound"], c["devices"]) == (2, 4, False, ["cpu"])
     extra = np.mean([float(r["encode_s"]) - float(b["encode_s"]) for r in refined if r["dataset"] == "rgb"
-                     for b in rows if b["codec"] == "visemz-balle2016" and (b["image"], b["setting"]) == (r["image"], r["setting"])])
+                     for b in rows if b["codec"] == "visemz-balle2016"
+                     and (b["image"], b["setting"]) == (r["image"], r["setting"])])
     assert c["s_per_100_steps"] == pytest.approx(extra * 50)
     md = summary_markdown(mean_curves(rows), [], "test", costs, "cpu")
     assert md.count("| visemz-balle2016-refine2 | 2 | 4 |") == 1 and "| visemz-balle2016-refine2 | 2 | 2 |" in md
     assert "| visemz-balle2016-refine2 | +" in md or "| visemz-balle2016-refine2 | -" in md  # a BD-rate vs JPEG
     # refined points alone (no unrefined ones on their device): the whole encode, flagged as an upper bound
-    alone = report.refine_costs([dict(r, device="cuda") if r["codec"] == "visemz-balle2016-refine2" else r for r in rows])
+    alone = report.refine_costs([dict(r, device="cuda") if r["codec"] == "visemz-balle2016-refine2" else r
+                                 for r in rows])
     assert alone["gray"]["visemz-balle2016-refine2"]["upper_bound"] is True
 
 
@@ -275,8 +277,8 @@ def test_cli_eval_writes_csv_plots_and_summary(folder, tmp_path, cli):
     r = cli(*args)
     assert r.exit_code == 1, r.stderr  # broken.png is reported, the rest goes on
     assert "broken.png" in r.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["crops_gray.png", "crops_rgb.png", "points.csv", "rd", "rd_gray.png",
-                                                     "rd_rgb.png", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["crops_gray.png", "crops_rgb.png", "points.csv", "rd",
+                                                     "rd_gray.png", "rd_rgb.png", "summary.md"]
     assert sorted(p.name for p in (out / "rd").iterdir()) == ["gray.json", "rgb.json"]
     rows = _rows(out / "points.csv")
     assert len(rows) == 3 * (8 + 8 + 8)

@@ -178,10 +178,10 @@ def test_gray_crops_run_as_their_own_datasets(sets, tmp_path):
 
 # ------------------------------------------------------------------ tables
 def _row(ds, image, codec, e, bpp, err, channels=1, enc=0.5, dec=0.25):
-    return {"dataset": ds, "image": image, "codec": codec, "setting": f"e={e:g}", "value": str(float(e)), "kind": "bound",
-            "device": "cpu", "height": "8", "width": "8", "channels": str(channels), "bytes": "8", "bpp": str(bpp),
-            "psnr": "inf" if err == 0 else "50", "ssim": "1", "ms_ssim": "1", "gmsd": "0", "max_abs_error": str(err),
-            "encode_s": str(enc), "decode_s": str(dec)}
+    return {"dataset": ds, "image": image, "codec": codec, "setting": f"e={e:g}", "value": str(float(e)),
+            "kind": "bound", "device": "cpu", "height": "8", "width": "8", "channels": str(channels), "bytes": "8",
+            "bpp": str(bpp), "psnr": "inf" if err == 0 else "50", "ssim": "1", "ms_ssim": "1", "gmsd": "0",
+            "max_abs_error": str(err), "encode_s": str(enc), "decode_s": str(dec)}
 
 
 ROWS = [
@@ -209,7 +209,8 @@ def test_tables_check_bounds_and_give_ratios_over_common_images():
     assert "| visemz-x-maxerr | 2 | 6.0000 | 1.200x | 1.200x | 0 | 2 | 0.25 | cpu |" in md
     assert "| png | 2 | bound broken on 1 of 2 images: not averaged |" in md
     assert "| webp-lossless | 1 | 3.0000 | 0.750x (1 image) |" in md
-    assert "| 2 | visemz-x-maxerr | 2 | 2.0000 | 0.800x | 2 |" in md and "| 2 | jpegls | 2 | 2.5000 | 1 (anchor) | 2 |" in md
+    assert "| 2 | visemz-x-maxerr | 2 | 2.0000 | 0.800x | 2 |" in md and \
+        "| 2 | jpegls | 2 | 2.5000 | 1 (anchor) | 2 |" in md
     assert bound_tables.violations(ROWS) == ["s/i2 png e=0: maximum error 3 > 0"]
     # the broken point is in no curve either, and the summary lists it
     curves = report.mean_curves(ROWS)

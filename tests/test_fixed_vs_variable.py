@@ -1,4 +1,5 @@
-"""Fixed-rate training (MODEL@qQ in scripts/train.py) and scripts/fixed_vs_variable.py (variable rate against fixed rate)."""
+"""Fixed-rate training (MODEL@qQ in scripts/train.py) and scripts/fixed_vs_variable.py (variable rate against
+fixed rate)."""
 
 import json
 import math
@@ -155,7 +156,8 @@ def test_fixed_vs_variable_end_to_end_on_train_py_checkpoints(tmp_path):
     fvv.main(["--ckpt", str(ckpt), "--images", str(images), "--limit", "1", "--device", "cpu",
               "--offsets", "-1", "0", "1", "--out", str(out)])
     result = json.loads(out.read_text())
-    assert result["device"].startswith("CPU") and result["images"] == {"folder": str(images), "count": 1, "names": ["a.png"]}
+    assert result["device"].startswith("CPU") and result["images"] == {"folder": str(images), "count": 1,
+                                                                       "names": ["a.png"]}
     assert {n: (c["steps"], c["qualities"]) for n, c in result["checkpoints"].items()} == {
         "mbt2018-mean-rgb": (2, "1-8"), "mbt2018-mean-rgb@q2": (2, "2"), "mbt2018-mean-rgb@q6": (2, "6")}
     curve = result["variable_curves"]["mbt2018-mean-rgb"]
@@ -214,7 +216,8 @@ def test_fixed_rate_training_captures_and_measures_on_the_gpu(tmp_path):
     result = fvv.main(["--ckpt", str(ckpt), "--images", str(_eval_images(tmp_path)), "--device", "cuda",
                        "--offsets", "-1", "0", "1", "--out", str(tmp_path / "gpu.json")])
     assert result["device"] == torch.cuda.get_device_name()
-    assert {n: c["steps"] for n, c in result["checkpoints"].items()} == {"mbt2018-mean-rgb": 2, "mbt2018-mean-rgb@q3": 2}
+    assert {n: c["steps"] for n, c in result["checkpoints"].items()} == {"mbt2018-mean-rgb": 2,
+                                                                         "mbt2018-mean-rgb@q3": 2}
     (c,) = result["comparisons"]
     assert c["quality"] == 3.0 and c["fixed_bpp"] > 0 and math.isfinite(c["fixed_psnr"])
     assert [p["quality"] for p in result["variable_curves"]["mbt2018-mean-rgb"]] == [2.0, 3.0, 4.0]

@@ -9,9 +9,15 @@ from skimage import data as skdata
 
 from visemz.collectives import ErrorBounded, Lossless, add, gpu
 from visemz.collectives.codecs import LL_HEAD
+from visemz.encoders import encode_ints, stream
+from visemz.errors import (
+    CorruptStreamError,
+    InvalidArgumentError,
+    LimitExceededError,
+    UnsupportedFormatError,
+    VisemzError,
+)
 from visemz.framing import xxh64
-from visemz.encoders import decode_ints, encode_ints, stream
-from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -40,9 +46,13 @@ def test_error_bound(dtype, eb):
     buf = codec.encode(x)
     assert within(np.abs(codec.decode(buf, exact=True) - _f64(x)), eb, _f64(x))
     out = codec.decode(buf)
-    back = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16) if dtype == torch.bfloat16 else torch.from_numpy(out)
+    if dtype == torch.bfloat16:
+        back = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+    else:
+        back = torch.from_numpy(out)
     half_ulp = torch.finfo(dtype).eps * (torch.abs(x.to(torch.float64)) + eb) / 2
-    assert back.dtype == dtype and within((torch.abs(back.to(torch.float64) - x.to(torch.float64)) - half_ulp).numpy(), eb, _f64(x))
+    assert back.dtype == dtype and within((torch.abs(back.to(torch.float64) - x.to(torch.float64)) - half_ulp).numpy(),
+                                          eb, _f64(x))
 
 
 def test_error_bound_rejects_bad_input():
@@ -131,7 +141,8 @@ def test_lossless_wire_form_converts_to_the_bytes_form():
         sizes = struct.unpack_from("<4Q", body, 0)
         at = 32 + sizes[0] + sizes[1]
         raw = stream.parse(body[at : at + sizes[2]]).frames[0]
-        wire = head + struct.pack("<4Q", sizes[0], sizes[1], len(raw), sizes[3]) + body[32:at] + bytes(raw) + body[at + sizes[2] :]
+        table = struct.pack("<4Q", sizes[0], sizes[1], len(raw), sizes[3])
+        wire = head + table + body[32:at] + bytes(raw) + body[at + sizes[2] :]
         assert Lossless._seal(gpu.ll_bytes(wire, LL_HEAD.size + 32)) == want
     assert int(gpu._table_word(bytes([1, 2, 3, 4, 5, 6, 255]))) == 0xFF060504030201
 
@@ -156,7 +167,8 @@ def test_predicted_round_trip_within_eb(predictor, dtype):
         assert buf[:6] == b"VZEB\x03" + bytes([{"float32": 0, "float16": 1, "bfloat16": 2}[str(dtype)[6:]]])
         assert within(np.abs(codec.decode(buf, exact=True) - _f64(x).reshape(-1)), eb, _f64(x).reshape(-1))
         # the steps are NumPy's rint(x / 2 eb), whatever the prediction
-        np.testing.assert_array_equal(codec.symbols(buf)[0], ErrorBounded(eb, "none").symbols(ErrorBounded(eb, "none").encode(x))[0])
+        np.testing.assert_array_equal(codec.symbols(buf)[0],
+                                      ErrorBounded(eb, "none").symbols(ErrorBounded(eb, "none").encode(x))[0])
 
 
 def test_prediction_raises_the_ratio_on_an_image():

@@ -28,17 +28,14 @@ import torch
 import zstandard
 
 import visemz
-
 from visemz import codec as image_codec
-from visemz import container, image_header, latents, pages, residual, residual_coder, tile_index, zarr_codecs
+from visemz import container, defaults, image_header, latents, pages, residual, residual_coder, tile_index, zarr_codecs
 from visemz.collectives import ErrorBounded, Lossless
 from visemz.collectives.codecs import EB_VERSION, LL_VERSION
-from visemz.config import DEFAULTS
 from visemz.device import as_numpy
-from visemz.encoders import decode_ints, encode_ints, entropy, gpu, reference
+from visemz.encoders import decode_ints, encode_ints, entropy, gpu, reference, stream
 from visemz.encoders import layout as L
 from visemz.encoders import rans_layout as RL
-from visemz.encoders import stream
 from visemz.errors import UnsupportedFormatError
 from visemz.measure import psnr
 from visemz.pixels import ImageMeta
@@ -74,9 +71,10 @@ def writes_today(f: dict) -> bool:
 
 def skip_unless_written_alike() -> None:
     """zstd frames and the frame size depend on VISEMZ_ZSTD_LEVEL and VISEMZ_ENTROPY_CHUNK."""
-    if (DEFAULTS.zstd_level, DEFAULTS.entropy_chunk) != (WRITTEN_WITH["zstd_level"], WRITTEN_WITH["entropy_chunk"]):
-        pytest.skip(f"zstd level {DEFAULTS.zstd_level} / frame size {DEFAULTS.entropy_chunk} set in the environment differ "
-                    f"from the fixtures' {WRITTEN_WITH['zstd_level']} / {WRITTEN_WITH['entropy_chunk']}")
+    level, chunk = defaults.get("zstd_level"), defaults.get("entropy_chunk")
+    if (level, chunk) != (WRITTEN_WITH["zstd_level"], WRITTEN_WITH["entropy_chunk"]):
+        pytest.skip(f"zstd level {level} / frame size {chunk} set in the environment "
+                    f"differ from the fixtures' {WRITTEN_WITH['zstd_level']} / {WRITTEN_WITH['entropy_chunk']}")
 
 
 def block_stream_of(buf) -> bytes:
@@ -118,7 +116,8 @@ def check_rans_section(name: str, body, symbols: np.ndarray) -> None:
 def test_every_format_version_written_today_has_a_fixture():
     have = {(f["kind"], f["version"]) for f in MANIFEST["fixtures"]}
     missing = sorted((k, v) for k, v in CURRENT.items() if (k, v) not in have)
-    assert not missing, f"no fixture for {missing}: run python scripts/make_format_fixtures.py (it adds, never rewrites)"
+    assert not missing, \
+        f"no fixture for {missing}: run python scripts/make_format_fixtures.py (it adds, never rewrites)"
 
 
 def test_the_channel_context_format_has_fixtures():
@@ -137,7 +136,8 @@ def test_the_container_version_written_today_has_fixtures():
 def test_fixture_containers_are_of_their_stated_version():
     for f in MANIFEST["fixtures"]:
         if f["kind"] in ("image", "pages"):
-            assert container.unpack((FIXTURES / f["file"]).read_bytes()).version == f["settings"]["container"], f["name"]
+            buf = (FIXTURES / f["file"]).read_bytes()
+            assert container.unpack(buf).version == f["settings"]["container"], f["name"]
 
 
 def test_the_manifest_names_every_fixture_file():
@@ -152,7 +152,8 @@ def test_block_streams(f, xp):
     raw, arrays = load(f)
     v = arrays["values"]
     hdr = L.parse_header(memoryview(raw))
-    assert (L.POLICY_NAMES[hdr.policy], hdr.bitshuffle, hdr.n) == (f["settings"]["policy"], f["settings"]["bitshuffle"], v.size)
+    assert (L.POLICY_NAMES[hdr.policy], hdr.bitshuffle, hdr.n) == \
+        (f["settings"]["policy"], f["settings"]["bitshuffle"], v.size)
     if xp is np:
         decoded, again = reference.decode(raw), (lambda: reference.encode(v, hdr.policy, hdr.bitshuffle))
     else:
@@ -307,7 +308,8 @@ def test_page_files(f):
     buf, arrays = load(f)
     c = container.unpack(buf)
     stack = arrays["stack"]
-    assert c.kind == pages.KIND and c.meta == {"format": f["version"], "shape": list(stack.shape), "dtype": stack.dtype.name}
+    assert c.kind == pages.KIND and c.meta == {"format": f["version"], "shape": list(stack.shape),
+                                               "dtype": stack.dtype.name}
     page_bufs = pages.page_buffers(c)
     assert len(page_bufs) == stack.shape[0]
     for k, page in enumerate(page_bufs):
@@ -330,7 +332,8 @@ def test_page_files_decode_to_their_pixels(f):
 # ------------------------------------------------------------------ the error-bound residual
 @pytest.mark.parametrize("f", of("residual"))
 def test_residual_sections(f):
-    """The residual against a stored float64 synthesis: decodes to the stored image within E, encodes to the same sections."""
+    """The residual against a stored float64 synthesis: decodes to the stored image within E, encodes to the same
+    sections."""
     encoded, arrays = load(f)
     s = f["settings"]
     with np.load(io.BytesIO(encoded), allow_pickle=False) as npz:
@@ -341,8 +344,8 @@ def test_residual_sections(f):
     assert out.dtype == arrays["decoded"].dtype and out.tobytes() == arrays["decoded"].tobytes()
     assert np.abs(out.astype(np.float64) - arrays["image"].astype(np.float64)).max() <= s["max_error"]
     if writes_today(f):
-        again, mode = residual.encode(torch.from_numpy(arrays["image"]), x01, meta, s["max_error"], entropy=s["entropy"],
-                                      bitshuffle=s["bitshuffle"])
+        again, mode = residual.encode(torch.from_numpy(arrays["image"]), x01, meta, s["max_error"],
+                                      entropy=s["entropy"], bitshuffle=s["bitshuffle"])
         assert mode == s["mode"] and again == sections
 
 

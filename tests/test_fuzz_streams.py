@@ -17,7 +17,8 @@ import fuzz_streams  # noqa: E402
 def test_a_few_hundred_variants_of_every_kind_find_nothing(tmp_path, model_weights):
     report = fuzz_streams.main([str(tmp_path), "420", "--seed", "1", "--report-every", "200"])
     assert report["variants_run"] >= 380
-    kinds = {"block", "ints", "rans", "image-v2", "image-v3", "image-v4", "image-v5", "pages", "eb", "ll", "zarr", "legacy"}
+    kinds = {"block", "ints", "rans", "image-v2", "image-v3", "image-v4", "image-v5", "pages", "eb", "ll", "zarr",
+             "legacy"}
     assert set(report["by_kind"]) == kinds
     assert report["by_mode"]["raw"] > 100 and report["by_mode"]["resealed"] > 100
     # resealed variants reach the parsers behind the checksums, not only the checksums
@@ -28,8 +29,8 @@ def test_a_few_hundred_variants_of_every_kind_find_nothing(tmp_path, model_weigh
 
 
 def test_findings_are_counted_and_kept_with_a_reproducer(tmp_path):
-    seed = fuzz_streams.Seed("eb", "eb-test", b"seed", lambda b: None, "decode(buf)", out=fuzz_streams._as_bytes(np.zeros(3)),
-                             values=3, peak=1000)
+    seed = fuzz_streams.Seed("eb", "eb-test", b"seed", lambda b: None, "decode(buf)",
+                             out=fuzz_streams._as_bytes(np.zeros(3)), values=3, peak=1000)
     report = fuzz_streams.Report(tmp_path, 4, 0)
     cases = [fuzz_streams.Case(None, ValueError("bare"), 0.01, 0.01, 10, 0),
              fuzz_streams.Case(np.ones(3), None, 0.01, 0.01, 10, 0),
@@ -37,7 +38,8 @@ def test_findings_are_counted_and_kept_with_a_reproducer(tmp_path):
     for i, case in enumerate(cases):
         fuzz_streams._account(report, i, seed, "raw", "flip", b"bytes %d" % i, case)
     d = report.save()
-    assert (d["non_visemz_exceptions"], d["silent_wrong_outputs"], d["over_time"], d["over_time_wall"], d["over_memory"]) == (1, 1, 1, 1, 1)
+    assert (d["non_visemz_exceptions"], d["silent_wrong_outputs"], d["over_time"], d["over_time_wall"],
+            d["over_memory"]) == (1, 1, 1, 1, 1)
     assert d["visemz_errors"] == {"CorruptStreamError": 1}
     kept = {f["finding"]: f for f in d["findings"]}
     assert set(kept) == {"non-visemz exception", "silent wrong output", "over 2 s", "over the memory allowance"}

@@ -9,8 +9,7 @@ import torch
 from skimage import data
 
 import visemz
-from visemz import cuda
-from visemz.config import DEFAULTS
+from visemz import cuda, defaults
 from visemz.encoders import EncoderConfig, decode_ints, encode_ints_many, gpu, stream
 from visemz.encoders import entropy as E
 from visemz.encoders import layout as L
@@ -54,7 +53,7 @@ def _on_lanes(task) -> None:
 def per_stream(cp, arr, cfg: EncoderConfig) -> bytes:
     """The ints stream as the entropy stage wrote it before grouping: one nvCOMP launch for it alone."""
     raw = gpu.encode_raw(cp.asarray(arr), L.POLICIES[cfg.policy], cfg.bitshuffle)
-    kind, chunk = E.KINDS[cfg.entropy], DEFAULTS.entropy_chunk
+    kind, chunk = E.KINDS[cfg.entropy], defaults.get("entropy_chunk")
     if kind == E.KINDS["none"]:
         return stream.pack(raw.size, kind, chunk, [raw.get().tobytes()])
     return stream.pack(raw.size, kind, chunk, [f.get().tobytes() for f in gpu.compress_frames(raw, kind, chunk)])
@@ -62,8 +61,9 @@ def per_stream(cp, arr, cfg: EncoderConfig) -> bytes:
 
 def _grouped_kinds(cp, items) -> int:
     """Entropy kinds of ``items`` with a block stream of at least one frame (those go to the grouped launch)."""
+    chunk = defaults.get("entropy_chunk")
     big = {cfg.entropy for a, cfg in items
-           if gpu.encode_raw(cp.asarray(a), L.POLICIES[cfg.policy], cfg.bitshuffle).size >= DEFAULTS.entropy_chunk}
+           if gpu.encode_raw(cp.asarray(a), L.POLICIES[cfg.policy], cfg.bitshuffle).size >= chunk}
     return len(big & {"zstd"})  # ANS streams are always launched alone
 
 
@@ -118,7 +118,7 @@ def test_threads_on_their_own_streams_share_launches_and_keep_their_bytes(cp):
         for t in range(THREADS):
             for r, out in enumerate(got[t]):
                 _check(p, f"thread {t} round {r}", out, work[t], want[t])
-    if DEFAULTS.entropy_batch:  # each call asks once per entropy kind that has a stream of a frame or more
+    if defaults.get("entropy_batch"):  # each call asks once per entropy kind that has a stream of a frame or more
         after = gpu.group_counts()
         requests = sum(v[1] for v in after.values()) - sum(v[1] for v in before.values())
         assert requests == 5 * sum(_grouped_kinds(cp, items) for items in work.values())

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 from skimage import data
 
-import visemz
 from visemz import codec, container, latents
 
 from .helpers import cross_device_tolerance, optional, parity, symbols_of
@@ -54,7 +53,8 @@ def test_files_decode_on_the_other_device_to_the_same_symbols(gpu_cpu_codecs, mo
                     for name, body in _reencoded_on(other, buf).items():
                         p.same_bytes(f"{at}: section {name} re-encoded on {other}", body, bytes(c.sections[name]))
                 a, b = cpu.decompress(buf), gpu.decompress(buf)
-                p.same(f"{at}: CPU decode dtype and shape", a.dtype == img.dtype and a.shape == img.shape, f"{a.dtype} {a.shape}")
+                p.same(f"{at}: CPU decode dtype and shape", a.dtype == img.dtype and a.shape == img.shape,
+                       f"{a.dtype} {a.shape}")
                 tol = cross_device_tolerance(img)
                 p.same_array(f"{at}: GPU and CPU images within {tol:g}", a, b, atol=tol)
 
@@ -67,7 +67,8 @@ def test_error_bound_holds_across_devices(gpu_cpu_codecs, model):
             for e in (0, 0.01) if img.dtype == np.float32 else (0, 2):
                 for enc, dec in ((gpu, cpu), (cpu, gpu), (gpu, gpu)):
                     out = dec.decompress(enc.compress(img, model=model, quality=2, max_error=e))
-                    p.same_array(f"{label} E={e} written on {enc.device}, read on {dec.device}", out, img, atol=e or 0.0)
+                    p.same_array(f"{label} E={e} written on {enc.device}, read on {dec.device}", out, img,
+                                 atol=e or 0.0)
 
 
 def test_cupy_input(gpu_cpu_codecs):

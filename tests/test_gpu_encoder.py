@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from visemz.encoders import decode_ints, encode_ints, gpu, reference
+from visemz.encoders import decode_ints, encode_ints, gpu, reference, stream
 from visemz.encoders import layout as L
-from visemz.encoders import stream
 from visemz.errors import DeviceUnavailableError, VisemzError
 
 from .helpers import DISTRIBUTIONS, EDGE_SIZES, damaged_copies, make_ints, optional, parity
@@ -30,7 +29,8 @@ def test_gpu_bytes_equal_reference(cp, policy, bitshuffle, dist):
                 v = make_ints(dist, n, seed=1000 * i + int(10 * scale), scale=scale)
                 case = f"n={n} scale={scale}"
                 ref = reference.encode(v, L.POLICIES[policy], bitshuffle)
-                p.same_bytes(f"encode {case}", gpu.encode_raw(cp.asarray(v), L.POLICIES[policy], bitshuffle).get().tobytes(), ref)
+                p.same_bytes(f"encode {case}", gpu.encode_raw(cp.asarray(v), L.POLICIES[policy],
+                                                              bitshuffle).get().tobytes(), ref)
                 p.same_array(f"decode {case}", gpu.decode_block_stream(cp.asarray(np.frombuffer(ref, np.uint8))), v)
 
 
@@ -45,7 +45,8 @@ def test_ints_streams_cross_decode(cp, nvcomp, policy):
                 p.same_bytes("entropy none: the whole stream", on_gpu, on_cpu)
             for written, buf in (("GPU", on_gpu), ("CPU", on_cpu)):
                 p.same_array(f"{entropy}, written on the {written}, decoded on the CPU", decode_ints(buf), v)
-                p.same_array(f"{entropy}, written on the {written}, decoded on the GPU", decode_ints(buf, device="cuda"), v)
+                p.same_array(f"{entropy}, written on the {written}, decoded on the GPU",
+                             decode_ints(buf, device="cuda"), v)
             # the zstd frames differ (nvCOMP vs libzstd) but carry the same block stream
             p.same(f"{entropy}: block stream sizes", stream.parse(on_gpu).raw_size == stream.parse(on_cpu).raw_size)
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 import numpy as np
 import pytest
 import torch
 
-from visemz import config
+from visemz import config, defaults
 from visemz.codec import ImageCodec
 from visemz.errors import InvalidArgumentError
 from visemz.models import graphs
@@ -18,15 +17,12 @@ from .helpers import symbols_of
 
 
 @pytest.fixture
-def fresh(monkeypatch):
-    """Graphs on, an empty cache, and a way to change the limits for one test."""
+def fresh():
+    """Graphs on, an empty cache, and a way to change the limits for one test (``defaults.set``: the limits
+    come back when the test ends)."""
     graphs.clear()
-
-    def limits(**kw):
-        monkeypatch.setattr(graphs, "DEFAULTS", dataclasses.replace(graphs.DEFAULTS, **kw))
-
-    limits(graphs=16, graph_pixels=1 << 22)
-    yield limits
+    with defaults.set(graphs=16, graph_pixels=1 << 22):
+        yield defaults.set
     graphs.clear()
 
 
@@ -34,9 +30,9 @@ def test_settings_are_checked(monkeypatch):
     for env in ("VISEMZ_GRAPHS", "VISEMZ_GRAPH_PIXELS"):
         monkeypatch.setenv(env, "-1")
         with pytest.raises(InvalidArgumentError, match=env):
-            config._from_env()
+            config.from_env()
         monkeypatch.setenv(env, "0")
-        assert getattr(config._from_env(), env[len("VISEMZ_"):].lower()) == 0
+        assert getattr(config.from_env(), env[len("VISEMZ_"):].lower()) == 0
         monkeypatch.delenv(env)
 
 

@@ -45,7 +45,8 @@ def test_median_seconds_runs_what_it_says():
     calls, resets, syncs = [], [], []
     seconds, last = measure.median_seconds(lambda: calls.append(1) or len(calls), 3, warmup=2,
                                            sync=lambda: syncs.append(1), reset=lambda: resets.append(1))
-    assert len(calls) == 5 and last == 5 and len(resets) == 5 and len(syncs) == 6  # a sync before and after each timed call
+    # a sync before and after each timed call
+    assert len(calls) == 5 and last == 5 and len(resets) == 5 and len(syncs) == 6
     assert seconds >= 0
     with pytest.raises(InvalidArgumentError, match="reps=0"):
         measure.median_seconds(lambda: None, 0)

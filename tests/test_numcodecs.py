@@ -124,7 +124,8 @@ def test_float_codec_honours_out_and_checks_its_header():
     head = enc[:6] + np.array([4, 3, 5], "<u8").tobytes()  # dimensions swapped, the same count
     with pytest.raises(CorruptStreamError, match="checksum"):
         codec.decode(head + enc[30:])
-    head = enc[:6] + np.array([3, 4, 6], "<u8").tobytes()  # checksum recomputed: the stream's count is held to the shape's
+    # checksum recomputed: the stream's count is held to the shape's
+    head = enc[:6] + np.array([3, 4, 6], "<u8").tobytes()
     with pytest.raises(CorruptStreamError, match="72"):
         codec.decode(head + struct.pack("<Q", xxh64(head, enc[38:])) + enc[38:])
     with pytest.raises(InvalidArgumentError, match="eb"):  # the stream records its eb
@@ -164,7 +165,8 @@ def test_image_codec_lossy_psnr_floor():
 @pytest.mark.parametrize(("shape", "dtype"), [((8, 8), "int16"), ((8, 8), "float64"), ((8, 8), "bool"),
                                               ((64,), "uint8"), ((2, 2, 8, 8), "uint16")])
 def test_image_codec_refuses_chunk(shape, dtype):
-    with pytest.raises(UnsupportedFormatError, match=re.escape(dtype if dtype not in ("uint8", "uint16") else str(shape))):
+    with pytest.raises(UnsupportedFormatError,
+                       match=re.escape(dtype if dtype not in ("uint8", "uint16") else str(shape))):
         Visemz().encode(np.zeros(shape, dtype))
 
 

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import tifffile
 
+import visemz
+from visemz import ImageCodec, container, pages
 from visemz.errors import CorruptStreamError, DeviceUnavailableError, InvalidArgumentError, VisemzError
 from visemz.io import loaders, writers
 from visemz.io.files import Item
-import visemz
-from visemz import ImageCodec, container, pages
 from visemz.pipeline import executor, probe, sources
-from visemz.pipeline.kvikio_io import npy_header
 from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
+from visemz.pipeline.kvikio_io import npy_header
 from visemz.pipeline.results import ItemResult
 from visemz.pipeline.sources import LoaderPlan, plan_loaders
 
@@ -125,7 +125,8 @@ def test_executor_stops_every_stage_when_its_own_machinery_fails():
                      lambda i, x: ItemResult(names[i], "done"), executor.make_lanes("cpu", 2), depth=2,
                      progress=progress)
     # the process-wide service threads (the GPU entropy stage's group worker, encoders/grouping.py) are no stage
-    assert not [t for t in threading.enumerate() if t.name.startswith("visemz-") and not t.name.startswith("visemz-service-")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("visemz-")
+                and not t.name.startswith("visemz-service-")]
 
 
 def test_executor_config_is_checked_and_resolved():
@@ -170,12 +171,14 @@ def test_files_are_routed_to_the_loader_that_can_read_them(tmp_path):
     jpegs = {"rgb.jpg": np.zeros((8, 10, 3), np.uint8), "gray.jpg": img, "odd.jpg": np.zeros((8, 9, 3), np.uint8)}
     for name, pixels in jpegs.items():
         cv2.imwrite(str(tmp_path / name), pixels)
-    got = [sources._route(0, Item(tmp_path / n, tmp_path / "out" / n, n), LoaderPlan(dali=True), None).loader for n in jpegs]
+    got = [sources._route(0, Item(tmp_path / n, tmp_path / "out" / n, n), LoaderPlan(dali=True), None).loader
+           for n in jpegs]
     assert got == ["dali", "cpu", "cpu"]
     def triage(i):  # the job's resume check: a finished result, or None for an item to do
         return ItemResult(items[i].rel, "skipped") if items[i].rel == "b.npy" else None
 
-    assert [sources._route(i, it, LoaderPlan(), triage).loader for i, it in enumerate(items)] == ["cpu", "finished", "cpu"]
+    assert [sources._route(i, it, LoaderPlan(), triage).loader for i, it in enumerate(items)] == \
+        ["cpu", "finished", "cpu"]
     # without GPU loaders every file is read by the CPU loader, exactly as loaders.load reads it
     (feed_skip, feed_cpu) = sources.feeds(items, LoaderPlan(), None)
     got = dict(feed_cpu)
@@ -309,7 +312,8 @@ def test_page_stacks_round_trip_and_reject_damage(model_weights):
     body = bytes(c.sections["pages"])
 
     def repack(meta=None, index=None, body_=body):
-        return container.pack(pages.KIND, meta or c.meta, {"index": index or bytes(c.sections["index"]), "pages": body_})
+        return container.pack(pages.KIND, meta or c.meta, {"index": index or bytes(c.sections["index"]),
+                                                           "pages": body_})
 
     with pytest.raises(CorruptStreamError, match="do not split"):
         pages.decode(repack(index=np.array([1, 2, len(body)], "<u8").tobytes()), codec.decompress)

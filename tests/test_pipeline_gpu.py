@@ -18,9 +18,9 @@ import torch
 from visemz.device import as_numpy
 from visemz.errors import VisemzError
 from visemz.io import loaders
+from visemz.io.files import Item
 from visemz.pipeline import dali_source, kvikio_io, probe, sources
 from visemz.pipeline.executor import CudaLane
-from visemz.io.files import Item
 from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
 
 from .helpers import cross_device_tolerance, optional, parity
@@ -176,7 +176,8 @@ def test_dali_loader_equals_cpu_loader_for_png(tmp_path, dali):
     items = [Item(tmp_path / n, tmp_path / "out" / n, n) for n in images]
     entries = [(i, it.src, probe.decode_target(it.src)) for i, it in enumerate(items)]
     assert all(e[2] is not None for e in entries)
-    got = dict(dali_source.DaliFeed(entries, torch.cuda.current_device(), lambda i, why: sources.load_cpu(items[i], why), batch=4))
+    got = dict(dali_source.DaliFeed(entries, torch.cuda.current_device(),
+                                    lambda i, why: sources.load_cpu(items[i], why), batch=4))
     for i, it in enumerate(items):
         pic = got[i]
         assert pic.loader == "dali", (it.rel, pic.note)
@@ -216,7 +217,8 @@ def test_lane_uploads_host_images_through_its_pinned_buffer():
     lane = CudaLane(0, torch.cuda.current_device())
     with lane:
         assert torch.cuda.current_stream() == lane.stream
-        for shape, dtype in [((50, 60), np.uint8), ((300, 200, 3), np.uint16), ((20, 10), np.float32), ((50, 60), np.uint8)]:
+        for shape, dtype in [((50, 60), np.uint8), ((300, 200, 3), np.uint16), ((20, 10), np.float32),
+                             ((50, 60), np.uint8)]:
             a = (rng.standard_normal(shape) * 1000).astype(dtype)
             t = lane.to_device(a)
             assert t.is_cuda and tuple(t.shape) == shape

@@ -41,7 +41,7 @@ def test_processes_are_checked(monkeypatch):
             processes.check_processes(bad)
     monkeypatch.setenv("VISEMZ_PROCESSES", "0")
     with pytest.raises(InvalidArgumentError, match="VISEMZ_PROCESSES"):
-        config._from_env()
+        config.from_env()
 
 
 def test_workers_form_a_group_and_rank_0_answers():

@@ -6,13 +6,19 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from visemz.config import DEFAULTS
+from visemz import defaults
 from visemz.encoders import rans_gpu
 from visemz.encoders import rans_layout as RL
 from visemz.encoders.cdf_tables import COST_UNIT
-from visemz.framing import read_varints, write_varints
 from visemz.encoders.rans import decode_conditional, encode_conditional, prepare
-from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
+from visemz.errors import (
+    CorruptStreamError,
+    InvalidArgumentError,
+    LimitExceededError,
+    UnsupportedFormatError,
+    VisemzError,
+)
+from visemz.framing import read_varints, write_varints
 
 from .helpers import damaged_copies
 from .rans_cases import GOLDEN, KINDS, PLANS, SIZES, gaussian_tables, ideal_bits, make_case
@@ -335,7 +341,8 @@ def test_escape_varints_are_checked(tables, small):
                 RL.escape_varints(excess) [:-1] + b"\x80",  # the last one unterminated
                 RL.escape_varints(excess[:-1]) + write_varints([1 << 33])):  # beyond int32
         must_fail(with_body(buf, head + bad), idx, tables, CorruptStreamError)
-    np.testing.assert_array_equal(decode_conditional(with_body(buf, head + RL.escape_varints(excess)), idx, tables), sym)
+    np.testing.assert_array_equal(decode_conditional(with_body(buf, head + RL.escape_varints(excess)), idx, tables),
+                                  sym)
 
 
 def test_group_sizes_that_do_not_add_up_are_refused(tables):
@@ -383,8 +390,8 @@ def test_gpu_encoders_one_read_covers_the_streams(tables, kind):
     """The GPU encoder reads the groups' sizes and streams in one copy of ``_read_guess`` bytes (a second copy
     when they are longer): the guess, computed from the same integers on the CPU, covers the streams."""
     for lane_bytes, lane_symbols in PLANS:
-        lane_bytes = DEFAULTS.rans_lane_bytes if lane_bytes is None else lane_bytes
-        lane_symbols = DEFAULTS.rans_lane_symbols if lane_symbols is None else lane_symbols
+        lane_bytes = defaults.get("rans_lane_bytes") if lane_bytes is None else lane_bytes
+        lane_symbols = defaults.get("rans_lane_symbols") if lane_symbols is None else lane_symbols
         for n in SIZES[1:] + (300_000,):
             sym, idx = make_case(kind, n, seed=n)
             buf = encode_conditional(sym, idx, tables, lane_bytes=lane_bytes, lane_symbols=lane_symbols)
@@ -451,11 +458,11 @@ def test_skip_threshold_is_checked_by_name(tables, monkeypatch):
         with pytest.raises(InvalidArgumentError, match="skip_freq"):
             encode_conditional(sym, idx, tables, skip_freq=bad)
     monkeypatch.setenv("VISEMZ_RANS_SKIP_FREQ", "65531")
-    assert config._from_env().rans_skip_freq == 65531
+    assert config.from_env().rans_skip_freq == 65531
     for bad in ("-1", "65537"):
         monkeypatch.setenv("VISEMZ_RANS_SKIP_FREQ", bad)
         with pytest.raises(InvalidArgumentError, match="VISEMZ_RANS_SKIP_FREQ"):
-            config._from_env()
+            config.from_env()
 
 
 def reframe3(buf: bytes, *, positions=None, values=None, **counts) -> bytes:

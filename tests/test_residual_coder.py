@@ -183,7 +183,8 @@ def test_damaged_pass_stream_is_refused_or_stays_in_range():
     for pos in range(0, len(body), max(1, len(body) // 12)):
         damaged = bytearray(body)
         damaged[pos] ^= 0x5A
-        crafted = container.pack(c.kind, c.meta, {"tile_index": bytes(c.sections["tile_index"]), "tiles": bytes(damaged)})
+        crafted = container.pack(c.kind, c.meta, {"tile_index": bytes(c.sections["tile_index"]),
+                                                  "tiles": bytes(damaged)})
         try:
             out = visemz.decompress(crafted)
         except visemz.VisemzError:
@@ -201,8 +202,9 @@ def test_blocks_give_the_whole_result(monkeypatch):
     whole = prior.condition(reduced, x01, *side)
     monkeypatch.setitem(blocks.WORK_BYTES, "cpu", 9 * 8 * 8 * 2 * 2 * 100)  # 100 positions: 4 x 4 blocks, halo 3
     assert len(blocks.plan(37, 23, 3, 3, 9 * 8 * 8 * 2 * 2, "cpu")) > 20
-    blocked = residual_coder._blocked(lambda r, q: prior.condition(reduced[:, :, r, q], x01[:, :, residual_coder._twice(r),
-                                                                   residual_coder._twice(q)], *side), reduced, 3, 8)
+    twice = residual_coder._twice
+    blocked = residual_coder._blocked(lambda r, q: prior.condition(reduced[:, :, r, q], x01[:, :, twice(r), twice(q)],
+                                                                   *side), reduced, 3, 8)
     torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
 
 

@@ -36,8 +36,8 @@ def test_written_on_either_device_decodes_exactly_on_both(gpu_cpu_codecs, e):
         for label, img in _images().items():
             bufs = {enc.device: enc.compress(img, quality=2, max_error=e) for enc in (gpu, cpu)}
             for where, buf in bufs.items():
-                p.same(f"{label} E={e} written on {where}: learned", container.unpack(buf).meta["residual"] == "learned",
-                       container.unpack(buf).meta["residual"])
+                p.same(f"{label} E={e} written on {where}: learned",
+                       container.unpack(buf).meta["residual"] == "learned", container.unpack(buf).meta["residual"])
                 a, b = cpu.decompress(buf), gpu.decompress(buf)
                 p.same_array(f"{label} E={e} written on {where}: CPU and GPU decodes", a, b)
                 p.same_array(f"{label} E={e} written on {where}: within the bound", a, img, atol=e)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from visemz.encoders import encode_ints
 from visemz.encoders.cdf_tables import default_scale_table
 from visemz.encoders.scale_indexes import (
     DEFAULT_REL_TOL,
@@ -10,7 +11,6 @@ from visemz.encoders.scale_indexes import (
     encode_scale_exceptions,
     scale_indexes,
 )
-from visemz.encoders import encode_ints
 from visemz.errors import CorruptStreamError, InvalidArgumentError, VisemzError
 
 TABLE = default_scale_table()
@@ -106,7 +106,7 @@ def test_inconsistent_exception_lists_are_refused():
         "odd count": [10, 10, 10, int(idx[10]), int(idx[20])],
         "empty list": [],
     }
-    for name, values in bad.items():
+    for values in bad.values():
         with pytest.raises(CorruptStreamError):
             decode_and_apply_scale_exceptions(section(values), s, TABLE)
     with pytest.raises(CorruptStreamError):
@@ -175,4 +175,5 @@ def test_the_decoders_errors_and_their_order_are_the_same_on_both_devices(xp_nam
     with pytest.raises(VisemzError):
         decode_and_apply_scale_exceptions(damaged, good, TABLE)
     got = decode_and_apply_scale_exceptions(b"", good, TABLE)
-    np.testing.assert_array_equal(got.get() if xp is not np else got, scale_indexes(np.linspace(0.2, 20.0, 1000), TABLE)[0])
+    np.testing.assert_array_equal(got.get() if xp is not np else got,
+                                  scale_indexes(np.linspace(0.2, 20.0, 1000), TABLE)[0])

@@ -16,7 +16,8 @@ from .collective_checks import run_ranks
 
 def _worker(rank, world, init, src, dst, weights, queue):
     os.environ["VISEMZ_WEIGHTS_DIR"] = str(weights)
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
     try:
         s = compress_folder(src, dst, CompressConfig(device="cpu", max_error=0, streams=1), rank=rank, world=world)
         queue.put((rank, [r.rel for r in s.results]))

@@ -1,7 +1,7 @@
 """The image-stacking job on Gloo (1-3 ranks) and through the CLI (one process)."""
 
-from datetime import timedelta
 import json
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -27,7 +27,8 @@ def _frames(folder):
 
 
 def _worker(rank, world, init, folder, out, algorithm, queue):
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
     try:
         queue.put((rank, stack(folder, out, StackConfig(error_bound=1e-4, algorithm=algorithm))))
     except BaseException as e:  # noqa: BLE001 (any failure goes back to the parent as a result)
@@ -41,7 +42,8 @@ def _worker(rank, world, init, folder, out, algorithm, queue):
 def test_stack_is_within_bound_and_reported(world, algorithm, tmp_path):
     exact = _frames(tmp_path / "frames")
     out = tmp_path / "stacked.tiff"
-    results = dict(run_ranks(_worker, world, lambda r, q: (r, world, tmp_path / "init", tmp_path / "frames", out, algorithm, q),
+    results = dict(run_ranks(_worker, world,
+                             lambda r, q: (r, world, tmp_path / "init", tmp_path / "frames", out, algorithm, q),
                              timeout=150))
     report = results[0]
     assert isinstance(report, dict), results

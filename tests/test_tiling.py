@@ -15,8 +15,8 @@ import torch
 from skimage import data
 
 import visemz
-from visemz import container, latents, pages, tile_index, tiling
-from visemz.config import DEFAULTS, Defaults
+from visemz import container, defaults, latents, pages, tile_index, tiling
+from visemz.config import Defaults
 from visemz.errors import CorruptStreamError, InvalidArgumentError
 from visemz.framing import read_varints, write_varints
 from visemz.measure import psnr
@@ -113,7 +113,8 @@ def test_a_small_region_is_synthesised_alone_and_equals_that_window_of_the_full_
     assert shapes == [(1, 1, y1 - y0, x1 - x0) for y0, y1, x0, x1 in regions]
 
 
-@pytest.mark.parametrize("shape,dtype,model", [((1100, 70), "uint16", "balle2016"), ((150, 200, 3), "uint8", "mbt2018-mean")])
+@pytest.mark.parametrize("shape,dtype,model", [((1100, 70), "uint16", "balle2016"),
+                                               ((150, 200, 3), "uint8", "mbt2018-mean")])
 def test_tall_thin_and_rgb_images(codec, shape, dtype, model):
     rng = np.random.default_rng(2)
     base = data.astronaut()[: shape[0], : shape[1]] if len(shape) == 3 else \
@@ -276,7 +277,8 @@ def test_a_stack_of_tiled_planes_reads_a_region_of_every_page(codec):
     assert meta_tiles(bytes(pages.page_buffers(container.unpack(buf))[0]))["grid"] == [3, 3]
     whole = visemz.decompress(buf, device="cpu")
     assert whole.shape == stack.shape and np.abs(whole.astype(int) - stack).max() <= 2
-    np.testing.assert_array_equal(visemz.decompress(buf, device="cpu", region=(60, 130, 10, 100)), whole[:, 60:130, 10:100])
+    np.testing.assert_array_equal(visemz.decompress(buf, device="cpu", region=(60, 130, 10, 100)),
+                                  whole[:, 60:130, 10:100])
     with pytest.raises(InvalidArgumentError, match="region="):
         visemz.decompress(buf, device="cpu", region=(0, 151, 0, 10))
 
@@ -331,7 +333,7 @@ CODER_SETTINGS = ("zstd_level", "entropy_chunk", "rans_lane_bytes", "rans_lane_s
 @pytest.mark.parametrize("case", sorted(WRITTEN_BEFORE))
 def test_error_bounded_files_keep_their_bytes(codec, case):
     image, options, ids, digest = WRITTEN_BEFORE[case]
-    changed = [f.name for f in fields(Defaults) if f.name in CODER_SETTINGS and getattr(DEFAULTS, f.name) != f.default]
+    changed = [f.name for f in fields(Defaults) if f.name in CODER_SETTINGS and defaults.get(f.name) != f.default]
     if changed:
         pytest.skip(f"coder settings {changed} are set in the environment")
     here = (".".join(torch.__version__.split(".")[:2]), torch.backends.cpu.get_cpu_capability())

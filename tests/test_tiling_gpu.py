@@ -1,14 +1,12 @@
 """Tiled images across devices (marker gpu): the same symbols on both, images within rounding, exact
 with an error bound; region reads on the GPU."""
 
-import dataclasses
 
 import numpy as np
 import pytest
 from skimage import data
 
-import visemz
-from visemz import codec, container, tiling
+from visemz import container, defaults, tiling
 
 from .helpers import cross_device_tolerance, tiled_synthesis
 
@@ -71,11 +69,17 @@ def test_error_bounded_tiled_files_decode_alike_on_both_devices(gpu_cpu_codecs):
         assert np.abs(a.astype(np.int64) - img).max() <= 5
 
 
-def test_tile_latents_wait_in_pinned_host_memory(gpu_cpu_codecs, monkeypatch):
+@pytest.fixture
+def no_tf32():
+    """The networks in full float32 while the test runs."""
+    with defaults.set(tf32=0):
+        yield
+
+
+def test_tile_latents_wait_in_pinned_host_memory(gpu_cpu_codecs, no_tf32):
     """On the GPU the latents later batches need wait in pinned host memory (tiling.park_on_host), not on
     the device, during every g_s call; the pixels are those of a synthesis that keeps them on the device
     (within float32 rounding: the synthesis runs without TF32 here, whose rounding would hide less)."""
-    monkeypatch.setattr(codec, "DEFAULTS", dataclasses.replace(codec.DEFAULTS, tf32=0))
     gpu, _ = gpu_cpu_codecs
     buf = gpu.compress(_images()["uint16 400x333"], model="mbt2018-mean", quality=3, tile=TILE)  # 4 x 3 tiles
     parked_kinds = []

@@ -34,7 +34,8 @@ def test_the_training_forward_gives_each_slice_its_likelihoods_and_every_transfo
     x_hat, liks = training.forward_train(net, x, q, amp=False)
     assert x_hat.shape == x.shape
     assert [tuple(v.shape) for v in liks] == [(2, g, 4, 4) for g in SMALL.slices] + [(2, 16, 1, 1)]
-    loss, _, _ = training.rd_loss(x, x_hat, liks, q, training.log_lambda_table("cpu"), training.log_reference_table("cpu"))
+    loss, _, _ = training.rd_loss(x, x_hat, liks, q, training.log_lambda_table("cpu"),
+                                  training.log_reference_table("cpu"))
     loss.backward()
     for name in ("param_transforms", "lrp_transforms", "h_s", "g_a", "g_s", "gain"):
         grads = [p.grad for n, p in net.named_parameters() if n.startswith(name)]
@@ -75,7 +76,8 @@ def test_one_training_step_of_the_context_model_resumes(tmp_path):
     t.save(tmp_path, tmp_path, 1.0, "test")
     u = train.Trainer("minnen2020-gray", sampler, 1, "cpu", 1e-4, amp=False, spec=SMALL)
     u.load(train.resume_path(tmp_path, "minnen2020-gray"))
-    assert u.step == 1 and all(torch.equal(a, b) for a, b in zip(t.model.state_dict().values(), u.model.state_dict().values()))
+    assert u.step == 1 and all(torch.equal(a, b) for a, b in zip(t.model.state_dict().values(),
+                                                                 u.model.state_dict().values()))
 
 
 def test_patch_schedules_are_parsed_and_followed():
@@ -106,7 +108,8 @@ def test_ddp_trains_one_model_on_two_ranks_and_follows_the_patch_schedule(tmp_pa
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                         str(ROOT / "scripts" / "train.py"), "--ddp", "--device", "cpu", "--no-amp",
                         "--data", str(_photos(tmp_path)), "--models", "balle2016-gray", "--out", str(out),
-                        "--steps", "3", "--batch", "1", "--patch", "64", "--patch-schedule", "2:128x2", "--log-every", "1"],
+                        "--steps", "3", "--batch", "1", "--patch", "64", "--patch-schedule", "2:128x2",
+                        "--log-every", "1"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["balle2016-gray.full.safetensors", "balle2016-gray.safetensors",

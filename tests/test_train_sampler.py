@@ -4,11 +4,11 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from compressai.entropy_models import EntropyBottleneck
 import cv2
 import numpy as np
 import pytest
 import torch
+from compressai.entropy_models import EntropyBottleneck
 
 from visemz.models import architectures, registry, training
 
@@ -77,8 +77,6 @@ def test_gray_mix_weights_groups_not_pixels():
 
 
 def test_graph_safe_bottleneck_equals_compressai():
-    from compressai.entropy_models import EntropyBottleneck
-
     eb = EntropyBottleneck(5).train()
     x = torch.randn(2, 5, 6, 7) * 3
     torch.manual_seed(3)

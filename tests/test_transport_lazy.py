@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from visemz.collectives import transport as T
-from visemz.errors import CorruptStreamError, LimitExceededError, VisemzError
+from visemz.errors import LimitExceededError, VisemzError
 
 from .collective_checks import run_checks, run_ranks
 
@@ -70,7 +70,8 @@ def _inband_checks(rank: int) -> dict:
     got = T.sendrecv(_lazy(37 + rank), other, other, None, inband=ib)
     assert isinstance(got, T.Lazy) and got.n is None and got.data.numel() == 100
     assert torch.equal(got.words, torch.tensor([37 + other, 0]))  # not read on arrival: the words as sent
-    assert torch.equal(T.exact(got), torch.arange(37 + other, dtype=torch.int64).to(torch.uint8)) and got.n == 37 + other
+    assert torch.equal(T.exact(got), torch.arange(37 + other, dtype=torch.int64).to(torch.uint8)) and \
+        got.n == 37 + other
     # an exact payload goes out in a room of its own, its count written beside it
     got = T.sendrecv(torch.full((20 + rank,), 7, dtype=torch.uint8), other, other, None, inband=ib)
     assert torch.equal(T.exact(got), torch.full((20 + other,), 7, dtype=torch.uint8))
@@ -86,7 +87,8 @@ def _inband_checks(rank: int) -> dict:
     # rooms that differ by direction (a ring's chunks): rank 0 sends 100 bytes and receives 64, rank 1 the reverse
     rooms = (100, 64) if rank == 0 else (64, 100)
     got = T.sendrecv(_lazy(10 + rank, room=rooms[0]), other, other, None, inband=T.InBand(*rooms, _settle(rooms[1])))
-    assert got.data.numel() == rooms[1] and torch.equal(T.exact(got), torch.arange(10 + other, dtype=torch.int64).to(torch.uint8))
+    assert got.data.numel() == rooms[1] and torch.equal(T.exact(got),
+                                                        torch.arange(10 + other, dtype=torch.int64).to(torch.uint8))
     T.sendrecv(_lazy(3), other, other, None, inband=ib)  # the group still works
     return out
 

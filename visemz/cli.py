@@ -24,8 +24,8 @@ from typing import Optional
 import typer
 from typer.core import TyperGroup
 
-from . import __version__
-from .config import DEFAULTS, MAX_REFINE
+from . import __version__, defaults
+from .config import MAX_REFINE
 from .errors import InvalidArgumentError, VisemzError
 from .io import files
 from .io.writers import to_json
@@ -97,13 +97,15 @@ def compress(
     model: str = typer.Option(DEFAULT_MODEL, help="balle2016 or mbt2018-mean"),
     quality: float = typer.Option(DEFAULT_QUALITY, min=QUALITY_MIN, max=QUALITY_MAX,
                                   help="1-8 on CompressAI's lambda ladder; fractions lie between"),
-    max_error: Optional[float] = typer.Option(None, "--max-error", help="guaranteed max error in levels of the input dtype "
-                                              "(absolute for float32; 0: lossless); without it the error is not bounded"),
+    max_error: Optional[float] = typer.Option(None, "--max-error",
+                                              help="guaranteed max error in levels of the input dtype (absolute for "
+                                              "float32; 0: lossless); without it the error is not bounded"),
     entropy: str = typer.Option("zstd", help="zstd, ans (GPU only) or none"),
     streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU "
                                                "(0: automatic; on a CPU as many as the memory there is holds)"),
     processes: int = typer.Option(0, min=0, max=64, help="worker processes, each a shard of the folder and its own "
-                                                          "streams, on GPU rank mod count (0: VISEMZ_PROCESSES, else 1)"),
+                                                          "streams, on GPU rank mod count (0: VISEMZ_PROCESSES, "
+                                                          "else 1)"),
     loader: Optional[str] = typer.Option(None, help="auto, dali, kvikio or cpu (default: VISEMZ_LOADER, else auto)"),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
     no_resume: bool = typer.Option(False, "--no-resume", help="make again the outputs that are current"),
@@ -127,7 +129,7 @@ def compress(
     from .pipeline import jobs
 
     rank, world = _torchrun_group(resolved)
-    workers = processes or DEFAULTS.processes
+    workers = processes or defaults.get("processes")
     if workers > 1 and world > 1:
         _say(f"visemz: --processes {workers} ignored under torchrun: its {world} ranks are the processes")
     if workers > 1 and world == 1:  # this process starts the ranks (under torchrun, torchrun did)
@@ -175,7 +177,8 @@ def decompress(
     format: str = typer.Option("auto", "--format", help="auto (each file back in its source's type: PNG, TIFF or "
                                                         ".npy, PNG for any other), png, tiff or npy"),
     device: Optional[str] = typer.Option(None),
-    streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),
+    streams: int = typer.Option(0, min=0,
+                                help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),
     writer: str = typer.Option("auto", help="auto, kvikio (.npy straight from GPU memory) or posix"),
     region: Optional[str] = typer.Option(None, "--region", help="y0:y1,x0:x1: write only that window of each "
                                                                  "image (of every page of a stack)"),
@@ -344,15 +347,16 @@ def stack_cmd(
         if report is not None:
             typer.echo(to_json(report))
             _say(f"stacked {report['frames']} frames on {report['ranks']} rank(s) with {report['algorithm']}: "
-                 f"max error {report['max_abs_error']:.3g} (bound {report['bound_total']:.3g}), PSNR {report['psnr_db']:.2f} dB; "
-                 f"{files.shown(out)} and its .json report")
+                 f"max error {report['max_abs_error']:.3g} (bound {report['bound_total']:.3g}), PSNR "
+                 f"{report['psnr_db']:.2f} dB; {files.shown(out)} and its .json report")
     finally:
         if started:
             dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------ demo, version, ints-info, eval
-SAMPLES = ("camera.png", "astronaut.png", "coins.png", "moon.png", "cell.png", "hubble_deep_field.jpg", "page.png", "coffee.png")
+SAMPLES = ("camera.png", "astronaut.png", "coins.png", "moon.png", "cell.png", "hubble_deep_field.jpg", "page.png",
+           "coffee.png")
 
 
 @app.command()
@@ -433,8 +437,10 @@ def main() -> None:
 @app.command("eval")
 def eval_cmd(
     folder: Path = typer.Argument(..., help="a folder of images, or of sub-folders of images (one dataset each)"),
-    codecs: Optional[str] = typer.Option(None, help="comma-separated codec names (default: every codec usable on the device)"),
-    out: Path = typer.Option(Path("report"), "--out", help="report folder: points.csv, summary.md, rd_*.png, crops_*.png"),
+    codecs: Optional[str] = typer.Option(None, help="comma-separated codec names (default: every codec usable on the "
+                                                    "device)"),
+    out: Path = typer.Option(Path("report"), "--out",
+                             help="report folder: points.csv, summary.md, rd_*.png, crops_*.png"),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
     limit: Optional[int] = typer.Option(None, help="first N images of each dataset"),
     datasets: Optional[str] = typer.Option(None, help="comma-separated sub-folder names (default: all)"),
@@ -445,7 +451,8 @@ def eval_cmd(
                                      help="also run visemz-<arch>-refine<N> (N steps of encoder-side latent "
                                           "refinement) beside each visemz-<arch> codec (default 0: none)"),
 ) -> None:
-    """Rate-distortion, lossless and near-lossless evaluation against the classical, scientific and CompressAI codecs (resumable)."""
+    """Rate-distortion, lossless and near-lossless evaluation against the classical, scientific and CompressAI
+    codecs (resumable)."""
     from .cuda import resolve
     from .evaluation.runner import EvalConfig, evaluate
 
@@ -455,6 +462,6 @@ def eval_cmd(
     cfg = EvalConfig(codecs=names(codecs), device=resolve(device), limit=limit, datasets=names(datasets),
                      crops=not no_crops, refine_steps=refine_steps, crop=crop, gray=gray)
     result = evaluate(folder, out, cfg, log=lambda m: typer.echo(m, err=True))
-    typer.echo(f"{result.computed} points computed, {result.skipped} already in {result.csv}, {len(result.failures)} failed; "
-               f"report in {out}")
+    typer.echo(f"{result.computed} points computed, {result.skipped} already in {result.csv}, {len(result.failures)} "
+               f"failed; report in {out}")
     raise typer.Exit(1 if result.failures else 0)

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import container, image_header, latents, residual, residual_coder, tile_index, tiling
+from . import container, defaults, image_header, latents, residual, residual_coder, tile_index, tiling
 from . import device as dev
-from .config import DEFAULTS
 from .encoders import encode_ints
 from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
 from .image_header import CONTEXT, FORMAT, FORMATS_READ, KIND, LEARNED, TILED_FORMATS  # beside the header's schema
@@ -41,7 +40,6 @@ from .pixels import (
     from_batch,
 )
 from .refine import RefineSettings, settings_for
-
 
 # the lossy qualities quality="auto" tries with max_error: measured on gray crops, the smallest totals came at 2
 # (8-bit EM slices, near-lossless X-rays) or 4 (16-bit images), within 1-4% of each other
@@ -66,7 +64,7 @@ def network_math():
     with _MATH_LOCK:
         if _math_users == 0:
             _saved_tf32 = torch.backends.cudnn.allow_tf32
-            torch.backends.cudnn.allow_tf32 = bool(DEFAULTS.tf32)
+            torch.backends.cudnn.allow_tf32 = bool(defaults.get("tf32"))
         _math_users += 1
     try:
         with torch.inference_mode():
@@ -141,12 +139,13 @@ class ImageCodec:
             raise InvalidArgumentError(f"image_format={image_format!r}: this build writes {list(FORMATS_READ)}")
         if quality == "auto":
             if max_error is None:
-                raise InvalidArgumentError('quality="auto" chooses between lossy qualities for max_error: give max_error')
+                raise InvalidArgumentError('quality="auto" chooses between lossy qualities for max_error: give '
+                                           'max_error')
             kw = dict(model=model, max_error=max_error, image_format=image_format, tile=tile, refine=refine)
             return min((self.compress(image, quality=q, **kw) for q in AUTO_QUALITIES), key=len)
         q = registry.check_quality(quality)
-        tile = DEFAULTS.tile if tile is None else tiling.check_tile(tile)
-        refining = settings_for(DEFAULTS.refine if refine is None else refine)
+        tile = defaults.get("tile") if tile is None else tiling.check_tile(tile)
+        refining = settings_for(defaults.get("refine") if refine is None else refine)
         t = as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
         meta = describe(t)
         e = check_max_error(max_error, meta.dtype)
@@ -158,7 +157,7 @@ class ImageCodec:
         coded = latents.RANS if tiled else image_format
         with network_math():
             net64 = _model64(spec, self.device) if e is not None or coded == latents.RANS else None
-            analysed = tiling.analyse(net, t, meta, q, grid, DEFAULTS.tile_batch, self.device, refining)
+            analysed = tiling.analyse(net, t, meta, q, grid, defaults.get("tile_batch"), self.device, refining)
             tiles, waiting = [], {}  # each tile's (sections, coding); symbols coded, not yet synthesised
 
             def symbols_of(i: int) -> dict[str, torch.Tensor]:
@@ -289,7 +288,7 @@ class ImageCodec:
         model, dtype = (net64, torch.float64) if f64 else (net, torch.float32)
         latent_of = _dequantiser(model, symbols_of, q, dtype)
         reduce = None if res is None else res.prior64.reduce
-        for i, x in tiling.synthesise(model, grid, list(tiles), latent_of, DEFAULTS.tile_batch, reduce=reduce):
+        for i, x in tiling.synthesise(model, grid, list(tiles), latent_of, defaults.get("tile_batch"), reduce=reduce):
             box = tiling.pixel_box(grid, i, meta)
             out = list(x) if res is not None else from_batch(x, tiling.tile_meta(meta, box))
             del x  # the residual coder consumes the features from ``out``: nothing else may hold them
@@ -316,7 +315,8 @@ class ImageCodec:
         else:
             grid = tiling.grid_for(meta, None)
             if {k: list(v) for k, v in want.items()} != h["symbols"]:
-                raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and {spec.name}")
+                raise CorruptStreamError(f"symbol shapes {h['symbols']} do not fit a {meta.shape} image and "
+                                         f"{spec.name}")
             tile_of = lambda i: (c.sections, h.get("coding"))  # noqa: E731
             rans = bool(latents.rans_sections(h))
         for i in range(grid.count):  # every section's declared size, before any is decoded or any network runs
@@ -333,7 +333,8 @@ def _format_for(spec: registry.ModelSpec, image_format: int | None, refining) ->
     own = CONTEXT if spec.context else FORMAT
     if image_format is not None and (image_format == CONTEXT) != spec.context:
         raise InvalidArgumentError(f"image_format={image_format}: model {spec.arch} writes format {own}"
-                                   + ("" if spec.context else f" (or {[f for f in FORMATS_READ if f != CONTEXT]} on request)"))
+                                   + ("" if spec.context
+                                      else f" (or {[f for f in FORMATS_READ if f != CONTEXT]} on request)"))
     if spec.context and refining is not None:
         raise InvalidArgumentError(f"refine: model {spec.arch} has no encoder-side refinement; use refine=0")
     return own if image_format is None else image_format

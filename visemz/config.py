@@ -1,12 +1,16 @@
-"""The one table of runtime defaults.
+"""The settings' table: each runtime setting, its type, default, environment variable and rule.
 
-Each default can be overridden by the environment variable named beside it.
-Values are read once, at import, into a frozen dataclass.
+``Defaults`` lists them, each with what it means and why its default is what it is; ``VISEMZ_<NAME>`` in
+the environment gives a setting's initial value (``from_env``).  ``check`` is the one rule of a value,
+whether it comes from the environment or from a program (``visemz.defaults.set``, which holds the values
+in force).
 """
 
 from __future__ import annotations
 
+import numbers
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 from .errors import InvalidArgumentError
@@ -114,60 +118,87 @@ class Defaults:
     max_pixels: int = 1 << 28  # VISEMZ_MAX_PIXELS
 
 
+DEVICES = ("auto", "cpu", "cuda")
 LOADERS = ("auto", "dali", "kvikio", "cpu")
 MAX_REFINE = 10_000  # refinement steps: beyond this an encode would run for hours, a mistake rather than a wish
+MAX_LANE_SYMBOLS = 1 << 20  # rans_layout.MAX_LANE_SYMBOLS: keeps a lane's steps within their limit
+MAX_PIXELS = 1 << 30  # pixels.MAX_PIXELS, the format's ceiling on an image's values
 
-_ENV = {f.name: "VISEMZ_" + f.name.upper() for f in fields(Defaults)}
+ENV = {f.name: "VISEMZ_" + f.name.upper() for f in fields(Defaults)}
+TYPES = {f.name: type(f.default) for f in fields(Defaults)}
 
 
-def _from_env() -> Defaults:
+def calibration_kib(raw: str) -> tuple[int, int] | None:
+    """The two sizes (KiB) of a ``collective_calibration_kib`` value, or None if it is not two, the smaller first."""
+    try:
+        kib = [int(s) for s in raw.split(",")]
+    except ValueError:
+        return None
+    return (kib[0], kib[1]) if len(kib) == 2 and 0 < kib[0] < kib[1] else None
+
+
+def _within(lo: int, hi: int | None = None) -> Callable[[int], bool]:
+    return lambda v: lo <= v and (hi is None or v <= hi)
+
+
+# setting -> (whether a value is allowed, what is): the rule a value must meet, from the environment or a
+# program alike.  A setting that is not here takes any value of its type, except ``tile``, whose rule is the
+# writers' and readers' own (``tiling.check_tile``, applied to VISEMZ_TILE when tiling is imported and to a
+# program's value by ``defaults.set``): tiling imports the settings, so they cannot import it.
+RULES: dict[str, tuple[Callable, str]] = {
+    "device": (lambda v: v in DEVICES, "auto, cpu or cuda"),
+    "entropy_chunk": (_within(4096, 16 << 20), "4096..16777216"),
+    "entropy_batch": (_within(0, 1), "0 or 1"),
+    "zstd_level": (_within(-(1 << 17), 22), "-131072..22 (zstd's levels; negative: its fast ones)"),
+    "threads": (_within(0), ">= 0 (0: os.cpu_count())"),
+    "streams": (_within(0), ">= 0 (0: automatic)"),
+    "processes": (_within(1, 64), "1..64"),
+    "loader": (lambda v: v in LOADERS, "auto, dali, kvikio or cpu"),
+    "queue_depth": (_within(0), ">= 0 (0: twice the streams)"),
+    "dali_batch": (_within(1), ">= 1"),
+    "collective_calibration_kib": (lambda v: calibration_kib(v) is not None,
+                                   "two sizes in KiB, the smaller first (e.g. 1024,262144)"),
+    "collective_inband_kib": (_within(0), ">= 0 (0: off)"),
+    "rans_lane_bytes": (_within(1), ">= 1"),
+    "rans_lane_symbols": (_within(1, MAX_LANE_SYMBOLS), f"1..{MAX_LANE_SYMBOLS}"),
+    "rans_hyper_lane_symbols": (_within(1, MAX_LANE_SYMBOLS), f"1..{MAX_LANE_SYMBOLS}"),
+    "rans_skip_freq": (_within(0, 1 << 16), "0 (skip none) or a frequency in 1..65536"),
+    "tile_batch": (_within(1), ">= 1"),
+    "refine": (_within(0, MAX_REFINE), f"0..{MAX_REFINE} refinement steps"),
+    "tf32": (_within(0, 1), "0 or 1"),
+    "graphs": (_within(0), ">= 0 (0: none)"),
+    "graph_pixels": (_within(0), ">= 0"),
+    "max_pixels": (_within(1, MAX_PIXELS), f"1..{MAX_PIXELS} values"),
+}
+
+
+def check(name: str, value, label: str | None = None):
+    """``value`` as setting ``name`` holds it, if the setting's type and rule allow it; else InvalidArgumentError
+    naming ``label`` (the setting's name unless given) and the value.  An int setting takes integers only, not
+    bools or floats, as visemz's other integer arguments do."""
+    label = label or name
+    kind = TYPES[name]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)) or \
+            kind is str and not isinstance(value, str):
+        raise InvalidArgumentError(f"{label}={value!r}: expected {'an integer' if kind is int else 'a string'}")
+    value = kind(value)
+    test, allowed = RULES.get(name, (None, None))
+    if test is not None and not test(value):
+        raise InvalidArgumentError(f"{label}={value!r}: expected {allowed}")
+    return value
+
+
+def from_env(environ: Mapping[str, str] = os.environ) -> Defaults:
+    """The settings with each VISEMZ_* variable of ``environ`` in place of its default, every value checked
+    (InvalidArgumentError naming the variable)."""
     values = {}
-    for f in fields(Defaults):
-        raw = os.environ.get(_ENV[f.name])
+    for name, var in ENV.items():
+        raw = environ.get(var)
         if raw is None:
             continue
         try:
-            values[f.name] = type(f.default)(raw)
+            value = TYPES[name](raw)
         except ValueError:
-            raise InvalidArgumentError(f"{_ENV[f.name]}={raw!r} is not a valid {type(f.default).__name__}") from None
-    d = Defaults(**values)
-    if d.device not in ("auto", "cpu", "cuda"):
-        raise InvalidArgumentError(f"VISEMZ_DEVICE={d.device!r}: expected auto, cpu or cuda")
-    if d.loader not in LOADERS:
-        raise InvalidArgumentError(f"VISEMZ_LOADER={d.loader!r}: expected one of {', '.join(LOADERS)}")
-    if d.streams < 0 or d.queue_depth < 0 or d.dali_batch < 1:
-        raise InvalidArgumentError(f"VISEMZ_STREAMS={d.streams}, VISEMZ_QUEUE_DEPTH={d.queue_depth} must be >= 0 "
-                                   f"and VISEMZ_DALI_BATCH={d.dali_batch} >= 1")
-    if d.rans_lane_bytes < 1 or not 1 <= d.rans_lane_symbols <= (1 << 20) or \
-            not 1 <= d.rans_hyper_lane_symbols <= (1 << 20):
-        raise InvalidArgumentError(f"VISEMZ_RANS_LANE_BYTES={d.rans_lane_bytes} must be >= 1 and "
-                                   f"VISEMZ_RANS_LANE_SYMBOLS={d.rans_lane_symbols}, VISEMZ_RANS_HYPER_LANE_SYMBOLS="
-                                   f"{d.rans_hyper_lane_symbols} in 1..1048576")
-    if not 0 <= d.rans_skip_freq <= 1 << 16:
-        raise InvalidArgumentError(f"VISEMZ_RANS_SKIP_FREQ={d.rans_skip_freq}: expected 0 (skip none) or a frequency "
-                                   "in 1..65536")
-    if d.collective_inband_kib < 0:
-        raise InvalidArgumentError(f"VISEMZ_COLLECTIVE_INBAND_KIB={d.collective_inband_kib}: expected >= 0 (0: off)")
-    if d.tile_batch < 1:  # VISEMZ_TILE is checked by tiling.check_tile, the tile rule of writers and readers
-        raise InvalidArgumentError(f"VISEMZ_TILE_BATCH={d.tile_batch}: expected >= 1")
-    if not 1 <= d.processes <= 64:
-        raise InvalidArgumentError(f"VISEMZ_PROCESSES={d.processes}: expected 1..64")
-    if d.graphs < 0 or d.graph_pixels < 0:
-        raise InvalidArgumentError(f"VISEMZ_GRAPHS={d.graphs}, VISEMZ_GRAPH_PIXELS={d.graph_pixels}: expected >= 0")
-    if not 0 <= d.refine <= MAX_REFINE:
-        raise InvalidArgumentError(f"VISEMZ_REFINE={d.refine}: expected 0..{MAX_REFINE} refinement steps")
-    for name in ("tf32", "entropy_batch"):  # the switches
-        if getattr(d, name) not in (0, 1):
-            raise InvalidArgumentError(f"{_ENV[name]}={getattr(d, name)}: expected 0 or 1")
-    if not 1 <= d.max_pixels <= 1 << 30:  # pixels.MAX_PIXELS, the format's ceiling
-        raise InvalidArgumentError(f"VISEMZ_MAX_PIXELS={d.max_pixels}: expected 1..{1 << 30} values")
-    if not (4096 <= d.entropy_chunk <= (16 << 20)):
-        raise InvalidArgumentError(f"VISEMZ_ENTROPY_CHUNK={d.entropy_chunk}: expected 4096..16777216")
-    return d
-
-
-DEFAULTS = _from_env()
-
-
-def cpu_threads() -> int:
-    return DEFAULTS.threads or (os.cpu_count() or 1)
+            raise InvalidArgumentError(f"{var}={raw!r} is not a valid {TYPES[name].__name__}") from None
+        values[name] = check(name, value, var)
+    return Defaults(**values)

@@ -11,7 +11,7 @@ import functools
 import warnings
 from typing import Any
 
-from .config import DEFAULTS
+from . import defaults
 from .errors import DeviceUnavailableError, InvalidArgumentError
 
 
@@ -55,7 +55,7 @@ def _external_stream(handle: int, device_index: int):
 
 def resolve(device: str | None) -> str:
     """'auto' (or None) -> 'cuda' when a GPU is usable, else 'cpu'."""
-    device = device or DEFAULTS.device
+    device = device or defaults.get("device")
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"
     if device not in ("cpu", "cuda"):

@@ -16,10 +16,9 @@ import re
 import numpy as np
 
 from . import container, latents, residual, residual_coder, tile_index, tiling
-from .encoders import ENTROPIES
+from .encoders import ENTROPIES, stream
 from .encoders import layout as L
 from .encoders import rans_layout as RL
-from .encoders import stream
 from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
 from .models import registry
 from .pixels import DTYPES, MAX_CHANNELS, ImageMeta, check_pixels, max_error_limit
@@ -43,9 +42,11 @@ FORMAT = LEARNED  # what every model but the channel-context ones writes
 TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED, CONTEXT)
 FORMATS_READ = (latents.BLOCK, latents.RANS, *TILED_FORMATS)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
-META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual", "entropy"}
+META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual",
+             "entropy"}
 TILED_KEYS = META_KEYS - {"symbols"} | {"tiles"}  # 4, 5: the grid and its parts instead of the symbol shapes
-META_KEYS_OF = {latents.BLOCK: META_KEYS, latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
+META_KEYS_OF = {latents.BLOCK: META_KEYS,
+                latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
                 TILED: TILED_KEYS, tile_index.VARINT_FORMAT: TILED_KEYS, LEARNED: TILED_KEYS | {"residual_id"},
                 CONTEXT: TILED_KEYS | {"residual_id"}}
 TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
@@ -95,7 +96,8 @@ def check(h: dict, sections: dict) -> dict:
                                      f"{[tile_index.INDEX, tile_index.TILES]}")
         return h
     symbols = h["symbols"]
-    if not (isinstance(symbols, dict) and all(isinstance(v, list) and all(is_int(s) for s in v) for v in symbols.values())):
+    if not (isinstance(symbols, dict) and all(isinstance(v, list) and all(is_int(s) for s in v)
+                                              for v in symbols.values())):
         raise _bad("symbols", symbols, "an object of symbol shapes")
     need = residual_sections(h["residual"])
     if not need <= set(sections):

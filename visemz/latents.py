@@ -32,8 +32,8 @@ import math
 import numpy as np
 import torch
 
+from . import defaults
 from . import device as dev
-from .config import DEFAULTS
 from .encoders import EncoderConfig, start_encode_ints
 from .encoders.rans import decode_conditional, encode_conditional
 from .encoders.scale_indexes import (
@@ -145,7 +145,8 @@ def zero_share(t: torch.Tensor) -> float:
 
 def _encode_rans(net, net64, symbols: dict[str, torch.Tensor], quality: float) -> dict[str, bytes]:
     coded, scales = rans_inputs(net, net64, symbols, quality)
-    out = {k: encode_conditional(sym, idx, tables, lane_symbols=lanes) for k, (sym, idx, tables, lanes) in coded.items()}
+    out = {k: encode_conditional(sym, idx, tables, lane_symbols=lanes)
+           for k, (sym, idx, tables, lanes) in coded.items()}
     return out if scales is None else {**out, SCALES: scales}
 
 
@@ -158,7 +159,7 @@ def rans_inputs(net, net64, symbols: dict[str, torch.Tensor], quality: float) ->
         y = symbols["y"]
         return {"y": (_array(y), _channels(y.shape, y.device), tables.factorized, None)}, None
     z = symbols["z"]
-    hyper_lanes = min(DEFAULTS.rans_lane_symbols, DEFAULTS.rans_hyper_lane_symbols)
+    hyper_lanes = min(defaults.get("rans_lane_symbols"), defaults.get("rans_hyper_lane_symbols"))
     coded = {"z": (_array(z), _channels(z.shape, z.device), tables.factorized, hyper_lanes)}
     if channel_context.is_context(net):
         return _context_inputs(net, net64, symbols, quality, coded)

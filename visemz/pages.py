@@ -68,7 +68,8 @@ def unpack(buf) -> Unpacked:
     for k, page in enumerate(images):  # what each page holds, from its header, before any page is decoded
         if page.kind != "image" or page.meta.get("shape") != list(shape[1:]) or page.meta.get("dtype") != dtype:
             raise CorruptStreamError(f"page {k}'s header (kind {page.kind!r}, shape {page.meta.get('shape')!r}, dtype "
-                                     f"{page.meta.get('dtype')!r}) is not the file's: images of {list(shape[1:])} {dtype}")
+                                     f"{page.meta.get('dtype')!r}) is not the file's: images of {list(shape[1:])} "
+                                     f"{dtype}")
     return Unpacked(images, (shape, dtype))
 
 
@@ -127,7 +128,8 @@ def _parse(c: container.Container) -> tuple[tuple[int, ...], str, list[memoryvie
     lengths = np.frombuffer(index, dtype="<u8")
     # each length at most the body, so the sum of at most MAX_PAGES of them cannot wrap around
     if (lengths == 0).any() or (lengths > len(body)).any() or int(lengths.sum()) != len(body):
-        raise CorruptStreamError(f"page lengths {lengths[:4].tolist()}... do not split the {len(body)}-byte pages section")
+        raise CorruptStreamError(f"page lengths {lengths[:4].tolist()}... do not split the {len(body)}-byte pages "
+                                 "section")
     ends = np.cumsum(lengths).tolist()
     starts = [0] + ends[:-1]
     return tuple(shape), meta["dtype"], [body[a:b] for a, b in zip(starts, ends)]

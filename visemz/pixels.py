@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import config
+from . import defaults
 from .errors import InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 
 DTYPES = ("uint8", "uint16", "float32")
@@ -28,7 +28,7 @@ MAX_ERROR = {"uint8": 255, "uint16": 65535, "float32": float(np.finfo(np.float32
 
 def check_pixels(values: int, what: str) -> None:
     """An image's (or a page stack's) number of values against the limit in force (``VISEMZ_MAX_PIXELS``)."""
-    limit = config.DEFAULTS.max_pixels
+    limit = defaults.get("max_pixels")
     if values > limit:
         raise LimitExceededError(f"{what}: {values} values exceed the limit of {limit} (VISEMZ_MAX_PIXELS)")
 

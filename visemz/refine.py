@@ -14,11 +14,11 @@ Gumbel annealing (SGA, Yang et al.: each value a random soft mix of its floor an
 hardens as a temperature falls), which measured better than a straight-through estimator (also
 available, ``RefineSettings.rounding``): on a 256x256 crop of skimage's astronaut, 50 steps at
 qualities 2 and 6 changed the real files' bpp + lambda * 255^2 * MSE by -3.6% to -6.4% with SGA
-and by +0.6% to -2.7% with straight-through rounding (docs/results/codec/refine_tuning.md).  The cost of the hard-rounded latents is measured
-at the start and the end, and the lower one's latents are kept, so refinement never writes
-symbols the model itself rates worse than the analysis's.  ``architectures.quantise`` then turns
-them into symbols exactly as ``analyse`` does, the means recomputed from the integer z the
-decoder will see.
+and by +0.6% to -2.7% with straight-through rounding (docs/results/codec/refine_tuning.md).  The
+cost of the hard-rounded latents is measured at the start and the end, and the lower one's latents
+are kept, so refinement never writes symbols the model itself rates worse than the analysis's.
+``architectures.quantise`` then turns them into symbols exactly as ``analyse`` does, the means
+recomputed from the integer z the decoder will see.
 Any integer symbols are a valid file: the decoder is unchanged.
 
 Tiles (``tiling.analyse``): each tile's core latents are refined against the tile's core pixels,

@@ -91,7 +91,8 @@ def encode(x: torch.Tensor, x01_hat: torch.Tensor, meta: ImageMeta, e: float, **
         arrays["exceptions"] = _indices_to_ints(bad)
         arrays["exception_bits"] = torch_to_ints(_bits(xf[bad]))
     arrays["residual"] = torch_to_ints(q)
-    # the sections go to the entropy stage together (on a GPU they share launches); the residual is dense: widths per block
+    # the sections go to the entropy stage together (on a GPU they share launches); the residual is dense: widths
+    # per block
     cfgs = {k: replace(cfg, policy="block") if k == "residual" else cfg for k in arrays}
     sections = dict(zip(arrays, encode_ints_many([(a, cfgs[k]) for k, a in arrays.items()])))
     return sections, mode

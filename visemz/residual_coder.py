@@ -167,7 +167,7 @@ def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, symbol
     width_in = prior.width + 4 * c
     trunk = _blocked(lambda r, q: prior.condition(reduced[:, :, r, q], x01[:, :, _twice(r), _twice(q)], *side),
                      reduced, TRUNK_HALO, width_in)
-    del reduced
+    reduced = None  # free it now (not del: the lambda above names it)
     pred = space_to_depth(domain.prediction(x01))
     real = space_to_depth(_real_mask(domain.meta, x01)).expand_as(pred)
     known = torch.zeros_like(pred)
@@ -307,7 +307,8 @@ def _pack_fixes(fixes: list) -> bytes:
     if not any(counts):
         return b""
     pos = [torch.diff(f[0], prepend=f[0].new_zeros(1)) for f in fixes]
-    parts = [torch.tensor(counts)] + [p.cpu() for p in pos] + [torch.cat([f[i] for f in fixes]).cpu() for i in (1, 2, 3)]
+    parts = [torch.tensor(counts)] + [p.cpu() for p in pos] + [torch.cat([f[i] for f in fixes]).cpu()
+                                                               for i in (1, 2, 3)]
     return encode_ints(torch.cat(parts).to(torch.int32).numpy(), policy="global", entropy="none")
 
 

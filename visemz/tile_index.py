@@ -51,7 +51,8 @@ class TileIndex:
                                      f"{len(self.body)}-byte tiles section")
         codes = np.frombuffer(index, dtype=np.uint8, offset=pos).reshape(n, s)
         if (codes >= len(CODINGS)).any():
-            raise CorruptStreamError(f"tile index codings {np.unique(codes).tolist()} are not all in 0..{len(CODINGS) - 1}")
+            raise CorruptStreamError(f"tile index codings {np.unique(codes).tolist()} are not all in "
+                                     f"0..{len(CODINGS) - 1}")
         ends = np.cumsum(lengths).reshape(n, p)
         self.ends, self.lengths, self.codes = ends, lengths.reshape(n, p), codes
         self.parts, self.symbols = parts, symbols

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .config import DEFAULTS
+from . import defaults
 from .errors import InvalidArgumentError, VisemzError
 from .models import architectures, blocks, graphs
 from .pixels import PAD, ImageMeta, to_batch
@@ -107,9 +107,9 @@ def check_tile(tile, name: str = "tile", error: type[VisemzError] = InvalidArgum
     return tile
 
 
-# config.py reads VISEMZ_TILE; the rule is this module's (config cannot import it: this module's imports
-# import config), so the default is checked here, when visemz is imported, as config checks the others.
-check_tile(DEFAULTS.tile, "VISEMZ_TILE")
+# the tile rule is this module's (config.RULES says why), so VISEMZ_TILE is checked here, when tiling is
+# imported; defaults.set checks a program's value itself
+check_tile(defaults.get("tile"), "VISEMZ_TILE")
 
 
 def check_region(region, shape: tuple[int, ...]) -> Box:

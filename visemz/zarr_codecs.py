@@ -113,7 +113,8 @@ class _ShapedFloatCodec(Codec):
     def encode(self, buf) -> bytes:
         a = ensure_ndarray(buf)
         if a.dtype.name not in FLOAT_DTYPES:
-            raise UnsupportedFormatError(f"{self.codec_id} codec: chunk dtype {a.dtype.name} is not one of {list(FLOAT_DTYPES)}")
+            raise UnsupportedFormatError(f"{self.codec_id} codec: chunk dtype {a.dtype.name} is not one of "
+                                         f"{list(FLOAT_DTYPES)}")
         check_pixels(a.size, f"{self.codec_id} chunk of shape {a.shape}")  # what a reader allows
         head = SHAPE_HEAD.pack(SHAPE_MAGIC, SHAPE_VERSION, a.ndim) + struct.pack(f"<{a.ndim}Q", *a.shape)
         inner = self.stream.encode(np.ascontiguousarray(a))
@@ -125,7 +126,8 @@ class _ShapedFloatCodec(Codec):
                                   (1, SHAPE_VERSION))
         start = SHAPE_HEAD.size + 8 * ndim
         if ndim > MAX_NDIM or len(mv) < start:
-            raise CorruptStreamError(f"{what} header of {len(mv)} bytes does not hold {ndim} sizes (at most {MAX_NDIM})")
+            raise CorruptStreamError(f"{what} header of {len(mv)} bytes does not hold {ndim} sizes (at most "
+                                     f"{MAX_NDIM})")
         if mv[4] == SHAPE_VERSION:
             if len(mv) < start + 8 or xxh64(mv[:start], mv[start + 8:]) != struct.unpack_from("<Q", mv, start)[0]:
                 raise CorruptStreamError(f"{what} checksum mismatch: the chunk is corrupt or truncated")

@@ -9,7 +9,6 @@ from .codecs import ErrorBounded, Lossless
 from .cost import CostModel
 from .ddp import ddp_hook
 from .homomorphic import add
-from .plans import Plan, plan
 from .ops import (
            Handle,
            all_gather,
@@ -20,6 +19,7 @@ from .ops import (
            reduce_scatter,
            scatter,
 )
+from .plans import Plan, plan
 
 __all__ = ["CostModel", "ErrorBounded", "Handle", "Lossless", "Plan", "add", "plan", "all_gather", "all_reduce",
            "all_to_all", "broadcast", "ddp_hook", "last_algorithm", "reduce_scatter", "scatter"]

@@ -27,9 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import measure
-from ..config import DEFAULTS
-from ..errors import InvalidArgumentError
+from .. import config, defaults, measure
 from . import algorithms as A
 from . import transport as T
 from .codecs import ErrorBounded, predicts_rows
@@ -43,7 +41,8 @@ HOST_SCALE = 64  # NumPy codecs run at about 1/100 of a GPU's speed: CPU calibra
 @dataclass
 class _GroupState:
     models: dict = field(default_factory=dict)  # (eb, dtype) -> CostModel
-    ratios: dict = field(default_factory=dict)  # (eb, dtype) -> ratio of the last compressed all_reduce's final payloads
+    # (eb, dtype) -> ratio of the last compressed all_reduce's final payloads
+    ratios: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)  # (eb, dtype) -> wall time its calibration took on this rank
 
 
@@ -59,14 +58,7 @@ def _state(group, codec, dtype: str) -> tuple[_GroupState, tuple]:
 
 def calibration_bytes(device: torch.device) -> tuple[int, int]:
     """The two calibration sizes in bytes for tensors on ``device``."""
-    raw = DEFAULTS.collective_calibration_kib
-    try:
-        kib = [int(s) for s in raw.split(",")]
-    except ValueError:
-        kib = []
-    if len(kib) != 2 or not 0 < kib[0] < kib[1]:
-        raise InvalidArgumentError(f"VISEMZ_COLLECTIVE_CALIBRATION_KIB={raw!r}: expected two sizes in KiB, "
-                                   "the smaller first (e.g. 1024,262144)")
+    kib = config.calibration_kib(defaults.get("collective_calibration_kib"))  # checked when it was set
     scale = 1 if device.type == "cuda" else HOST_SCALE
     return kib[0] * 1024 // scale, kib[1] * 1024 // scale
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..config import DEFAULTS
+from .. import defaults
 from ..errors import InvalidArgumentError, PeerFailedError, UnsupportedFormatError, VisemzError
 from . import transport as T
 from .codecs import FLOATS, PREDICTORS, ErrorBounded, Lossless, predicts_rows
@@ -67,18 +67,21 @@ def _codec_key(codec) -> list[float]:
 
 
 def algorithm_code(algorithm: str) -> int:
-    """``algorithm``'s index in ALGORITHMS (a setting every rank agrees on); InvalidArgumentError naming it if it is none of them."""
+    """``algorithm``'s index in ALGORITHMS (a setting every rank agrees on); InvalidArgumentError naming it if it
+    is none of them."""
     if algorithm not in ALGORITHMS:
         raise InvalidArgumentError(f"algorithm={algorithm!r}: expected one of {list(ALGORITHMS)}")
     return ALGORITHMS.index(algorithm)
 
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "scatter", "all_to_all")
-KEY_FIELDS = ("collective", "op", "dtype", "codec", "eb", "predictor", "algorithm or root", "tensors", "values", "sizes hash",
-              "row length (2-D prediction)", "compressed on a GPU", "in-band KiB (VISEMZ_COLLECTIVE_INBAND_KIB)")
+KEY_FIELDS = ("collective", "op", "dtype", "codec", "eb", "predictor", "algorithm or root", "tensors", "values",
+              "sizes hash", "row length (2-D prediction)", "compressed on a GPU",
+              "in-band KiB (VISEMZ_COLLECTIVE_INBAND_KIB)")
 
 
-def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1, row: int = 0) -> tuple[list[float], str]:
+def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1,
+             row: int = 0) -> tuple[list[float], str]:
     """Check the arguments on this rank; the settings every rank must share, and the dtype name.
 
     The settings are a fixed number of floats whatever the collective and the number of tensors
@@ -97,8 +100,9 @@ def settings(tensors, op: str, codec, algorithm: str, what: str, extra: int = -1
     # bytes; in-band or sized steps): ranks that differ would misread each other, so they are settings too
     on_gpu = codec is not None and tensors[0].is_cuda
     key = [float(COLLECTIVES.index(what)), float(OPS.index(op)), float(list(FLOATS).index(name)), *_codec_key(codec),
-           float(extra), float(len(sizes)), float(sum(sizes)), float(hash(sizes) & (2**52 - 1)),  # ints hash alike in every process
-           float(row), float(on_gpu), float(DEFAULTS.collective_inband_kib if on_gpu else 0)]
+           float(extra), float(len(sizes)), float(sum(sizes)),
+           float(hash(sizes) & (2**52 - 1)),  # ints hash alike in every process
+           float(row), float(on_gpu), float(defaults.get("collective_inband_kib") if on_gpu else 0)]
     return key, name
 
 
@@ -111,9 +115,9 @@ def row_length(codec, tensors, what: str) -> int:
         return 0
     shapes = [tuple(t.shape) for t in tensors]
     if any(len(s) < 2 for s in shapes) or len({s[-1] for s in shapes}) != 1:
-        raise InvalidArgumentError(f"{what} with {codec!r}: 2-D Lorenzo prediction runs along rows of the tensors' last "
-                                   "dimension, so every tensor needs 2 or more dimensions and the same last one; got "
-                                   f"shapes {list(dict.fromkeys(shapes))}")
+        raise InvalidArgumentError(f"{what} with {codec!r}: 2-D Lorenzo prediction runs along rows of the tensors' "
+                                   "last dimension, so every tensor needs 2 or more dimensions and the same last one; "
+                                   f"got shapes {list(dict.fromkeys(shapes))}")
     return codec.prediction(shapes[0]).row
 
 

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from .. import cuda
-from . import gpu
 from ..encoders import decode_ints, encode_ints, stream
 from ..encoders import layout as L
 from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 from ..framing import read_prefix, xxh64
+from . import gpu
 
 # dtype -> (bits, exponent bits, mantissa bits, unsigned view)
 FLOATS = {"float32": (32, 8, 23, np.uint32), "float16": (16, 5, 10, np.uint16), "bfloat16": (16, 8, 7, np.uint16)}
@@ -89,8 +89,10 @@ def _check_sum(mv: memoryview, head: int, what: str) -> None:
 # version 1: no predictor; 2: the predictor field; 3 (written today): version 2's header then a checksum of every byte
 EB_MAGIC, EB_VERSION = b"VZEB", 3
 EB_HEAD = struct.Struct("<4sBBHd")  # version 1: magic, version, dtype code, reserved, eb
-EB_HEAD2 = struct.Struct("<4sBBBBQd")  # versions 2, 3: magic, version, dtype code, predictor code, reserved, row length, eb
-EB_FRONT = EB_HEAD2.size + 8  # version 3: the header and its u64 xxh64 of bytes [0, 24) and [32, end), then the ints stream
+# versions 2, 3: magic, version, dtype code, predictor code, reserved, row length, eb
+EB_HEAD2 = struct.Struct("<4sBBBBQd")
+# version 3: the header and its u64 xxh64 of bytes [0, 24) and [32, end), then the ints stream
+EB_FRONT = EB_HEAD2.size + 8
 PREDICTORS = ("none", "lorenzo", "lorenzo2d")  # index = the header's predictor code
 STEP_LIMIT = 2**31 - 1  # every integer a stream holds (steps, residuals, sums) has |v| < this
 
@@ -110,7 +112,8 @@ class Prediction:
         if self.predictor not in PREDICTORS:
             raise InvalidArgumentError(f"predictor={self.predictor!r}: expected one of {list(PREDICTORS)}")
         if (self.predictor == "lorenzo2d") != (self.row > 0) or self.row < 0:
-            raise InvalidArgumentError(f"row length {self.row} does not fit predictor {self.predictor!r} (lorenzo2d needs one >= 1)")
+            raise InvalidArgumentError(f"row length {self.row} does not fit predictor {self.predictor!r} (lorenzo2d "
+                                       "needs one >= 1)")
 
     @property
     def code(self) -> int:
@@ -170,7 +173,8 @@ class ErrorBounded:
     codec_id: str = "visemz-error-bounded"
 
     def __post_init__(self):
-        if isinstance(self.eb, bool) or not isinstance(self.eb, numbers.Real) or not (np.isfinite(self.eb) and self.eb > 0):
+        if isinstance(self.eb, bool) or not isinstance(self.eb, numbers.Real) or \
+                not (np.isfinite(self.eb) and self.eb > 0):
             raise InvalidArgumentError(f"eb={self.eb!r}: the error bound must be a finite number > 0")
         object.__setattr__(self, "eb", float(self.eb))  # NumPy scalars too: the stream and a config hold a float64
         if self.predictor not in PREDICTORS:
@@ -197,7 +201,8 @@ class ErrorBounded:
             raise InvalidArgumentError("tensor holds NaN or Inf: error-bounded compression needs finite values")
         q = np.rint(v / (2 * self.eb))
         if q.size and np.abs(q).max() >= STEP_LIMIT:
-            raise LimitExceededError(f"values up to {np.abs(v).max():.3g} need more than int32 steps of 2*eb={2 * self.eb:g}")
+            raise LimitExceededError(f"values up to {np.abs(v).max():.3g} need more than int32 steps of "
+                                     f"2*eb={2 * self.eb:g}")
         return q.astype(np.int32)
 
     def encode(self, x, row: int | None = None) -> bytes:
@@ -274,7 +279,8 @@ class ErrorBounded:
             mv, (code, _reserved, eb) = read_prefix(buf, what, EB_HEAD, EB_HEAD.size, EB_MAGIC, 1)
             pred, head = Prediction("none"), EB_HEAD.size
         else:
-            mv, (code, pcode, reserved, row, eb) = read_prefix(buf, what, EB_HEAD2, EB_HEAD2.size, EB_MAGIC, (2, EB_VERSION))
+            mv, (code, pcode, reserved, row, eb) = read_prefix(buf, what, EB_HEAD2, EB_HEAD2.size, EB_MAGIC,
+                                                               (2, EB_VERSION))
             head = EB_HEAD2.size
             if mv[4] == EB_VERSION:
                 _check_sum(mv, head, what)
@@ -358,7 +364,8 @@ class Lossless:
         packed = _pack3(codes)
         rest_bytes = _pack_fixed(rest.astype(np.uint32), 1 + mbits)
         gaps = np.diff(esc, prepend=0).astype(np.int32) if esc.size else np.zeros(0, np.int32)
-        parts = [packed, rest_bytes, encode_ints(gaps, policy="global", entropy="none"), exp[esc].astype(np.uint8).tobytes()]
+        parts = [packed, rest_bytes, encode_ints(gaps, policy="global", entropy="none"),
+                 exp[esc].astype(np.uint8).tobytes()]
         table = struct.pack(f"<{len(parts)}Q", *(len(p) for p in parts))
         return self._seal(self._head(name, bytes(top.astype(np.uint8)), u.size) + table + b"".join(parts))
 

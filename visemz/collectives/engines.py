@@ -15,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import cuda
-from ..config import DEFAULTS
+from .. import cuda, defaults
+from ..errors import LimitExceededError
 from . import gpu
 from . import transport as T
-from ..errors import LimitExceededError
 from .codecs import ErrorBounded, Lossless, _to_float64, predicts_rows
 from .homomorphic import add as host_add
 
@@ -99,14 +98,15 @@ class DeviceEngine:
 
     def __init__(self, codec, device: torch.device, row: int = 0):
         self.codec, self.device, self.kwargs = codec, device, _encode_args(codec, row)
-        self._streams: list[torch.cuda.Stream] = []  # encode_many's side streams, made once (a plan's engine lives long)
+        # encode_many's side streams, made once (a plan's engine lives long)
+        self._streams: list[torch.cuda.Stream] = []
 
     def inband(self, n_out: int, n_in: int, largest: int) -> T.InBand | None:
         """In-band lengths (``transport.InBand``) for a step sending an error-bounded chunk of ``n_out`` values
         and receiving one of ``n_in``, when the ``largest`` chunk of the collective has a worst-case stream
         within ``VISEMZ_COLLECTIVE_INBAND_KIB`` (every rank decides alike for every step: the chunks' sizes
         are the same everywhere): a ring or doubling step then reads nothing on the host."""
-        if not isinstance(self.codec, ErrorBounded) or gpu.room(largest) > DEFAULTS.collective_inband_kib * 1024:
+        if not isinstance(self.codec, ErrorBounded) or gpu.room(largest) > defaults.get("collective_inband_kib") * 1024:
             return None
         room_in = gpu.room(n_in)
         return T.InBand(gpu.room(n_out), room_in, lambda words: gpu.settle_add(words, room_in))

@@ -25,12 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import cuda
+from .. import cuda, defaults
 from ..encoders import entropy as E
 from ..encoders import gpu as G
 from ..encoders import layout as L
 from ..encoders import stream
-from ..config import DEFAULTS
 from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
 
 FLOATS_SOURCE = ("visemz.collectives", "cuda/floats.cu")
@@ -240,7 +239,8 @@ def eb_encode(x, eb: float, pred) -> tuple[DeviceStream, str]:
 
 
 SUM_LEAVES_INT32 = 64  # block_add's report bit for a sum beyond int32 (the host engine's sums report it alike)
-ADD_ERRORS = {1: "tile table", 2: "block width over 32", 4: "tile size", SUM_LEAVES_INT32: "sum leaves int32", 128: "header"}
+ADD_ERRORS = {1: "tile table", 2: "block width over 32", 4: "tile size", SUM_LEAVES_INT32: "sum leaves int32",
+              128: "header"}
 
 
 def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64", pred=None):
@@ -314,14 +314,15 @@ def _raise_decode_errors(words: list[int]) -> None:
         raise CorruptStreamError("error-bounded device stream is inconsistent: " + ", ".join(
             w for bit, w in ADD_ERRORS.items() if code & bit) + f" (GPU decoder error bits 0x{code:x})")
     if code:
-        raise LimitExceededError("decoded steps leave int32: a sum of streams that int32 cannot hold, or a damaged stream")
+        raise LimitExceededError("decoded steps leave int32: a sum of streams that int32 cannot hold, or a damaged "
+                                 "stream")
 
 
 def stream_bytes(s: DeviceStream) -> bytes:
     """The ints stream (entropy none) of a device block stream: what ``encode_ints`` writes on the CPU."""
     with torch_stream():
         raw = s.bytes_view().get().tobytes()
-    return stream.pack(len(raw), E.KINDS["none"], DEFAULTS.entropy_chunk, [raw])
+    return stream.pack(len(raw), E.KINDS["none"], defaults.get("entropy_chunk"), [raw])
 
 
 def _raise_add_errors(err: int) -> None:
@@ -351,14 +352,16 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
     if a.n != b.n:
         raise InvalidArgumentError(f"cannot add a {a.n}-value stream to a {b.n}-value stream")
     if inplace and lazy:
-        raise InvalidArgumentError("an in-place add is checked before it overwrites its input: lazy=True does not apply")
+        raise InvalidArgumentError("an in-place add is checked before it overwrites its input: lazy=True does not "
+                                   "apply")
     cap = room(a.n)
     if inplace and a.data.size < cap:
         raise LimitExceededError(f"in-place add needs a {cap}-byte buffer, the stream has {a.data.size}")
     with torch_stream() as cp:
         (sa, wa), (sb, wb) = _add_input(a), _add_input(b)
         n, ntiles = a.n, L.n_tiles(a.n)
-        cells = cp.zeros(2, cp.uint64)  # [stream size], [error word (int32 in the low half)]; fresh: a lazy sum keeps its own
+        # [stream size], [error word (int32 in the low half)]; fresh: a lazy sum keeps its own
+        cells = cp.zeros(2, cp.uint64)
         if n == 0:  # the bare header, which is also the capacity of no values
             out = _empty_stream(cp, cells)
         else:
@@ -371,7 +374,8 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
         if not lazy:
             s.nbytes()  # raised here, before an in-place copy would overwrite ``a``
         if inplace:
-            G.kernel("copy_sized")((min(-(-cap // G.THREADS), 4096),), (G.THREADS,), (out, a.data, cells[0:1], np.int64(cap)))
+            G.kernel("copy_sized")((min(-(-cap // G.THREADS), 4096),), (G.THREADS,),
+                                   (out, a.data, cells[0:1], np.int64(cap)))
             s.data = a.data
     return s
 
@@ -454,7 +458,7 @@ def ll_bytes(wire: bytes, front: int) -> bytes:
     sizes = struct.unpack_from("<4Q", wire, front - TABLE_BYTES)
     at = front + sizes[0] + sizes[1]
     gaps = wire[at : at + sizes[2]]
-    packed = stream.pack(len(gaps), E.KINDS["none"], DEFAULTS.entropy_chunk, [gaps])
+    packed = stream.pack(len(gaps), E.KINDS["none"], defaults.get("entropy_chunk"), [gaps])
     table = struct.pack("<4Q", sizes[0], sizes[1], len(packed), sizes[3])
     return wire[: front - TABLE_BYTES] + table + wire[front:at] + packed + wire[at + sizes[2] :]
 
@@ -477,7 +481,8 @@ def ll_decode_wire(buf, n: int, name: str, floats: dict, head_struct: struct.Str
             raise CorruptStreamError(f"lossless device stream dtype code {code} is not {name}")
         sizes = struct.unpack_from("<4Q", front, hs)
         bits, ebits, mbits, _ = floats[name]
-        if count != n or sizes[0] != (3 * n + 7) // 8 or sizes[1] != (n * (1 + mbits) + 7) // 8 or hs + TABLE_BYTES + sum(sizes) != buf.size:
+        if count != n or sizes[0] != (3 * n + 7) // 8 or sizes[1] != (n * (1 + mbits) + 7) // 8 or \
+                hs + TABLE_BYTES + sum(sizes) != buf.size:
             raise CorruptStreamError(f"lossless device stream sizes {sizes} do not fit {n} values of {name}")
         ends = np.cumsum([hs + TABLE_BYTES, *sizes]).tolist()
         codes, rest, exps = buf[ends[0] : ends[1]], buf[ends[1] : ends[2]], buf[ends[3] : ends[4]]

@@ -20,7 +20,8 @@ def add(a, b, codec: ErrorBounded) -> bytes:
     ra, da, pa = codec.residual_symbols(a)
     rb, db, pb = codec.residual_symbols(b)
     if da != db or ra.size != rb.size or pa != pb:
-        raise InvalidArgumentError(f"cannot add a {ra.size}-value {da} stream ({pa}) to a {rb.size}-value {db} stream ({pb})")
+        raise InvalidArgumentError(f"cannot add a {ra.size}-value {da} stream ({pa}) to a {rb.size}-value {db} stream "
+                                   f"({pb})")
     s = ra.astype(np.int64) + rb.astype(np.int64)
     if s.size and np.abs(s).max() >= STEP_LIMIT:
         raise LimitExceededError("the sum leaves int32: use a larger error bound for this many additions")

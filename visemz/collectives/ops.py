@@ -43,8 +43,20 @@ import torch.distributed as dist
 
 from . import transport as T
 from .algorithms import phase_times, ring_reduce_scatter, write_values
-from .calls import (ALGORITHMS, DEFAULT_CODEC, OPS, Handle, check_count, check_root, check_sizes, collective, flat,
-                    last_algorithm, row_length, settings)
+from .calls import (
+    ALGORITHMS,
+    DEFAULT_CODEC,
+    OPS,
+    Handle,
+    check_count,
+    check_root,
+    check_sizes,
+    collective,
+    flat,
+    last_algorithm,
+    row_length,
+    settings,
+)
 from .codecs import Lossless
 from .cost import CostModel
 from .engines import engine_for

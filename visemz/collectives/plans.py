@@ -39,8 +39,17 @@ from ..errors import InvalidArgumentError
 from . import autotune
 from . import transport as T
 from .algorithms import COMPRESSED, bounds, phase, write_values
-from .calls import (DEFAULT_CODEC, algorithm_code, collective, flat, peer_failures, row_length, run, set_last_algorithm,
-                    settings)
+from .calls import (
+    DEFAULT_CODEC,
+    algorithm_code,
+    collective,
+    flat,
+    peer_failures,
+    row_length,
+    run,
+    set_last_algorithm,
+    settings,
+)
 from .codecs import Lossless, predicts_rows
 from .engines import engine_for
 
@@ -94,10 +103,11 @@ class Plan:
         return None if self.algorithm == "auto" else self.algorithm
 
     def check(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` as the flat view the plan runs on; InvalidArgumentError (on this rank) if it is not the plan's kind."""
+        """``tensor`` as the flat view the plan runs on; InvalidArgumentError (on this rank) if it is not the
+        plan's kind."""
         if tensor.numel() != self.n or tensor.dtype != self.torch_dtype or tensor.device != self.device:
-            raise InvalidArgumentError(f"tensor of {tensor.numel()} {tensor.dtype} on {tensor.device} does not fit this "
-                                       f"plan ({self.n} {self.torch_dtype} on {self.device})")
+            raise InvalidArgumentError(f"tensor of {tensor.numel()} {tensor.dtype} on {tensor.device} does not fit "
+                                       f"this plan ({self.n} {self.torch_dtype} on {self.device})")
         return flat(tensor)
 
     def __call__(self, tensor: torch.Tensor, async_op: bool = False):

@@ -69,8 +69,8 @@ def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None)
             break
         t["load"] += time.perf_counter() - t0
         if partial is not None and tuple(img.shape) != tuple(partial.shape):
-            problem = f"frame '{files.shown(path.name)}' is {img.shape}, the frames before it {tuple(partial.shape)}: " \
-                      "the frames of a stack must share one shape"
+            problem = f"frame '{files.shown(path.name)}' is {img.shape}, the frames before it " \
+                      f"{tuple(partial.shape)}: the frames of a stack must share one shape"
             break
         t0 = time.perf_counter()
         x = torch.from_numpy(img.astype(np.float32)).to(cfg.device)

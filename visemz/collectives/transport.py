@@ -6,7 +6,8 @@ already knows them, e.g. from ``all_sizes``), so receivers allocate exactly what
 payload's size word goes out straight from device memory and, on an NCCL group, the host reads it
 together with the incoming sizes, one read for both (a Gloo group copies it to the host to send it).
 Tensors travel on the group's own device: CUDA for NCCL (compressed bytes never visit the
-host; only the int64 size words are read back), the CPU for Gloo.  Received payloads come back on that device; callers move them where their codec runs.
+host; only the int64 size words are read back), the CPU for Gloo.  Received payloads come back
+on that device; callers move them where their codec runs.
 Ranks here are ranks within ``group``; they are mapped to global ranks for point-to-point calls.
 
 The agreement every collective starts with (``agree``: each rank's settings and whether its own
@@ -27,7 +28,8 @@ import torch.distributed as dist
 
 from ..errors import CorruptStreamError, InvalidArgumentError, PlanMismatchError
 
-# torch 2.14 renamed all_gather_into_tensor (now a deprecated alias) to all_gather_single; older torch has only the first
+# torch 2.14 renamed all_gather_into_tensor (now a deprecated alias) to all_gather_single; older torch has only
+# the first
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -115,7 +117,8 @@ class Lazy:
 
     def __post_init__(self):
         if self.words.numel() != SIZE_WORDS:
-            raise InvalidArgumentError(f"a lazy payload carries {SIZE_WORDS} words (count, reports), not {self.words.numel()}")
+            raise InvalidArgumentError(f"a lazy payload carries {SIZE_WORDS} words (count, reports), not "
+                                       f"{self.words.numel()}")
 
     def settled(self, words: list[int]) -> torch.Tensor:
         self.read, self.n = words, self.settle(words)
@@ -248,7 +251,8 @@ def _in_room(p: torch.Tensor | Lazy, room: int, group) -> tuple[torch.Tensor, to
     # before anything is posted, on the ranks that meet it (a peer that does not would wait for the timeout)
     if isinstance(p, Lazy):
         if p.data.numel() != room:
-            raise InvalidArgumentError(f"an in-band payload's buffer holds {p.data.numel()} bytes, not the agreed room of {room}")
+            raise InvalidArgumentError(f"an in-band payload's buffer holds {p.data.numel()} bytes, not the agreed room "
+                                       f"of {room}")
         data = p.data.to(dev)
     elif p.numel() > room:
         raise InvalidArgumentError(f"a {p.numel()}-byte payload does not fit the agreed in-band room of {room} bytes")
@@ -290,7 +294,8 @@ def all_sizes(n: int | torch.Tensor | Lazy, group) -> list[int]:
     A lazy payload comes back settled; every rank then checks every rank's reports, so what one
     rank's maker reported is raised on all of them."""
     dev, w, me = device(group), world(group), rank(group)
-    mine = n.words.to(dev) if isinstance(n, Lazy) else _size_word(n if isinstance(n, int) else n.numel(), group, SIZE_WORDS)
+    mine = n.words.to(dev) if isinstance(n, Lazy) else \
+        _size_word(n if isinstance(n, int) else n.numel(), group, SIZE_WORDS)
     table = torch.empty(w * SIZE_WORDS, dtype=torch.int64, device=dev)
     _all_gather_single(table, mine, group)
     read = table.tolist()
@@ -302,7 +307,8 @@ def all_sizes(n: int | torch.Tensor | Lazy, group) -> list[int]:
                 n.settle([min(row[0], 0), *row[1:]])
     bad = {i: row for i, row in enumerate(rows) if row[0] < 0 or any(row[1:])}
     if bad:  # reports this rank cannot read (it holds no lazy payload): the reporting ranks raise them
-        raise CorruptStreamError(f"ranks {sorted(bad)} reported failures with their payloads (words {list(bad.values())})")
+        raise CorruptStreamError(f"ranks {sorted(bad)} reported failures with their payloads (words "
+                                 f"{list(bad.values())})")
     return [row[0] for row in rows]
 
 

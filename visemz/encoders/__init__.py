@@ -12,14 +12,14 @@ from typing import Callable
 
 import numpy as np
 
-from .. import cuda
-from ..config import DEFAULTS
+from .. import cuda, defaults
 from ..errors import CorruptStreamError, InvalidArgumentError
 from . import entropy as E
-from . import layout as L
 from . import gpu, reference, stream
+from . import layout as L
 
-__all__ = ["encode_ints", "encode_ints_many", "start_encode_ints", "decode_ints", "EncoderConfig", "POLICIES", "ENTROPIES"]
+__all__ = ["encode_ints", "encode_ints_many", "start_encode_ints", "decode_ints", "EncoderConfig", "POLICIES",
+           "ENTROPIES"]
 
 POLICIES = tuple(L.POLICIES)
 ENTROPIES = tuple(E.KINDS)
@@ -67,7 +67,8 @@ def start_encode_ints(items) -> Callable[[], list[bytes]]:
     items = list(items)
     for _, cfg in items:
         if not isinstance(cfg, EncoderConfig):
-            raise InvalidArgumentError(f"encode_ints_many takes (array, EncoderConfig) pairs, not a {type(cfg).__name__}")
+            raise InvalidArgumentError("encode_ints_many takes (array, EncoderConfig) pairs, not a "
+                                       f"{type(cfg).__name__}")
     on_gpu = [i for i, (a, _) in enumerate(items) if cuda.is_gpu_array(a)]
     done = {i: _encode_cpu(a, cfg) for i, (a, cfg) in enumerate(items) if not cuda.is_gpu_array(a)}
     gpu_part = gpu.start_encode_ints([items[i] for i in on_gpu]) if on_gpu else list
@@ -85,8 +86,9 @@ def _encode_cpu(arr, cfg: EncoderConfig) -> bytes:
     L.check_count(a.size)
     raw = reference.encode(a.reshape(-1), L.POLICIES[cfg.policy], cfg.bitshuffle)
     kind = E.KINDS[cfg.entropy]
-    frames = [raw] if kind == E.KINDS["none"] else E.compress_cpu(raw, kind, DEFAULTS.entropy_chunk)
-    return stream.pack(len(raw), kind, DEFAULTS.entropy_chunk, frames)
+    chunk = defaults.get("entropy_chunk")  # read once: the frames and the header must agree
+    frames = [raw] if kind == E.KINDS["none"] else E.compress_cpu(raw, kind, chunk)
+    return stream.pack(len(raw), kind, chunk, frames)
 
 
 def decode_ints(buf, *, device: str | None = None, count: int | None = None, max_count: int | None = None,
@@ -104,7 +106,8 @@ def decode_ints(buf, *, device: str | None = None, count: int | None = None, max
     where = cuda.resolve(device or "cpu")
     parsed = stream.parse(buf, count if count is not None else max_count)
     if entropy is not None and parsed.entropy != E.check_kind(entropy):
-        raise CorruptStreamError(f"ints stream uses entropy {E.NAMES[parsed.entropy]!r} where only {entropy!r} is allowed")
+        raise CorruptStreamError(f"ints stream uses entropy {E.NAMES[parsed.entropy]!r} where only {entropy!r} is "
+                                 "allowed")
     if count is not None or max_count is not None:
         declared = stream.declared_count(parsed)
         if declared is not None:

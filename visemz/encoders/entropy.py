@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import zstandard
 
-from ..config import DEFAULTS, cpu_threads
+from .. import defaults
+from ..defaults import cpu_threads
 from ..errors import CorruptStreamError, DeviceUnavailableError, UnsupportedFormatError
 
 KINDS = {"none": 0, "zstd": 1, "ans": 2}
@@ -37,15 +38,17 @@ def _map(fn, items):
         return list(pool.map(fn, items))
 
 
-def compress_cpu(raw, kind: int, chunk: int = DEFAULTS.entropy_chunk) -> list[bytes]:
+def compress_cpu(raw, kind: int, chunk: int | None = None) -> list[bytes]:
+    """``raw`` in zstd frames of ``chunk`` bytes (None: the entropy_chunk setting) at the zstd_level setting."""
     if kind == KINDS["ans"]:
         raise DeviceUnavailableError("entropy='ans' is nvCOMP's GPU-only ANS: it needs a CUDA GPU to encode")
     mv = memoryview(raw).cast("B")
+    level = defaults.get("zstd_level")  # read once: every frame of a stream at one level
 
     def one(bounds):
-        return zstandard.ZstdCompressor(level=DEFAULTS.zstd_level).compress(mv[bounds[0] : bounds[1]])
+        return zstandard.ZstdCompressor(level=level).compress(mv[bounds[0] : bounds[1]])
 
-    return _map(one, chunk_bounds(len(mv), chunk))
+    return _map(one, chunk_bounds(len(mv), defaults.get("entropy_chunk") if chunk is None else chunk))
 
 
 def decompress_cpu(frames: list[memoryview], kind: int, sizes: list[int]) -> bytes:

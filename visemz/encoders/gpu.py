@@ -18,8 +18,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .. import cuda
-from ..config import DEFAULTS
+from .. import cuda, defaults
 from ..errors import CorruptStreamError, DeviceUnavailableError, VisemzError
 from . import entropy as E
 from . import layout as L
@@ -195,7 +194,8 @@ def _nvcomp():
     try:
         from nvidia import nvcomp
     except ImportError:
-        raise DeviceUnavailableError("nvCOMP is not installed: pip install 'visemz[gpu]' (nvidia-nvcomp-cu13)") from None
+        raise DeviceUnavailableError("nvCOMP is not installed: pip install 'visemz[gpu]' "
+                                     "(nvidia-nvcomp-cu13)") from None
     _use_cupy_pools(nvcomp, cuda.require_cupy())
     return nvcomp
 
@@ -288,8 +288,9 @@ def _side_stream(device_id: int, caller_ptr: int):
 
 
 def _encode_alone(cp, kind: int, streams: list[list]) -> Callable[[], list[list[bytes]]]:
-    """Each of one or more streams' chunks in an nvCOMP launch of its own (its own length as the launch's largest chunk, so
-    its bytes are those of a launch on the caller's stream) -> a function giving each one's frames (host bytes).
+    """Each of one or more streams' chunks in an nvCOMP launch of its own (its own length as the launch's largest
+    chunk, so its bytes are those of a launch on the caller's stream) -> a function giving each one's frames (host
+    bytes).
 
     The launches run on a side stream of the caller's, which first waits for the caller's work so far (the
     block encoder), and the last one is not waited for here: the caller's stream goes on meanwhile (the
@@ -396,7 +397,7 @@ def compress_many(raws: list, kind: int, chunk: int) -> Callable[[], list[list[b
     pieces = [[raw[a:b] for a, b in E.chunk_bounds(raw.size, chunk)] for raw in raws]
     # Only zstd is grouped: nvCOMP's ANS frames were measured (H200) to differ from byte 24
     # between two launches of the same stream, so grouping could not be checked to keep its bytes.
-    groupable = DEFAULTS.entropy_batch and kind == E.KINDS["zstd"]
+    groupable = defaults.get("entropy_batch") and kind == E.KINDS["zstd"]
     grouped = [i for i, raw in enumerate(raws) if groupable and raw.size >= chunk]
     future = None
     if grouped:
@@ -458,10 +459,11 @@ def start_encode_ints(items) -> Callable[[], list[bytes]]:
     entropy launch per kind, under way when this returns: the caller's stream may work meanwhile."""
     raws = encode_raws([(a, L.POLICIES[cfg.policy], cfg.bitshuffle) for a, cfg in items])
     kinds = [E.KINDS[cfg.entropy] for _, cfg in items]
+    chunk = defaults.get("entropy_chunk")  # read once: the frames and the headers must agree
     launched = []
     for kind in sorted(set(kinds) - {E.KINDS["none"]}):
         mine = [i for i, k in enumerate(kinds) if k == kind]
-        launched.append((mine, compress_many([raws[i] for i in mine], kind, DEFAULTS.entropy_chunk)))
+        launched.append((mine, compress_many([raws[i] for i in mine], kind, chunk)))
     plain = [i for i, k in enumerate(kinds) if k == E.KINDS["none"]]
     plain_bytes = _to_host(cuda.require_cupy(), [raws[i] for i in plain])
 
@@ -472,7 +474,6 @@ def start_encode_ints(items) -> Callable[[], list[bytes]]:
         for mine, result in launched:
             for i, f in zip(mine, result()):
                 frames[i] = f
-        chunk = DEFAULTS.entropy_chunk
         return [stream.pack(raw.size, kind, chunk, f) for raw, kind, f in zip(raws, kinds, frames)]
 
     return finish

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import defaults
 from .. import device as dev
-from ..config import DEFAULTS
 from ..errors import CorruptStreamError, InvalidArgumentError
 from . import decode_ints
 from . import layout as L
@@ -46,9 +46,9 @@ def encode_conditional(symbols, indexes, tables: CdfTables, *, lane_bytes: int |
     VISEMZ_RANS_LANE_SYMBOLS); the stream records the plan, so any plan decodes.  skip_freq:
     see the module notes (default VISEMZ_RANS_SKIP_FREQ); the plan then covers the coded symbols.
     """
-    lane_bytes = DEFAULTS.rans_lane_bytes if lane_bytes is None else int(lane_bytes)
-    lane_symbols = DEFAULTS.rans_lane_symbols if lane_symbols is None else int(lane_symbols)
-    skip_freq = check_skip_freq(DEFAULTS.rans_skip_freq if skip_freq is None else skip_freq)
+    lane_bytes = defaults.get("rans_lane_bytes") if lane_bytes is None else int(lane_bytes)
+    lane_symbols = defaults.get("rans_lane_symbols") if lane_symbols is None else int(lane_symbols)
+    skip_freq = check_skip_freq(defaults.get("rans_skip_freq") if skip_freq is None else skip_freq)
     RL.plan(0, 0, lane_bytes, lane_symbols)  # checks them
     if dev.is_gpu_array(symbols) or dev.is_gpu_array(indexes):
         from . import rans_gpu
@@ -94,7 +94,8 @@ def _decode_coded(parsed: RL.Parsed, t: np.ndarray, tables: CdfTables) -> np.nda
     sym = entry - tables.cdf_start[t]
     escaped = sym == tables.n_symbols[t] - 1
     if int(escaped.sum()) != parsed.escapes:
-        raise CorruptStreamError(f"conditional rANS stream decodes {int(escaped.sum())} escapes, its header {parsed.escapes}")
+        raise CorruptStreamError(f"conditional rANS stream decodes {int(escaped.sum())} escapes, its header "
+                                 f"{parsed.escapes}")
     values = tables.offsets[t] + sym
     pos = np.flatnonzero(escaped)
     values[pos] = escaped_values(parsed.escape_stream, parsed.escapes, t[pos], tables)

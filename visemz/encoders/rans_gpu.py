@@ -21,9 +21,8 @@ import numpy as np
 
 from .. import device as dev
 from ..errors import CorruptStreamError, InvalidArgumentError, checked_first_on_error
-from . import gpu
+from . import gpu, rans
 from . import layout as L
-from . import rans
 from . import rans_layout as RL
 from .cdf_tables import COST_UNIT, CdfTables
 

@@ -94,7 +94,8 @@ def plan(n: int, est_bytes: int, lane_bytes: int, lane_symbols: int) -> Plan:
     integers, so they choose the same plan.
     """
     if not (1 <= lane_bytes and 1 <= lane_symbols <= MAX_LANE_SYMBOLS):
-        raise InvalidArgumentError(f"lane_bytes={lane_bytes} must be >= 1 and lane_symbols={lane_symbols} in 1..{MAX_LANE_SYMBOLS}")
+        raise InvalidArgumentError(f"lane_bytes={lane_bytes} must be >= 1 and lane_symbols={lane_symbols} in "
+                                   f"1..{MAX_LANE_SYMBOLS}")
     if n == 0:
         return Plan(0, 0, 0)
     want = max(1, -(-est_bytes // lane_bytes), -(-n // lane_symbols))
@@ -184,7 +185,8 @@ def _check_counts(count: int, n: int | None, tid: int, tables_id: int | None) ->
         raise CorruptStreamError(f"conditional rANS stream holds {count} symbols but {n} indexes were given")
     if tables_id is not None and tid != tables_id & 0xFFFFFFFF:
         raise UnsupportedFormatError(
-            f"conditional rANS stream was written with CDF tables {tid:08x}; these tables are {tables_id & 0xFFFFFFFF:08x}"
+            f"conditional rANS stream was written with CDF tables {tid:08x}; these tables are "
+            f"{tables_id & 0xFFFFFFFF:08x}"
         )
 
 
@@ -303,7 +305,8 @@ def _parse1(mv: memoryview, n: int | None, tables_id: int | None) -> Parsed:
     sizes = np.frombuffer(mv, "<u4", p.groups, HEAD).astype(np.int64)
     starts, end = _groups(mv, p, sizes, table_end)
     if (len(mv) > end) != (escapes > 0):
-        raise CorruptStreamError(f"conditional rANS stream groups end at byte {end} of {len(mv)}, with {escapes} escapes")
+        raise CorruptStreamError(f"conditional rANS stream groups end at byte {end} of {len(mv)}, with {escapes} "
+                                 "escapes")
     return Parsed(p, escapes, starts, sizes, mv, mv[end:])
 
 

@@ -218,6 +218,7 @@ def _override(idx, s, table: np.ndarray, tol: float, pos: np.ndarray, listed: np
     bad = (lo == hi) | (listed < lo) | (listed > hi)
     if np.any(bad):
         p = int(pos[np.flatnonzero(bad)[0]])
-        raise CorruptStreamError(f"scale exception at position {p}: its scale is not near a boundary of the listed index")
+        raise CorruptStreamError(f"scale exception at position {p}: its scale is not near a boundary of the listed "
+                                 "index")
     idx[xp.asarray(pos)] = xp.asarray(listed.astype(np.int32))
     return idx.reshape(s.shape)

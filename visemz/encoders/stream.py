@@ -107,7 +107,8 @@ def check_zstd_frame(frame, size: int) -> None:
     try:
         declared = zstandard.get_frame_parameters(frame).content_size
     except zstandard.ZstdError as e:
-        raise CorruptStreamError(f"ints stream frame of {len(frame)} bytes has no valid zstd frame header: {e}") from None
+        raise CorruptStreamError(f"ints stream frame of {len(frame)} bytes has no valid zstd frame header: "
+                                 f"{e}") from None
     if declared != zstandard.CONTENTSIZE_UNKNOWN and declared != size:
         raise CorruptStreamError(f"ints stream zstd frame declares {declared} bytes where its chunk holds {size}")
 

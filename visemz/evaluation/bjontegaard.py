@@ -30,7 +30,8 @@ def _curve(rate, quality, name: str) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(r)
     r, q = r[order], q[order]
     if np.any(np.diff(r) <= 0) or np.any(np.diff(q) <= 0):
-        raise BDError(f"{name} curve: quality does not increase strictly with rate ({list(zip(r.tolist(), q.tolist()))})")
+        raise BDError(f"{name} curve: quality does not increase strictly with rate "
+                      f"({list(zip(r.tolist(), q.tolist()))})")
     return np.log10(r), q
 
 

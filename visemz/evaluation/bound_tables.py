@@ -143,7 +143,8 @@ def near_lossless_table(points: dict[str, dict[float, BoundPoint]], colour: bool
         anchor = points.get(NEAR_LOSSLESS_ANCHOR, {}).get(b)
         for codec, by in points.items():
             if b in by:
-                lines.append(f"| {b:g} | {codec} | " + " | ".join(_cells(by[b], colour, [_ratio_cell(by[b], anchor)])) + " |")
+                cells = _cells(by[b], colour, [_ratio_cell(by[b], anchor)])
+                lines.append(f"| {b:g} | {codec} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -191,8 +192,8 @@ def results_json(dataset: str, points: dict[str, dict[float, BoundPoint]], lossl
                 r = p.ratio(points.get(a, {}).get(b))
                 results[f"bpp_ratio_to_{a}"].append(None if r is None else r[0])
         if results:
-            codecs[codec] = {"name": codec, "description": describe(codec), "device": by[results["max_error"][0]].device,
-                             "results": dict(results)}
+            codecs[codec] = {"name": codec, "description": describe(codec),
+                             "device": by[results["max_error"][0]].device, "results": dict(results)}
     what = "lossless (max error 0)" if lossless else "near-lossless (maximum error E > 0 in the image's own levels)"
     return {"name": dataset, "description": f"{what}: means over the dataset's images; times in seconds per image; "
             "ratios of mean bpp over the images both codecs coded", "codecs": codecs, "broken": broken}

@@ -70,7 +70,8 @@ def find_datasets(folder: Path, only: tuple[str, ...] | None, limit: int | None,
         raise InvalidArgumentError(f"limit={limit}: expected a positive number of images")
 
     def images(d: Path) -> list[Path]:
-        return sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS)
+        return sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
+                      and p.suffix.lower() in IMAGE_EXTENSIONS)
 
     found = {folder.name: images(folder)} if images(folder) else {}
     for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):

@@ -35,7 +35,8 @@ def check_dtype(dtype) -> None:
 
 def check_same_layout(ref: np.ndarray, rec: np.ndarray) -> None:
     if ref.shape != rec.shape or ref.dtype != rec.dtype:
-        raise InvalidArgumentError(f"decoded image {rec.shape} {rec.dtype} does not match the original {ref.shape} {ref.dtype}")
+        raise InvalidArgumentError(f"decoded image {rec.shape} {rec.dtype} does not match the original {ref.shape} "
+                                   f"{ref.dtype}")
 
 
 def _need_piq() -> None:

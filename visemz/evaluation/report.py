@@ -64,9 +64,11 @@ def bd_cell(anchor: list[dict], test: list[dict], metric: str, what: str) -> str
     fn = bd_rate if what == "rate" else bd_quality
     anchor, test = frontier(anchor, metric), frontier(test, metric)
     try:
-        v = fn([p["bpp"] for p in anchor], [p[metric] for p in anchor], [p["bpp"] for p in test], [p[metric] for p in test])
+        v = fn([p["bpp"] for p in anchor], [p[metric] for p in anchor], [p["bpp"] for p in test],
+               [p[metric] for p in test])
     except BDError as e:
-        reason = "no overlap" if "share no interval" in str(e) else "not monotone" if "increase" in str(e) else "too few points"
+        reason = "no overlap" if "share no interval" in str(e) else \
+            "not monotone" if "increase" in str(e) else "too few points"
         return f"n/a ({reason})"
     return f"{v:+.1f}%" if what == "rate" else f"{v:+.2f}"
 
@@ -81,7 +83,8 @@ def bd_table(curves: dict[str, list[dict]]) -> list[str]:
     anchors = [a for a in ANCHORS if a in curves]
     if not anchors:
         return ["(no JPEG, JPEG 2000, WebP or JPEG XL curve to compare against)"]
-    head = ["codec"] + [f"BD-rate vs {a} (PSNR)" for a in anchors] + [f"BD-rate vs {anchors[0]} (MS-SSIM)", f"BD-PSNR vs {anchors[0]} (dB)"]
+    head = ["codec"] + [f"BD-rate vs {a} (PSNR)" for a in anchors] + [f"BD-rate vs {anchors[0]} (MS-SSIM)",
+                                                                      f"BD-PSNR vs {anchors[0]} (dB)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for codec, pts in curves.items():
         cells = [bd_cell(curves[a], pts, "psnr", "rate") if a != codec else "0 (anchor)" for a in anchors]
@@ -96,8 +99,9 @@ def points_table(curves: dict[str, list[dict]]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for codec, pts in curves.items():
         for p in pts:
-            lines.append(f"| {codec} | {p['setting']} | {p['bpp']:.4f} | {p['psnr']:.2f} | {p['ssim']:.4f} | {p['ms_ssim']:.4f} | "
-                         f"{p['gmsd']:.4f} | {p['max_abs_error']:g} | {1e3 * p['encode_s']:.1f} | {1e3 * p['decode_s']:.1f} | {p['device']} |")
+            lines.append(f"| {codec} | {p['setting']} | {p['bpp']:.4f} | {p['psnr']:.2f} | {p['ssim']:.4f} | "
+                         f"{p['ms_ssim']:.4f} | {p['gmsd']:.4f} | {p['max_abs_error']:g} | {1e3 * p['encode_s']:.1f} | "
+                         f"{1e3 * p['decode_s']:.1f} | {p['device']} |")
     return lines
 
 
@@ -142,7 +146,8 @@ def refine_cost_table(costs: dict[str, dict], device: str) -> list[str]:
     for codec, c in costs.items():
         base = "-" if c["unrefined_encode_s"] is None else f"{c['unrefined_encode_s']:.3f}"
         per100 = f"{c['s_per_100_steps']:.3f}" + (" (upper bound)" if c["upper_bound"] else "")
-        lines.append(f"| {codec} | {c['steps']} | {c['points']} | {c['encode_s']:.3f} | {base} | {per100} | {_where(c, device)} |")
+        lines.append(f"| {codec} | {c['steps']} | {c['points']} | {c['encode_s']:.3f} | {base} | {per100} | "
+                     f"{_where(c, device)} |")
     return lines
 
 
@@ -168,7 +173,8 @@ def summary_markdown(curves: dict, failures: list[str], device_name: str, refine
         rc = refine_cost_table((refine or {}).get(ds, {}), device)
         if rc:
             out += [*rc, ""]
-        out += bound_tables.section(ds, bounds.get(ds, {}), any(int(r["channels"]) > 1 for r in rows if r["dataset"] == ds))
+        colour = any(int(r["channels"]) > 1 for r in rows if r["dataset"] == ds)
+        out += bound_tables.section(ds, bounds.get(ds, {}), colour)
         if (figures or {}).get(ds):
             out += [f"Plots: {', '.join(figures[ds])}.", ""]
         out += ["<details><summary>every mean point</summary>", "",
@@ -227,7 +233,8 @@ def write_results(out: Path, rows: list[dict], curves: dict) -> None:
                 write(out / folder / f"{ds}.json", doc)
 
 
-def write_report(folder: Path, out: Path, cfg, rows: list[dict], failures: list[str], log: Callable[[str], None] = print) -> None:
+def write_report(folder: Path, out: Path, cfg, rows: list[dict], failures: list[str],
+                 log: Callable[[str], None] = print) -> None:
     curves = mean_curves(rows)
     figures: dict[str, list[str]] = defaultdict(list)
     for ds, by_codec in curves.items():

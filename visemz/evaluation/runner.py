@@ -148,9 +148,9 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
                         log(f"failed {ds}/{p.name} {codec.name} {codec.label(s)}: {type(e).__name__}: {e}")
                         continue
                     rows.append({k: _format(v) for k, v in {
-                        "dataset": ds, "image": p.name, "codec": codec.name, "setting": codec.label(s), "value": float(s),
-                        "kind": codec.kind, "device": codec.device, "height": layout.shape[0], "width": layout.shape[1],
-                        "channels": layout.channels, **m}.items()})
+                        "dataset": ds, "image": p.name, "codec": codec.name, "setting": codec.label(s),
+                        "value": float(s), "kind": codec.kind, "device": codec.device, "height": layout.shape[0],
+                        "width": layout.shape[1], "channels": layout.channels, **m}.items()})
                     result.computed += 1
                 write_points(path, rows)
                 log(f"{ds}/{p.name} {codec.name}: {len(todo)} points in {time.perf_counter() - t0:.2f} s")

@@ -72,7 +72,8 @@ class GainUnits(torch.nn.Module):
             hit = self._at_cache[key] = self._compute_at(quality, dtype, device)
         return hit
 
-    def _compute_at(self, quality: float, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _compute_at(self, quality: float, dtype: torch.dtype,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         i, a = level_and_fraction(quality)
         out = []
         # ordinary tensors (not inference tensors, whatever the caller's mode), without a graph: a cached

@@ -67,7 +67,8 @@ class ChannelContextHyperprior(MeanScaleHyperprior):
         self.h_s = hyper_synthesis(N, M)
         self.slices = tuple(slices)
         before = [sum(self.slices[:k]) for k in range(len(self.slices))]
-        self.param_transforms = torch.nn.ModuleList(slice_transform(2 * g + c, 2 * g) for c, g in zip(before, self.slices))
+        self.param_transforms = torch.nn.ModuleList(slice_transform(2 * g + c, 2 * g)
+                                                    for c, g in zip(before, self.slices))
         self.lrp_transforms = torch.nn.ModuleList(slice_transform(2 * g + c, g) for c, g in zip(before, self.slices))
 
 

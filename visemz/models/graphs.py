@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import DEFAULTS
+from .. import defaults
 
 _LOCK = threading.Lock()
 _GRAPHS: OrderedDict[tuple, "_Graph | None"] = OrderedDict()  # key -> graph (None: did not capture), oldest first
@@ -122,7 +122,7 @@ def pixels(t: torch.Tensor, stride: int = 1) -> int:
 def usable(inputs: tuple[torch.Tensor, ...], pixels: int) -> bool:
     """Whether ``run`` would use a graph for these inputs: CUDA tensors on one device, graphs on (and no capture
     failed), no autograd, not already capturing, at most ``VISEMZ_GRAPH_PIXELS`` pixels."""
-    if DEFAULTS.graphs == 0 or _BROKEN or pixels > DEFAULTS.graph_pixels or not inputs:
+    if defaults.get("graphs") == 0 or _BROKEN or pixels > defaults.get("graph_pixels") or not inputs:
         return False
     d = inputs[0].device
     if d.type != "cuda" or any(t.device != d for t in inputs) or torch.is_grad_enabled():
@@ -209,7 +209,7 @@ def _insert(key: tuple, entry: _Graph | None) -> None:
     with _LOCK:
         _GRAPHS[key] = entry
         _GRAPHS.move_to_end(key)
-        while sum(e is not None for e in _GRAPHS.values()) > DEFAULTS.graphs:
+        while sum(e is not None for e in _GRAPHS.values()) > defaults.get("graphs"):
             old = next(k for k, e in _GRAPHS.items() if e is not None)
             dropped.append(_GRAPHS.pop(old))
         failed = [k for k, e in _GRAPHS.items() if e is None]

@@ -144,5 +144,6 @@ def nll_bits(prior: ResidualPrior, reduced: torch.Tensor, x01: torch.Tensor, x: 
         logp = _log_bin_prob((centre - half - mu) / s, (centre + half - mu) / s).clamp_min(MIN_LOG_PROB)
         bits = bits - logp.flatten(1).sum(1) / math.log(2.0)
         decoded = torch.minimum(torch.maximum(centre, view(lo)), view(hi))
-        known = torch.cat([known[:, :k * c], (decoded - pred[:, sl]) / (CONTEXT_SCALE * view(u)), known[:, (k + 1) * c:]], 1)
+        known = torch.cat([known[:, :k * c], (decoded - pred[:, sl]) / (CONTEXT_SCALE * view(u)),
+                           known[:, (k + 1) * c:]], 1)
     return bits

@@ -152,7 +152,8 @@ LOSSES = ("normalised", "rd")
 def reference_losses() -> tuple[float, ...]:
     """Per ladder level, the RD loss lambda * 255^2 * MSE + bpp of CompressAI's zoo model on Kodak: from 0.32 at
     quality 1 to 2.63 at quality 8."""
-    return tuple(lam * 255**2 * 10 ** (-psnr / 10) + bpp for lam, psnr, bpp in zip(COMPRESSAI_LAMBDAS, ZOO_PSNR, ZOO_BPP))
+    return tuple(lam * 255**2 * 10 ** (-psnr / 10) + bpp
+                 for lam, psnr, bpp in zip(COMPRESSAI_LAMBDAS, ZOO_PSNR, ZOO_BPP))
 
 
 def log_reference_table(device) -> torch.Tensor:

@@ -67,7 +67,8 @@ def quantize_state(state: dict[str, torch.Tensor], storage: str = "int8") -> dic
     out = {}
     for name, t in state.items():
         t = t.detach().float().cpu()
-        if t.dim() == 4 and storage == "int8":  # one scale per slice along dim 0 (output channels; input ones for deconvs)
+        # one scale per slice along dim 0 (output channels; input ones for deconvs)
+        if t.dim() == 4 and storage == "int8":
             amax = t.abs().amax(dim=(1, 2, 3), keepdim=True).clamp_min(1e-12)
             scale = amax / 127.0
             out[name + INT8_SUFFIX] = torch.round(t / scale).clamp(-127, 127).to(torch.int8).contiguous()
@@ -94,7 +95,8 @@ def save(model: torch.nn.Module, spec: ModelSpec, path: Path, card: dict, storag
     """Write weights with their entropy coding tables (and the model card beside them), each
     atomically; returns the model id."""
     meta = {"spec": json.dumps({"arch": spec.arch, "variant": spec.variant, "N": spec.N, "M": spec.M,
-                                "variable_rate": "gain-units", **({"slices": list(spec.slices)} if spec.context else {})})}
+                                "variable_rate": "gain-units",
+                                **({"slices": list(spec.slices)} if spec.context else {})})}
     return _write(path, quantize_state(model.state_dict(), storage), meta, entropy_tables.compute(model),
                   dict(card, storage=storage), spec)
 
@@ -161,7 +163,8 @@ def _cached(key: tuple, make) -> tuple[torch.nn.Module, str]:
         return hit
 
 
-_LOADED: dict[tuple, tuple[torch.nn.Module, str]] = {}  # (spec, device, id or None) -> model and id, read without the lock
+# (spec, device, id or None) -> model and id, read without the lock
+_LOADED: dict[tuple, tuple[torch.nn.Module, str]] = {}
 _LOADED_MAX = 32
 
 
@@ -177,7 +180,8 @@ def _load_archived(spec: ModelSpec, device: str, model_id: str, installed: str) 
                                      f"{installed} and no archived weights of that id")
     model, got = _load(spec, device, path)
     if got != model_id:
-        raise UnsupportedFormatError(f"archived weights {path.name} have the id {got}, not the {model_id} of their name")
+        raise UnsupportedFormatError(f"archived weights {path.name} have the id {got}, not the {model_id} of their "
+                                     "name")
     return model, got
 
 
@@ -188,16 +192,18 @@ def _load(spec: ModelSpec, device: str, path: Path) -> tuple[torch.nn.Module, st
     stored = json.loads(meta.get("spec", "{}"))
     if (stored.get("arch"), stored.get("variant"), stored.get("N"), stored.get("M"), stored.get("variable_rate")) != \
             (spec.arch, spec.variant, spec.N, spec.M, "gain-units"):
-        raise UnsupportedFormatError(f"weights {path.name} are {stored.get('arch')}-{stored.get('variant')} N={stored.get('N')}, "
-                                     f"M={stored.get('M')}, variable rate {stored.get('variable_rate')!r}; expected "
-                                     f"{spec.name} {spec.N}/{spec.M} with gain units")
+        raise UnsupportedFormatError(f"weights {path.name} are {stored.get('arch')}-{stored.get('variant')} "
+                                     f"N={stored.get('N')}, M={stored.get('M')}, variable rate "
+                                     f"{stored.get('variable_rate')!r}; expected {spec.name} {spec.N}/{spec.M} with "
+                                     "gain units")
     if stored.get("slices", []) != list(spec.slices):
         raise UnsupportedFormatError(f"weights {path.name} code their latent in slices {stored.get('slices')}; "
                                      f"{spec.name} expects {list(spec.slices) or 'none'}")
     model = architectures.build(spec)
     missing, unexpected = model.load_state_dict(dequantize_state(tensors), strict=False)
     if missing or unexpected:
-        raise UnsupportedFormatError(f"weights {path.name} do not match {spec.name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise UnsupportedFormatError(f"weights {path.name} do not match {spec.name}: missing {missing[:3]}, unexpected "
+                                     f"{unexpected[:3]}")
     model.visemz_tables = entropy_tables.from_tensors(tensors, architectures.has_hyperprior(model), path.name)
     architectures.freeze_gdn(model.eval().requires_grad_(False).to(device))
     if torch.device(device).type == "cuda":

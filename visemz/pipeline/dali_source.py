@@ -25,7 +25,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..config import DEFAULTS, cpu_threads
+from .. import defaults
+from ..defaults import cpu_threads
 from ..errors import DeviceUnavailableError
 from ..io.loaders import Picture
 from ..models import graphs
@@ -79,7 +80,7 @@ class DaliFeed:
     def __init__(self, entries: list[Entry], device_index: int, fallback: Callable[[int, str], object],
                  batch: int = 0):
         self.entries, self.device_index, self.fallback = entries, device_index, fallback
-        self.batch = batch or DEFAULTS.dali_batch
+        self.batch = batch or defaults.get("dali_batch")
 
     def __iter__(self) -> Iterator[tuple[int, object]]:
         torch.cuda.set_device(self.device_index)

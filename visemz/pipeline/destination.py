@@ -128,7 +128,7 @@ class Destination:
                 j.unlink()
 
 
-def finished(results: list[ItemResult], items: list[files.Item], dest: _Destination, owned: dict, reasons: dict):
+def finished(results: list[ItemResult], items: list[files.Item], dest: Destination, owned: dict, reasons: dict):
     """Each result with its output's key, its record (a failed item keeps the record of the file that
     stays at its output) and the reason a done item was made again."""
     for i, r in enumerate(results):

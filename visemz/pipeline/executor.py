@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .. import cuda
-from ..config import DEFAULTS, cpu_threads
+from .. import cuda, defaults
+from ..defaults import cpu_threads
 from ..errors import InvalidArgumentError, VisemzError
 from .results import ItemResult
 
@@ -42,8 +42,8 @@ _POLL = 0.1  # seconds between checks of the abort flag while blocked
 
 @dataclass(frozen=True)
 class ExecutorConfig:
-    streams: int = 0  # compute lanes; 0: DEFAULTS.streams, else automatic (auto_streams)
-    queue_depth: int = 0  # items per queue; 0: DEFAULTS.queue_depth, else twice the streams
+    streams: int = 0  # compute lanes; 0: the streams setting, else automatic (auto_streams)
+    queue_depth: int = 0  # items per queue; 0: the queue_depth setting, else twice the streams
     writers: int = 4  # writer threads (fsync-bound)
 
     def __post_init__(self):
@@ -64,8 +64,8 @@ def auto_streams(device: str) -> int:
 
 def resolve(cfg: ExecutorConfig, device: str) -> tuple[int, int]:
     """(lanes, queue depth) for ``cfg`` on ``device``."""
-    streams = cfg.streams or DEFAULTS.streams or auto_streams(device)
-    return streams, cfg.queue_depth or DEFAULTS.queue_depth or 2 * streams
+    streams = cfg.streams or defaults.get("streams") or auto_streams(device)
+    return streams, cfg.queue_depth or defaults.get("queue_depth") or 2 * streams
 
 
 # ---------------------------------------------------------------------- lanes

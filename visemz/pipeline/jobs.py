@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 
 from .. import codec as codec_module
-from .. import container, measure, pages
+from .. import container, defaults, measure, pages
 from ..codec import ImageCodec
-from ..config import DEFAULTS, cpu_threads
+from ..defaults import cpu_threads
 from ..device import as_numpy
 from ..errors import InvalidArgumentError, LimitExceededError, VisemzError
 from ..io import files, loaders
@@ -94,7 +94,7 @@ def _out_of_memory(e: BaseException, rel: str, shape) -> LimitExceededError:
 def _gate(device: str, streams: int, world: int):
     """The memory gate of a job's lanes: on the CPU with an automatic number of lanes, the memory
     there is shared by the processes of this host; no gate when the user chose the lanes."""
-    if device != "cpu" or streams or DEFAULTS.streams:
+    if device != "cpu" or streams or defaults.get("streams"):
         return memory.NoGate()
     local = int(os.environ.get("LOCAL_WORLD_SIZE") or world)  # torchrun's processes of this host
     return memory.MemoryGate(memory.budget(local))
@@ -169,12 +169,12 @@ def shaping(cfg: CompressConfig) -> dict:
         except OSError:
             return None
 
+    now = defaults.current()  # one snapshot: the settings the job's files are made with
     return {"model": cfg.model, "quality": float(cfg.quality),
             "max_error": None if cfg.max_error is None else float(cfg.max_error), "entropy": cfg.entropy,
-            "tile": cfg.tile or DEFAULTS.tile, "refine": DEFAULTS.refine if cfg.refine is None else cfg.refine,
+            "tile": cfg.tile or now.tile, "refine": now.refine if cfg.refine is None else cfg.refine,
             "format": codec_module.FORMAT, "weights": {v: weights_id(v) for v in registry.VARIANTS},
-            "entropy_chunk": DEFAULTS.entropy_chunk, "zstd_level": DEFAULTS.zstd_level,
-            "rans_skip_freq": DEFAULTS.rans_skip_freq}
+            "entropy_chunk": now.entropy_chunk, "zstd_level": now.zstd_level, "rans_skip_freq": now.rans_skip_freq}
 
 
 def check_settings(cfg: CompressConfig) -> str:
@@ -213,7 +213,7 @@ class _LossCheck:
 def compress_folder(src: Path, dst: Path, cfg: CompressConfig = CompressConfig(), progress=None,
                     rank: int = 0, world: int = 1) -> Summary:
     device = check_settings(cfg)
-    plan = sources.installed_plan(cfg.loader or DEFAULTS.loader, device)
+    plan = sources.installed_plan(cfg.loader or defaults.get("loader"), device)
     extensions, suffix, what = files.IMAGES
     items = files.shard(_planned(src, dst, extensions, suffix, files.compressed_name, what), rank, world)
     codec = ImageCodec(device, entropy=cfg.entropy)
@@ -314,7 +314,8 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
         cfg.writer == "kvikio" or (cfg.writer == "auto" and kvikio_io.available()))
     if cfg.writer == "kvikio" and not gpu_writer:
         kvikio_io.require()  # names what is missing
-        raise InvalidArgumentError("writer 'kvikio' writes .npy from GPU memory: it needs --format npy and device 'cuda'")
+        raise InvalidArgumentError("writer 'kvikio' writes .npy from GPU memory: it needs --format npy and device "
+                                   "'cuda'")
     settings = {"format": cfg.fmt, "region": list(cfg.region) if cfg.region is not None else None}
     gate, first = _gate(codec.device, cfg.streams, 1), _FirstUse(codec.device)
     decode_one = codec.decompress_tensor if gpu_writer else codec.decompress
@@ -357,8 +358,8 @@ def decompress_folder(src: Path, dst: Path, cfg: DecompressConfig = DecompressCo
         todo = [i for i, r in enumerate(triaged) if r is None]
         feeds = [finished, executor.parallel_feed(todo, read, cpu_threads())]
         results, _ = _run([it.rel for it in items], feeds, compute, write, codec.device, cfg.streams, progress)
-        summary = Summary(destination.finished(results, items, dest, owned, reasons), time.perf_counter() - t0, vsz_in=True,
-                          notes=dest.notes)
+        summary = Summary(destination.finished(results, items, dest, owned, reasons), time.perf_counter() - t0,
+                          vsz_in=True, notes=dest.notes)
         dest.finish(summary, [summary], items, {"job": "decompress", "source": files.shown(src),
                                                 "config": asdict(cfg), "settings": settings, "device": codec.device})
         return summary

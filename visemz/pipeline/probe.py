@@ -57,7 +57,8 @@ class RawLayout:
 
 def decode_target(path: Path) -> DecodeTarget | None:
     ext = path.suffix.lower()
-    probe = {".png": _png, ".jpg": _jpeg, ".jpeg": _jpeg, ".jp2": _jp2, ".tif": _tiff_target, ".tiff": _tiff_target}.get(ext)
+    probe = {".png": _png, ".jpg": _jpeg, ".jpeg": _jpeg, ".jp2": _jp2, ".tif": _tiff_target,
+             ".tiff": _tiff_target}.get(ext)
     if probe is None:
         return None
     try:

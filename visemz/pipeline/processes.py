@@ -11,6 +11,7 @@ gathers every rank's results (the manifest) and hands its summary back.  A worke
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import pickle
 import queue as queue_module
@@ -19,6 +20,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from .. import defaults
 from ..errors import InvalidArgumentError, VisemzError
 
 MAX_PROCESSES = 64
@@ -37,7 +39,8 @@ def check_processes(n) -> int:
 
 def run(n: int, job, *args, device: str | None = None):
     """``job(*args, rank=r, world=n)`` in ``n`` spawned processes (n == 1: here, without a group); the
-    result of rank 0.  ``device``: "cuda" puts worker r on GPU r mod count first."""
+    result of rank 0.  ``device``: "cuda" puts worker r on GPU r mod count first.  The workers run with the
+    settings in force here (``defaults``), not only those of the environment they inherit."""
     check_processes(n)
     if n == 1:
         return job(*args, rank=0, world=1)
@@ -45,9 +48,11 @@ def run(n: int, job, *args, device: str | None = None):
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="visemz-ranks-") as tmp:
         store = Path(tmp) / "rendezvous"
+        settings = dataclasses.asdict(defaults.current())
         # not daemons: a worker may start processes of its own (DALI's parallel sources); the finally below
         # stops any still running when this returns
-        procs = [ctx.Process(target=_worker, args=(r, n, str(store), device, results, job, args)) for r in range(n)]
+        procs = [ctx.Process(target=_worker, args=(r, n, str(store), device, settings, results, job, args))
+                 for r in range(n)]
         for p in procs:
             p.start()
         try:
@@ -80,10 +85,11 @@ def _collect(procs, results):
     return reports[0][1]
 
 
-def _worker(rank: int, world: int, store: str, device: str | None, results, job, args) -> None:
+def _worker(rank: int, world: int, store: str, device: str | None, settings: dict, results, job, args) -> None:
     import torch.distributed as dist
 
     try:
+        defaults.set(**settings)
         if device == "cuda":
             from ..device import use_gpu
 

@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..config import LOADERS, cpu_threads
+from ..config import LOADERS
+from ..defaults import cpu_threads
 from ..errors import DeviceUnavailableError, InvalidArgumentError, VisemzError
 from ..io import loaders
+from ..io.files import Item
 from . import dali_source, kvikio_io, probe
 from .executor import parallel_feed
-from ..io.files import Item
 from .results import ItemResult
 
 KVIKIO_THREADS = 4  # kvikio splits large reads over its own thread pool; a few files in flight suffice
@@ -50,11 +51,14 @@ def plan_loaders(requested: str, device: str, have_dali: bool, have_kvikio: bool
     if requested == "cpu" or (requested == "auto" and device != "cuda"):
         return LoaderPlan()
     if requested == "dali" and not have_dali:
-        raise DeviceUnavailableError("loader 'dali' was requested but DALI is not installed (pip install nvidia-dali-cuda130)")
+        raise DeviceUnavailableError("loader 'dali' was requested but DALI is not installed (pip install "
+                                     "nvidia-dali-cuda130)")
     if requested == "kvikio" and not have_kvikio:
-        raise DeviceUnavailableError("loader 'kvikio' was requested but kvikio is not installed (pip install 'visemz[gpu]')")
+        raise DeviceUnavailableError("loader 'kvikio' was requested but kvikio is not installed (pip install "
+                                     "'visemz[gpu]')")
     if device != "cuda":
-        raise InvalidArgumentError(f"loader {requested!r} reads into GPU memory: it needs device 'cuda', not {device!r}")
+        raise InvalidArgumentError(f"loader {requested!r} reads into GPU memory: it needs device 'cuda', not "
+                                   f"{device!r}")
     return LoaderPlan(dali=requested == "dali", kvikio=have_kvikio and requested in ("auto", "kvikio"))
 
 

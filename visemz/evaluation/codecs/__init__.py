@@ -81,7 +81,8 @@ def build(name: str, device: str) -> Codec:
             raise InvalidArgumentError(f"codec {name!r}: {e}") from None
     if name not in NAMES:
         raise InvalidArgumentError(f"unknown codec {name!r}: expected one of {', '.join(NAMES)}, "
-                                   f"visemz-<{'|'.join(ARCHS)}>-refine<steps> or visemz-<{'|'.join(ARCHS)}>-maxerr-q<quality>")
+                                   f"visemz-<{'|'.join(ARCHS)}>-refine<steps> or "
+                                   f"visemz-<{'|'.join(ARCHS)}>-maxerr-q<quality>")
     if name in GPU_ONLY and device != "cuda":
         raise DeviceUnavailableError(f"codec {name!r} runs on CUDA only; pass --device cuda on a GPU machine")
     simple = {"jpeg": raster.jpeg, "webp": raster.webp, "jpeg2000": raster.JPEG2000, "jpegxl": raster.JPEGXL,
@@ -119,5 +120,5 @@ def build_many(names, device: str, ladders: dict) -> list[Codec]:
     return out
 
 
-__all__ = ["Codec", "Layout", "LOSSLESS_NAMES", "NAMES", "bounded_name", "build", "build_many", "default_names", "describe",
-           "parse_bounded", "parse_refined", "refined_name", "with_refined"]
+__all__ = ["Codec", "Layout", "LOSSLESS_NAMES", "NAMES", "bounded_name", "build", "build_many", "default_names",
+           "describe", "parse_bounded", "parse_refined", "refined_name", "with_refined"]

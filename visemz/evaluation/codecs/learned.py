@@ -107,7 +107,8 @@ class CompressAIRans(LearnedCodec):
         from ...models import architectures
 
         with torch.inference_mode():
-            enc = architectures.compressai_compress(self._net(Layout.of(image)), pixels.to_batch(t, meta), float(setting))
+            enc = architectures.compressai_compress(self._net(Layout.of(image)), pixels.to_batch(t, meta),
+                                                    float(setting))
         head = struct.pack("<HH", *enc["shape"])
         if meta.dtype != "uint8":
             head += struct.pack("<dd", meta.lo, meta.hi)

@@ -98,7 +98,8 @@ class JPEGXL(Codec):
         return gray_or_rgb(layout, self.name)
 
     def encode(self, image, setting) -> bytes:
-        return bytes(imagecodecs.jpegxl_encode(image, distance=float(setting), effort=JPEGXL_EFFORT, numthreads=THREADS))
+        return bytes(imagecodecs.jpegxl_encode(image, distance=float(setting), effort=JPEGXL_EFFORT,
+                                               numthreads=THREADS))
 
     def decode(self, data, setting, layout) -> np.ndarray:
         return as_layout(imagecodecs.jpegxl_decode(data, numthreads=THREADS), layout, self.name)
