@@ -50,6 +50,13 @@ app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
                   help="GPU-first compression for scientific images.")
 
 
+def _refine_steps(value: Optional[int]) -> Optional[int]:
+    """--refine's range, checked while parsing (a usage error naming the value, before torch loads)."""
+    if value is not None and not 0 <= value <= MAX_REFINE:
+        raise typer.BadParameter(f"refine={value}: expected a whole number of steps in 0..{MAX_REFINE}")
+    return value
+
+
 def _say(line: str) -> None:
     typer.echo(line, err=True)
 
@@ -111,7 +118,7 @@ def compress(
     no_resume: bool = typer.Option(False, "--no-resume", help="make again the outputs that are current"),
     tile: int = typer.Option(0, min=0, help="core tile size in pixels, a multiple of 64 (0: VISEMZ_TILE); "
                                             "larger images are compressed tile by tile"),
-    refine: Optional[int] = typer.Option(None, "--refine",  # range checked by check_compress, naming the value
+    refine: Optional[int] = typer.Option(None, "--refine", callback=_refine_steps,
                                          help=f"encoder-side latent refinement steps, 0-{MAX_REFINE} (default: "
                                               "VISEMZ_REFINE, else 0): slower encoding, smaller files at "
                                               "the same quality, the same decoder"),
