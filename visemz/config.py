@@ -51,7 +51,7 @@ class Defaults:
     #: The larger is above a GPU's L2 cache (50-60 MB on H100/H200) and far enough from the smaller that
     #: the per-byte costs are not lost in millisecond host jitter: with 32 MiB, a four-H200 calibration
     #: put recursive doubling at 4.3 ms for 1 GiB over NVLink (it took 14.1 ms) and auto ran it at
-    #: 0.37x NCCL (scripts/auto_replay.py, docs/results/collectives/auto_replay.txt).  About
+    #: 0.37x NCCL (docs/results/collectives/auto_replay.txt).  About
     #: 2 GB of device memory at the larger size, for the calibration only.
     collective_calibration_kib: str = "1024,262144"  # VISEMZ_COLLECTIVE_CALIBRATION_KIB
     #: Collectives on GPUs: error-bounded ring and recursive-doubling steps whose chunk's worst-case stream
