@@ -76,9 +76,10 @@ class Defaults:
     #: frequency (of 65536), i.e. a 0 that is nearly certain, and list the rare non-zero ones instead
     #: (stream version 3; 0 writes version 2, skipping none).  Such symbols cost next to no bits but a
     #: sequential step each: 65531 (the two narrowest Gaussian scales, a factorized prior's unused
-    #: channels) left 0.43x of y's steps at quality 1 on Kodak for the same bytes (CPU, scripts/rans_skip.py).
-    #: 0 because on a GPU it costs more than it saves (H200, same script: the rANS sections' encode + decode
-    #: 0.84x at Kodak quality 1, 1.22-1.62x at 3-8: version 3 adds host waits per section); opt in for CPU
+    #: channels) left 0.43x of y's steps at quality 1 on Kodak for the same bytes (CPU,
+    #: docs/results/codec/rans_skip_cpu.jsonl).  0 because on a GPU it costs more than it saves (H200,
+    #: docs/results/codec/rans_skip_gpu.jsonl: the rANS sections' encode + decode 0.84x at Kodak
+    #: quality 1, 1.22-1.62x at 3-8: version 3 adds host waits per section); opt in for CPU
     #: coding (0.48x the time at quality 1) or the X-rays' bytes (0.90-0.98x at quality 1).
     rans_skip_freq: int = 0  # VISEMZ_RANS_SKIP_FREQ
     #: Image codec: core tile size in pixels (a multiple of 64 in 64..32768: ``tiling.check_tile``).  An
