@@ -33,8 +33,8 @@ mirror-padded.  Nothing under eval/ is read.
 Every sample of a batch gets its own quality, stratified over [1, 8]: its gains scale its
 latent and its lambda (CompressAI's ladder, interpolated) weighs its distortion.  ``MODEL@qQ``
 (e.g. mbt2018-mean-rgb@q2) trains the same network as a fixed-rate model: every sample at
-quality Q (its lambda, its gains), all else as for MODEL; the reference that
-scripts/fixed_vs_variable.py measures the variable-rate model against.  Loss (--loss): the
+quality Q (its lambda, its gains), all else as for MODEL; the reference a variable-rate model
+was measured against (docs/benchmarks.md, "Training").  Loss (--loss): the
 batch mean of lambda * 255^2 * MSE + bpp, each sample's divided by its quality's reference loss
 (``normalised``, the default: every quality weighs alike, ``training.rd_loss`` says why) or not
 (``rd``, the loss the first shipped weights were trained with); Adam (--lr) with a linear warm-up whenever Adam's

@@ -241,36 +241,3 @@ def test_a_plans_chooser_keeps_its_answer_until_the_model_or_the_ratio_changes(m
     assert choose(flat) == "plain" and len(asked) == 3
     assert choose(flat) == "plain" and len(asked) == 3
 
-
-def _replay_module():
-    spec = importlib.util.spec_from_file_location("auto_replay",
-                                                  Path(__file__).parents[1] / "scripts" / "auto_replay.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_auto_replay_picks_what_its_lines_say_and_names_the_measured_best():
-    """Rows on straight lines: the replayed model through any two sizes chooses the measured fastest;
-    a compressed line whose small sizes hide its per-byte cost is replayed as measured."""
-    mb = 1 << 20
-
-    def rows(slope_ring: float) -> list[dict]:
-        out = []
-        for size in (1, 16, 256, 1024):
-            out.append({"op": "all_reduce", "algorithm": "nccl", "data": "image", "eb": None, "bytes": size * mb,
-                        "world": 4, "seconds": 1e-3 + size * 4e-4})
-            for a, t in (("ring", 5e-3 + size * slope_ring), ("recursive_doubling", 9e-3 + size * 3e-4)):
-                out.append({"op": "all_reduce", "algorithm": a, "api": "plan", "data": "image", "eb": 1e-4,
-                            "bytes": size * mb, "world": 4, "seconds": t})
-            out.append({"op": "all_reduce", "algorithm": "auto", "api": "plan", "data": "image", "eb": 1e-4,
-                        "bytes": size * mb, "world": 4, "seconds": 1.0, "auto_ratio": 3.0})
-        return out
-
-    mod = _replay_module()
-    (line,) = mod.replay(rows(2e-4), (1, 256), "plan")
-    assert "1 MiB: plain 1.00x (best plain" in line and "1024 MiB: ring" in line and "(best ring" in line
-    (line,) = mod.replay(rows(2e-4), (1, 16), "functional")  # no functional rows: said, not guessed
-    assert line == "no compressed all_reduce rows of the functional API with predictor lorenzo"
-    (line,) = mod.replay(rows(2e-4), (1, 64), "plan")  # a calibration size the run lacks
-    assert "no auto ratio or no rows at (1, 64) MiB" in line

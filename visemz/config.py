@@ -51,7 +51,7 @@ class Defaults:
     #: The larger is above a GPU's L2 cache (50-60 MB on H100/H200) and far enough from the smaller that
     #: the per-byte costs are not lost in millisecond host jitter: with 32 MiB, a four-H200 calibration
     #: put recursive doubling at 4.3 ms for 1 GiB over NVLink (it took 14.1 ms) and auto ran it at
-    #: 0.37x NCCL (scripts/auto_replay.py, docs/results/collectives/auto_replay.txt).  About
+    #: 0.37x NCCL (docs/results/collectives/auto_replay.txt).  About
     #: 2 GB of device memory at the larger size, for the calibration only.
     collective_calibration_kib: str = "1024,262144"  # VISEMZ_COLLECTIVE_CALIBRATION_KIB
     #: Collectives on GPUs: error-bounded ring and recursive-doubling steps whose chunk's worst-case stream
@@ -76,9 +76,10 @@ class Defaults:
     #: frequency (of 65536), i.e. a 0 that is nearly certain, and list the rare non-zero ones instead
     #: (stream version 3; 0 writes version 2, skipping none).  Such symbols cost next to no bits but a
     #: sequential step each: 65531 (the two narrowest Gaussian scales, a factorized prior's unused
-    #: channels) left 0.43x of y's steps at quality 1 on Kodak for the same bytes (CPU, scripts/rans_skip.py).
-    #: 0 because on a GPU it costs more than it saves (H200, same script: the rANS sections' encode + decode
-    #: 0.84x at Kodak quality 1, 1.22-1.62x at 3-8: version 3 adds host waits per section); opt in for CPU
+    #: channels) left 0.43x of y's steps at quality 1 on Kodak for the same bytes (CPU,
+    #: docs/results/codec/rans_skip_cpu.jsonl).  0 because on a GPU it costs more than it saves (H200,
+    #: docs/results/codec/rans_skip_gpu.jsonl: the rANS sections' encode + decode 0.84x at Kodak
+    #: quality 1, 1.22-1.62x at 3-8: version 3 adds host waits per section); opt in for CPU
     #: coding (0.48x the time at quality 1) or the X-rays' bytes (0.90-0.98x at quality 1).
     rans_skip_freq: int = 0  # VISEMZ_RANS_SKIP_FREQ
     #: Image codec: core tile size in pixels (a multiple of 64 in 64..32768: ``tiling.check_tile``).  An

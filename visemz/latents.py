@@ -114,7 +114,7 @@ def encode(fmt: int, net, net64, symbols: dict[str, torch.Tensor], quality: floa
 
 
 # A hyper-latent's ints stream is tried only when at least this share of its symbols is 0: measured on the
-# CPU over Kodak and the X-ray eval set at qualities 1-8 (mbt2018-mean, scripts/symbol_codings.py,
+# CPU over Kodak and the X-ray eval set at qualities 1-8 (mbt2018-mean,
 # docs/results/codec/symbol_codings.jsonl, its z_zeros field), Kodak's z had 0.80-0.90 zeros and its ints
 # stream was 1.05-1.23x its rANS stream, never smaller; the X-rays' z had 0.94-0.97 zeros and its ints stream
 # was 0.53-0.94x, always smaller.  The trial costs about 1 ms of host time per image.
@@ -125,7 +125,7 @@ def tries_ints(name: str, symbols) -> bool:
     """Whether format 3 also codes section ``name`` as an ints stream, to keep the smaller coding.
 
     Not a hyperprior model's y: each of its symbols has its own predicted distribution, and on every
-    image of Kodak and of the X-ray eval set at qualities 1-8 (mbt2018-mean, CPU; scripts/symbol_codings.py,
+    image of Kodak and of the X-ray eval set at qualities 1-8 (mbt2018-mean, CPU;
     docs/results/codec/symbol_codings.jsonl) its ints stream was 1.13-1.86x its rANS stream, never
     smaller, while the trial cost a Kodak image's compress 1.5-3.4 ms of GPU zstd (profile_codec on an H100
     and an H200).  The static priors do lose to it: balle2016's y and the hyper-latent z on
