@@ -36,7 +36,7 @@ from compressai import ans
 from compressai.entropy_models import GaussianConditional
 from compressai.models.google import get_scale_table
 
-from visemz import device
+from visemz import cuda
 from visemz.encoders import decode_ints, encode_ints
 from visemz.encoders.cdf_tables import gaussian_scale_tables
 from visemz.encoders.rans import decode_conditional, encode_conditional, prepare
@@ -130,7 +130,7 @@ def main() -> None:
     tables = gaussian_scale_tables(gc.scale_table.double().numpy())
     cp = None
     if not args.no_gpu:
-        cp = device.require_cupy()
+        cp = cuda.require_cupy()
         name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     else:
         name = "CPU only"

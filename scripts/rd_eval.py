@@ -26,7 +26,7 @@ import argparse
 import time
 from pathlib import Path
 
-from visemz.device import resolve
+from visemz.cuda import resolve
 from visemz.errors import InvalidArgumentError
 from visemz.evaluation.runner import EvalConfig, evaluate
 

@@ -30,7 +30,7 @@ import torch
 
 from visemz import measure
 from visemz.codec import ImageCodec
-from visemz.device import resolve
+from visemz.cuda import resolve
 from visemz.evaluation.bjontegaard import BDError, bd_rate
 from visemz.evaluation.datasets import find_datasets
 from visemz.evaluation.report import device_name, frontier

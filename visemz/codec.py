@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import container, defaults, image_header, latents, residual, residual_coder, tile_index, tiling
+from . import container, cuda, defaults, image_header, latents, residual, residual_coder, tile_index, tiling
 from . import device as dev
 from .encoders import encode_ints
 from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
@@ -116,7 +116,7 @@ class ImageCodec:
     """Compress and decompress images with one device and entropy setting."""
 
     def __init__(self, device: str | None = None, entropy: str = "zstd", bitshuffle: bool = True):
-        self.device = dev.resolve(device)
+        self.device = cuda.resolve(device)
         self.enc = {"entropy": entropy, "bitshuffle": bitshuffle}
         encode_ints(np.zeros(0, np.int32), **self.enc)  # validates the options now, naming a bad one
 

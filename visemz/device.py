@@ -1,8 +1,8 @@
 """Arrays across devices and libraries: torch tensors as ints streams take them and give them
 back, and NumPy copies of anything (uint16 tensors included).
 
-The device choice itself (``resolve``, ``cuda_available``, cupy views) is ``cuda.py``'s; it is
-named here too so that torch-level code (the codec) finds the whole device API in one module.
+The device choice itself (``resolve``, ``cuda_available``) and cupy (views, streams, copies) are
+``cuda.py``'s, which needs neither torch nor the encoders; this module builds on it.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cuda import as_cupy, cuda_available, is_gpu_array, require_cupy, resident_copy, resolve
+from .cuda import as_cupy, is_gpu_array
 from .encoders import decode_ints
 
-__all__ = ["as_cupy", "cuda_available", "is_gpu_array", "require_cupy", "resident_copy", "resolve", "as_numpy",
-           "torch_to_ints", "ints_to_torch", "use_gpu"]
+__all__ = ["as_numpy", "torch_to_ints", "ints_to_torch", "use_gpu"]
 
 
 def use_gpu(index: int, share: bool = False) -> int:

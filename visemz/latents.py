@@ -32,7 +32,7 @@ import math
 import numpy as np
 import torch
 
-from . import defaults
+from . import cuda, defaults
 from . import device as dev
 from .encoders import EncoderConfig, start_encode_ints
 from .encoders.rans import decode_conditional, encode_conditional
@@ -184,7 +184,7 @@ def _context_inputs(net, net64, symbols: dict[str, torch.Tensor], quality: float
         start += idx.size
     if not listed:
         return coded, b""
-    xp = dev.require_cupy() if dev.is_gpu_array(indexes[0]) else np
+    xp = cuda.require_cupy() if cuda.is_gpu_array(indexes[0]) else np
     flat = xp.concatenate([i.reshape(-1) for i in indexes])
     return coded, encode_scale_exceptions(flat, xp.concatenate(listed))
 
@@ -313,7 +313,7 @@ def _array(t: torch.Tensor):
 
 def _tensor(a, device: str) -> torch.Tensor:
     """A decoder's NumPy or cupy output as a torch tensor on ``device`` (cupy: no copy)."""
-    return torch.as_tensor(a, device=device) if dev.is_gpu_array(a) else torch.from_numpy(a)
+    return torch.as_tensor(a, device=device) if cuda.is_gpu_array(a) else torch.from_numpy(a)
 
 
 def _shaped(s: torch.Tensor, shape, name: str) -> torch.Tensor:

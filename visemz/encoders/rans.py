@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import defaults
+from .. import cuda, defaults
 from .. import device as dev
 from ..errors import CorruptStreamError, InvalidArgumentError
 from . import decode_ints
@@ -50,7 +50,7 @@ def encode_conditional(symbols, indexes, tables: CdfTables, *, lane_bytes: int |
     lane_symbols = defaults.get("rans_lane_symbols") if lane_symbols is None else int(lane_symbols)
     skip_freq = check_skip_freq(defaults.get("rans_skip_freq") if skip_freq is None else skip_freq)
     RL.plan(0, 0, lane_bytes, lane_symbols)  # checks them
-    if dev.is_gpu_array(symbols) or dev.is_gpu_array(indexes):
+    if cuda.is_gpu_array(symbols) or cuda.is_gpu_array(indexes):
         from . import rans_gpu
 
         return rans_gpu.encode(symbols, indexes, tables, lane_bytes, lane_symbols, skip_freq)
@@ -74,7 +74,7 @@ def decode_conditional(buf, indexes, tables: CdfTables):
     NumPy ``indexes``: decoded on the CPU, a NumPy array.  cupy / torch CUDA ``indexes``:
     decoded on the GPU, a cupy array.  The indexes must be the encoder's.
     """
-    if dev.is_gpu_array(indexes):
+    if cuda.is_gpu_array(indexes):
         from . import rans_gpu
 
         return rans_gpu.decode(buf, indexes, tables)

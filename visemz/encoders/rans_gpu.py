@@ -19,7 +19,7 @@ from importlib import resources
 
 import numpy as np
 
-from .. import device as dev
+from .. import cuda
 from ..errors import CorruptStreamError, InvalidArgumentError, checked_first_on_error
 from . import gpu, rans
 from . import layout as L
@@ -33,14 +33,14 @@ GATHER_SCAN_GROUPS = 256  # above this many groups the gather takes its offsets 
 
 @functools.lru_cache(maxsize=None)
 def _module(device_id: int):
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     src = resources.files("visemz.encoders").joinpath("cuda/rans.cu").read_text()
     with cp.cuda.Device(device_id):
         return cp.RawModule(code=src, options=("-std=c++17",))
 
 
 def kernel(name: str):
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     return _module(cp.cuda.Device().id).get_function(name)
 
 
@@ -49,11 +49,11 @@ def _device_tables(tables: CdfTables, device_id: int) -> dict:
     """The tables' integer arrays on one GPU (cached per tables object and device: copied once, not per image)."""
     names = ("cdf", "cdf_start", "offsets", "cost", "lut", "zero_freq")
     host = (tables.cdf, tables.cdf_start, tables.offsets, tables.cost, tables.lut.reshape(-1), tables.zero_freq)
-    return dict(zip(names, dev.resident_copy([np.ascontiguousarray(a, np.int32) for a in host], device_id)))
+    return dict(zip(names, cuda.resident_copy([np.ascontiguousarray(a, np.int32) for a in host], device_id)))
 
 
 def _tables(tables: CdfTables) -> dict:
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     return _device_tables(tables, cp.cuda.Device().id)
 
 
@@ -63,8 +63,8 @@ def grid(n: int) -> int:
 
 
 def _flat_int32(a, what: str):
-    cp = dev.require_cupy()
-    a = dev.as_cupy(a)
+    cp = cuda.require_cupy()
+    a = cuda.as_cupy(a)
     if a.dtype.kind not in "iu":
         raise InvalidArgumentError(f"{what} must be integers, got {a.dtype}")
     return cp.ascontiguousarray(a.reshape(-1), dtype=cp.int32)
@@ -73,16 +73,16 @@ def _flat_int32(a, what: str):
 def _flat_indexes(indexes, tables: CdfTables):
     """Flat int32 table indexes.  Indexes of a wider type are range-checked before the cast (one host
     wait), which would otherwise wrap 2**32 + k to k; narrower ones are checked by the kernels."""
-    a = dev.as_cupy(indexes)
-    if a.dtype.kind in "iu" and a.dtype.itemsize >= 4 and a.dtype != dev.require_cupy().int32:
+    a = cuda.as_cupy(indexes)
+    if a.dtype.kind in "iu" and a.dtype.itemsize >= 4 and a.dtype != cuda.require_cupy().int32:
         rans.check_indexes(a, tables)
     return _flat_int32(a, "table indexes")
 
 
 # ------------------------------------------------------------------ encode
 def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: int, skip_freq: int = 0) -> bytes:
-    cp = dev.require_cupy()
-    sym_in = dev.as_cupy(symbols)
+    cp = cuda.require_cupy()
+    sym_in = cuda.as_cupy(symbols)
     L.check_dtype(sym_in.dtype.name)
     sym = _flat_int32(sym_in, "symbols")
     idx = _flat_indexes(indexes, tables)
@@ -119,7 +119,7 @@ def encode(symbols, indexes, tables: CdfTables, lane_bytes: int, lane_symbols: i
 
 def _encode_lanes(code, p: RL.Plan, est_bytes: int) -> tuple[np.ndarray, bytes]:
     """The groups' sizes (int64) and their streams, end to end: one host read (two when ``est_bytes`` fell short)."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     if p.n == 0:
         return np.zeros(0, np.int64), b""
     stride = RL.STATE_BYTES * p.lanes + 2 * p.group_symbols
@@ -156,8 +156,8 @@ def _read_guess(est_bytes: int, p: RL.Plan) -> int:
 
 # ------------------------------------------------------------------ decode
 def decode(buf, indexes, tables: CdfTables):
-    cp = dev.require_cupy()
-    idx_in = dev.as_cupy(indexes)
+    cp = cuda.require_cupy()
+    idx_in = cuda.as_cupy(indexes)
     idx = _flat_indexes(idx_in, tables)
     n = idx.size
     if n > RL.MAX_SYMBOLS:
@@ -189,7 +189,7 @@ def decode(buf, indexes, tables: CdfTables):
 def _decode_coded(parsed: RL.Parsed, safe, tables: CdfTables, tb: dict, status):
     """The lanes' symbols (cupy int32) of tables ``safe`` (valid indexes), escapes restored; ``status``:
     [escapes, error bits, bad indexes of the caller's], the last read here with the others."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     n = safe.size
     out = cp.empty(n, cp.int32)
     if n == 0:  # no indexes, or a version-3 stream's, checked before the gather

@@ -34,6 +34,7 @@ import functools
 
 import numpy as np
 
+from .. import cuda
 from .. import device as dev
 from ..errors import CorruptStreamError, InvalidArgumentError, checked_first_on_error
 from . import decode_ints, encode_ints, rans_gpu
@@ -45,7 +46,7 @@ DEFAULT_REL_TOL = 1e-8
 
 
 def _xp(a):
-    return dev.require_cupy() if dev.is_gpu_array(a) else np
+    return cuda.require_cupy() if cuda.is_gpu_array(a) else np
 
 
 def _check_table(scale_table) -> np.ndarray:
@@ -63,7 +64,7 @@ def _check_tol(rel_tol: float) -> float:
 
 def _scales(scales, check_finite: bool = True):
     xp = _xp(scales)
-    s = dev.as_cupy(scales) if xp is not np else np.asarray(scales)
+    s = cuda.as_cupy(scales) if xp is not np else np.asarray(scales)
     if s.dtype != xp.float64:
         raise InvalidArgumentError(f"scales must be float64 (a float64 hyper-synthesis), got {s.dtype}")
     if check_finite:
@@ -89,7 +90,7 @@ def _thresholds(xp, table: np.ndarray):
 @functools.lru_cache(maxsize=16)
 def _device_thresholds(thr: bytes, device_id: int):
     """A model's thresholds on one GPU, copied once (per table and device), not per image."""
-    return dev.resident_copy([np.frombuffer(thr, np.float64)], device_id)[0]
+    return cuda.resident_copy([np.frombuffer(thr, np.float64)], device_id)[0]
 
 
 def _index(xp, thresholds, s):
@@ -104,7 +105,7 @@ def scale_indexes(scales, scale_table, rel_tol: float = DEFAULT_REL_TOL):
     of entries of scale_table[:-1] smaller than s (so scales below the first entry get 0,
     above the last but one the last index), which is GaussianConditional.build_indexes.
     """
-    on_gpu = dev.is_gpu_array(scales)
+    on_gpu = cuda.is_gpu_array(scales)
     xp, s = _scales(scales, check_finite=not on_gpu)  # on a GPU: checked below, in the same host read
     # on a GPU the scales' finiteness is read later, with the indexes: the scales' error first, as on the CPU
     with checked_first_on_error(lambda: _check_finite(xp, s), (InvalidArgumentError,) if on_gpu else ()):
@@ -123,7 +124,7 @@ def _gpu_indexes(s, table: np.ndarray, tol: float):
     the counts of non-finite scales and listed positions, and one host read brings the counts back.  Listed
     positions are almost never there (0.05 per Kodak image), so the flatnonzero, which reads its count from the
     device (a second sync), rarely runs."""
-    cp = dev.require_cupy()
+    cp = cuda.require_cupy()
     flat = cp.ascontiguousarray(s.reshape(-1))
     n = flat.size
     idx, near, counts = cp.empty(n, cp.int32), cp.empty(n, cp.uint8), cp.zeros(2, cp.uint64)
@@ -200,7 +201,7 @@ def apply_scale_exceptions(scales, scale_table, positions: np.ndarray, listed: n
 
 def _own_indexes(scales, scale_table, rel_tol: float):
     """(the decoder's own flat indexes, the checked scales, the table, the tolerance)."""
-    on_gpu = dev.is_gpu_array(scales)
+    on_gpu = cuda.is_gpu_array(scales)
     xp, s = _scales(scales, check_finite=not on_gpu)  # on a GPU: read with the indexes' counts
     with checked_first_on_error(lambda: _check_finite(xp, s), (InvalidArgumentError,) if on_gpu else ()):
         tol, table = _check_tol(rel_tol), _check_table(scale_table)
