@@ -1,4 +1,4 @@
-"""Float codecs for collectives (CPU): error bound, exactness, homomorphic add, bad input."""
+"""Float codecs (CPU): error bound, exactness, homomorphic add, bad input."""
 
 import struct
 
@@ -7,8 +7,6 @@ import pytest
 import torch
 from skimage import data as skdata
 
-from visemz.collectives import ErrorBounded, Lossless, add, gpu
-from visemz.collectives.codecs import LL_HEAD
 from visemz.encoders import encode_ints, stream
 from visemz.errors import (
     CorruptStreamError,
@@ -17,6 +15,8 @@ from visemz.errors import (
     UnsupportedFormatError,
     VisemzError,
 )
+from visemz.floats import ErrorBounded, Lossless, add, gpu
+from visemz.floats.lossless import LL_HEAD
 from visemz.framing import xxh64
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
