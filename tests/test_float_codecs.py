@@ -55,6 +55,16 @@ def test_error_bound(dtype, eb):
                                           eb, _f64(x))
 
 
+def test_the_collectives_name_the_float_codecs():
+    """``visemz.collectives`` is where users meet the float codecs: the same objects as ``visemz.floats``'s."""
+    import visemz.collectives as vc
+    import visemz.floats as vf
+
+    names = ("ErrorBounded", "Lossless", "add")
+    assert all(getattr(vc, n) is getattr(vf, n) for n in names)
+    assert set(names) <= set(vc.__all__) and set(vf.__all__) == set(names)
+
+
 def test_error_bound_rejects_bad_input():
     with pytest.raises(InvalidArgumentError, match="eb=0"):
         ErrorBounded(0)
