@@ -45,8 +45,6 @@ import torch.distributed as dist
 
 from visemz import measure
 from visemz.collectives import (
-    ErrorBounded,
-    Lossless,
     all_reduce,
     all_to_all,
     autotune,
@@ -54,8 +52,10 @@ from visemz.collectives import (
     plan,
     scatter,
 )
-from visemz.collectives import gpu as G
-from visemz.collectives.codecs import FLOATS, LL_HEAD
+from visemz.floats import ErrorBounded, Lossless
+from visemz.floats import gpu as G
+from visemz.floats.dtypes import FLOATS
+from visemz.floats.lossless import LL_HEAD
 from visemz.io import files, loaders
 from visemz.io.writers import write_atomic
 

@@ -52,11 +52,11 @@ import torch
 
 import visemz
 from visemz import container, defaults, pages
-from visemz.collectives.codecs import ErrorBounded, Lossless
 from visemz.encoders import decode_ints, encode_ints, entropy, rans, reference, stream
 from visemz.encoders import layout as L
 from visemz.encoders.cdf_tables import CdfTables, default_scale_table, gaussian_scale_tables
 from visemz.errors import VisemzError
+from visemz.floats import ErrorBounded, Lossless
 from visemz.framing import read_varints, write_varints, xxh64
 from visemz.io.writers import write_atomic
 from visemz.zarr_codecs import VisemzErrorBounded, VisemzLossless
@@ -191,12 +191,12 @@ def _float_seeds(add) -> None:
     for predictor in ("none", "lorenzo", "lorenzo2d"):
         codec = ErrorBounded(1e-3, predictor)
         add("eb", f"eb-v3-{predictor}", codec.encode(x.reshape(25, 40) if predictor == "lorenzo2d" else x),
-            lambda b: ErrorBounded(1e-3).decode(b), "visemz.collectives.codecs.ErrorBounded(1e-3).decode(buf)")
+            lambda b: ErrorBounded(1e-3).decode(b), "visemz.floats.ErrorBounded(1e-3).decode(buf)")
     add("eb", "eb-v3-float16", ErrorBounded(1e-3).encode(x.astype(np.float16)), lambda b: ErrorBounded(1e-3).decode(b),
-        "visemz.collectives.codecs.ErrorBounded(1e-3).decode(buf)")
+        "visemz.floats.ErrorBounded(1e-3).decode(buf)")
     for x_ in (x, x.astype(np.float16), torch.from_numpy(x).to(torch.bfloat16)):
         buf = Lossless().encode(x_)
-        add("ll", f"ll-v2-{buf[5]}", buf, Lossless().decode, "visemz.collectives.codecs.Lossless().decode(buf)")
+        add("ll", f"ll-v2-{buf[5]}", buf, Lossless().decode, "visemz.floats.Lossless().decode(buf)")
     eb, ll = VisemzErrorBounded(1e-3), VisemzLossless()
     chunk = x[:600].reshape(2, 3, 100)
     add("zarr", "zarr-v2-eb", eb.encode(chunk), eb.decode, "visemz.zarr_codecs.VisemzErrorBounded(1e-3).decode(buf)")
@@ -205,14 +205,14 @@ def _float_seeds(add) -> None:
     # older versions, written before their checksums: read as ever, reported apart (nothing covers their headers)
     v3 = ErrorBounded(1e-3, "lorenzo").encode(x)
     add("legacy", "eb-v2", v3[:4] + b"\x02" + v3[5:24] + v3[32:], lambda b: ErrorBounded(1e-3).decode(b),
-        "visemz.collectives.codecs.ErrorBounded(1e-3).decode(buf)", checksummed=False)
+        "visemz.floats.ErrorBounded(1e-3).decode(buf)", checksummed=False)
     v3 = ErrorBounded(1e-3, "none").encode(x)
     add("legacy", "eb-v1", struct.pack("<4sBBHd", b"VZEB", 1, 0, 0, 1e-3) + v3[32:],
         lambda b: ErrorBounded(1e-3).decode(b),
-        "visemz.collectives.codecs.ErrorBounded(1e-3).decode(buf)", checksummed=False)
+        "visemz.floats.ErrorBounded(1e-3).decode(buf)", checksummed=False)
     v2 = Lossless().encode(x)
     add("legacy", "ll-v1", v2[:4] + b"\x01" + v2[5:21] + v2[29:], Lossless().decode,
-        "visemz.collectives.codecs.Lossless().decode(buf)", checksummed=False)
+        "visemz.floats.Lossless().decode(buf)", checksummed=False)
     v2 = ll.encode(chunk.astype(np.float16))
     add("legacy", "zarr-v1-ll", v2[:4] + b"\x01" + v2[5:30] + v2[38:], ll.decode,
         "visemz.zarr_codecs.VisemzLossless().decode(buf)", checksummed=False)

@@ -33,11 +33,13 @@ import zstandard
 import visemz
 from visemz import codec as image_codec
 from visemz import container, defaults, latents, pages, residual, residual_coder, tile_index, zarr_codecs
-from visemz.collectives import codecs as float_codecs
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints, reference, stream
 from visemz.encoders import layout as L
 from visemz.encoders import rans_layout as RL
+from visemz.floats import ErrorBounded, Lossless
+from visemz.floats.lossless import LL_VERSION
+from visemz.floats.prediction import PREDICTORS
 from visemz.io.writers import write_atomic
 from visemz.models import all_specs, parse
 from visemz.models import weights as W
@@ -285,12 +287,12 @@ def _bits(x: torch.Tensor) -> np.ndarray:
     return x.view(torch.int32 if wide else torch.int16).numpy().view(np.uint32 if wide else np.uint16)
 
 
-def float_codecs_(w: Writer) -> None:
+def float_codecs(w: Writer) -> None:
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
         x = _float_input(dtype, 1000)
-        for predictor in float_codecs.PREDICTORS:
-            codec = float_codecs.ErrorBounded(1e-3, predictor)
+        for predictor in PREDICTORS:
+            codec = ErrorBounded(1e-3, predictor)
             shape = [25, 40] if predictor == "lorenzo2d" else [1000]
             buf = codec.encode(x.reshape(shape))
             version = buf[4]  # the current version (version 1 was written without a predictor, named without one)
@@ -302,7 +304,7 @@ def float_codecs_(w: Writer) -> None:
         special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), finfo.max, finfo.min, finfo.tiny,
                                 finfo.tiny / 4], dtype=dtype)
         x = torch.cat([special, x, (torch.rand(300, generator=torch.Generator().manual_seed(1)) * 1e-30).to(dtype)])
-        w.add(f"ll-v{float_codecs.LL_VERSION}-{name}", "ll", float_codecs.LL_VERSION, float_codecs.Lossless().encode(x),
+        w.add(f"ll-v{LL_VERSION}-{name}", "ll", LL_VERSION, Lossless().encode(x),
               ".bin", {"bits": _bits(x)}, dtype=name)
 
 
@@ -326,7 +328,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     w = Writer(args.out)
-    for part in (block_streams, ints_streams, images, context_images, page_stack, residuals, float_codecs_,
+    for part in (block_streams, ints_streams, images, context_images, page_stack, residuals, float_codecs,
                  numcodecs_chunks):
         part(w)
     w.save()

@@ -29,9 +29,10 @@ from visemz.collectives import (
     scatter,
     transport,
 )
-from visemz.collectives.codecs import EB_HEAD2, PREDICTORS
 from visemz.collectives.cost import ALGORITHMS, AlgorithmCost, CostModel
 from visemz.errors import InvalidArgumentError, PlanMismatchError
+from visemz.floats.error_bounded import EB_HEAD2
+from visemz.floats.prediction import PREDICTORS
 
 N = 10_007
 DEVICE = torch.device("cpu")  # where the tensors under test live; the worker sets it

@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from visemz.collectives import ErrorBounded, Lossless, add, gpu
-from visemz.collectives.codecs import EB_FRONT, FLOATS, LL_HEAD
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError
+from visemz.floats import ErrorBounded, Lossless, add, gpu
+from visemz.floats.dtypes import FLOATS
+from visemz.floats.error_bounded import EB_FRONT
+from visemz.floats.lossless import LL_HEAD
 
 from .helpers import optional, parity
 

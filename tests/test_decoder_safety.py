@@ -17,10 +17,11 @@ from safetensors import safe_open
 
 import visemz
 from visemz import config, container, defaults, pages, residual_coder, tile_index
-from visemz.collectives.codecs import LL_HEAD, ErrorBounded, Lossless
 from visemz.encoders import decode_ints, encode_ints, entropy, stream
 from visemz.encoders import layout as L
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
+from visemz.floats import ErrorBounded, Lossless
+from visemz.floats.lossless import LL_HEAD
 from visemz.framing import write_varints, xxh64
 from visemz.models import registry
 from visemz.models import weights as W

@@ -1,4 +1,4 @@
-"""Float codecs for collectives (CPU): error bound, exactness, homomorphic add, bad input."""
+"""Float codecs (CPU): error bound, exactness, homomorphic add, bad input."""
 
 import struct
 
@@ -7,8 +7,6 @@ import pytest
 import torch
 from skimage import data as skdata
 
-from visemz.collectives import ErrorBounded, Lossless, add, gpu
-from visemz.collectives.codecs import LL_HEAD
 from visemz.encoders import encode_ints, stream
 from visemz.errors import (
     CorruptStreamError,
@@ -17,6 +15,8 @@ from visemz.errors import (
     UnsupportedFormatError,
     VisemzError,
 )
+from visemz.floats import ErrorBounded, Lossless, add, gpu
+from visemz.floats.lossless import LL_HEAD
 from visemz.framing import xxh64
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -53,6 +53,16 @@ def test_error_bound(dtype, eb):
     half_ulp = torch.finfo(dtype).eps * (torch.abs(x.to(torch.float64)) + eb) / 2
     assert back.dtype == dtype and within((torch.abs(back.to(torch.float64) - x.to(torch.float64)) - half_ulp).numpy(),
                                           eb, _f64(x))
+
+
+def test_the_collectives_name_the_float_codecs():
+    """``visemz.collectives`` is where users meet the float codecs: the same objects as ``visemz.floats``'s."""
+    import visemz.collectives as vc
+    import visemz.floats as vf
+
+    names = ("ErrorBounded", "Lossless", "add")
+    assert all(getattr(vc, n) is getattr(vf, n) for n in names)
+    assert set(names) <= set(vc.__all__) and set(vf.__all__) == set(names)
 
 
 def test_error_bound_rejects_bad_input():

@@ -30,13 +30,14 @@ import zstandard
 import visemz
 from visemz import codec as image_codec
 from visemz import container, defaults, image_header, latents, pages, residual, residual_coder, tile_index, zarr_codecs
-from visemz.collectives import ErrorBounded, Lossless
-from visemz.collectives.codecs import EB_VERSION, LL_VERSION
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints, entropy, gpu, reference, stream
 from visemz.encoders import layout as L
 from visemz.encoders import rans_layout as RL
 from visemz.errors import UnsupportedFormatError
+from visemz.floats import ErrorBounded, Lossless
+from visemz.floats.error_bounded import EB_VERSION
+from visemz.floats.lossless import LL_VERSION
 from visemz.measure import psnr
 from visemz.pixels import ImageMeta
 

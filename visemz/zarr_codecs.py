@@ -12,10 +12,10 @@ The .vsz bytes carry shape, dtype and value range; the layout lives in the codec
 A chunk larger than a tile (``tile``, default ``VISEMZ_TILE``) is compressed tile by tile (image
 format 5), so a large chunk needs no more GPU memory than a tile batch.
 
-``visemz_eb`` and ``visemz_lossless``: the collectives' float codecs (``collectives/codecs.py``)
-on float32 and float16 chunks of any shape.  Their streams are flat, so a small header in front
-records the shape (docs/FORMAT.md, section 8).  NumPy has no bfloat16 (the codecs take bf16 only
-as torch tensors), so bf16 chunks are refused.
+``visemz_eb`` and ``visemz_lossless``: the float codecs (``visemz/floats/``) on float32 and float16
+chunks of any shape.  Their streams are flat, so a small header in front records the shape
+(docs/FORMAT.md, section 8).  NumPy has no bfloat16 (the codecs take bf16 only as torch tensors),
+so bf16 chunks are refused.
 
 The codecs are found by id through the ``numcodecs.codecs`` entry points in pyproject.toml, which
 exist once visemz is installed; this module registers nothing itself.
@@ -31,8 +31,9 @@ from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_copy
 
 from . import api, tiling
-from .collectives.codecs import ErrorBounded, Lossless, error_bound_config
 from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
+from .floats import ErrorBounded, Lossless
+from .floats.error_bounded import error_bound_config
 from .framing import read_prefix, xxh64
 from .models import registry
 from .pixels import DTYPES, MAX_CHANNELS, check_pixels

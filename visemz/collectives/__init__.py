@@ -1,14 +1,14 @@
-"""Compressed collectives: float codecs on the shared block encoder, homomorphic reduction.
+"""Compressed collectives: the float codecs' streams moved between ranks, sums reduced homomorphically.
 
-The codecs (NumPy and GPU), the homomorphic add, and the collectives over torch.distributed
-(Gloo with CPU tensors, NCCL with CUDA tensors); ``all_reduce(algorithm="auto")`` chooses with
-a cost model calibrated on the group (``CostModel``, ``autotune.py``).
+The collectives over torch.distributed (Gloo with CPU tensors, NCCL with CUDA tensors) with the
+float codecs of ``visemz.floats`` (``ErrorBounded``, ``Lossless`` and the homomorphic ``add``, all
+three public here too); ``all_reduce(algorithm="auto")`` chooses with a cost model calibrated on the
+group (``CostModel``, ``autotune.py``).
 """
 
-from .codecs import ErrorBounded, Lossless
+from ..floats import ErrorBounded, Lossless, add
 from .cost import CostModel
 from .ddp import ddp_hook
-from .homomorphic import add
 from .ops import (
            Handle,
            all_gather,

@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from .. import config, defaults, measure
+from ..floats.error_bounded import ErrorBounded, predicts_rows
 from . import algorithms as A
 from . import transport as T
-from .codecs import ErrorBounded, predicts_rows
 from .cost import ALGORITHMS, CostModel
 from .engines import engine_for
 

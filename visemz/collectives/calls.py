@@ -29,8 +29,11 @@ import torch.distributed as dist
 
 from .. import defaults
 from ..errors import InvalidArgumentError, PeerFailedError, UnsupportedFormatError, VisemzError
+from ..floats import ErrorBounded, Lossless
+from ..floats.dtypes import FLOATS
+from ..floats.error_bounded import predicts_rows
+from ..floats.prediction import PREDICTORS
 from . import transport as T
-from .codecs import FLOATS, PREDICTORS, ErrorBounded, Lossless, predicts_rows
 
 OPS = ("sum", "avg")
 ALGORITHMS = ("auto", "ring", "recursive_doubling", "plain")

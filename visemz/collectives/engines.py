@@ -17,10 +17,11 @@ import torch
 
 from .. import cuda, defaults
 from ..errors import LimitExceededError
-from . import gpu
+from ..floats import ErrorBounded, Lossless, gpu
+from ..floats.dtypes import to_float64
+from ..floats.error_bounded import predicts_rows
+from ..floats.homomorphic import add as host_add
 from . import transport as T
-from .codecs import ErrorBounded, Lossless, _to_float64, predicts_rows
-from .homomorphic import add as host_add
 
 
 def _u8(payload: bytes) -> torch.Tensor:
@@ -83,7 +84,7 @@ class HostEngine:
         raw = _bytes(T.exact(p))
         if isinstance(self.codec, ErrorBounded):
             return torch.from_numpy(self.codec.decode(raw, exact=True))
-        return torch.from_numpy(np.ascontiguousarray(_to_float64(self.codec.decode(raw), name)))
+        return torch.from_numpy(np.ascontiguousarray(to_float64(self.codec.decode(raw), name)))
 
     def values_many(self, payloads: list, sizes: list[int], name: str) -> list[torch.Tensor]:
         return [self.values(p, n, name) for p, n in zip(payloads, sizes)]
@@ -94,7 +95,7 @@ class HostEngine:
 
 
 class DeviceEngine:
-    """GPU codecs (``gpu.py``); payloads are CUDA tensors viewing cupy buffers, or the reverse."""
+    """GPU codecs (``floats/gpu.py``); payloads are CUDA tensors viewing cupy buffers, or the reverse."""
 
     def __init__(self, codec, device: torch.device, row: int = 0):
         self.codec, self.device, self.kwargs = codec, device, _encode_args(codec, row)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..floats import Lossless
 from . import transport as T
 from .algorithms import phase_times, ring_reduce_scatter, write_values
 from .calls import (
@@ -57,7 +58,6 @@ from .calls import (
     row_length,
     settings,
 )
-from .codecs import Lossless
 from .cost import CostModel
 from .engines import engine_for
 from .plans import plan_for, plan_settings

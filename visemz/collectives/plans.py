@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgumentError
+from ..floats import Lossless
+from ..floats.error_bounded import predicts_rows
 from . import autotune
 from . import transport as T
 from .algorithms import COMPRESSED, bounds, phase, write_values
@@ -50,7 +52,6 @@ from .calls import (
     set_last_algorithm,
     settings,
 )
-from .codecs import Lossless, predicts_rows
 from .engines import engine_for
 
 CACHE_SIZE = 64  # plans kept for the functional API (each holds an engine and its bounds)

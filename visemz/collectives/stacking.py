@@ -33,9 +33,9 @@ import torch.distributed as dist
 
 from .. import measure
 from ..errors import InvalidArgumentError, VisemzError
+from ..floats import ErrorBounded
 from ..io import files, loaders, writers
 from . import transport as T
-from .codecs import ErrorBounded
 from .ops import last_algorithm, phase_times
 from .plans import plan
 

@@ -43,7 +43,7 @@ def _module(package: str, path: str, device_id: int):
 
 def kernel(name: str, source: tuple[str, str] = BLOCK_SOURCE):
     """A kernel of a CUDA source (package, path), compiled with nvrtc once per device: the block
-    encoder's by default; other sources (the collectives' floats.cu) include block.cuh."""
+    encoder's by default; other sources (the float codecs' floats.cu) include block.cuh."""
     cp = cuda.require_cupy()
     return _module(*source, cp.cuda.Device().id).get_function(name)
 

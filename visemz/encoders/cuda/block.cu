@@ -3,7 +3,7 @@
 // optional bitshuffle, and single-pass decoupled look-back compaction.
 //
 // These kernels write exactly the bytes of visemz/encoders/reference.py; the building blocks
-// they share with the collectives' float kernels are in block.cuh.
+// they share with the float codecs' kernels are in block.cuh.
 #include "block.cuh"
 
 #define NCAT 12

@@ -1,5 +1,5 @@
 // The block encoder's device-side building blocks, shared by its kernels (block.cu) and by the
-// collectives' float kernels (visemz/collectives/cuda/floats.cu), which include this file.
+// float codecs' kernels (visemz/floats/cuda/floats.cu), which include this file.
 //
 // The bytes are those of visemz/encoders/reference.py; the layout constants mirror
 // visemz/encoders/layout.py and docs/FORMAT.md.  One thread block of 256 threads (8 warps)

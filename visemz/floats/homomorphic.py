@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidArgumentError, LimitExceededError
-from .codecs import STEP_LIMIT, ErrorBounded
+from .error_bounded import ErrorBounded
+from .prediction import STEP_LIMIT
 
 
 def add(a, b, codec: ErrorBounded) -> bytes:

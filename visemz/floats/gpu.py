@@ -1,6 +1,7 @@
-"""The collectives' float codecs on the GPU: everything stays in device memory.
+"""The float codecs on the GPU: everything stays in device memory.
 
-Byte for byte the same as the NumPy path in ``codecs.py`` (tests/test_collectives_gpu.py):
+Byte for byte the same as the NumPy path in ``error_bounded.py``, ``lossless.py`` and ``homomorphic.py``
+(tests/test_collectives_gpu.py):
 
 - error-bounded: one kernel quantises and encodes (``eb_encode_*`` in ``cuda/floats.cu``:
   q = rint(float64(x) / (2 eb)) with IEEE division and round-half-even, exactly NumPy's, fused
@@ -32,7 +33,7 @@ from ..encoders import layout as L
 from ..encoders import stream
 from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError, VisemzError
 
-FLOATS_SOURCE = ("visemz.collectives", "cuda/floats.cu")
+FLOATS_SOURCE = ("visemz.floats", "cuda/floats.cu")
 BLOCK = L.POLICIES["block"]
 GLOBAL = L.POLICIES["global"]
 _TORCH_FLOATS = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
@@ -92,14 +93,14 @@ def float_bits(x) -> tuple[object, str]:
     if isinstance(x, torch.Tensor):  # a CUDA tensor
         name = str(x.dtype).replace("torch.", "")
         if name not in _TORCH_FLOATS:
-            raise UnsupportedFormatError(f"dtype {name} is not a float the collectives codecs take")
+            raise UnsupportedFormatError(f"dtype {name} is not one the float codecs take")
         t = x.detach().contiguous().reshape(-1)
         if name == "bfloat16":
             return cp.asarray(t.view(torch.int16)).view(cp.uint16), name
         return cp.asarray(t), name
     a = cp.ascontiguousarray(cuda.as_cupy(x)).reshape(-1)
     if a.dtype.name not in ("float32", "float16"):
-        raise UnsupportedFormatError(f"dtype {a.dtype.name} is not a float the collectives codecs take")
+        raise UnsupportedFormatError(f"dtype {a.dtype.name} is not one the float codecs take")
     return a, a.dtype.name
 
 
@@ -219,7 +220,7 @@ def _empty_stream(cp, cells):
 
 def eb_encode(x, eb: float, pred) -> tuple[DeviceStream, str]:
     """Quantise, predict and encode in one kernel (``eb_encode_<dtype>_<predictor>``): q = rint(float64(x) / (2 eb)) as
-    NumPy computes it, the residuals of ``pred`` (a ``codecs.Prediction``), per-block bitshuffled
+    NumPy computes it, the residuals of ``pred`` (a ``prediction.Prediction``), per-block bitshuffled
     block stream.  No host sync: NaN/Inf, values needing more than int32 steps and residuals that
     leave int32 are raised by the stream's first size read (``DeviceStream.nbytes``)."""
     with torch_stream() as cp:
@@ -247,7 +248,7 @@ def eb_decode(s: DeviceStream, eb: float, dtype: str = "float64", pred=None):
     """Decode and dequantise: 2 eb q as ``dtype`` on the device.
 
     float64 is the exact reconstruction (NumPy's ``q * (2 eb)``); float32/float16/bfloat16 round it
-    as ``codecs._from_float64`` does (bf16 as uint16 bit patterns), i.e. ``ErrorBounded.decode``'s
+    as ``dtypes.from_float64`` does (bf16 as uint16 bit patterns), i.e. ``ErrorBounded.decode``'s
     bytes.  Without prediction one kernel (``eb_decode_*``); with 1-D Lorenzo one kernel too
     (``eb_decode_lorenzo_*``: the prefix sum by a warp scan per block and decoupled look-back across
     tiles); with 2-D Lorenzo the residuals widened to int64 (``eb_residuals``), cupy's prefix sums
@@ -426,7 +427,7 @@ def ll_encode(x, floats: dict, head) -> tuple[object, str]:
         if n:
             kernel(f"ll_histogram_{sfx}")((stride_grid(n),), (G.THREADS,), (u, np.int64(n), counts))
         hist = counts.get().astype(np.int64)
-        top = bytes(np.argsort(-hist, kind="stable")[:7].astype(np.uint8))  # codecs.Lossless.encode's rule
+        top = bytes(np.argsort(-hist, kind="stable")[:7].astype(np.uint8))  # lossless.Lossless.encode's rule
         n_esc = n - int(hist[list(top)].sum())
         sizes = [(3 * n + 7) // 8, ((1 + mbits) * n + 7) // 8]
         front = len(head(name, top, n)) + TABLE_BYTES

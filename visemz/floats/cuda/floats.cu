@@ -1,11 +1,11 @@
-// The collectives' float codecs on the GPU (launched by visemz/collectives/gpu.py): the
+// The float codecs on the GPU (launched by visemz/floats/gpu.py): the
 // error-bounded codec fused with the block encoder's per-block body, and the lossless exponent
-// coder, on fp32, fp16 and bf16 bit patterns.  Bytes equal visemz/collectives/codecs.py's.
+// coder, on fp32, fp16 and bf16 bit patterns.  Bytes equal visemz/floats/error_bounded.py's and lossless.py's.
 // Compiled with visemz/encoders/cuda on the include path (visemz.encoders.gpu.kernel).
 #include "block.cuh"
 
 // A float format by its bit pattern: `value` widens it exactly to float; `from_double` narrows a
-// float64 the way codecs._from_float64 does (NumPy astype: round to nearest even; bf16 through
+// float64 the way dtypes.from_float64 does (NumPy astype: round to nearest even; bf16 through
 // float32, then the same integer rounding the NumPy code applies to the float32 bits).
 struct F32 {
     typedef u32 bits;
@@ -48,7 +48,7 @@ struct F64 {  // the exact reconstruction 2 eb q (decode only)
 // the stream stays well formed, and the host raises when it reads the stream size (so the bytes
 // of a stream with any of these bits are never used).
 //
-// Prediction (codecs.Prediction; PRED is the header's predictor code): 0 none, the symbol is
+// Prediction (prediction.Prediction; PRED is the header's predictor code): 0 none, the symbol is
 // q_i; 1 1-D Lorenzo, q_i - q_{i-1}; 2 2-D Lorenzo over rows of `row` values,
 // q[y][x] - q[y-1][x] - q[y][x-1] + q[y-1][x-1], zeros outside the array.  The residual is
 // computed in 64 bits: one that leaves int32 (|r| >= 2^31 - 1) sets bit 4 and is coded as 0.
