@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 import visemz
-from visemz import container, defaults, pages
+from visemz import container, defaults, image_header, pages
 from visemz.encoders import decode_ints, encode_ints, entropy, rans, reference, stream
 from visemz.encoders import layout as L
 from visemz.encoders.cdf_tables import CdfTables, default_scale_table, gaussian_scale_tables
@@ -166,13 +166,18 @@ def _image_files(add) -> None:
     how = "visemz.decompress(buf, device='cpu')"
     decode = lambda b: visemz.decompress(b, device="cpu")  # noqa: E731
     gray, rgb = _image((64, 64), "uint8", 1), _image((48, 64, 3), "uint8", 2)
+    now = f"image-v{image_header.FORMAT}"  # what the codec writes by default (the learned residual on gray)
+    sparse = _image((64, 48), "uint16", 8) // 16 * 16  # lossless through a palette of its values
     files = {
-        "image-v5-u8-e2": codec.compress(gray, max_error=2),
-        "image-v5-f32-float": codec.compress(_image((40, 64), "float32", 3), max_error=0.05),
-        "image-v5-f32-bits": codec.compress(_image((40, 64), "float32", 3), max_error=0),
-        "image-v5-rgb-lossy": codec.compress(rgb),
-        "image-v5-mbt-u16-e3": codec.compress(_image((64, 48), "uint16", 4), model="mbt2018-mean", max_error=3),
-        "image-v5-tiled-e1": codec.compress(_image((96, 64), "uint8", 5), max_error=1, tile=64),
+        f"{now}-u8-e2": codec.compress(gray, max_error=2),
+        f"{now}-u8-e0": codec.compress(gray, max_error=0),
+        f"{now}-u16-e0-palette": codec.compress(sparse, model="mbt2018-mean", max_error=0),
+        f"{now}-f32-float": codec.compress(_image((40, 64), "float32", 3), max_error=0.05),
+        f"{now}-f32-bits": codec.compress(_image((40, 64), "float32", 3), max_error=0),
+        f"{now}-rgb-lossy": codec.compress(rgb),
+        f"{now}-mbt-u16-e3": codec.compress(_image((64, 48), "uint16", 4), model="mbt2018-mean", max_error=3),
+        f"{now}-tiled-e1": codec.compress(_image((96, 64), "uint8", 5), max_error=1, tile=64),
+        "image-v5-tiled-e1": codec.compress(_image((96, 64), "uint8", 5), max_error=1, tile=64, image_format=5),
         "image-v4-tiled-mbt": codec.compress(_image((64, 96), "uint8", 6), model="mbt2018-mean", tile=64,
                                              image_format=4),
         "image-v3-u8-e1": codec.compress(gray, max_error=1, image_format=3),
