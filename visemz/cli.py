@@ -25,7 +25,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__, defaults
-from .config import MAX_REFINE
+from .config import MAX_REFINE, check_steps
 from .errors import InvalidArgumentError, VisemzError
 from .io import files
 from .io.writers import to_json
@@ -52,9 +52,10 @@ app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
 
 def _refine_steps(value: Optional[int]) -> Optional[int]:
     """--refine's range, checked while parsing (a usage error naming the value, before torch loads)."""
-    if value is not None and not 0 <= value <= MAX_REFINE:
-        raise typer.BadParameter(f"refine={value}: expected a whole number of steps in 0..{MAX_REFINE}")
-    return value
+    try:
+        return None if value is None else check_steps(value)
+    except InvalidArgumentError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def _say(line: str) -> None:

@@ -125,6 +125,15 @@ MAX_REFINE = 10_000  # refinement steps: beyond this an encode would run for hou
 MAX_LANE_SYMBOLS = 1 << 20  # rans_layout.MAX_LANE_SYMBOLS: keeps a lane's steps within their limit
 MAX_PIXELS = 1 << 30  # pixels.MAX_PIXELS, the format's ceiling on an image's values
 
+
+def check_steps(refine) -> int:
+    """A refinement step count as an int in 0..MAX_REFINE, or InvalidArgumentError naming the bad value (here,
+    beside its limit, so that the CLI checks it before torch loads)."""
+    if isinstance(refine, bool) or not isinstance(refine, numbers.Integral) or not 0 <= refine <= MAX_REFINE:
+        raise InvalidArgumentError(f"refine={refine!r}: expected a whole number of steps in 0..{MAX_REFINE}")
+    return int(refine)
+
+
 ENV = {f.name: "VISEMZ_" + f.name.upper() for f in fields(Defaults)}
 TYPES = {f.name: type(f.default) for f in fields(Defaults)}
 

@@ -131,18 +131,20 @@ def to_batch(t: torch.Tensor, meta: ImageMeta, window: tuple[int, int, int, int]
     x = t.to(torch.int32) if meta.dtype == "uint16" else t
     x = x.to(torch.float64 if meta.dtype == "float32" else torch.float32)
     x = (x - meta.lo) / (meta.hi - meta.lo) if meta.hi > meta.lo else torch.zeros_like(x)
-    x = x.to(torch.float32)
-    if x.dim() == 2:
-        x = x[None, None]
-    elif meta.channels == 3:
-        x = x.permute(2, 0, 1)[None]
-    else:
-        x = x.permute(2, 0, 1)[:, None]
+    x = planes(x.to(torch.float32), meta)
     return F.pad(x, (0, x1 - x0 - x.shape[-1], 0, y1 - y0 - x.shape[-2]), mode="replicate")
 
 
+def planes(t: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
+    """The image layout (HxW or HxWxC) -> (B, C, H, W): one batch item of 3 channels (RGB) or one item
+    per plane of 1 channel (gray, and other channel counts)."""
+    if t.dim() == 2:
+        return t[None, None]
+    return t.permute(2, 0, 1)[None] if meta.channels == 3 else t.permute(2, 0, 1)[:, None]
+
+
 def from_batch(x: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
-    """(B, C, Hp, Wp) values in [0, 1] -> the image layout (HxW or HxWxC), cropped, still [0, 1]."""
+    """(B, C, Hp, Wp) -> the image layout (HxW or HxWxC), cropped; values as they are."""
     x = x[:, :, : meta.height, : meta.width]
     if len(meta.shape) == 2:
         return x[0, 0]

@@ -32,12 +32,11 @@ GPU and a CPU may write different (equally valid) files; every file still decode
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 
-from .config import MAX_REFINE
+from .config import check_steps
 from .errors import InvalidArgumentError
 from .models import architectures, registry
 
@@ -85,13 +84,6 @@ class RefineSettings:
     def tau_at(self, step: int) -> float:
         frac = step / max(self.steps - 1, 1)
         return self.tau_start * (self.tau_end / self.tau_start) ** frac
-
-
-def check_steps(refine) -> int:
-    """A refinement step count as an int in 0..MAX_REFINE, or InvalidArgumentError naming the bad value."""
-    if isinstance(refine, bool) or not isinstance(refine, numbers.Integral) or not 0 <= refine <= MAX_REFINE:
-        raise InvalidArgumentError(f"refine={refine!r}: expected a whole number of steps in 0..{MAX_REFINE}")
-    return int(refine)
 
 
 def settings_for(refine) -> RefineSettings | None:

@@ -45,7 +45,7 @@ from .models import blocks
 from .models import residual_tables as RT
 from .models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, space_to_depth
 from .models.residual_weights import Residual
-from .pixels import ImageMeta
+from .pixels import ImageMeta, from_batch, planes
 
 FIXES, PALETTE = "res_fixes", "res_palette"
 PASS_SECTIONS = tuple(f"res_p{k}" for k in range(len(PASSES)))
@@ -239,13 +239,7 @@ def _blocked(fn, like: torch.Tensor, halo: int, channels_in: int) -> torch.Tenso
 def _batch_levels(x: torch.Tensor, meta: ImageMeta, like: torch.Tensor) -> torch.Tensor:
     """A tile's pixels (meta layout) -> float64 levels shaped and placed like ``like`` (planes, C, H, W: the
     core's padded shape; zeros beyond the image, whose pixels are not coded)."""
-    t = (x.to(torch.int32) if meta.dtype == "uint16" else x).to(torch.float64)
-    if t.dim() == 2:
-        t = t[None, None]
-    elif meta.channels == 3:
-        t = t.permute(2, 0, 1)[None]
-    else:
-        t = t.permute(2, 0, 1)[:, None]
+    t = planes((x.to(torch.int32) if meta.dtype == "uint16" else x).to(torch.float64), meta)
     out = torch.zeros_like(like)
     out[:, :, :t.shape[2], :t.shape[3]] = t.to(out.device)
     return out
@@ -259,9 +253,7 @@ def _real_mask(meta: ImageMeta, x01: torch.Tensor) -> torch.Tensor:
 
 
 def _image_layout(out: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
-    x = out[:, :, :meta.height, :meta.width]
-    x = x[0, 0] if len(meta.shape) == 2 else (x[0].permute(1, 2, 0) if meta.channels == 3 else x[:, 0].permute(1, 2, 0))
-    x = x.to(torch.int32)
+    x = from_batch(out, meta).to(torch.int32)
     return x.to(torch.uint8) if meta.dtype == "uint8" else x.to(torch.uint16)
 
 
