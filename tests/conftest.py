@@ -47,7 +47,8 @@ def model_weights(tmp_path_factory):
     """
     older = [s for s in all_specs() if not s.context]
     context = [s for s in all_specs() if s.context]
-    shipped = all(W.weights_path(s).is_file() for s in older) and residual_weights.path_of("gray").is_file()
+    shipped = all(W.weights_path(s).is_file() for s in older) and all(
+        residual_weights.path_of(v).is_file() for v in ("gray", "rgb"))
     if shipped and all(W.weights_path(s).is_file() for s in context):
         yield W.weights_dir()
         return
@@ -75,17 +76,18 @@ def model_weights(tmp_path_factory):
 
 
 def _random_weights(specs, folder) -> None:
-    """Seeded random weights of ``specs`` and of the gray residual prior in ``folder``."""
+    """Seeded random weights of ``specs`` and of the residual priors in ``folder``."""
     torch.manual_seed(0)
     for s in specs:
         W.save(architectures.build(s), s, folder / f"{s.name}.safetensors", {"note": "random weights for tests"})
-    gray = registry.spec(registry.DEFAULT_MODEL, "gray")
-    prior = residual_prior.ResidualPrior(gray.channels, gray.N)
-    for head in prior.heads:  # away from the all-zero start, so that the predictions differ from pixel to pixel
-        torch.nn.init.normal_(head[-1].weight, std=0.01)
-    residual_weights.save(prior, "gray", {"lossy_model": gray.name,
-                                          "lossy_model_id": W.file_id(folder / f"{gray.name}.safetensors"),
-                                          "note": "random weights for tests"}, folder)
+    for variant in ("gray", "rgb"):
+        lossy = registry.spec(registry.DEFAULT_MODEL, variant)
+        prior = residual_prior.ResidualPrior(lossy.channels, lossy.N)
+        for head in prior.heads:  # away from the all-zero start, so that the predictions differ from pixel to pixel
+            torch.nn.init.normal_(head[-1].weight, std=0.01)
+        residual_weights.save(prior, variant, {"lossy_model": lossy.name,
+                                               "lossy_model_id": W.file_id(folder / f"{lossy.name}.safetensors"),
+                                               "note": "random weights for tests"}, folder)
 
 
 @pytest.fixture

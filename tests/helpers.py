@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import importlib.util
 import types
 import weakref
@@ -22,6 +23,13 @@ from visemz.encoders import decode_ints, encode_ints
 EDGE_SIZES = (0, 1, 31, 32, 33, 63, 64, 65, 127, 129, 16383, 16384, 16385, 32769)
 DISTRIBUTIONS = ("zeros", "latent", "heavy", "extremes", "uniform", "dense")
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def trained(folder: Path, model: str) -> bool:
+    """Whether ``folder`` (the tests' weights) holds trained weights of ``model``, not the seeded random
+    ones the tests make where the shipped files are missing: rate-distortion checks need trained ones."""
+    card = folder / f"{model}.json"
+    return card.is_file() and "random weights" not in json.loads(card.read_text()).get("note", "")
 
 
 def make_ints(dist: str, n: int, seed: int, scale: float = 0.5) -> np.ndarray:

@@ -17,7 +17,7 @@ from visemz.models import architectures, registry
 from visemz.models import weights as W
 from visemz.pixels import describe, to_batch
 
-from .helpers import load_script, symbols_of
+from .helpers import load_script, symbols_of, trained
 
 pytestmark = pytest.mark.usefixtures("model_weights")
 
@@ -77,7 +77,7 @@ def test_refine_zero_is_the_analysis(cpu):
 def test_refined_files_cost_less(cpu, model_weights, arch, variant):
     """Measured on the real bytes and the real decode: bpp + lambda * 255^2 * MSE is lower with 30 refinement
     steps than without, at a low and a high quality; the refined file decodes with the ordinary decoder."""
-    if model_weights != W.weights_dir():
+    if not trained(model_weights, f"{arch}-{variant}"):
         pytest.skip("rate-distortion needs the shipped weights (this test run made random ones)")
     img = _rgb() if variant == "rgb" else _gray()
     for quality in (2, 6):
@@ -218,7 +218,7 @@ def test_refined_on_gpu(gpu_cpu_codecs, model_weights, arch):
         on_gpu, on_cpu = symbols_of(buf, "cuda"), symbols_of(buf, "cpu")
         for k in on_cpu:
             torch.testing.assert_close(on_gpu[k].cpu(), on_cpu[k], rtol=0, atol=0)
-        if model_weights == W.weights_dir():
+        if trained(model_weights, f"{arch}-rgb"):
             assert _rd_cost(img, buf, cpu.decompress(buf), quality) < \
                 _rd_cost(img, plain, cpu.decompress(plain), quality)
     out = cpu.decompress(gpu.compress(img, model=arch, quality=3, max_error=2, refine=10))

@@ -102,10 +102,21 @@ def test_tiles_and_regions():
     np.testing.assert_array_equal(visemz.decompress(buf, region=(50, 90, 10, 30)), out[50:90, 10:30])
 
 
-def test_rgb_without_a_prior_keeps_the_block_coded_residual():
+@pytest.mark.parametrize("e", [0, 2])
+def test_rgb_takes_the_rgb_prior(e):
+    img = np.ascontiguousarray(data.astronaut()[100:140, 150:202])
+    buf = visemz.compress(img, max_error=e, quality=2)
+    assert _residual_of(buf) == "learned"
+    assert container.unpack(buf).meta["residual_id"] == residual_weights.load("rgb").model_id
+    out = visemz.decompress(buf)
+    assert out.shape == img.shape and _err(out, img) <= e
+    if e == 0:
+        np.testing.assert_array_equal(out, img)
+
+
+def test_without_a_prior_the_residual_stays_block_coded(monkeypatch):
     img = data.astronaut()[:24, :30]
-    if residual_weights.load("rgb") is not None:
-        pytest.skip("an RGB residual prior is installed")
+    monkeypatch.setattr(residual_weights, "load", lambda variant, device="cpu": None)
     buf = visemz.compress(img, max_error=0)
     assert _residual_of(buf) == "int"
     np.testing.assert_array_equal(visemz.decompress(buf), img)

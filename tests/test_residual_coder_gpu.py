@@ -16,6 +16,7 @@ def _images() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(5)
     return {
         "camera": data.camera(),
+        "astronaut RGB": np.ascontiguousarray(data.astronaut()[:96, :120]),
         "camera 12-bit": data.camera().astype(np.uint16) * 16 + 3,
         "16-bit noise": rng.integers(0, 65536, (130, 97), dtype=np.uint16),
         "uint8 noise, 2 planes": rng.integers(0, 256, (77, 64, 2), dtype=np.uint8),

@@ -169,7 +169,7 @@ def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, symbol
                      reduced, TRUNK_HALO, width_in)
     reduced = None  # free it now (not del: the lambda above names it)
     pred = space_to_depth(domain.prediction(x01))
-    real = space_to_depth(_real_mask(domain.meta, x01)).expand_as(pred)
+    real = space_to_depth(_real_mask(domain.meta, x01).expand(-1, c, -1, -1)).expand_as(pred)
     known = torch.zeros_like(pred)
     out = torch.zeros_like(pred)
     for k in range(len(PASSES)):
