@@ -319,12 +319,14 @@ def test_crafted_palettes_are_refused():
         visemz.decompress(_with_section(near, residual_coder.PALETTE, body))
 
 
-def test_auto_quality_keeps_the_smallest_file():
-    img = _photo((40, 48))
-    sizes = {q: len(visemz.compress(img, max_error=1, quality=q)) for q in codec_module.AUTO_QUALITIES}
+@pytest.mark.parametrize("variant", ["gray", "rgb"])
+def test_auto_quality_keeps_the_smallest_file(variant):
+    img = _photo((40, 48)) if variant == "gray" else np.ascontiguousarray(data.astronaut()[100:140, 150:198])
+    qualities = codec_module.AUTO_QUALITIES[variant]
+    sizes = {q: len(visemz.compress(img, max_error=1, quality=q)) for q in qualities}
     buf = visemz.compress(img, max_error=1, quality="auto")
     assert len(buf) == min(sizes.values())
-    assert container.unpack(buf).meta["quality"] in codec_module.AUTO_QUALITIES
+    assert container.unpack(buf).meta["quality"] in qualities
     assert _err(visemz.decompress(buf), img) <= 1
     with pytest.raises(visemz.InvalidArgumentError, match="max_error"):
         visemz.compress(img, quality="auto")
