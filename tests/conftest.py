@@ -41,9 +41,9 @@ def model_weights(tmp_path_factory):
     """The shipped weights when all are present; otherwise seeded random weights in a temp folder.
 
     The codec's guarantees (shapes, dtypes, error bound, file validation) hold for any weights;
-    rate-distortion quality is measured by scripts/, not by tests.  A channel-context model whose
-    weights are not shipped (yet) gets seeded random weights beside the others' (the shipped files
-    linked into the temp folder, so every other model keeps its weights and ids).
+    rate-distortion quality is measured by ``visemz eval`` and the benchmarks, not by tests.  A
+    channel-context model whose weights are not shipped (yet) gets seeded random weights beside the
+    others' (the shipped files linked into the temp folder, so every other model keeps its weights and ids).
     """
     older = [s for s in all_specs() if not s.context]
     context = [s for s in all_specs() if s.context]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib
-import json
 import importlib.util
+import json
 import types
 import weakref
 from contextlib import contextmanager
@@ -107,9 +107,9 @@ def cross_device_tolerance(img: np.ndarray) -> float:
     return 1.0 if img.dtype == np.uint8 else 1e-3 * max(1.0, float(np.ptp(img)))
 
 
-def load_script(name: str):
-    """scripts/NAME.py as a module (the scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+def load_tool(name: str):
+    """tools/NAME.py as a module (the tools are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

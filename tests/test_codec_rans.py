@@ -206,7 +206,7 @@ def test_image_format_argument_is_checked(cpu):
 
 def test_swapped_weights_code_with_their_own_float64_copy(tmp_path, monkeypatch, cpu):
     """Weights swapped under the same model name (another VISEMZ_WEIGHTS_DIR and W.load.cache_clear(), as
-    scripts/export_weights.py does) write what a fresh process would: the float64 copy
+    tools/export_weights.py does) write what a fresh process would: the float64 copy
     that gives rANS its scales is the new weights', not a cached copy of the old ones."""
     spec = parse("mbt2018-mean-rgb")
     for seed, name in ((1, "a"), (2, "b")):

@@ -1,8 +1,6 @@
-"""The cost model (visemz.collectives.cost) on synthetic timings, and scripts/cost_model.py's table."""
+"""The cost model (visemz.collectives.cost) on synthetic timings, and tools/cost_model.py's table."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +10,9 @@ from visemz.collectives import autotune
 from visemz.collectives.cost import ALGORITHMS, CostModel, Line, exchanges, fit_corrections, messages, wire_factor
 from visemz.errors import InvalidArgumentError
 
-spec = importlib.util.spec_from_file_location("cost_model", Path(__file__).parents[1] / "scripts" / "cost_model.py")
-cm = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cm)
+from .helpers import load_tool
+
+cm = load_tool("cost_model")
 
 MIB = 1 << 20
 SIZES = (1 * MIB, 32 * MIB)
@@ -122,18 +120,16 @@ def test_script_formulas_and_limits():
     assert cm.compressed_seconds(size, 64, alpha, bw, slow) == pytest.approx(want + codec)
 
 
-def test_script_prints_a_labelled_model(tmp_path, capsys, monkeypatch):
+def test_script_prints_a_labelled_model(tmp_path, capsys):
     row = {"ratio": 5.0, "encode_GBps": 400.0, "decode_GBps": 500.0, "homomorphic_add_GBps": 300.0}
     bench = tmp_path / "b.json"
     bench.write_text(json.dumps({"device": "test", "codecs": {"image/eb=0.0001": row}}))
-    monkeypatch.setattr("sys.argv", ["cost_model.py", str(bench)])
-    cm.main()
+    cm.main([str(bench)])
     out = capsys.readouterr().out
     assert "Model" in out and out.count("\n| ") == 2 + 2 * 7  # header, rule, 7 world sizes per bandwidth
     assert "| ring |" in out or "| recursive_doubling |" in out
-    monkeypatch.setattr("sys.argv", ["cost_model.py", str(bench), "--case", "nope"])
     with pytest.raises(SystemExit, match="no codec row"):
-        cm.main()
+        cm.main([str(bench), "--case", "nope"])
 
 
 CODEC = {"ratio": 2.5, "encode_GBps": 229.0, "decode_GBps": 346.0, "homomorphic_add_GBps": 109.0}
@@ -151,7 +147,7 @@ def _rows_of_the_model(world: int, alpha: float, link_Bps: float, corrections: t
     return {"world": world, "device": "test", "rows": rows}
 
 
-def test_corrections_are_recovered_from_measurements_built_with_them(tmp_path, capsys, monkeypatch):
+def test_corrections_are_recovered_from_measurements_built_with_them(tmp_path, capsys):
     """Rows made by the corrected model itself give back its corrections, and the script's check
     table prints them beside the measured times."""
     alpha, world, link_Bps = 5e-6, 2, 4e9
@@ -164,13 +160,12 @@ def test_corrections_are_recovered_from_measurements_built_with_them(tmp_path, c
     bench, meas = tmp_path / "codecs.json", tmp_path / "measured.json"
     bench.write_text(json.dumps({"device": "test", "codecs": {"image/eb=0.0001": CODEC}}))
     meas.write_text(json.dumps(measured))
-    monkeypatch.setattr("sys.argv", ["cost_model.py", str(bench), "--measured", str(meas)])
-    cm.main()
+    cm.main([str(bench), "--measured", str(meas)])
     out = capsys.readouterr().out
     assert "1.60 ms per compressed exchange" in out and "3.50x" in out and "with measured corrections" in out
 
 
-def test_one_fit_over_two_world_sizes_and_a_check_on_rows_not_fitted_to(tmp_path, capsys, monkeypatch):
+def test_one_fit_over_two_world_sizes_and_a_check_on_rows_not_fitted_to(tmp_path, capsys):
     """Two- and four-GPU rows of one model are fitted together back to its corrections; a ``--check``
     file's rows are printed against the fit without moving it (rows of another model would)."""
     alpha, truth = 5e-6, (1.1e-3, 5.2)
@@ -180,9 +175,7 @@ def test_one_fit_over_two_world_sizes_and_a_check_on_rows_not_fitted_to(tmp_path
     for world, link_Bps, corr in ((2, 3e9, truth), (4, 3.3e9, truth), (4, 3.3e9, (9e-3, 1.0))):
         paths.append(tmp_path / f"m{len(paths)}.json")
         paths[-1].write_text(json.dumps(_rows_of_the_model(world, alpha, link_Bps, corr)))
-    monkeypatch.setattr("sys.argv", ["cost_model.py", str(bench), "--measured", str(paths[0]), str(paths[1]),
-                                     "--check", str(paths[2])])
-    cm.main()
+    cm.main([str(bench), "--measured", str(paths[0]), str(paths[1]), "--check", str(paths[2])])
     out = capsys.readouterr().out
     assert "Fitted to 16 measured compressed all_reduces" in out and "1.10 ms per compressed exchange" in out
     assert "5.20x" in out and "m2.json (not fitted to): 4x test" in out and out.count("(fitted)") == 2

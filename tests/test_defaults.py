@@ -18,9 +18,9 @@ from visemz.errors import InvalidArgumentError
 from visemz.pipeline import processes
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tools"))
 
-import settings_table  # noqa: E402  (scripts/, on the path above)
+import settings_table  # noqa: E402  (tools/, on the path above)
 
 # (setting, a value its rule refuses): each refused by set and, as text, by its environment variable
 REFUSED = [("device", "gpu"), ("entropy_chunk", 4095), ("entropy_chunk", (16 << 20) + 1), ("entropy_batch", 2),
@@ -183,8 +183,8 @@ def test_visemz_defaults_is_the_module_and_import_visemz_leaves_it_unloaded():
 
 
 def test_the_settings_document_is_the_table():
-    """docs/settings.md is what scripts/settings_table.py writes from config.py: every setting, once."""
+    """docs/settings.md is what tools/settings_table.py writes from config.py: every setting, once."""
     text = (ROOT / "docs" / "settings.md").read_text()
-    assert text == settings_table.render(), "docs/settings.md is out of date: run python scripts/settings_table.py"
+    assert text == settings_table.render(), "docs/settings.md is out of date: run python tools/settings_table.py"
     for name, var in config.ENV.items():
         assert text.count(f"| `{name}` | `{var}` |") == 1, name

@@ -14,9 +14,9 @@ from visemz.evaluation import bjontegaard as bd
 from visemz.evaluation import metrics, report
 from visemz.evaluation.codecs import NAMES, Layout, build, default_names, parse_refined, with_refined
 from visemz.evaluation.report import mean_curves, summary_markdown
-from visemz.evaluation.runner import EvalConfig, read_points, run_points, write_points
+from visemz.evaluation.runner import EvalConfig, parse_ladder, read_points, run_points, write_points
 
-from .helpers import load_script, optional
+from .helpers import optional
 
 
 @pytest.fixture(autouse=True)
@@ -238,25 +238,27 @@ def test_refined_rows_join_a_finished_run(folder, tmp_path, model_weights):
     assert alone["gray"]["visemz-balle2016-refine2"]["upper_bound"] is True
 
 
-def test_rd_eval_script_with_refinement(folder, tmp_path, model_weights, capsys):
-    """scripts/rd_eval.py --refine-steps with --ladder and --datasets: the refined rows in points.csv and
-    summary.md, their cost printed; a bad --ladder is refused naming it."""
-    rd_eval = load_script("rd_eval")
+def test_cli_eval_with_refinement_and_ladders(folder, tmp_path, cli):
+    """visemz eval --refine-steps with --ladder and --datasets: the refined rows in points.csv and summary.md,
+    their cost logged; a bad --ladder is a usage error naming it."""
     out = tmp_path / "report"
-    rd_eval.main(["--data", str(folder), "--out", str(out), "--device", "cpu", "--datasets", "gray",
-                  "--codecs", "jpeg,visemz-mbt2018-mean", "--refine-steps", "2", "--no-crops",
-                  "--ladder", "jpeg=40,90", "--ladder", "visemz-mbt2018-mean=1,4.5",
-                  "--ladder", "visemz-mbt2018-mean-refine2=1,4.5"])
+    r = cli("eval", folder, "--out", out, "--device", "cpu", "--datasets", "gray",
+            "--codecs", "jpeg,visemz-mbt2018-mean", "--refine-steps", "2", "--no-crops",
+            "--ladder", "jpeg=40,90", "--ladder", "visemz-mbt2018-mean=1,4.5",
+            "--ladder", "visemz-mbt2018-mean-refine2=1,4.5")
+    assert r.exit_code == 1 and "broken.png" in r.stderr  # the broken file fails, the rest goes on
     rows = read_points(out / "points.csv")
     assert sorted((r["codec"], r["setting"]) for r in rows) == [
         ("jpeg", "q=40"), ("jpeg", "q=90"), ("visemz-mbt2018-mean", "q=1"), ("visemz-mbt2018-mean", "q=4.5"),
         ("visemz-mbt2018-mean-refine2", "q=1"), ("visemz-mbt2018-mean-refine2", "q=4.5")]
-    assert "gray visemz-mbt2018-mean-refine2: " in capsys.readouterr().out
+    assert "gray visemz-mbt2018-mean-refine2: " in r.stderr
     assert "| visemz-mbt2018-mean-refine2 | 2 | 2 |" in (out / "summary.md").read_text()
-    assert rd_eval.parse_ladder("webp=5,50") == ("webp", (5, 50))
-    for bad in ("webp", "webp=", "=5", "webp=5,x"):
-        with pytest.raises(InvalidArgumentError, match=repr(bad)):
-            rd_eval.parse_ladder(bad)
+    bad = cli("eval", folder, "--out", tmp_path / "o", "--device", "cpu", "--ladder", "jpeg=4,x")
+    assert bad.exit_code == 2 and "'jpeg=4,x'" in bad.stderr
+    assert parse_ladder("webp=5,50") == ("webp", (5, 50)) and parse_ladder("jpeg=1.5") == ("jpeg", (1.5,))
+    for text in ("webp", "webp=", "=5", "webp=5,x"):
+        with pytest.raises(InvalidArgumentError, match=repr(text)):
+            parse_ladder(text)
 
 
 def test_report_tables(folder, tmp_path):

@@ -12,10 +12,10 @@ import pytest
 from visemz.errors import InvalidArgumentError, UnsupportedFormatError
 from visemz.evaluation import bound_tables, report
 from visemz.evaluation.codecs import LOSSLESS_NAMES, NAMES, Layout, build, describe, parse_bounded
-from visemz.evaluation.datasets import View, find_datasets, to_gray
+from visemz.evaluation.datasets import View, find_datasets, model_sets, to_gray
 from visemz.evaluation.runner import EvalConfig, evaluate, read_points, run_points
 
-from .helpers import load_script, optional
+from .helpers import optional
 from .test_evaluation import tiny
 
 
@@ -163,6 +163,23 @@ def sets(tmp_path):
     return root
 
 
+def test_model_sets_are_kodak_for_rgb_and_the_xrays_with_kodaks_luma_for_gray(tmp_path):
+    """The sets a model card and the CompressAI comparison report, under DATA/eval, by file name."""
+    (tmp_path / "eval" / "kodak").mkdir(parents=True)
+    (tmp_path / "eval" / "xray").mkdir()
+    rgb = [tiny(3, k) for k in range(3)]
+    for k, img in enumerate(rgb):
+        cv2.imwrite(str(tmp_path / f"eval/kodak/k{k}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
+    cv2.imwrite(str(tmp_path / "eval/xray/x.png"), tiny(1, 5))
+    color = model_sets(tmp_path, "rgb", limit=2)
+    assert list(color) == ["kodak"] and [n for n, _ in color["kodak"]] == ["k0.png", "k1.png"]
+    assert all(np.array_equal(got, want) for (_, got), want in zip(color["kodak"], rgb))
+    gray = model_sets(tmp_path, "gray")
+    assert list(gray) == ["xray", "kodak-gray"] and np.array_equal(gray["xray"][0][1], tiny(1, 5))
+    assert [n for n, _ in gray["kodak-gray"]] == ["k0.png", "k1.png", "k2.png"]
+    assert all(np.array_equal(got, to_gray(want)) for (_, got), want in zip(gray["kodak-gray"], rgb))
+
+
 def test_gray_crops_run_as_their_own_datasets(sets, tmp_path):
     names = find_datasets(sets, ("rgb",), None, View(crop=48, gray=True))
     assert list(names) == ["rgb-gray-crop48"]
@@ -269,13 +286,10 @@ def test_lossless_run_writes_tables_and_results_files(sets, tmp_path, model_weig
     assert "Plots: rd_gray16.png." in md and "crops_" not in md  # the figures written, and only them
 
 
-def test_rd_eval_needs_data_and_takes_gray_crops(sets, tmp_path, capsys):
-    rd_eval = load_script("rd_eval")
-    with pytest.raises(SystemExit):
-        rd_eval.main(["--out", str(tmp_path / "o")])
-    assert "--data" in capsys.readouterr().err
-    rd_eval.main(["--data", str(sets), "--out", str(tmp_path / "o"), "--device", "cpu", "--codecs", "png,jpegls",
-                  "--ladder", "jpegls=0,1", "--crop", "40", "--gray", "--datasets", "rgb", "--no-crops"])
+def test_cli_eval_ladder_of_bounds_on_gray_crops(sets, tmp_path, cli):
+    r = cli("eval", sets, "--out", tmp_path / "o", "--device", "cpu", "--codecs", "png,jpegls",
+            "--ladder", "jpegls=0,1", "--crop", "40", "--gray", "--datasets", "rgb", "--no-crops")
+    assert r.exit_code == 0, r.stderr
     rows = read_points(tmp_path / "o/points.csv")
     assert sorted((r["dataset"], r["codec"], r["setting"], r["height"]) for r in rows) == [
         ("rgb-gray-crop40", "jpegls", "e=0", "40"), ("rgb-gray-crop40", "jpegls", "e=1", "40"),

@@ -1,4 +1,4 @@
-"""Fixed-rate training (MODEL@qQ in scripts/train.py): the names and their tags, the batch's qualities, and
+"""Fixed-rate training (MODEL@qQ in tools/train.py): the names and their tags, the batch's qualities, and
 that a fixed-rate model trains only its own quality, eagerly on the CPU and as CUDA graphs on a GPU."""
 
 import os
@@ -17,7 +17,7 @@ from visemz.errors import InvalidArgumentError
 from visemz.models import parse, training
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tools"))
 import train  # noqa: E402
 
 
@@ -74,7 +74,7 @@ def test_a_fixed_rate_trainer_trains_only_its_quality():
 
 
 def _train_tiny(tmp_path: Path, models: list[str], device: str = "cpu") -> Path:
-    """scripts/train.py itself, 2 steps on three small images (on the CPU eagerly; on a GPU as CUDA graphs);
+    """tools/train.py itself, 2 steps on three small images (on the CPU eagerly; on a GPU as CUDA graphs);
     returns the checkpoint folder."""
     rgb = tmp_path / "data" / "train" / "rgb"
     rgb.mkdir(parents=True)
@@ -84,7 +84,7 @@ def _train_tiny(tmp_path: Path, models: list[str], device: str = "cpu") -> Path:
     out = tmp_path / "ckpt"
     # the project first, then whatever the caller already had on the path (site folders of extras)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--data", str(tmp_path / "data"),
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "train.py"), "--data", str(tmp_path / "data"),
                         "--models", *models, "--out", str(out), "--state-dir", str(tmp_path / "state"),
                         "--steps", "2", "--device", device, "--batch", "2", "--patch", "64",
                         *(["--no-graphs"] if device == "cpu" else [])],

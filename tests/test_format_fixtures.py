@@ -1,7 +1,7 @@
 """Committed format fixtures: files already written keep decoding, and today's writers write the same bytes.
 
 ``tests/fixtures/`` holds small encoded files with their inputs, one or more per stream kind and
-format version (written by ``scripts/make_format_fixtures.py``, which adds fixtures for a new
+format version (written by ``tools/make_format_fixtures.py``, which adds fixtures for a new
 version and never rewrites old ones), as numcodecs' ``check_backwards_compatibility`` does.
 Each is decoded and held to the arrays stored with it; where its version is the one the code
 writes today, the inputs are encoded again and must give the same bytes, on the CPU and (``xp``
@@ -118,7 +118,7 @@ def test_every_format_version_written_today_has_a_fixture():
     have = {(f["kind"], f["version"]) for f in MANIFEST["fixtures"]}
     missing = sorted((k, v) for k, v in CURRENT.items() if (k, v) not in have)
     assert not missing, \
-        f"no fixture for {missing}: run python scripts/make_format_fixtures.py (it adds, never rewrites)"
+        f"no fixture for {missing}: run python tools/make_format_fixtures.py (it adds, never rewrites)"
 
 
 def test_the_channel_context_format_has_fixtures():
@@ -131,7 +131,7 @@ def test_the_container_version_written_today_has_fixtures():
     for kind in ("image", "pages"):
         have = {f["settings"]["container"] for f in MANIFEST["fixtures"] if f["kind"] == kind}
         assert container.VERSION in have, f"no {kind} fixture in container version {container.VERSION}: " \
-                                          f"run python scripts/make_format_fixtures.py"
+                                          f"run python tools/make_format_fixtures.py"
 
 
 def test_fixture_containers_are_of_their_stated_version():
@@ -284,7 +284,7 @@ SKIPPED = [p for p in of("image") if "rans_skip_freq" in p.values[0]["settings"]
 
 
 def test_some_image_fixtures_were_written_with_skipped_symbols():
-    assert SKIPPED, "no image fixture with skipped symbols: run python scripts/make_format_fixtures.py"
+    assert SKIPPED, "no image fixture with skipped symbols: run python tools/make_format_fixtures.py"
 
 
 @pytest.mark.parametrize("f", SKIPPED)

@@ -1,4 +1,4 @@
-"""scripts/fuzz_streams.py: a few hundred variants of every stream kind, and its accounting of what it finds."""
+"""tools/fuzz_streams.py: a few hundred variants of every stream kind, and its accounting of what it finds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 from visemz import image_header
 from visemz.errors import CorruptStreamError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import fuzz_streams  # noqa: E402
 
 

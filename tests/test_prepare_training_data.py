@@ -1,5 +1,5 @@
-"""scripts/prepare_training_data.py on small git repositories made here with the sources' layouts
-(scikit-image's images), and scripts/train.py reading what it writes."""
+"""tools/prepare_training_data.py on small git repositories made here with the sources' layouts
+(scikit-image's images), and tools/train.py reading what it writes."""
 
 import csv
 import io
@@ -17,7 +17,7 @@ from skimage import data
 from visemz.errors import InvalidArgumentError
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tools"))
 import prepare_training_data as ptd  # noqa: E402
 import train  # noqa: E402
 

@@ -2,7 +2,6 @@
 error bound, tiles, the model left untouched, bad step counts refused."""
 
 import dataclasses
-import json
 import re
 
 import numpy as np
@@ -17,7 +16,7 @@ from visemz.models import architectures, registry
 from visemz.models import weights as W
 from visemz.pixels import describe, to_batch
 
-from .helpers import load_script, symbols_of, trained
+from .helpers import symbols_of, trained
 
 pytestmark = pytest.mark.usefixtures("model_weights")
 
@@ -224,34 +223,3 @@ def test_refined_on_gpu(gpu_cpu_codecs, model_weights, arch):
     out = cpu.decompress(gpu.compress(img, model=arch, quality=3, max_error=2, refine=10))
     assert measure.max_abs_error(img, out) <= 2
 
-
-def test_refine_eval_script(tmp_path, model_weights):
-    """scripts/refine_eval.py on two small gray images of an X-ray set, 8- and 16-bit (the gray model): every
-    point measured, the curves' BD-rates against steps 0 and against JPEG 2000 points of the same images
-    (a points.csv in the rd report's layout), and the encode seconds that 100 steps add."""
-    import cv2
-
-    folder = tmp_path / "eval" / "xray"
-    folder.mkdir(parents=True)
-    cv2.imwrite(str(folder / "a.png"), _gray()[:64, :96])
-    cv2.imwrite(str(folder / "b.png"), _gray()[64:128, 32:128].astype(np.uint16) * 257 + 5)
-    rows = ["dataset,image,codec,setting,bpp,psnr"]
-    rows += [f"xray,{im},jpeg2000,bpp={b},{b},{p}" for im in ("a.png", "b.png")
-             for b, p in ((0.5, 28), (1, 32), (2, 37))]
-    rows += ["xray,other.png,jpeg2000,bpp=0.5,0.5,20", "kodak,a.png,jpeg2000,bpp=4,4,50"]  # other images: left out
-    (tmp_path / "points.csv").write_text("\n".join(rows) + "\n")
-    out = tmp_path / "r.json"
-    load_script("refine_eval").main(["--data", str(tmp_path / "eval"), "--set", "xray", "--models", "balle2016",
-                                 "--steps", "0", "2", "--qualities", "2", "6", "--device", "cpu",
-                                 "--points", str(tmp_path / "points.csv"), "--out", str(out)])
-    r = json.loads(out.read_text())
-    assert r["images"] == ["a.png", "b.png"] and len(r["points"]) == 2 * 2 * 2
-    assert r["device"].startswith("CPU")
-    assert all(p["bytes"] > 0 and p["bpp"] > 0 and np.isfinite(p["psnr"]) and p["encode_s"] > 0 for p in r["points"])
-    s = r["summary"]["balle2016"]
-    assert [p["images"] for p in s["2"]["curve"]] == [2, 2]
-    assert s["0"]["bd_rate_vs_steps0"] is None and s["2"]["bd_rate_vs_steps0"] is not None
-    assert all(s[k]["bd_rate_vs_jpeg2000"] is not None for k in ("0", "2"))
-    assert s["0"]["s_per_image_per_100_steps"] is None and s["2"]["per_100_steps_is_upper_bound"] is False
-    enc = [np.mean([p["encode_s"] for p in r["points"] if p["steps"] == k]) for k in (0, 2)]
-    assert s["2"]["s_per_image_per_100_steps"] == pytest.approx((enc[1] - enc[0]) * 50)

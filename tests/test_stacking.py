@@ -68,7 +68,7 @@ def test_stack_command_single_process(tmp_path, cli):
 
 
 def test_exposure_stack_script_writes_noisy_repeats_of_the_first_image(tmp_path):
-    """scripts/make_exposure_stack.py (the stack bench_scaling.sh measures): float32 frames of the scene's
+    """tools/make_exposure_stack.py (the stack bench_scaling.sh measures): float32 frames of the scene's
     shape whose mean is the scene, each a different draw."""
     import subprocess
     import sys
@@ -81,7 +81,7 @@ def test_exposure_stack_script_writes_noisy_repeats_of_the_first_image(tmp_path)
     scene = (np.add.outer(np.arange(40), np.arange(56)) * 2).astype(np.uint8)
     cv2.imwrite(str(src / "a.png"), scene)
     cv2.imwrite(str(src / "b.png"), 255 - scene)  # not the first: never used
-    script = Path(__file__).parents[1] / "scripts" / "make_exposure_stack.py"
+    script = Path(__file__).parents[1] / "tools" / "make_exposure_stack.py"
     r = subprocess.run([sys.executable, str(script), str(src), str(tmp_path / "frames"), "--frames", "40"],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -1,5 +1,5 @@
-"""Training the channel-context model: its training forward, the normalised loss, scripts/train.py's --ddp and
---patch-schedule, and scripts/bench_train_step.py, on the CPU with small inputs."""
+"""Training the channel-context model: its training forward, the normalised loss, tools/train.py's --ddp and
+--patch-schedule, and tools/bench_train_step.py, on the CPU with small inputs."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from skimage import data
 from visemz.models import architectures, registry, training
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))  # bench_train_step imports train beside it
+sys.path.insert(0, str(ROOT / "tools"))  # bench_train_step imports train beside it
 import bench_train_step as bench  # noqa: E402
 import train  # noqa: E402
 
@@ -106,7 +106,7 @@ def test_ddp_trains_one_model_on_two_ranks_and_follows_the_patch_schedule(tmp_pa
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(ROOT / "scripts" / "train.py"), "--ddp", "--device", "cpu", "--no-amp",
+                        str(ROOT / "tools" / "train.py"), "--ddp", "--device", "cpu", "--no-amp",
                         "--data", str(_photos(tmp_path)), "--models", "balle2016-gray", "--out", str(out),
                         "--steps", "3", "--batch", "1", "--patch", "64", "--patch-schedule", "2:128x2",
                         "--log-every", "1"],

@@ -1,4 +1,4 @@
-"""scripts/train.py's data path and the training pieces of the gained models."""
+"""tools/train.py's data path and the training pieces of the gained models."""
 
 import importlib.util
 import sys
@@ -12,7 +12,7 @@ from compressai.entropy_models import EntropyBottleneck
 
 from visemz.models import architectures, registry, training
 
-_spec = importlib.util.spec_from_file_location("train_script", Path(__file__).parents[1] / "scripts" / "train.py")
+_spec = importlib.util.spec_from_file_location("train_script", Path(__file__).parents[1] / "tools" / "train.py")
 train = importlib.util.module_from_spec(_spec)
 sys.modules["train_script"] = train  # dataclasses look their module up
 _spec.loader.exec_module(train)

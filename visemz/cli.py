@@ -458,17 +458,22 @@ def eval_cmd(
     refine_steps: int = typer.Option(0, "--refine-steps",
                                      help="also run visemz-<arch>-refine<N> (N steps of encoder-side latent "
                                           "refinement) beside each visemz-<arch> codec (default 0: none)"),
+    ladder: Optional[list[str]] = typer.Option(None, "--ladder", metavar="CODEC=V1,V2,...",
+                                               help="replace a codec's settings (qualities of the learned codecs, "
+                                                    "maximum errors of the error-bounded ones), e.g. "
+                                                    "visemz-mbt2018-mean-refine100=1,2,4,8; repeatable"),
 ) -> None:
     """Rate-distortion, lossless and near-lossless evaluation against the classical, scientific and CompressAI
     codecs (resumable)."""
     from .cuda import resolve
-    from .evaluation.runner import EvalConfig, evaluate
+    from .evaluation.runner import EvalConfig, evaluate, parse_ladder
 
     def names(s: Optional[str]):
         return tuple(n.strip() for n in s.split(",") if n.strip()) if s else None
 
     cfg = EvalConfig(codecs=names(codecs), device=resolve(device), limit=limit, datasets=names(datasets),
-                     crops=not no_crops, refine_steps=refine_steps, crop=crop, gray=gray)
+                     crops=not no_crops, refine_steps=refine_steps, crop=crop, gray=gray,
+                     ladders=tuple(parse_ladder(t) for t in ladder or ()))
     result = evaluate(folder, out, cfg, log=lambda m: typer.echo(m, err=True))
     typer.echo(f"{result.computed} points computed, {result.skipped} already in {result.csv}, {len(result.failures)} "
                f"failed; report in {out}")

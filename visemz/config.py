@@ -22,7 +22,7 @@ class Defaults:
     device: str = "auto"  # VISEMZ_DEVICE
     #: Uncompressed bytes per zstd/ANS frame of the entropy stage.  nvCOMP's zstd compresses a
     #: frame serially, so its time grows with the frame: on an H100, 16 KiB frames made a Kodak
-    #: image's compress 2.2x faster than 64 KiB ones for 0.7% more bytes (scripts/profile_codec.py).
+    #: image's compress 2.2x faster than 64 KiB ones for 0.7% more bytes (visemz.benchmarks.profile_codec).
     entropy_chunk: int = 1 << 14  # VISEMZ_ENTROPY_CHUNK
     #: 1: on a GPU, the entropy stage puts the zstd chunks of every ints stream of a frame or more of a
     #: call, and of the calls other threads (pipeline lanes) make meanwhile, into one nvCOMP launch on a
@@ -87,7 +87,7 @@ class Defaults:
     #: tile batch, not the image.
     #: 4096 because every tile carries its own hyperprior and coding (measured, CPU, mbt2018-mean,
     #: a 1538x2493 X-ray: tiles of 1024 took 1.12-1.46x the bytes of one tile) and the network runs
-    #: faster on large windows (H200, scripts/bench_tiles.py: 48 Mpx/s in tiles of 1024, 127 Mpx/s
+    #: faster on large windows (H200, visemz.benchmarks.tiles: 48 Mpx/s in tiles of 1024, 127 Mpx/s
     #: for a 4096x4096 image at 6.3 GB peak): images up to 4096 square stay one tile.
     tile: int = 4096  # VISEMZ_TILE
     #: Image codec: tiles per batch through the network (peak GPU memory grows with it: one tile
@@ -98,7 +98,7 @@ class Defaults:
     #: far more, decoding nothing, and the file format is unchanged.
     refine: int = 0  # VISEMZ_REFINE
     #: Image codec on a GPU: 1 runs the float32 networks (analysis, and the synthesis of files without
-    #: max_error) with TF32 convolutions, 0 in full float32.  Measured (scripts/bench_network.py, quality 4):
+    #: max_error) with TF32 convolutions, 0 in full float32.  Measured (visemz.benchmarks.network, quality 4):
     #: analysis 1.4-2.0x (H100) and 2.9x (H200), synthesis 1.9-2.7x faster on Kodak, 3.1-3.7x on a 1.5k x 2.5k
     #: X-ray; g_s moved by at most 4.5e-4 of the range from a float64 synthesis (within the codec's GPU-CPU
     #: tolerance: one uint8 level, 1e-3 of a uint16 image's range) and 0.01-0.06% of the symbols rounded the

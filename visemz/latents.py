@@ -268,7 +268,7 @@ def _tables(net):
     tables = getattr(net, "visemz_tables", None)
     if tables is None:
         raise UnsupportedFormatError("these weights hold no entropy coding tables (image format 3 needs them): "
-                                     "re-write them with scripts/export_weights.py --add-tables")
+                                     "re-write them with tools/export_weights.py --add-tables")
     return tables
 
 

@@ -9,7 +9,7 @@ reference's dtype:
   range, max - min (1 when the reference is constant), as error-bounded compressors (SZ, ZFP)
   define it.
 
-``verify``, the evaluation, the stacking report and the benchmark scripts all call ``psnr``.
+``verify``, the evaluation, the stacking report and the benchmarks all call ``psnr``.
 """
 
 from __future__ import annotations

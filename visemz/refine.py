@@ -6,7 +6,7 @@ steps of gradient descent on the latents themselves lower that image's rate-dist
 Yang et al., "Improving Inference for Neural Image Compression", NeurIPS 2020).  Starting from
 the gained latents of ``architectures.analysis_latents`` (y, and the hyper-latent z of the
 mean-scale model), Adam minimises the loss the model was trained with at that quality
-(``scripts/train.py``: bpp + lambda * 255^2 * MSE on [0, 1] pixels, lambda interpolated on the
+(``tools/train.py``: bpp + lambda * 255^2 * MSE on [0, 1] pixels, lambda interpolated on the
 ladder as the gains are): the rate from the model's own likelihoods (the EntropyBottleneck's for
 z or the factorized y, the GaussianConditional's with the scales and means h_s predicts from the
 rounded z for y), the distortion from g_s's reconstruction.  Rounding is relaxed by stochastic
@@ -88,7 +88,7 @@ class RefineSettings:
 
 def settings_for(refine) -> RefineSettings | None:
     """The settings for ``refine``: a number of steps (checked; the other settings their defaults) or
-    a RefineSettings (as it is: for measuring other settings, ``scripts/refine_eval.py``); None for
+    a RefineSettings (as it is: for measuring other settings, ``visemz.benchmarks.refine``); None for
     0 steps (the analysis's own symbols)."""
     settings = refine if isinstance(refine, RefineSettings) else RefineSettings(check_steps(refine))
     return settings if settings.steps else None

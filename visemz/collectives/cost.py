@@ -16,7 +16,7 @@ sizes (what ``autotune.py`` measures on a group): the fitted per-byte cost of pl
 ratio the timings were taken at) and the rest, which is codec work.  A later call with
 another ratio (``estimates(n, ratio)``) rescales the wire part only.
 ``CostModel.analytic`` builds the same lines from first principles (a link latency and
-bandwidth, codec throughputs), for ``scripts/cost_model.py``'s extrapolation to many GPUs.
+bandwidth, codec throughputs), for ``tools/cost_model.py``'s extrapolation to many GPUs.
 Pure arithmetic: no torch, no communication.
 """
 

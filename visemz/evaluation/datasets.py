@@ -85,3 +85,19 @@ def find_datasets(folder: Path, only: tuple[str, ...] | None, limit: int | None,
     if not found:
         raise InvalidArgumentError(f"no images in {str(folder)!r} or its sub-folders")
     return {d + view.suffix: paths[:limit] for d, paths in found.items()}
+
+
+def model_sets(data: Path, variant: str, limit: int | None = None) -> dict[str, list[tuple[str, np.ndarray]]]:
+    """{set name: [(file name, image)]}: the sets a model of ``variant`` is reported on, under ``data/eval``
+    (the model cards' and the CompressAI comparison's).  RGB models: Kodak (``kodak``).  Grayscale models: the
+    X-ray set (``xray``) and Kodak's luma (``kodak-gray``), each image taken through ``View(gray=True)``."""
+    root = data / "eval"
+    if variant == "rgb":
+        named = {"kodak": ("kodak", View())}
+    else:
+        named = {"xray": ("xray", View(gray=True)), "kodak-gray": ("kodak", View(gray=True))}
+    out = {}
+    for name, (folder, view) in named.items():
+        (paths,) = find_datasets(root, (folder,), limit).values()
+        out[name] = [(p.name, load(p, view)) for p in paths]
+    return out

@@ -60,6 +60,19 @@ class EvalConfig:
         return codec_registry.with_refined(names, self.refine_steps)
 
 
+def parse_ladder(text: str) -> tuple[str, tuple]:
+    """'CODEC=V1,V2,...' (``visemz eval --ladder``) -> (CODEC, (V1, V2, ...)): whole numbers as int, others as
+    float; an ``EvalConfig.ladders`` entry."""
+    name, sep, values = text.partition("=")
+    try:
+        nums = tuple(float(v) for v in values.split(","))
+    except ValueError:
+        nums = ()
+    if not sep or not name or not nums:
+        raise InvalidArgumentError(f"--ladder {text!r}: expected CODEC=V1,V2,... with numbers")
+    return name, tuple(int(v) if v.is_integer() else v for v in nums)
+
+
 @dataclass
 class RunResult:
     csv: Path

@@ -98,7 +98,7 @@ def from_tensors(tensors: dict[str, torch.Tensor], hyperprior: bool, name: str) 
     need = [FACTORIZED + "cdf"] + ([GAUSSIAN + "cdf", SCALE_TABLE] if hyperprior else [])
     if any(k not in arrays for k in need):
         raise UnsupportedFormatError(f"weights {name} hold an incomplete set of entropy coding tables "
-                                     f"(need {need}): re-write them with scripts/export_weights.py --add-tables")
+                                     f"(need {need}): re-write them with tools/export_weights.py --add-tables")
     factorized = CdfTables.from_dict(arrays, FACTORIZED)
     if not hyperprior:
         return ModelTables(factorized)

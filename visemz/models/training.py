@@ -1,4 +1,4 @@
-"""The training forward pass of the gained models (scripts/train.py); inference never imports this.
+"""The training forward pass of the gained models (tools/train.py); inference never imports this.
 
 Every sample of a batch has its own quality: its gain vectors scale its latent, and its
 lambda weighs its distortion, so one step trains the whole ladder.  A training name may
@@ -24,7 +24,7 @@ from .registry import COMPRESSAI_LAMBDAS, LEVELS, ModelSpec, check_quality, pars
 
 @dataclass(frozen=True)
 class TrainingName:
-    """A model name as scripts/train.py takes it: ARCH-VARIANT, optionally with one tag."""
+    """A model name as tools/train.py takes it: ARCH-VARIANT, optionally with one tag."""
 
     spec: ModelSpec
     draw: str = "mix"  # how crops are drawn: "mix" (the gray groups' shares) or "area"

@@ -59,9 +59,14 @@ class Codec(ABC):
     @abstractmethod
     def decode(self, data: bytes, setting, layout: Layout) -> np.ndarray: ...
 
+    def round_trip(self, image: np.ndarray, setting) -> tuple[bytes, np.ndarray]:
+        """(``image`` encoded at ``setting``, those bytes decoded)."""
+        data = self.encode(image, setting)
+        return data, self.decode(data, setting, Layout.of(image))
+
     def warm_up(self, image: np.ndarray, setting) -> None:
         """Code ``image`` once, untimed: a first use loads models and libraries."""
-        self.decode(self.encode(image, setting), setting, Layout.of(image))
+        self.round_trip(image, setting)
 
     def sync(self) -> None:  # noqa: B027 (a hook: only device codecs override it)
         """Wait for queued device work, so timings include it (no-op on the CPU)."""

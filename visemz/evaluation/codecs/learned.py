@@ -71,12 +71,26 @@ def _to_numpy(t) -> np.ndarray:
     return t.cpu().numpy()
 
 
+def compressai_model(spec, device: str):
+    """CompressAI's model class of ``spec`` with visemz's weights on ``device``, its CDF tables built
+    (``update(force=True)``) for CompressAI's own rANS coder."""
+    from ...models import architectures
+    from ...models import weights as W
+
+    loaded, _ = W.load(spec, device)
+    net = architectures.build(spec).to(device).eval()
+    net.load_state_dict(loaded.state_dict())
+    net.update(force=True)
+    return net
+
+
 class CompressAIRans(LearnedCodec):
     """CompressAI's ``compress()`` / ``decompress()`` (its rANS on the CPU, the model on ``device``).
 
     The weights are visemz's shipped ones; the output bytes are CompressAI's strings, each
     behind a 4-byte length, after the 4-byte latent shape (and, for 16-bit images, the
-    8-byte value range that the normalisation needs): a real, decodable stream.
+    8-byte value range that the normalisation needs): a real, decodable stream.  This is the
+    one round trip through CompressAI's coder: the evaluation and the benchmarks all call it.
     """
 
     def __init__(self, arch: str, device: str):
@@ -85,16 +99,9 @@ class CompressAIRans(LearnedCodec):
         self._nets: dict = {}
 
     def _net(self, layout: Layout):
-        from ...models import architectures, registry
-        from ...models import weights as W
-
         spec = registry.spec(self.arch, _variant(layout))
         if spec not in self._nets:
-            loaded, _ = W.load(spec, self.device)
-            net = architectures.build(spec).to(self.device).eval()
-            net.load_state_dict(loaded.state_dict())
-            net.update(force=True)  # CompressAI's CDF tables for its rANS coder
-            self._nets[spec] = net
+            self._nets[spec] = compressai_model(spec, self.device)
         return self._nets[spec]
 
     def encode(self, image, setting) -> bytes:

@@ -1,8 +1,8 @@
 """Tiled compression on large 16-bit images: peak GPU memory, throughput, region reads, seams.
 
-    python scripts/bench_tiles.py --data DATA/eval/xray --kodak DATA/eval/kodak --out tiles.json
-    python scripts/bench_tiles.py --data DATA/eval/xray --kodak DATA/eval/kodak --sizes 256 512 --device cpu \
-        --kodak-images 1 --qualities 1 8 --out /tmp/t.json
+    python -m visemz.benchmarks.tiles --data DATA/eval/xray --kodak DATA/eval/kodak --out tiles.json
+    python -m visemz.benchmarks.tiles --data DATA/eval/xray --kodak DATA/eval/kodak --sizes 256 512 --device cpu \
+        --kodak-images 1 --qualities 1 8 --out t.json
 
 For each size S of ``--sizes``: an S x S uint16 mosaic of the images under ``--data`` (gray; 8-bit
 images scaled by 257; each placement flipped differently so no two neighbours repeat), compressed
@@ -21,7 +21,8 @@ one tile's window: ``decompress_parts_mib``, printed with the part that dominate
   of ``--qualities``, and PSNR at equal bpp (the untiled curve read at the tiled bpp), BD-PSNR and
   BD-rate; ``--seams`` runs this part alone:
 
-    python scripts/bench_tiles.py --seams --data DATA/eval/xray --kodak DATA/eval/kodak --seam-tile 256 --out seams.json
+    python -m visemz.benchmarks.tiles --seams --data DATA/eval/xray --kodak DATA/eval/kodak --seam-tile 256 \\
+        --out seams.json
 
 - the folder pipeline (``compress_folder``, configured as ``visemz compress`` configures it): for each
   of ``--pipeline-sizes``, ``--pipeline-images`` mosaics written as uint16 TIFF files into a scratch folder
@@ -32,9 +33,9 @@ one tile's window: ``decompress_parts_mib``, printed with the part that dominate
   overlap tiles?) and the mosaics' per-pixel rate over Kodak's (at least 0.9?); ``--pipeline`` runs this
   part alone:
 
-    python scripts/bench_tiles.py --pipeline --pipeline-images 8 --pipeline-sizes 8192 --lanes 4 --out pipe.json
+    python -m visemz.benchmarks.tiles --pipeline --pipeline-images 8 --pipeline-sizes 8192 --lanes 4 --out pipe.json
 
-visemz against JPEG 2000 and JPEG XL on chunks of such a mosaic, through Zarr: scripts/bench_zarr.py.
+visemz against JPEG 2000 and JPEG XL on chunks of such a mosaic, through Zarr: ``visemz.benchmarks.zarr_chunks``.
 
 Prints the device and writes everything as JSON to ``--out`` (atomically).  Data never ships with the repo.
 """
@@ -55,8 +56,8 @@ import torch
 from scipy.interpolate import PchipInterpolator
 
 import visemz
-from evalkit import Device, converted_folder, gray16, mosaic, sources
 from visemz import container, defaults, measure
+from visemz.benchmarks.common import Device, converted_folder, gray16, mosaic, sources
 from visemz.codec import network_math
 from visemz.errors import LimitExceededError
 from visemz.evaluation.bjontegaard import BDError, bd_psnr, bd_rate
@@ -389,7 +390,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seam-images", type=int, default=8)
     ap.add_argument("--seam-tile", type=int, default=256)
     ap.add_argument("--qualities", type=float, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
-    # "codecs" named a part now in scripts/bench_zarr.py: still accepted, so recorded commands run as they were
+    # "codecs" named a part now in visemz.benchmarks.zarr_chunks: still accepted, so recorded commands run as they were
     ap.add_argument("--pipeline-sizes", type=int, nargs="+", default=[8192], help="mosaic sizes of the pipeline part")
     ap.add_argument("--pipeline-images", type=int, default=8, help="mosaics per size in the pipeline part's folder")
     ap.add_argument("--lanes", type=int, nargs="+", default=[4], help="lane counts the pipeline part compares with 1")

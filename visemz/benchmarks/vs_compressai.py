@@ -1,17 +1,19 @@
 """CompressAI's own compress()/decompress() (rANS on the CPU) against visemz, same weights.
 
-    python scripts/compare_compressai.py --data DATA --out compare.json [--limit N] [--no-cpu]
-    python scripts/compare_compressai.py --summarise compare.json     # the summary of an earlier run
+    python -m visemz.benchmarks.vs_compressai --data DATA --out compare.json [--limit N] [--no-cpu]
+    python -m visemz.benchmarks.vs_compressai --summarise compare.json     # the summary of an earlier run
 
 For every shipped model at each --qualities point (default CompressAI's ladder 1-8): bpp, PSNR and MS-SSIM on
 Kodak (RGB models) and on the X-ray set (grayscale models), and milliseconds per image for compress + decompress:
-CompressAI with its model on the GPU (its rANS runs on the CPU), visemz on the GPU, and
-visemz on the CPU.  Times are medians over --repeat runs after one warm-up, with
+CompressAI with its model on the GPU (its rANS runs on the CPU; the evaluation's ``compressai-<arch>``
+codec, ``visemz.evaluation.codecs.learned.CompressAIRans``: a decodable stream of CompressAI's strings), visemz
+on the GPU, and visemz on the CPU.  Times are medians over --repeat runs after one warm-up, with
 torch.cuda.synchronize() around each timed call.  The device name is printed.
 
 The summary (printed, and stored in the JSON) gives per model and quality visemz's bpp over
 CompressAI's and its speedup, and per architecture the BD-PSNR of each coder's Kodak curve
-against CompressAI's published zoo curve (``--published``; Bjontegaard, PCHIP).
+against CompressAI's published zoo curve (``--published``; Bjontegaard, PCHIP; by default the curves kept
+in a checkout's docs/results/rd, none when that file is absent).
 """
 
 from __future__ import annotations
@@ -23,32 +25,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import evalkit
 import visemz
-from visemz import pixels
+from visemz import measure
+from visemz.benchmarks.common import ms_ssim
 from visemz.evaluation import bjontegaard
+from visemz.evaluation.codecs.learned import CompressAIRans
+from visemz.evaluation.datasets import model_sets
 from visemz.io.writers import write_atomic
-from visemz.models import all_specs, architectures
+from visemz.models import all_specs
 from visemz.models import weights as W
 
-PUBLISHED = Path(__file__).resolve().parent.parent / "docs" / "results" / "rd" / "compressai_published_kodak.json"
+# in a checkout: the repository's docs (an installed package has none: then no published curve)
+PUBLISHED = Path(__file__).resolve().parents[2] / "docs" / "results" / "rd" / "compressai_published_kodak.json"
 ZOO_NAMES = {"balle2016": "bmshj2018-factorized", "mbt2018-mean": "mbt2018-mean"}
 
 
-def compressai_roundtrip(net, img: np.ndarray, device: str, quality: float):
-    """CompressAI's own codec on an image: (bytes, reconstruction), same padding as visemz."""
-    enc, meta = evalkit.compressai_encode(net, img, quality, device)
-    with torch.inference_mode():
-        x_hat = architectures.compressai_decompress(net, enc["strings"], enc["shape"], quality)
-    nbytes = sum(len(s) for group in enc["strings"] for s in group)
-    rec = pixels.denormalise(pixels.from_batch(x_hat, meta), meta).cpu().numpy()
-    return nbytes, rec
+def round_trip(codec, img: np.ndarray, quality: float) -> tuple[int, np.ndarray]:
+    """(bytes, reconstruction) of one image through ``codec`` (an evaluation codec) at ``quality``."""
+    data, rec = codec.round_trip(img, quality)
+    return len(data), rec
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=None, help="the data folder, e.g. DATA: its eval/kodak and eval/xray")
-    ap.add_argument("--out", default="compare_compressai.json")
+    ap.add_argument("--out", type=Path, default=Path("compare_compressai.json"))
     ap.add_argument("--limit", type=int, default=None, help="first N images of each set")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-cpu", action="store_true", help="skip visemz on the CPU")
@@ -56,7 +57,7 @@ def main() -> None:
     ap.add_argument("--qualities", default="1,2,3,4,5,6,7,8", help="comma-separated qualities in [1, 8]")
     ap.add_argument("--published", type=Path, default=PUBLISHED, help="CompressAI's published Kodak curves (JSON)")
     ap.add_argument("--summarise", type=Path, default=None, help="print the summary of an earlier run's JSON and stop")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     published = json.loads(args.published.read_text()) if args.published.is_file() else None
     if args.summarise:
         report = json.loads(args.summarise.read_text())
@@ -74,30 +75,25 @@ def main() -> None:
     specs = [s for s in all_specs() if W.weights_path(s).is_file() and (not args.models or s.name in args.models)]
     rows = []
     qualities = [float(q) for q in args.qualities.split(",")]
+    references = {}  # arch -> CompressAI's coder with visemz's weights (its models loaded once per variant)
     for spec, quality in ((s, q) for s in specs for q in qualities):
-        net, _ = W.load(spec, main_dev)
-        ref = architectures.build(spec).to(main_dev).eval()
-        ref.load_state_dict(net.state_dict())
-        ref.update(force=True)  # CompressAI's CDF tables for its rANS coder
-        for set_name, images in evalkit.eval_sets(args.data, spec.variant, args.limit).items():
+        ref = references.setdefault(spec.arch, CompressAIRans(spec.arch, main_dev))
+        for set_name, images in model_sets(args.data, spec.variant, args.limit).items():
             if set_name == "kodak-gray":
                 continue
             acc = {k: [] for k in ("ca", "gpu", "cpu")}
             for i, (_, img) in enumerate(images):
                 rep = args.repeat if i == 0 or img.size < 2_000_000 else 1
-                if i == 0:
-                    compressai_roundtrip(ref, img, main_dev, quality)  # warm-up
-                t_ca, (n_ca, rec_ca) = evalkit.timed(lambda: compressai_roundtrip(ref, img, main_dev, quality),
-                                                     sync, rep)
+                t_ca, (n_ca, rec_ca) = measure.median_seconds(lambda: round_trip(ref, img, quality), rep,
+                                                              warmup=int(i == 0), sync=sync)
                 acc["ca"].append((n_ca, rec_ca, t_ca))
                 for key, codec in (("gpu", vz_gpu), ("cpu", vz_cpu)):
                     if codec is None or (key == "cpu" and args.no_cpu):
                         continue
                     run = lambda: (lambda b: (len(b), codec.decompress(b)))(
                         codec.compress(img, model=spec.arch, quality=quality))
-                    if i == 0:
-                        run()
-                    t, (n, rec) = evalkit.timed(run, sync if key == "gpu" else None, rep if key == "gpu" else 1)
+                    t, (n, rec) = measure.median_seconds(run, rep if key == "gpu" else 1, warmup=int(i == 0),
+                                                         sync=sync if key == "gpu" else None)
                     acc[key].append((n, rec, t))
             for key, vals in acc.items():
                 if not vals:
@@ -106,18 +102,23 @@ def main() -> None:
                     "model": spec.name, "quality": quality, "set": set_name,
                     "coder": {"ca": "compressai-rans", "gpu": "visemz-gpu", "cpu": "visemz-cpu"}[key],
                     "images": len(vals),
-                    "bpp": evalkit.mean(evalkit.bpp(n, img) for (n, _, _), (_, img) in zip(vals, images)),
-                    "psnr": evalkit.mean(evalkit.psnr(img, rec) for (_, rec, _), (_, img) in zip(vals, images)),
-                    "ms_ssim": evalkit.mean(evalkit.ms_ssim(img, rec) for (_, rec, _), (_, img) in zip(vals, images)),
+                    "bpp": mean(measure.bpp(n, measure.pixel_count(img.shape))
+                                for (n, _, _), (_, img) in zip(vals, images)),
+                    "psnr": mean(measure.psnr(img, rec) for (_, rec, _), (_, img) in zip(vals, images)),
+                    "ms_ssim": mean(ms_ssim(img, rec) for (_, rec, _), (_, img) in zip(vals, images)),
                     "ms_per_image": 1e3 * float(np.median([t for _, _, t in vals])),
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    write_atomic(Path(args.out), json.dumps({"device": dev_name, "rows": rows}, indent=1).encode())  # rows first
+    write_atomic(args.out, json.dumps({"device": dev_name, "rows": rows}, indent=1).encode())  # rows first
     summary = summarise(rows, published)
-    write_atomic(Path(args.out), json.dumps({"device": dev_name, "rows": rows, "summary": summary}, indent=1).encode())
+    write_atomic(args.out, json.dumps({"device": dev_name, "rows": rows, "summary": summary}, indent=1).encode())
     print_table(dev_name, rows)
     print_summary(dev_name, summary)
+
+
+def mean(values) -> float:
+    return float(np.mean(list(values)))
 
 
 def summarise(rows: list[dict], published: dict | None) -> dict:

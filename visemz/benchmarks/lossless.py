@@ -1,6 +1,6 @@
 """Lossless and near-lossless throughput: visemz on a device beside JPEG XL and JPEG-LS on the CPU, in one run.
 
-    python scripts/bench_lossless.py --image8 XRAY.png --image16 FLUO16.png --size 2048 --device cuda \
+    python -m visemz.benchmarks.lossless --image8 XRAY.png --image16 FLUO16.png --size 2048 --device cuda \
         --out bench_lossless.json
 
 Each image is made size x size (cropped, or mirrored out where smaller) so that every codec codes the
@@ -16,14 +16,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import time
 from pathlib import Path
 
 import cv2
 import numpy as np
 
 import visemz
+from visemz import measure
 from visemz.io.writers import write_atomic
 
 
@@ -36,22 +35,9 @@ def square(img: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(img[:size, :size])
 
 
-def timed(fn, reps: int, warmup: int, sync) -> tuple[object, float]:
-    for _ in range(warmup):
-        out = fn()
-        sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return out, statistics.median(times)
-
-
 def row(name: str, img: np.ndarray, e: int, encode, decode, reps: int, warmup: int, sync) -> dict:
-    buf, t_enc = timed(lambda: encode(img), reps, warmup, sync)
-    out, t_dec = timed(lambda: decode(buf), reps, warmup, sync)
+    t_enc, buf = measure.median_seconds(lambda: encode(img), reps, warmup=warmup, sync=sync)
+    t_dec, out = measure.median_seconds(lambda: decode(buf), reps, warmup=warmup, sync=sync)
     err = int(np.abs(np.asarray(out).astype(np.int64) - img.astype(np.int64)).max())
     mp = img.size / 1e6
     return {"codec": name, "dtype": img.dtype.name, "max_error": e, "bpp": 8 * len(buf) / img.size,
@@ -87,6 +73,7 @@ def main(argv=None) -> None:
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
     threads = os.cpu_count() or 1
+    print(f"device: {device_name} ({args.device}); {threads} CPU threads", flush=True)
     codec = visemz.ImageCodec(args.device)
     kw = {} if args.quality is None else {"quality": args.quality}
     rows = []

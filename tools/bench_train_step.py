@@ -1,18 +1,18 @@
 """Training step time per architecture on one GPU: what the choice of the context model weighs.
 
-    python scripts/bench_train_step.py [--batch 16] [--patch 256] [--steps 30] [--warmup 10] [--out step.json]
+    python tools/bench_train_step.py [--batch 16] [--patch 256] [--steps 30] [--warmup 10] [--out step.json]
 
 The median time of a whole training step (crops cut on the device, forward under bf16 autocast, the
 loss, backward, gradient clipping, both Adams), in milliseconds, after --warmup steps, the device
 synchronised around each step, for:
 
 - ``mbt2018-mean`` N=128/M=192 (the shipped models' size) and N=192/M=320 (the zoo's size for its
-  high qualities): visemz's mean-scale hyperprior with gain units, scripts/train.py's step;
-- ``minnen2020`` N=192/M=320, five slices: the channel-context model, scripts/train.py's step;
+  high qualities): visemz's mean-scale hyperprior with gain units, tools/train.py's step;
+- ``minnen2020`` N=192/M=320, five slices: the channel-context model, tools/train.py's step;
 - ``elic2022-chandelier`` N=192/M=320: CompressAI 1.2.8's ``Elic2022Chandelier`` (no gain units: one
   lambda; its own forward under the same autocast), eagerly, when it builds.
 
-Each of visemz's models is timed eagerly and, on CUDA, as scripts/train.py runs it: one CUDA graph per
+Each of visemz's models is timed eagerly and, on CUDA, as tools/train.py runs it: one CUDA graph per
 step (``--no-graphs`` leaves that out).  Peak device memory per model is reported.  The crops come from
 random images (the step's time does not depend on the pixels).  The device name is printed and stored;
 ``--tiny`` (N=16, M=40, slices of 8; a smoke test, e.g. on the CPU) measures nothing worth reporting.
@@ -23,17 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train  # noqa: E402  (scripts/train.py: the training step itself)
-from visemz.io.writers import write_atomic  # noqa: E402
-from visemz.models import registry  # noqa: E402
+import train  # tools/train.py, beside this file: the training step itself
+from visemz.io.writers import write_atomic
+from visemz.models import registry
 
 ELIC = "elic2022-chandelier"
 MODELS = ("mbt2018-mean-128-192", "mbt2018-mean-192-320", "minnen2020", ELIC)

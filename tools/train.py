@@ -1,10 +1,10 @@
 """Train visemz's variable-rate models on GPUs: several models per process, images resident on the GPU.
 
-    python scripts/train.py --data DATA --models balle2016-rgb mbt2018-mean-rgb \
+    python tools/train.py --data DATA --models balle2016-rgb mbt2018-mean-rgb \
         --out runs/r1 [--resume runs/r0] [--init-from visemz/models/weights] [--time-limit 1500]
 
-    torchrun --nproc-per-node 4 scripts/train.py ...      # the models are dealt out over the GPUs
-    torchrun --nproc-per-node 4 scripts/train.py --ddp --models minnen2020-rgb ...   # one model on all GPUs
+    torchrun --nproc-per-node 4 tools/train.py ...      # the models are dealt out over the GPUs
+    torchrun --nproc-per-node 4 tools/train.py --ddp --models minnen2020-rgb ...   # one model on all GPUs
 
 --ddp trains every model on every GPU with torch's DistributedDataParallel: one process per GPU, each
 drawing its own crops (--batch per GPU), gradients averaged over the GPUs each step; steps run eagerly
@@ -14,7 +14,7 @@ ranks agree every few steps on stopping (SIGTERM, --time-limit, --steps), so the
 Data: RGB models train on train/rgb + train2/rgb/* + train3/rgb/*; gray models on train/gray,
 train2/gray/*, train2/gray16 (16-bit, stretched by their own range as the codec does), train3/gray/*
 and the luminance of every RGB photo.  train3 (read where present) is what
-scripts/prepare_training_data.py writes: ImageNet class samples and BSDS500 photos downscaled 0.75x
+tools/prepare_training_data.py writes: ImageNet class samples and BSDS500 photos downscaled 0.75x
 (CBSD68, already in train2, left out), COVID-CXNet chest X-rays (xr_: the xray group); its
 manifest.json lists every image and what was kept out (evaluation images and their near-duplicates,
 the evaluation X-rays' source and patients).  The model cards (export_weights.py) name these folders,
@@ -284,7 +284,7 @@ class Trainer:
                  loss: str = "normalised", ddp: bool = False, spec=None):
         self.name = name  # e.g. "balle2016-gray", "balle2016-gray@area" or "mbt2018-mean-rgb@q2"
         parsed = training.parse_name(name)
-        # ``spec``: another size of the named architecture (scripts/bench_train_step.py's), else the registry's
+        # ``spec``: another size of the named architecture (tools/bench_train_step.py's), else the registry's
         self.spec, self.fixed_quality = spec or parsed.spec, parsed.quality
         self.model = architectures.build(self.spec).to(device).train()
         self.aux_names = {n for n, _ in self.model.named_parameters() if n.endswith("quantiles")}

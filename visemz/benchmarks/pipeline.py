@@ -1,15 +1,16 @@
 """Folder-compression throughput on a GPU: visemz (one and several streams) against CompressAI's
 compress() loop with the same weights and against nvJPEG behind the same loader.
 
-    python scripts/bench_pipeline.py --data DATA/eval --repeat-to 500 --out bench_pipeline.json
-    python scripts/bench_pipeline.py ... --quick            # one repeat, one multi-stream setting
-    torchrun --nproc-per-node 2 scripts/bench_pipeline.py --torchrun --data ... --out bench_2gpu.json
+    python -m visemz.benchmarks.pipeline --data DATA/eval --repeat-to 500 --out bench_pipeline.json
+    python -m visemz.benchmarks.pipeline ... --quick            # one repeat, one multi-stream setting
+    torchrun --nproc-per-node 2 -m visemz.benchmarks.pipeline --torchrun --data ... --out bench_2gpu.json
 
 The folder is built under --work from every image under --data, repeated (hard links, else
 copies) until it holds at least --repeat-to files, so its mix of sizes is the source set's.
 Every run compresses the whole folder from files to files (load, compress, atomic write):
 
-  (a) CompressAI's compress() per image, same weights, on the distinct images (the same mix);
+  (a) CompressAI's compress() per image, same weights, on the distinct images (the same mix), written as the
+      evaluation's ``compressai-<arch>`` codec writes it (a decodable stream);
   (b) visemz with one stream; (c) visemz with --streams N each (loader auto: DALI when present);
   (d) nvJPEG (torchvision.io.encode_jpeg on CUDA tensors) in the same executor behind the same
       loader, at the JPEG quality whose mean PSNR first reaches visemz's (bisection on the
@@ -34,7 +35,6 @@ import math
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -46,24 +46,22 @@ import torch
 import torch.distributed as dist
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import evalkit  # noqa: E402
-from visemz import defaults, measure  # noqa: E402
-from visemz import pixels as px  # noqa: E402
-from visemz.encoders import gpu  # noqa: E402
-from visemz.errors import InvalidArgumentError  # noqa: E402
-from visemz.io import files, loaders, writers  # noqa: E402
-from visemz.models import architectures, registry  # noqa: E402
-from visemz.models import weights as W  # noqa: E402
-from visemz.pipeline import executor, kvikio_io, sources  # noqa: E402
-from visemz.pipeline.jobs import (  # noqa: E402
+from visemz import defaults, measure
+from visemz.benchmarks.common import converted_folder, link_or_copy
+from visemz.encoders import gpu
+from visemz.errors import InvalidArgumentError
+from visemz.evaluation.codecs import Layout
+from visemz.evaluation.codecs.learned import CompressAIRans
+from visemz.io import files, loaders, writers
+from visemz.pipeline import executor, kvikio_io, sources
+from visemz.pipeline.jobs import (
     CompressConfig,
     DecompressConfig,
     compress_folder,
     decompress_folder,
     verify,
 )
-from visemz.pipeline.results import ItemResult, Summary  # noqa: E402
+from visemz.pipeline.results import ItemResult, Summary
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -130,9 +128,9 @@ def build_folder(data: Path, work: Path, repeat_to: int, with_npy: bool) -> Fold
     shutil.rmtree(src, ignore_errors=True)
     for r in range(copies):
         for p, rel in zip(originals, rels):
-            evalkit.link_or_copy(p if r == 0 else src / "rep000" / rel, src / f"rep{r:03d}" / rel)
+            link_or_copy(p if r == 0 else src / "rep000" / rel, src / f"rep{r:03d}" / rel)
     images = [(rel, loaders.load(src / "rep000" / rel).pixels) for rel in rels]
-    npy = evalkit.converted_folder(images, work / "npy", copies, ".npy", np.save) if with_npy else None
+    npy = converted_folder(images, work / "npy", copies, ".npy", np.save) if with_npy else None
     return Folder(src / "rep000", src, npy, images, copies * len(originals))
 
 
@@ -242,62 +240,46 @@ def jpeg_quality_for(images: list, target_psnr: float, device: str) -> tuple[int
     dev = [_rgb_chw(img).to(device) for _, img in images]
     pixels = sum(img.shape[0] * img.shape[1] for _, img in images)
 
-    def measure(q: int) -> tuple[float, float]:
+    def score(q: int) -> tuple[float, float]:
         data = jpeg_bytes(dev, q)
         scores = []
         for (_, img), d in zip(images, data):
             mode = ImageReadMode.GRAY if img.ndim == 2 else ImageReadMode.RGB
             rec = decode_jpeg(torch.frombuffer(bytearray(d), dtype=torch.uint8), mode=mode).permute(1, 2, 0).numpy()
-            scores.append(evalkit.psnr(img, rec[..., 0] if img.ndim == 2 else rec))
+            scores.append(measure.psnr(img, rec[..., 0] if img.ndim == 2 else rec))
         return float(np.mean(scores)), 8 * sum(len(d) for d in data) / pixels
 
     lo, hi = 1, 100
     while lo < hi:  # PSNR grows with quality: find the first quality that reaches the target
         mid = (lo + hi) // 2
-        if measure(mid)[0] >= target_psnr:
+        if score(mid)[0] >= target_psnr:
             hi = mid
         else:
             lo = mid + 1
-    return (lo, *measure(lo))
+    return (lo, *score(lo))
 
 
 # ------------------------------------------------------------------ CompressAI's own loop
 def compressai_row(images: list, distinct: Path, out: Path, model: str, quality: float, device: str,
                    repeat: int) -> dict:
-    nets = {}
-    for variant in ("rgb", "gray"):
-        net, _ = W.load(registry.spec(model, variant), device)
-        ref = architectures.build(registry.spec(model, variant)).to(device).eval()
-        ref.load_state_dict(net.state_dict())
-        ref.update(force=True)  # CompressAI's CDF tables for its rANS coder
-        nets[variant] = ref
+    codec = CompressAIRans(model, device)  # CompressAI's compress() with visemz's weights
     dst = out / "compressai"
-
-    def encode(rel):
-        img = loaders.load(distinct / rel).pixels  # the same file-to-file work as the pipeline's
-        t = px.as_tensor(img, device)
-        meta = px.describe(t)
-        with torch.inference_mode():
-            enc = architectures.compressai_compress(nets[meta.variant], px.to_batch(t, meta), quality)
-        return enc, meta, img.nbytes
 
     def run():
         results = []
         for rel, _ in images:
-            enc, meta, nbytes = encode(rel)
-            data = b"".join(s for group in enc["strings"] for s in group)
+            img = loaders.load(distinct / rel).pixels  # the same file-to-file work as the pipeline's
+            data = codec.encode(img, quality)
             writers.write_atomic(dst / (rel + ".cai"), data)
-            results.append(ItemResult(rel, "done", nbytes, len(data), meta.height * meta.width))
+            results.append(ItemResult(rel, "done", img.nbytes, len(data), int(np.prod(img.shape[:2]))))
         return Summary(results, 0.0)
 
-    run()  # warm-up
+    run()  # warm-up: both models loaded, their CDF tables built
     seconds, summary = timed(run, lambda: shutil.rmtree(dst, ignore_errors=True), repeat, device)
     scores = []
-    for rel, img in images:  # reconstruction quality, untimed
-        enc, meta, _ = encode(rel)
-        with torch.inference_mode():
-            rec = architectures.compressai_decompress(nets[meta.variant], enc["strings"], enc["shape"], quality)
-        scores.append(evalkit.psnr(img, px.denormalise(px.from_batch(rec, meta), meta).cpu().numpy()))
+    for rel, img in images:  # reconstruction quality of the last run's files, untimed
+        rec = codec.decode((dst / (rel + ".cai")).read_bytes(), quality, Layout.of(img))
+        scores.append(measure.psnr(img, rec))
     return row("a: compressai-loop", seconds, summary, psnr=round(float(np.mean(scores)), 3), images=len(images))
 
 
@@ -387,7 +369,7 @@ def loader_rows(args, folder: Folder, out: Path, cfg, n: int, report: dict) -> N
         ratios["dali_over_cpu_loader"] = round(d["images_per_s"] / c["images_per_s"], 3)
         # the formats DALI decodes on the GPU: the same folder as JPEG files
         copies = folder.files // len(folder.images)
-        jpg = evalkit.converted_folder(folder.images, folder.src.parent / "jpg", copies, ".jpg", save_jpeg)
+        jpg = converted_folder(folder.images, folder.src.parent / "jpg", copies, ".jpg", save_jpeg)
         d, _ = compress_row(f"jpeg dali {n} streams", jpg, jpg / "rep000", out, cfg(n, "dali"), args.repeat)
         c, _ = compress_row(f"jpeg cpu {n} streams", jpg, jpg / "rep000", out, cfg(n, "cpu"), args.repeat)
         runs += [d, c]

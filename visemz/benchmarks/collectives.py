@@ -1,21 +1,21 @@
 """Benchmark the compressed collectives on GPUs against NCCL's own, in the same run.
 
     # codec throughputs only (one GPU, no torchrun):
-    python scripts/bench_collectives.py --data DATA/eval/xray --label h100 --out codec.json --quick --codecs-only \
-        --codec-mb 64
+    python -m visemz.benchmarks.collectives --data DATA/eval/xray --label h100 --out codec.json --quick \\
+        --codecs-only --codec-mb 64
     # all_reduce, all_to_all and scatter over NVLink on N GPUs, then over TCP sockets on loopback
     # (a stand-in for an inter-node link):
-    torchrun --nproc-per-node N scripts/bench_collectives.py --data DATA/eval/xray --label nvlink \\
+    torchrun --nproc-per-node N -m visemz.benchmarks.collectives --data DATA/eval/xray --label nvlink \\
       --out nvlink.json --ops all_reduce,all_to_all,scatter --sizes-mb 1,16,256 --ebs 1e-2,1e-4
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 \\
-      torchrun --nproc-per-node N scripts/bench_collectives.py ... --label socket --out socket.json
+      torchrun --nproc-per-node N -m visemz.benchmarks.collectives ... --label socket --out socket.json
 
 Rows, per op, size, data and error bound: ``nccl`` (torch.distributed's own: dist.all_reduce,
 dist.all_to_all, dist.scatter), ``plain`` (visemz with codec=None: NCCL plus the settings
 agreement, i.e. visemz's per-call overhead), the compressed forms (all_reduce: ``ring``,
 ``recursive_doubling`` and ``auto``, whose row records what it chose and the model's
-estimates; all_to_all and scatter: ``compressed``).  Bandwidths follow nccl-tests
-(doc/PERFORMANCE.md and its sources), S the uncompressed size in bytes:
+estimates; all_to_all and scatter: ``compressed``).  Bandwidths follow nccl-tests' performance
+notes, S the uncompressed size in bytes:
 
 - all_reduce: S the tensor; algbw = S / t, busbw = algbw * 2 (W - 1) / W;
 - all_to_all: S what each rank sends in all (W parts of S / W); busbw = algbw * (W - 1) / W;
@@ -307,7 +307,7 @@ def _numbers(text: str, kind=float) -> list:
     return [kind(v) for v in text.split(",") if v.strip()]
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, help="folder of image frames (e.g. DATA/eval/xray); needed for 'image' data")
     ap.add_argument("--label", required=True, help="name of this run (e.g. nvlink, socket)")
@@ -327,8 +327,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--api", default="functional,plan",
                     help="all_reduce through the functional API (agrees per call) and/or a persistent plan")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="cpu: Gloo and CPU tensors, codecs skipped (a smoke test of this script, not a benchmark)")
-    args = ap.parse_args()
+                    help="cpu: Gloo and CPU tensors, codecs skipped (a smoke test, not a measurement)")
+    args = ap.parse_args(argv)
     args.ops = [o for o in args.ops.split(",") if o]
     args.kinds = [k for k in args.kinds.split(",") if k]
     args.predictors = [p for p in args.predictors.split(",") if p]
@@ -347,9 +347,9 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def main() -> None:
+def main(argv=None) -> None:
     global DEVICE
-    args = parse_args()
+    args = parse_args(argv)
     distributed = "WORLD_SIZE" in os.environ
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if args.device == "cuda":

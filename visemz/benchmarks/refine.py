@@ -1,11 +1,11 @@
 """What encoder-side latent refinement (``visemz/refine.py``) buys: rate, quality and encode time.
 
-    python scripts/refine_eval.py --data DATA/eval --set kodak \
+    python -m visemz.benchmarks.refine --data DATA/eval --set kodak \
         --models mbt2018-mean balle2016 --steps 0 50 150 --qualities 1 2 3 4 5 6 7 8 \
         --images 24 --device cuda --out refine_kodak.json [--lr 0.02] [--rounding sga]
 
 For every model, step count, quality and image: bpp from the real file's bytes, PSNR from the
-real decode (``visemz.measure``: the bit depth's range, as ``scripts/rd_eval.py``), the training
+real decode (``visemz.measure``: the bit depth's range, as ``visemz eval``), the training
 loss measured on them (bpp + lambda * 255^2 * MSE on [0, 1]) and the encode seconds (device
 synchronised; each model is warmed up on the first image first).  Then per model, on the mean
 curves over the images (as the rd report averages them): the BD-rate (PSNR) of each refined curve
@@ -40,6 +40,8 @@ from visemz.models import registry
 from visemz.refine import RefineSettings
 
 ANCHOR = "jpeg2000"
+# in a checkout: the rd report kept in the repository's docs (an installed package has none: then no anchor)
+RD_POINTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "rd" / "points.csv"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,8 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--lr", type=float, default=RefineSettings.lr)
     ap.add_argument("--rounding", default=RefineSettings.rounding, choices=("sga", "ste"))
-    ap.add_argument("--points", type=Path, default=Path("docs/results/rd/points.csv"),
-                    help="the rd report's points.csv, for the JPEG 2000 anchor")
+    ap.add_argument("--points", type=Path, default=RD_POINTS,
+                    help="the rd report's points.csv, for the JPEG 2000 anchor (default: the checkout's)")
     ap.add_argument("--out", type=Path, required=True, help="the JSON to write")
     return ap.parse_args(argv)
 

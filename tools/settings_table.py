@@ -2,8 +2,8 @@
 default, allowed values (config.RULES) and meaning (the first sentence of the comment above its field; the rest
 of that comment, the reasons and measurements behind the default, stays in config.py).
 
-    python scripts/settings_table.py            # writes docs/settings.md
-    python scripts/settings_table.py --check    # exit status 1 if docs/settings.md is not what it would write
+    python tools/settings_table.py            # writes docs/settings.md
+    python tools/settings_table.py --check    # exit status 1 if docs/settings.md is not what it would write
 
 tests/test_defaults.py runs the check, so a setting added to config.py without its line here fails there.
 """
@@ -23,7 +23,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 
 HEAD = """# Settings
 
-<!-- Written by scripts/settings_table.py from visemz/config.py: change the comments there, then run it. -->
+<!-- Written by tools/settings_table.py from visemz/config.py: change the comments there, then run it. -->
 
 visemz's runtime settings are one set for the whole process. Each starts from its environment variable
 (`VISEMZ_ZSTD_LEVEL=9 python job.py`), read when visemz first needs a setting; a program can then change
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     text = render()
     if args.check:
         same = DOC.exists() and DOC.read_text() == text
-        print(f"{DOC} is {'up to date' if same else 'out of date: run python scripts/settings_table.py'}")
+        print(f"{DOC} is {'up to date' if same else 'out of date: run python tools/settings_table.py'}")
         return 0 if same else 1
     DOC.write_text(text)
     print(f"wrote {DOC}")

@@ -1,6 +1,6 @@
 """Encoder throughput and ratio on the GPU, against a device copy and nvCOMP's own codecs.
 
-    python scripts/bench_encoder.py --out bench.json [--sizes-mb 1 16 64 256 1024] [--repeat 20]
+    python -m visemz.benchmarks.encoder --out bench.json [--sizes-mb 1 16 64 256 1024] [--repeat 20]
 
 Throughput is GB/s of int32 input (1 GB = 1e9 bytes), the median over --repeat timed
 runs after warm-up, timed with CUDA events.  The device-to-device copy of the same
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from pathlib import Path
 
 import numpy as np
 
@@ -75,14 +76,15 @@ def nvcomp_row(cp, gpu, algo: str, x, repeat: int, **opts):
             "dec_GBps": x.nbytes / t_dec / 1e9}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 64, 256, 1024])
     ap.add_argument("--nvcomp-max-mb", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--out", default="bench_encoder.json")
+    ap.add_argument("--out", type=Path, default=Path("bench_encoder.json"))
     ap.add_argument("--no-nvcomp", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument("--reference-mb", type=int, default=16, help="MB of int32 input for the NumPy reference's rows")
+    args = ap.parse_args(argv)
 
     import cupy as cp
 
@@ -130,10 +132,11 @@ def main() -> None:
             x = dst = None  # free them now (not del: the lambdas above name them)
             cp.get_default_memory_pool().free_all_blocks()
     # CPU reference, one core, i.i.d. Laplacian data
-    v = np.round(np.random.default_rng(0).laplace(0, 0.5, 4 << 20)).astype(np.int32)
+    v = np.round(np.random.default_rng(0).laplace(0, 0.5, args.reference_mb << 18)).astype(np.int32)
     for policy in ("global", "block"):
         seconds, _ = measure.median_seconds(lambda: reference.encode(v, L.POLICIES[policy], True), 5)
-        row = {"data": "laplace", "MB": 16, "codec": f"numpy-reference-{policy}", "enc_MBps": v.nbytes / seconds / 1e6}
+        row = {"data": "laplace", "MB": args.reference_mb, "codec": f"numpy-reference-{policy}",
+               "enc_MBps": v.nbytes / seconds / 1e6}
         rows.append(row)
         print(json.dumps(row))
     write_atomic(args.out, json.dumps({"device": name, "rows": rows}, indent=1).encode())

@@ -1,13 +1,13 @@
 """Export trained checkpoints as the shipped int8 weights with model cards, and measure the cards.
 
-    python scripts/export_weights.py --ckpt runs/r1 --out visemz/models/weights --qualities '' \
+    python tools/export_weights.py --ckpt runs/r1 --out visemz/models/weights --qualities '' \
         [--storage-check 1,4,8 --device cpu --limit 4]          # weights and cards, int8 loss measured
-    python scripts/export_weights.py --out visemz/models/weights --data DATA --device cuda
+    python tools/export_weights.py --out visemz/models/weights --data DATA --device cuda
                                                                 # every card's eval, measured
-    python scripts/export_weights.py --out visemz/models/weights --add-tables
+    python tools/export_weights.py --out visemz/models/weights --add-tables
                                                                 # (re)compute the entropy coding tables
 
-With --ckpt, reads the compact checkpoints of scripts/train.py (NAME.safetensors, step and
+With --ckpt, reads the compact checkpoints of tools/train.py (NAME.safetensors, step and
 seconds in their metadata) and writes NAME.safetensors + NAME.json to --out.  A NAME@tag
 checkpoint (an ablation) is exported only when named in --models, as NAME.safetensors in
 --out (use a folder of its own).  The card records the training (data, steps, seconds, GPU,
@@ -30,15 +30,18 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 
-import evalkit
+from visemz import measure
+from visemz.benchmarks.common import ms_ssim as ms_ssim_of
+from visemz.evaluation.datasets import model_sets
 from visemz.models import architectures, parse, training
 from visemz.models import weights as W
 
-# What a model saw, for its card: the folders scripts/train.py reads (train3 as
-# scripts/prepare_training_data.py writes it; its manifest.json lists every image and what was kept out).
+# What a model saw, for its card: the folders tools/train.py reads (train3 as
+# tools/prepare_training_data.py writes it; its manifest.json lists every image and what was kept out).
 DATA = {"rgb": "train/rgb + train2/rgb + train3/rgb (ImageNet class samples and BSDS500 photos downscaled 0.75x, "
                "CBSD68 and near-duplicates of eval/ left out) (random 256x256 crops, flips)",
         "gray": "train/gray + train2/gray + train2/gray16 + train3/gray (COVID-CXNet chest X-rays, the evaluation "
@@ -173,7 +176,7 @@ def main_set(spec) -> str:
 def evaluate(codec, spec, data: Path, limit, qualities: list[float], only: str | None = None) -> dict:
     """{set: {quality: {images, bpp, psnr, ms_ssim}}} through visemz's own files (``only``: one set)."""
     results = {}
-    for set_name, images in evalkit.eval_sets(data, spec.variant, limit).items():
+    for set_name, images in model_sets(data, spec.variant, limit).items():
         if only and set_name != only:
             continue
         per_q = {}
@@ -194,11 +197,11 @@ def measure_at(codec, spec, images: list[tuple[str, object]], q: float, ms_ssim:
     for _, img in images:
         buf = codec.compress(img, model=spec.arch, quality=q)
         rec = visemz.decompress(buf, device="cpu") if codec.device == "cpu" else codec.decompress(buf)
-        metrics["bpp"].append(evalkit.bpp(len(buf), img))
-        metrics["psnr"].append(evalkit.psnr(img, rec))
+        metrics["bpp"].append(measure.bpp(len(buf), measure.pixel_count(img.shape)))
+        metrics["psnr"].append(measure.psnr(img, rec))
         if ms_ssim:
-            metrics["ms_ssim"].append(evalkit.ms_ssim(img, rec))
-    return {"images": len(images)} | {k: evalkit.mean(v) for k, v in metrics.items()}
+            metrics["ms_ssim"].append(ms_ssim_of(img, rec))
+    return {"images": len(images)} | {k: float(np.mean(v)) for k, v in metrics.items()}
 
 
 def storage_loss(codec, model, spec, args, qualities: list[float], int8_eval: dict) -> dict:

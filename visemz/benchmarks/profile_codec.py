@@ -1,6 +1,6 @@
 """Where the time of one image's compress and decompress goes, on a GPU (or the CPU).
 
-    python scripts/profile_codec.py --image DATA/eval/kodak/kodim01.png --out prof/ [--threads 1,2,4]
+    python -m visemz.benchmarks.profile_codec --image DATA/eval/kodak/kodim01.png --out prof/ [--threads 1,2,4]
 
 Prints, after a warm-up: the median milliseconds of compress and of decompress (each bracketed
 by device synchronisation), and the images/s of the same compress run in 1, 2, 4... threads at
@@ -143,7 +143,7 @@ def torch_profile(fn, device: str, reps: int, out: Path) -> None:
         write_atomic(out / "trace.json.gz", gzip.compress(trace.read_bytes()))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--image", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
@@ -154,7 +154,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--threads", default="1,2,4", help="thread counts for the concurrent compress rate")
     ap.add_argument("--summary-only", action="store_true", help="timings only: no cProfile, no torch.profiler")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
     image = loaders.load_image(args.image)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Training that outlives one GPU job: start scripts/train.py detached (setsid) on the GPU machine,
+# Training that outlives one GPU job: start tools/train.py detached (setsid) on the GPU machine,
 # report on it, and copy its checkpoints out, so that several short GPU jobs train one run.
 #
-#   scripts/train_background.sh start WORK -- TRAIN_ARGS...   # (re)start: stops a running one (it
+#   tools/train_background.sh start WORK -- TRAIN_ARGS...   # (re)start: stops a running one (it
 #                                                             # checkpoints on SIGTERM) and resumes
 #                                                             # from WORK/state (optimiser included)
-#   scripts/train_background.sh wait WORK SECONDS             # sleep, printing progress every minute
-#   scripts/train_background.sh collect WORK DEST             # copy compact checkpoints + log to DEST
-#   scripts/train_background.sh stop WORK                     # checkpoint and stop
+#   tools/train_background.sh wait WORK SECONDS             # sleep, printing progress every minute
+#   tools/train_background.sh collect WORK DEST             # copy compact checkpoints + log to DEST
+#   tools/train_background.sh stop WORK                     # checkpoint and stop
 #
 # WORK holds out/ (compact fp16 checkpoints, train_log*.csv), state/ (full checkpoints), train.log
 # and train.pid.  Under torchrun set TRAIN_LAUNCH, e.g. TRAIN_LAUNCH="torchrun --nproc-per-node 4".

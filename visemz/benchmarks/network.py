@@ -1,6 +1,6 @@
 """The learned transforms' speed and accuracy under each GPU math setting, against exact float32.
 
-    python scripts/bench_network.py --images DATA/eval/kodak/kodim01.png DATA/eval/xray/xray_15.png \
+    python -m visemz.benchmarks.network --images DATA/eval/kodak/kodim01.png DATA/eval/xray/xray_15.png \
         --quality 4 --repeat 20 --out bench_network.json
 
 For each image (an RGB image runs the shipped rgb model, a grayscale one the gray model) and each
@@ -119,15 +119,15 @@ def hyper_row(image: str, model: str, net64, z_sym: torch.Tensor, quality: float
             "max_relative_difference": float(((got - ref).abs() / ref.abs().clamp_min(1e-300)).max())}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=Path, nargs="+", required=True)
     ap.add_argument("--quality", type=float, default=4.0)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--out", type=Path, default=Path("bench_network.json"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("bench_network.py measures GPU math settings: no CUDA device")
+        raise SystemExit("this benchmark measures GPU math settings: no CUDA device")
     device = torch.cuda.get_device_name()
     print(f"device: {device}")
     rows = []

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Multi-GPU scaling on one host, every run against its baseline in the same run:
-#   - folder compression under torchrun on N GPUs against one GPU (scripts/bench_pipeline.py --torchrun);
+#   - folder compression under torchrun on N GPUs against one GPU (visemz.benchmarks.pipeline --torchrun);
 #   - compressed all_reduce (ring, recursive doubling, auto), all_to_all and scatter against NCCL's own,
 #     over NVLink and over NCCL's TCP sockets on loopback (a stand-in for an inter-node link);
 #   - the image-stacking job on all GPUs (PSNR against the exact stack, speedup over plain all_reduce).
 #
-#   bash scripts/bench_scaling.sh DATA OUT [N ...]     # DATA: e.g. DATA/eval (kodak/, xray/); N: GPU counts
+#   bash tools/bench_scaling.sh DATA OUT [N ...]     # DATA: e.g. DATA/eval (kodak/, xray/); N: GPU counts
 #                                                      # (default 2, 4, 8 up to the host's GPU count)
 # Each run has a time limit (SCALING_TIMEOUT seconds, default 300) so a hung rank costs one run, not all;
 # JSON reports and logs go to OUT.  NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -14,7 +14,7 @@
 # collectives' ladder; SCALING_PREDICTORS (default none,lorenzo: the error-bounded codec without and with
 # 1-D Lorenzo prediction) and SCALING_API (default functional,plan: all_reduce per call or through a
 # persistent plan) add those axes to the all_reduce rows; SCALING_REPS sets the timed repetitions per
-# row (default: bench_collectives.py's 5).
+# row (default: visemz.benchmarks.collectives' 5).
 set -uo pipefail
 data=${1:?DATA folder (with kodak/ and xray/)}
 out=${2:?OUT folder}
@@ -28,6 +28,7 @@ predictors=${SCALING_PREDICTORS:-none,lorenzo}
 api=${SCALING_API:-functional,plan}
 reps=${SCALING_REPS:+--reps $SCALING_REPS}
 mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 counts=${*:-$(for n in 2 4 8; do [ "$n" -le "$gpus" ] && echo "$n"; done)}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -43,14 +44,14 @@ run() {  # run NAME COMMAND...: log to OUT/NAME.log, report a failure and go on
 has() { [[ $parts == *" $1 "* ]]; }
 
 for n in $counts; do
-  has pipeline && run "pipeline_${n}gpu" torchrun --nproc-per-node "$n" scripts/bench_pipeline.py --torchrun --data "$data" \
+  has pipeline && run "pipeline_${n}gpu" torchrun --nproc-per-node "$n" -m visemz.benchmarks.pipeline --torchrun --data "$data" \
     --repeat-to 1000 --streams 4 --repeat 2 --work "$out/work_${n}gpu" --out "$out/pipeline_${n}gpu.json"
   rm -rf "$out/work_${n}gpu"
   for link in nvlink socket; do
     has "$link" || continue
     env_vars=""; [ "$link" = socket ] && env_vars=$SOCKET
     # shellcheck disable=SC2086  # env_vars is a list of NAME=VALUE words
-    run "collectives_${link}_${n}gpu" $env_vars torchrun --nproc-per-node "$n" scripts/bench_collectives.py \
+    run "collectives_${link}_${n}gpu" $env_vars torchrun --nproc-per-node "$n" -m visemz.benchmarks.collectives \
       --data "$data/xray" --label "$link-$n" --out "$out/collectives_${link}_${n}gpu.json" \
       --ops all_reduce,all_to_all,scatter --sizes-mb "$sizes" --ebs "$ebs" --kinds "$kinds" \
       --predictors "$predictors" --api "$api" --skip-codecs $reps
@@ -58,7 +59,7 @@ for n in $counts; do
 done
 has stack || exit 0
 # An exposure stack: 32 frames of the first X-ray with Poisson noise (same scene, same shape), float32 TIFF.
-python3 scripts/make_exposure_stack.py "$data/xray" "$out/frames" --frames 32
+python3 "$here/make_exposure_stack.py" "$data/xray" "$out/frames" --frames 32
 n_max=$(echo "$counts" | tr ' ' '\n' | sort -n | tail -n 1)
 run "stack_${n_max}gpu" torchrun --nproc-per-node "$n_max" -m visemz stack "$out/frames" --out "$out/stacked.tiff" \
   --error-bound 1e-4 --device cuda

@@ -1,7 +1,7 @@
 """Conditional rANS throughput and size, GPU and CPU, against the block encoder + zstd and CompressAI's rANS.
 
-    python scripts/bench_rans.py --out bench_rans.json [--images 768x512 2432x1920] [--big-mb 64 256]
-                                 [--repeat 20] [--lane-bytes 128 256 512 1024 2048]
+    python -m visemz.benchmarks.rans --out bench_rans.json [--images 768x512 2432x1920] [--big-mb 64 256]
+                                     [--repeat 20] [--lane-bytes 128 256 512 1024 2048]
 
 Inputs are latent-shaped symbol tensors (192 channels at 1/16 of an image's padded size,
 so 768x512 gives 192 x 32 x 48 = 294,912 symbols), and --big-mb megabytes of int32
@@ -13,10 +13,10 @@ rest log-uniform in [0.2, 20].  Table indexes come from CompressAI's GaussianCon
 Rows, per input: visemz's conditional rANS on the GPU (cupy in, bytes out; and bytes in,
 cupy out) and on the CPU (NumPy reference, up to --cpu-max symbols); the block encoder
 + zstd (``encode_ints``, per-block policy) on the GPU (nvCOMP) and CPU (libzstd); and
-CompressAI's rANS (``compressai.ans`` BufferedRansEncoder / RansDecoder with the indexes,
-as GaussianConditional.compress / decompress call it), timed both as the coder alone
-and with the Python list conversions those methods do on every call.  Bytes, bytes over
-the ideal code length of the quantised tables, and times as medians over --repeat runs
+CompressAI's rANS, timed both as the coder alone (``compressai.ans`` BufferedRansEncoder /
+RansDecoder with the indexes, their lists made once) and through GaussianConditional.compress /
+decompress themselves (the tensor-to-list conversions they make on every call included).
+Bytes, bytes over the ideal code length of the quantised tables, and times as medians over --repeat runs
 after --warmup runs; GPU calls are timed on the host with the stream synchronised before
 and after (they return host bytes or a cupy array).  Throughput is symbols/s and GB/s of
 int32 input (1 GB = 1e9 bytes).  --lane-bytes sweeps the lane plan on the first input
@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,27 +35,16 @@ from compressai import ans
 from compressai.entropy_models import GaussianConditional
 from compressai.models.google import get_scale_table
 
-from visemz import cuda
+from visemz import cuda, measure
 from visemz.encoders import decode_ints, encode_ints
 from visemz.encoders.cdf_tables import gaussian_scale_tables
 from visemz.encoders.rans import decode_conditional, encode_conditional, prepare
+from visemz.io.writers import write_atomic
 
 
 def timed(fn, repeat: int, warmup: int, sync=None) -> tuple[float, object]:
-    """(median seconds of fn(), its last result)."""
-    out = None
-    for _ in range(warmup):
-        out = fn()
-    times = []
-    for _ in range(repeat):
-        if sync:
-            sync()
-        t0 = time.perf_counter()
-        out = fn()
-        if sync:
-            sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    """(median seconds of fn() over ``repeat`` runs after ``warmup``, ``sync`` around each; its last result)."""
+    return measure.median_seconds(fn, repeat, warmup=warmup, sync=sync)
 
 
 def make_input(n: int, seed: int):
@@ -95,24 +83,20 @@ def compressai_rows(gc, sym, idx, ideal, repeat, warmup) -> list[dict]:
         e.encode_with_indexes(s_list, i_list, cdf, lengths, offsets)
         return e.flush()
 
-    def enc_full():  # what GaussianConditional.compress does per call: tensors -> lists, then the coder
-        return ans.RansEncoder().encode_with_indexes(
-            sym.tolist(), idx.tolist(), gc.quantized_cdf.tolist(), gc.cdf_length.reshape(-1).int().tolist(),
-            gc.offset.reshape(-1).int().tolist())
+    # GaussianConditional itself: one row of symbols (its batch of one), the indexes as a tensor
+    values, indexes = torch.from_numpy(sym).float()[None], torch.from_numpy(idx)[None]
 
     t_enc, string = timed(enc_coder, repeat, warmup)
-    t_enc_full, _ = timed(enc_full, repeat, warmup)
+    t_enc_full, (full,) = timed(lambda: gc.compress(values, indexes), repeat, warmup)
     dec = ans.RansDecoder()
     t_dec, out = timed(lambda: dec.decode_with_indexes(string, i_list, cdf, lengths, offsets), repeat, warmup)
-    t_dec_full, _ = timed(lambda: np.asarray(ans.RansDecoder().decode_with_indexes(
-        string, idx.tolist(), gc.quantized_cdf.tolist(), gc.cdf_length.reshape(-1).int().tolist(),
-        gc.offset.reshape(-1).int().tolist()), np.int32), repeat, warmup)
-    assert np.array_equal(np.asarray(out, np.int32), sym)
+    t_dec_full, back = timed(lambda: gc.decompress([full], indexes), repeat, warmup)
+    assert np.array_equal(np.asarray(out, np.int32), sym) and torch.equal(back, values)
     return [row("compressai-rans (coder)", sym.size, len(string), ideal, t_enc, t_dec),
-            row("compressai-rans (with list conversions)", sym.size, len(string), ideal, t_enc_full, t_dec_full)]
+            row("compressai-rans (GaussianConditional)", sym.size, len(full), ideal, t_enc_full, t_dec_full)]
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", nargs="*", default=["768x512", "2432x1920"], help="WxH: latents of these images")
     ap.add_argument("--big-mb", type=int, nargs="*", default=[64, 256], help="MB of int32 symbols")
@@ -122,8 +106,8 @@ def main() -> None:
     ap.add_argument("--compressai-max", type=float, default=2e7, help="largest input for CompressAI's rows")
     ap.add_argument("--lane-bytes", type=int, nargs="*", default=[128, 256, 512, 1024, 2048])
     ap.add_argument("--no-gpu", action="store_true")
-    ap.add_argument("--out", default="bench_rans.json")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=Path("bench_rans.json"))
+    args = ap.parse_args(argv)
 
     gc = GaussianConditional(None)
     gc.update_scale_table(get_scale_table())
@@ -177,8 +161,7 @@ def main() -> None:
             rows.append(dict(base, **row("visemz-block+zstd-cpu", n, len(zbuf), ideal, t_enc, t_dec)))
         if n <= args.compressai_max:
             rows += [dict(base, **r) for r in compressai_rows(gc, sym, idx, ideal, max(3, rep // 4), 1)]
-    with open(args.out, "w") as f:
-        json.dump({"device": name, "rows": rows, "lane_bytes_sweep": sweep}, f, indent=1)
+    write_atomic(args.out, json.dumps({"device": name, "rows": rows, "lane_bytes_sweep": sweep}, indent=1).encode())
     print_table(name, rows + sweep)
 
 

@@ -1,67 +1,29 @@
-"""Shared pieces of the evaluation scripts: eval images, 16-bit mosaics, metrics, timing, the device."""
+"""What the benchmarks share: the device (synchronisation, name, peak GPU memory), 16-bit mosaics of a
+folder's images, benchmark folders of repeated files, and MS-SSIM on the fastest device."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
 import sys
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 
-from visemz import measure, pixels, tiling
-from visemz.codec import _model64, network_math
-from visemz.evaluation import metrics
-from visemz.io.files import IMAGE_EXTENSIONS
-from visemz.io.loaders import load_image
-from visemz.io.writers import write_atomic
-from visemz.models import architectures, registry
-from visemz.models import weights as W
-
-
-def load_folder(folder: Path, gray: bool, limit: int | None = None) -> list[tuple[str, np.ndarray]]:
-    out = []
-    for p in sorted(folder.iterdir())[:limit]:
-        img = cv2.imread(str(p), cv2.IMREAD_GRAYSCALE if gray else cv2.IMREAD_COLOR)
-        if img is not None:
-            out.append((p.name, img if gray else cv2.cvtColor(img, cv2.COLOR_BGR2RGB)))
-    return out
-
-
-def eval_sets(data: Path, variant: str, limit: int | None = None) -> dict[str, list]:
-    """RGB models: Kodak.  Grayscale models: the X-ray set and Kodak's luma."""
-    if variant == "rgb":
-        return {"kodak": load_folder(data / "eval" / "kodak", False, limit)}
-    return {"xray": load_folder(data / "eval" / "xray", True, limit),
-            "kodak-gray": load_folder(data / "eval" / "kodak", True, limit)}
-
-
-psnr = measure.psnr  # the peak of the image's dtype: 255 for these 8-bit sets
+from .. import measure
+from ..io.files import IMAGE_EXTENSIONS
+from ..io.loaders import load_image
 
 
 def ms_ssim(a: np.ndarray, b: np.ndarray) -> float:
     """Five-scale MS-SSIM of two 8-bit images, on the GPU when there is one (a 5-Mpixel X-ray takes seconds on a
     CPU)."""
+    from ..evaluation import metrics
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return metrics.ms_ssim(metrics.to_unit_batch(a, device), metrics.to_unit_batch(b, device))
-
-
-def bpp(nbytes: int, img: np.ndarray) -> float:
-    return measure.bpp(nbytes, measure.pixel_count(img.shape))
-
-
-def timed(fn, sync=None, repeat: int = 3, warmup: int = 0):
-    """(median seconds, last result) of fn(), after ``warmup`` untimed calls, with sync() (e.g.
-    torch.cuda.synchronize) around each call."""
-    return measure.median_seconds(fn, repeat, warmup=warmup, sync=sync)
-
-
-def mean(values) -> float:
-    return float(np.mean(list(values)))
 
 
 # ------------------------------------------------------------------------- large 16-bit mosaics
@@ -137,7 +99,7 @@ class Device:
 
     def timed(self, fn, repeats: int, warmup: int = 1) -> tuple[float, object]:
         """(median seconds of ``repeats`` synchronised calls after ``warmup`` untimed ones, last result)."""
-        return timed(fn, self.sync, repeats, warmup)
+        return measure.median_seconds(fn, repeats, warmup=warmup, sync=self.sync)
 
     def peak(self, fn):
         """(result, peak GPU bytes allocated during fn, or None on the CPU)."""
@@ -185,46 +147,3 @@ def _cupy_pool():
 def mib(n):
     """Bytes as MiB to 0.1, None stays None."""
     return None if n is None else round(n / 2**20, 1)
-
-
-def compressai_encode(net, img: np.ndarray, quality: float, device: str) -> tuple[dict, pixels.ImageMeta]:
-    """CompressAI's own compress() of an image (its rANS, its tables, visemz's gained latents and padding):
-    (its output, the image's meta for undoing the padding)."""
-    t = pixels.as_tensor(img, device)
-    meta = pixels.describe(t)
-    with torch.inference_mode():
-        enc = architectures.compressai_compress(net, pixels.to_batch(t, meta), quality)
-    return enc, meta
-
-
-def latent_symbols(codec, img: np.ndarray, model: str, quality: float):
-    """(net, its float64 copy, the symbol tensors) of one image (one tile) as the codec's encode computes them
-    on its device: what the scripts that measure the symbols' codings start from."""
-    t = pixels.as_tensor(img, "cpu")
-    meta = pixels.describe(t)
-    spec = registry.spec(model, meta.variant)
-    net, _ = W.load(spec, codec.device)
-    with network_math():
-        net64 = _model64(spec, codec.device)
-        _, symbols = next(tiling.analyse(net, t, meta, quality, tiling.grid_for(meta, None), 1, codec.device))
-    return net, net64, symbols
-
-
-def set_cases(data: Path, models: str, qualities: str, limit: int | None = None):
-    """(set name, image path, image, model, quality) for every image of every sub-folder of ``data`` (a set),
-    model of ``models`` and quality of ``qualities`` (comma-separated): what the per-image scripts walk."""
-    for folder in sorted(p for p in data.iterdir() if p.is_dir()):
-        for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)[:limit]:
-            img = load_image(path)
-            for model in models.split(","):
-                for q in (float(v) for v in qualities.split(",")):
-                    yield folder.name, path, img, model, q
-
-
-def write_jsonl(out: Path, rows: list[dict], summary: list[dict], head: dict | None = None) -> None:
-    """``rows`` as JSON lines, after ``head`` when given and before ``{"summary": summary}``, written atomically;
-    the summary is printed too."""
-    lines = ([json.dumps(head)] if head else []) + [json.dumps(r) for r in rows] + [json.dumps({"summary": summary})]
-    write_atomic(out, ("\n".join(lines) + "\n").encode())
-    for s in summary:
-        print(json.dumps(s))

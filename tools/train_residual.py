@@ -1,8 +1,8 @@
 """Train the residual prior of lossless and near-lossless coding on a GPU (``visemz/models/residual_prior.py``).
 
-    python scripts/train_residual.py --data DATA --variant gray --out runs/res [--resume runs/res] \
+    python tools/train_residual.py --data DATA --variant gray --out runs/res [--resume runs/res] \
         [--time-limit 1500] [--final-decay 0.3]
-    python scripts/train_residual.py --export runs/res --variant gray   # -> visemz/models/weights/
+    python tools/train_residual.py --export runs/res --variant gray   # -> visemz/models/weights/
 
 DATA holds train/gray, train2/gray/*, train2/gray16 (gray) or train/rgb, train2/rgb/* (rgb), as the
 lossy models' training reads them; nothing under eval/ is read.  Images keep their own values: 8-bit
@@ -14,7 +14,7 @@ Each step: random crops with flips, drawn by group (--mix); every sample gets it
 (stratified over [1, 8]) and bound E (0 with probability --lossless-share, else one of --bounds, in
 levels); the shipped lossy model of the variant (frozen) gives the reconstruction and its features as
 a decoder has them; the loss is the residual's bits per pixel under the prior, passes in coding order
-(``residual_prior.nll_bits``).  Adam with a warm-up, then --final-decay as in scripts/train.py.
+(``residual_prior.nll_bits``).  Adam with a warm-up, then --final-decay as in tools/train.py.
 
 Checkpoints (every --checkpoint-every seconds and at the end, atomically): --out/residual-VARIANT.ckpt.safetensors,
 float32 parameters and Adam's moments, step and seconds in the metadata; --resume takes it.  A log row

@@ -1,10 +1,10 @@
 """Zarr v2 chunks of a large 16-bit mosaic: visemz's numcodecs codec against JPEG 2000 and JPEG XL.
 
-    python scripts/bench_zarr.py --data DATA/eval/xray --out zarr.json
-    python scripts/bench_zarr.py --data DATA/eval/xray --size 2048 --chunk 1024 --device cpu --out /tmp/bench_zarr.json
+    python -m visemz.benchmarks.zarr_chunks --data DATA/eval/xray --out zarr.json
+    python -m visemz.benchmarks.zarr_chunks --data DATA/eval/xray --size 2048 --chunk 1024 --device cpu --out z.json
 
 An S x S uint16 mosaic (``--size``, default 16384) of the images under ``--data``
-(``evalkit.mosaic``: gray, 8-bit images scaled by 257, each placement flipped differently; the
+(``visemz.benchmarks.common.mosaic``: gray, 8-bit images scaled by 257, each placement flipped differently; the
 report counts its distinct values, since 8-bit sources leave at most 256 of them, which lossless
 coders that build a palette, such as JPEG XL's, exploit) is
 written by Zarr (v2, ``compressor=``) into one OME-Zarr-shaped group per codec: NGFF 0.4
@@ -60,8 +60,8 @@ import torch
 import zarr
 
 import visemz
-from evalkit import Device, mib, mosaic, sources
 from visemz import measure, zarr_codecs
+from visemz.benchmarks.common import Device, mib, mosaic, sources
 from visemz.io.writers import write_atomic
 
 try:  # optional: without it the JPEG 2000 / JPEG XL rows are skipped

@@ -1,6 +1,6 @@
 """An exposure stack for the stacking benchmark: noisy repeats of one real frame (same scene, same shape).
 
-    python scripts/make_exposure_stack.py SRC_FOLDER DST_FOLDER [--frames 32] [--photons 4] [--seed 0]
+    python tools/make_exposure_stack.py SRC_FOLDER DST_FOLDER [--frames 32] [--photons 4] [--seed 0]
 
 The first image of SRC_FOLDER (as visemz's folder tools order them) is read as float64; each frame
 is Poisson(photons x pixel) / photons, a shot-noise exposure of that scene, written as a float32 TIFF

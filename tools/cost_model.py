@@ -1,9 +1,9 @@
-"""Alpha-beta model of all_reduce time at scale, from a bench_collectives.py JSON (a model, not a measurement).
+"""Alpha-beta model of all_reduce time at scale, from the collectives benchmark's JSON (a model, not a measurement).
 
-    python scripts/cost_model.py socket.json --bytes 1073741824 --case image/eb=0.0001
-    python scripts/cost_model.py codecs.json --measured collectives_socket_2gpu.json   # fit, check, extrapolate
-    python scripts/cost_model.py codecs.json --measured socket_2gpu.json socket_4gpu.json  # one fit over both
-    python scripts/cost_model.py codecs.json --measured socket_2gpu.json --check socket_4gpu.json  # fit on 2, predict 4
+    python tools/cost_model.py socket.json --bytes 1073741824 --case image/eb=0.0001
+    python tools/cost_model.py codecs.json --measured collectives_socket_2gpu.json   # fit, check, extrapolate
+    python tools/cost_model.py codecs.json --measured socket_2gpu.json socket_4gpu.json  # one fit over both
+    python tools/cost_model.py codecs.json --measured socket_2gpu.json --check socket_4gpu.json  # fit on 2, predict 4
 
 The lines are ``visemz.collectives.cost.CostModel.analytic``, the same model ``auto`` chooses
 with (there fitted to timings on the group, here built from first principles).  A plain ring
@@ -14,7 +14,7 @@ measured GB/s of one GPU: one encode and one decode of S, plus (W - 1) / W * S o
 adds for the ring, log2 W * S for recursive doubling.  Link bandwidths B are given (100 and
 200 Gb/s per GPU); alpha defaults to 5 us per message.
 
-``--measured`` takes a bench_collectives.py JSON of all_reduce rows on a real group (the
+``--measured`` takes a visemz.benchmarks.collectives JSON of all_reduce rows on a real group (the
 codec rows of the first JSON must cover its error bounds): the link bandwidth is fitted to
 NCCL's time at the largest size, then two corrections the first-principles lines lack
 (seconds per compressed exchange; how much slower the codec runs inside a collective) are
@@ -133,19 +133,19 @@ def group(path: Path, codecs: dict, args) -> tuple[str, int, float, list]:
     return path.name, int(measured["world"]), bw, pairs
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("bench", type=Path, help="JSON written by scripts/bench_collectives.py (its 'codecs' section)")
+    ap.add_argument("bench", type=Path, help="JSON written by visemz.benchmarks.collectives (its 'codecs' section)")
     ap.add_argument("--case", default="image/eb=0.0001", help="which measured codec row to use")
     ap.add_argument("--bytes", type=float, default=float(1 << 30), help="all_reduce size S in bytes")
     ap.add_argument("--alpha-us", type=float, default=5.0, help="latency per message, microseconds")
     ap.add_argument("--measured", type=Path, nargs="+",
-                    help="bench_collectives.py JSONs of all_reduce rows to fit corrections to")
+                    help="visemz.benchmarks.collectives JSONs of all_reduce rows to fit corrections to")
     ap.add_argument("--check", type=Path, nargs="+", default=[],
                     help="JSONs whose rows are compared with the fit, not fitted to")
     ap.add_argument("--kind", default="image", help="data kind of the measured rows to fit on")
     ap.add_argument("--api", choices=("functional", "plan"), help="fit on the measured rows of this API only")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     report = json.loads(args.bench.read_text())
     codecs = report.get("codecs") or {}
     if args.case not in codecs:

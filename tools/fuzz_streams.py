@@ -1,6 +1,6 @@
 """Fuzz every stream kind visemz decodes, in one process, and report what the decoders did.
 
-    python scripts/fuzz_streams.py OUT VARIANTS [--seed S] [--report-every N]
+    python tools/fuzz_streams.py OUT VARIANTS [--seed S] [--report-every N]
 
 Seeds: small valid streams of every kind, made at start: block streams, ints streams, conditional rANS
 streams (versions 1-3: version 1 from the committed golden streams), image files of formats 2-5

@@ -1,8 +1,10 @@
 """Where a compressed all_reduce's time goes on the host: cProfile of rank 0 (run under torchrun).
 
-    torchrun --nproc-per-node 2 scripts/profile_collectives.py [--mb 1] [--eb 1e-4] [--reps 20]
-    torchrun --nproc-per-node 2 scripts/profile_collectives.py --device cpu   # Gloo, CPU tensors, NumPy codecs
-    torchrun --nproc-per-node 2 scripts/profile_collectives.py --backend gloo # CUDA tensors over Gloo (one GPU will do)
+    torchrun --nproc-per-node 2 -m visemz.benchmarks.profile_collectives [--mb 1] [--eb 1e-4] [--reps 20]
+    # Gloo, CPU tensors, NumPy codecs:
+    torchrun --nproc-per-node 2 -m visemz.benchmarks.profile_collectives --device cpu
+    # CUDA tensors over Gloo (one GPU will do):
+    torchrun --nproc-per-node 2 -m visemz.benchmarks.profile_collectives --backend gloo
 
 For each algorithm (ring, recursive doubling), through the functional API (``all_reduce``) and
 through a persistent plan (``visemz.collectives.plan``): the median milliseconds per call over
@@ -45,7 +47,7 @@ def callers(args, x: torch.Tensor, codec, alg: str) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=1.0, help="tensor size in MiB (float32)")
     ap.add_argument("--eb", type=float, default=1e-4)
@@ -57,7 +59,7 @@ def main() -> None:
     ap.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
                     help="for --device cuda: gloo moves the payloads through the host, and ranks may share GPUs "
                          "(rank r on GPU r mod count), so the device engine's host work can be profiled on one GPU")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     local = int(os.environ["LOCAL_RANK"])
     if args.device == "cuda":
         index = local % torch.cuda.device_count() if args.backend == "gloo" else local

@@ -1,6 +1,6 @@
 """More training images for the lossy models, from public image repositories given as git directories.
 
-    python scripts/prepare_training_data.py --imagenet GITDIR --bsds GITDIR --cxnet GITDIR \
+    python tools/prepare_training_data.py --imagenet GITDIR --bsds GITDIR --cxnet GITDIR \
         --train-data DATA --eval DATA/eval --out OUT [--scale 0.75] [--xray-max-side 1024] [--min-side 128] \
         [--chunk-mb 22]
 
@@ -10,7 +10,7 @@ Each source is read from a git directory (no work tree needed: the blobs of HEAD
   --bsds      BIDS/BSDS500: BSDS500/data/images/{train,val,test}/<id>.jpg       -> rgb/bsds_<id>.webp
   --cxnet     armiro/COVID-CXNet: chest_xray_images/covid19/*, metadata.csv     -> gray/xr_cxnet_<name>.png
 
-and OUT/train3 is written in the layout scripts/train.py reads: rgb/chunk_NN/*.webp (lossless WebP)
+and OUT/train3 is written in the layout tools/train.py reads: rgb/chunk_NN/*.webp (lossless WebP)
 and gray/chunk_NN/*.png (8-bit), every chunk at most --chunk-mb MB (so that one chunk travels in one
 GPU job) and holding every source of its kind in proportion; OUT/train3/manifest.json lists the
 settings, each source's repository and commit, every image kept (file, source path and blob, sizes,

@@ -1,6 +1,6 @@
 """Write the format fixtures that tests/test_format_fixtures.py checks: small encoded files with their inputs.
 
-    python scripts/make_format_fixtures.py [--out tests/fixtures]
+    python tools/make_format_fixtures.py [--out tests/fixtures]
 
 One fixture per stream kind and format version, as the current code writes it: block streams
 (both policies, with and without bitshuffle, one empty), ints streams (entropy none and zstd),

@@ -1,0 +1,521 @@
+"""visemz.benchmarks: each benchmark's ``main`` on the tiniest inputs, in a temporary folder, and the keys of
+the report it writes (smoke tests of the benchmarks, not measurements; the GPU-only ones on a GPU), with the
+figures some of them compute checked on known inputs."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numcodecs
+import numpy as np
+import pytest
+import torch
+import zarr
+from skimage import data
+
+import visemz
+from visemz.benchmarks import common
+from visemz.benchmarks import pipeline as bench_pipeline
+from visemz.benchmarks import tiles as bench_tiles
+from visemz.benchmarks import zarr_chunks as bench_zarr
+
+from .helpers import optional
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ("collectives", "encoder", "lossless", "network", "pipeline", "profile_codec", "profile_collectives",
+              "rans", "refine", "tiles", "vs_compressai", "zarr_chunks")
+IMAGECODECS_ROWS = ("jpeg2k_lossless", "jpegxl_lossless", "jpeg2k_lossy", "jpegxl_lossy")
+
+
+def _smooth(shape, dtype=np.uint8, seed: int = 0, sigma: float = 2) -> np.ndarray:
+    """A blurred random image: compressible, but not trivially."""
+    top = np.iinfo(dtype).max + 1
+    return cv2.GaussianBlur(np.random.default_rng(seed).integers(0, top, shape, dtype=dtype), (0, 0), sigma)
+
+
+def _report(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------ the package
+def test_import_visemz_does_not_import_the_benchmarks():
+    code = "import sys, visemz; print(any(m.startswith('visemz.benchmarks') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False"]
+
+
+def test_the_package_lists_every_benchmark():
+    found = sorted(p.stem for p in (ROOT / "visemz" / "benchmarks").glob("*.py") if p.stem not in ("__init__",
+                                                                                                   "common"))
+    assert found == sorted(BENCHMARKS)
+    doc = importlib.import_module("visemz.benchmarks").__doc__
+    assert all(f"``{name}``" in doc for name in BENCHMARKS)
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_answers_help(name, capsys):
+    module = importlib.import_module(f"visemz.benchmarks.{name}")
+    with pytest.raises(SystemExit) as e:
+        module.main(["--help"])
+    assert e.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ collectives
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_collectives_runs_every_op_on_two_cpu_ranks(tmp_path):
+    """Under torchrun on CPU tensors over Gloo (2 processes): every op's rows, nccl-tests' formulas, the report."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "visemz.benchmarks.collectives",
+           "--device", "cpu", "--kinds", "smooth", "--label", "cpu", "--out", str(out),
+           "--ops", "all_reduce,all_to_all,scatter", "--sizes-mb", "0.0625", "--ebs", "1e-2", "--reps", "1",
+           "--predictors", "none,lorenzo", "--api", "functional,plan"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=200, cwd=tmp_path, env=env, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    report = _report(out)
+    assert report["world"] == 2 and report["device"] == "cpu" and report["rows"] == lines  # each row as it came
+    variants = {(x["algorithm"], x.get("predictor"), x.get("api")) for x in report["rows"] if x["op"] == "all_reduce"}
+    assert {(a, p, api) for a in ("ring", "recursive_doubling", "auto") for p in ("none", "lorenzo")
+            for api in ("functional", "plan")} <= variants  # every predictor through both APIs
+    rows = {(x["op"], x["algorithm"]): x for x in report["rows"]}
+    assert set(rows) == {("all_reduce", a) for a in ("nccl", "plain", "ring", "recursive_doubling", "auto")} | {
+        (op, a) for op in ("all_to_all", "scatter") for a in ("nccl", "plain", "compressed")}
+    auto = rows[("all_reduce", "auto")]
+    assert auto["auto_choice"] in ("plain", "ring", "recursive_doubling") and set(auto["auto_estimates_ms"]) == {
+        "plain", "ring", "recursive_doubling"} and auto["auto_calibration_s"] > 0
+    for x in report["rows"]:
+        factor = 2 * (2 - 1) / 2 if x["op"] == "all_reduce" else (2 - 1) / 2  # nccl-tests' busbw factors, W = 2
+        assert x["busbw_GBps"] == pytest.approx(x["algbw_GBps"] * factor)
+        assert x["algbw_GBps"] == pytest.approx(x["bytes"] / x["seconds"] / 1e9)
+        if x["algorithm"] != "nccl":
+            assert x["speedup_over_nccl"] > 0  # against NCCL's (here Gloo's) row of the same run
+    assert rows[("scatter", "compressed")]["psnr_db"] > 40 and rows[("all_to_all", "compressed")]["psnr_db"] > 40
+
+
+@pytest.mark.gpu
+def test_collectives_measures_the_codecs_on_one_gpu(tmp_path):
+    from visemz.benchmarks import collectives
+
+    out = tmp_path / "codecs.json"
+    collectives.main(["--codecs-only", "--kinds", "smooth", "--codec-mb", "1", "--ebs", "1e-2", "--reps", "1",
+                      "--label", "gpu", "--out", str(out)])
+    codecs = _report(out)["codecs"]
+    assert {"smooth/copy", "smooth/eb=0.01/none", "smooth/eb=0.01/lorenzo", "lossless_bf16_normal"} <= set(codecs)
+    assert codecs["smooth/eb=0.01/none"]["ratio"] > 1 and codecs["smooth/eb=0.01/none"]["homomorphic_speedup"] > 0
+
+
+# ------------------------------------------------------------------ vs_compressai
+def test_compressai_against_visemz_with_the_same_weights(tmp_path, model_weights, capsys):
+    optional("piq")  # MS-SSIM of images too small for five scales
+    from visemz.benchmarks import vs_compressai
+
+    (tmp_path / "eval" / "xray").mkdir(parents=True)
+    (tmp_path / "eval" / "kodak").mkdir()
+    cv2.imwrite(str(tmp_path / "eval" / "xray" / "a.png"), _smooth((64, 96)))
+    cv2.imwrite(str(tmp_path / "eval" / "kodak" / "k.png"), _smooth((64, 96, 3)))
+    out = tmp_path / "compare.json"
+    vs_compressai.main(["--data", str(tmp_path), "--out", str(out), "--models", "balle2016-gray", "--qualities", "4",
+                     "--repeat", "1"])
+    report = _report(out)
+    assert report["device"] in capsys.readouterr().out
+    rows = {r["coder"]: r for r in report["rows"]}
+    assert set(rows) >= {"compressai-rans", "visemz-cpu"} and {r["set"] for r in report["rows"]} == {"xray"}
+    for r in rows.values():
+        assert (r["model"], r["quality"], r["images"]) == ("balle2016-gray", 4.0, 1)
+        assert r["bpp"] > 0 and r["ms_per_image"] > 0 and 0 < r["ms_ssim"] <= 1
+    # same weights, same symbols: CompressAI's reconstruction is visemz's
+    assert rows["compressai-rans"]["psnr"] == pytest.approx(rows["visemz-cpu"]["psnr"], abs=0.01)
+    (pair,) = [p for p in report["summary"]["pairs"] if p["coder"] == "visemz-cpu"]
+    assert pair["bpp_ratio"] > 0 and pair["speedup"] > 0 and abs(pair["psnr_delta_db"]) < 0.01
+
+
+# ------------------------------------------------------------------ encoder, network (GPU only)
+@pytest.mark.gpu
+def test_encoder_against_a_device_copy(tmp_path):
+    optional("cupy")
+    optional("nvidia.nvcomp")  # zstd on the GPU
+    from visemz.benchmarks import encoder
+
+    out = tmp_path / "encoder.json"
+    encoder.main(["--sizes-mb", "1", "--repeat", "2", "--no-nvcomp", "--reference-mb", "1", "--out", str(out)])
+    report = _report(out)
+    gpu_rows = [r for r in report["rows"] if "copy_GBps" in r]
+    assert report["device"] and {r["codec"] for r in gpu_rows} == {"visemz-global", "visemz-block"}
+    assert {r["data"] for r in gpu_rows} == {"latent", "laplace", "dense"}
+    assert all(r["ratio"] > 0 and r["enc_GBps"] > 0 and r["enc_vs_copy"] > 0 for r in gpu_rows)
+
+
+@pytest.mark.gpu
+def test_network_math_settings(tmp_path, model_weights):
+    from visemz.benchmarks import network
+
+    image = tmp_path / "a.png"
+    cv2.imwrite(str(image), _smooth((64, 64)))
+    out = tmp_path / "network.json"
+    network.main(["--images", str(image), "--repeat", "1", "--out", str(out)])
+    rows = _report(out)["rows"]
+    settings = [r for r in rows if "analysis_ms" in r]
+    assert [r["setting"] for r in settings] == list(network.SETTINGS)
+    assert settings[0]["analysis_speedup"] == 1 and all(r["synthesis_max_levels"] >= 0 for r in settings)
+
+
+# ------------------------------------------------------------------ lossless
+def test_lossless_beside_the_cpu_codecs(tmp_path, model_weights, capsys):
+    optional("imagecodecs")
+    from visemz.benchmarks import lossless
+
+    cv2.imwrite(str(tmp_path / "a8.png"), _smooth((40, 48)))
+    cv2.imwrite(str(tmp_path / "a16.png"), _smooth((48, 40), np.uint16, sigma=3))
+    out = tmp_path / "lossless.json"
+    lossless.main(["--image8", str(tmp_path / "a8.png"), "--image16", str(tmp_path / "a16.png"), "--size", "64",
+                   "--device", "cpu", "--bounds", "0", "--reps", "1", "--warmup", "0", "--out", str(out)])
+    report = _report(out)
+    assert f"device: {report['device']}" in capsys.readouterr().out
+    assert (report["size"], report["reps"], report["visemz"]) == (64, 1, visemz.__version__)
+    rows = report["rows"]
+    assert [(r["image"], r["dtype"]) for r in rows if r["codec"].startswith("visemz")] == [("a8.png", "uint8"),
+                                                                                             ("a16.png", "uint16")]
+    assert {r["codec"].split(" ")[0] for r in rows} == {"visemz", "jpeg-ls", "jpeg-xl-e7"}
+    assert all(r["bound_held"] and r["measured_max_error"] == 0 and r["bpp"] > 0 and r["encode_mp_s"] > 0
+               for r in rows)
+
+
+# ------------------------------------------------------------------ pipeline
+def test_pipeline_arguments():
+    quick = bench_pipeline.parse_args(["--data", "DATA", "--quick"])
+    assert (quick.repeat, quick.streams, quick.repeat_to) == (1, [4], 200)
+    full = bench_pipeline.parse_args(["--data", "DATA", "--streams", "2,8", "--repeat-to", "600"])
+    assert (full.repeat, full.streams, full.repeat_to) == (3, [2, 8], 600)
+    assert bench_pipeline.parse_args(["--data", "DATA", "--no-dali"]).loader == "cpu"
+    for bad in (["--streams", "2,x"], ["--streams", "0"], ["--torchrun"], ["--repeat", "0"]):
+        with pytest.raises(SystemExit) as e:
+            bench_pipeline.parse_args(["--data", "DATA", *bad])
+        assert e.value.code == 2
+
+
+def test_pipeline_runs_every_part_on_the_cpu(tmp_path, model_weights):
+    data_dir = tmp_path / "data"
+    (data_dir / "kodak").mkdir(parents=True)
+    (data_dir / "xray").mkdir()
+    for i in range(2):
+        cv2.imwrite(str(data_dir / f"kodak/{i}.png"), _smooth((64, 96, 3), seed=i))
+    cv2.imwrite(str(data_dir / "xray/0.png"), _smooth((80, 64), seed=2))
+    out = tmp_path / "bench.json"
+    bench_pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "work"), "--out", str(out),
+                         "--device", "cpu", "--quick", "--repeat-to", "5", "--streams", "2"])
+    report = _report(out)
+    assert report["device"] == "CPU only" and report["folder"] == {"distinct": 3, "files": 6}
+    labels = [r["label"] for r in report["runs"]]
+    assert labels[:4] == ["b: visemz 1 stream", "c: visemz 2 streams", "b: decompress 1 stream",
+                          "c: decompress 2 streams"]
+    assert "a: compressai-loop" in labels and any(lbl.startswith("d: nvjpeg q") for lbl in labels)
+    assert all(r["failed"] == 0 and r["done"] == r["files"] and r["images_per_s"] > 0 for r in report["runs"])
+    q = report["quality"]
+    # same weights, same symbols: CompressAI's reconstruction is visemz's
+    assert abs(q["compressai"]["psnr"] - q["visemz"]["psnr"]) < 0.01
+    assert q["nvjpeg"]["psnr"] >= q["visemz"]["psnr"] or q["nvjpeg"]["jpeg_quality"] == 100
+    assert set(report["ratios"]) >= {"multi_over_single", "compress_over_decompress", "multi_over_compressai",
+                                     "multi_over_nvjpeg", "bits_saved_vs_jpeg"}
+
+
+# ------------------------------------------------------------------ profile_codec, profile_collectives
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_profile_codec_summary(tmp_path, model_weights, device):
+    if device == "cuda":
+        optional("nvidia.nvcomp")  # the GPU's entropy stage
+    from visemz.benchmarks import profile_codec
+
+    image = tmp_path / "a.png"
+    cv2.imwrite(str(image), _smooth((64, 64)))
+    profile_codec.main(["--image", str(image), "--out", str(tmp_path / "prof"), "--device", device, "--reps", "1",
+                        "--threads", "1,2", "--summary-only"])
+    summary = _report(tmp_path / "prof" / "summary.json")
+    assert summary["image"] == "a.png" and summary["bytes"] > 0
+    assert summary["compress_ms"] > 0 and summary["decompress_ms"] > 0
+    assert set(summary["threaded_images_per_s"]) == {"1", "2"}
+    assert (summary["cuda_calls_per_compress"] == {}) == (device == "cpu")
+
+
+def test_profile_collectives_on_one_cpu_rank(monkeypatch, capsys):
+    """A group of one (Gloo, CPU tensors; torchrun's variables set here): every algorithm through both APIs."""
+    from visemz.benchmarks import profile_collectives
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    profile_collectives.main(["--device", "cpu", "--mb", "0.0625", "--reps", "2", "--lines", "3"])
+    out = capsys.readouterr().out
+    assert "rank 0: CPU (Gloo), world 1" in out
+    for alg in ("ring", "recursive_doubling"):
+        for api in ("functional", "plan"):
+            assert f"== {alg} ({api}): median " in out
+
+
+# ------------------------------------------------------------------ rans
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_rans_against_the_block_encoder_and_compressai(tmp_path, device):
+    if device == "cuda":
+        optional("cupy")
+        optional("nvidia.nvcomp")  # the block encoder's zstd on the GPU
+    from visemz.benchmarks import rans
+
+    out = tmp_path / "rans.json"
+    rans.main(["--images", "64x64", "--big-mb", "--repeat", "1", "--warmup", "0", "--lane-bytes", "256",
+               "--out", str(out)] + (["--no-gpu"] if device == "cpu" else []))
+    report = _report(out)
+    coders = {r["coder"]: r for r in report["rows"]}
+    cpu = {"visemz-rans-cpu", "visemz-block+zstd-cpu", "compressai-rans (coder)",
+           "compressai-rans (GaussianConditional)"}
+    assert set(coders) == cpu | ({"visemz-rans-gpu", "visemz-block+zstd-gpu"} if device == "cuda" else set())
+    assert all(r["input"] == "latent of 64x64" and r["symbols"] == 192 * 4 * 4 and r["bytes"] > 0
+               for r in coders.values())
+    # CompressAI's coder alone and through GaussianConditional write the same bytes
+    assert coders["compressai-rans (coder)"]["bytes"] == coders["compressai-rans (GaussianConditional)"]["bytes"]
+    assert report["device"] == ("CPU only" if device == "cpu" else report["device"])
+    assert len(report["lane_bytes_sweep"]) == (1 if device == "cuda" else 0)
+
+
+# ------------------------------------------------------------------ refine
+@pytest.mark.slow
+def test_refine_curves_and_their_cost(tmp_path, model_weights):
+    """Two small gray images of an X-ray set, 8- and 16-bit (the gray model): every point measured, the curves'
+    BD-rates against steps 0 and against JPEG 2000 points of the same images (a points.csv in the rd report's
+    layout), and the encode seconds that 100 steps add."""
+    from visemz.benchmarks import refine
+
+    gray = data.camera()[80:208, 200:328]
+    folder = tmp_path / "eval" / "xray"
+    folder.mkdir(parents=True)
+    cv2.imwrite(str(folder / "a.png"), gray[:64, :96])
+    cv2.imwrite(str(folder / "b.png"), gray[64:128, 32:128].astype(np.uint16) * 257 + 5)
+    rows = ["dataset,image,codec,setting,bpp,psnr"]
+    rows += [f"xray,{im},jpeg2000,bpp={b},{b},{p}" for im in ("a.png", "b.png")
+             for b, p in ((0.5, 28), (1, 32), (2, 37))]
+    rows += ["xray,other.png,jpeg2000,bpp=0.5,0.5,20", "kodak,a.png,jpeg2000,bpp=4,4,50"]  # other images: left out
+    (tmp_path / "points.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "r.json"
+    refine.main(["--data", str(tmp_path / "eval"), "--set", "xray", "--models", "balle2016", "--steps", "0", "2",
+                 "--qualities", "2", "6", "--device", "cpu", "--points", str(tmp_path / "points.csv"),
+                 "--out", str(out)])
+    r = _report(out)
+    assert r["images"] == ["a.png", "b.png"] and len(r["points"]) == 2 * 2 * 2
+    assert r["device"].startswith("CPU")
+    assert all(p["bytes"] > 0 and p["bpp"] > 0 and np.isfinite(p["psnr"]) and p["encode_s"] > 0 for p in r["points"])
+    s = r["summary"]["balle2016"]
+    assert [p["images"] for p in s["2"]["curve"]] == [2, 2]
+    assert s["0"]["bd_rate_vs_steps0"] is None and s["2"]["bd_rate_vs_steps0"] is not None
+    assert all(s[k]["bd_rate_vs_jpeg2000"] is not None for k in ("0", "2"))
+    assert s["0"]["s_per_image_per_100_steps"] is None and s["2"]["per_100_steps_is_upper_bound"] is False
+    enc = [np.mean([p["encode_s"] for p in r["points"] if p["steps"] == k]) for k in (0, 2)]
+    assert s["2"]["s_per_image_per_100_steps"] == pytest.approx((enc[1] - enc[0]) * 50)
+
+
+# ------------------------------------------------------------------ tiles
+def test_tiles_psnr_at_equal_bpp_reads_the_untiled_curve_at_the_tiled_rate():
+    # untiled points (bpp, PSNR) on PSNR = 30 + 10 log10(bpp): a tiled file at 1.1x the bits and the same PSNR
+    # lies 10 log10(1.1) = 0.414 dB below the untiled curve
+    curve = {q: (b, 30 + 10 * np.log10(b), 1.1 * b, 30 + 10 * np.log10(b))
+             for q, b in ((1, 0.25), (2, 0.5), (3, 1.0), (4, 2.0))}
+    assert bench_tiles._psnr_at_equal_bpp(curve, 2) == pytest.approx(-10 * np.log10(1.1), abs=1e-9)
+    assert bench_tiles._psnr_at_equal_bpp(curve, 4) is None  # 2.2 bpp: beyond the untiled curve
+    row = bench_tiles._seam_row(2, [curve, curve], 256)
+    assert row["psnr_tiled_minus_untiled_db"] == 0 and row["bpp_tiled_over_untiled"] == pytest.approx(1.1)
+    assert row["psnr_diff_at_equal_bpp_db"] == pytest.approx(-0.4139, abs=1e-4) and row["images_at_equal_bpp"] == 2
+
+
+def test_tiles_seams_mode_runs_only_the_seams(tmp_path, model_weights):
+    kodak = tmp_path / "kodak"
+    kodak.mkdir()
+    cv2.imwrite(str(kodak / "a.png"), np.ascontiguousarray(data.astronaut()[:64, :128, ::-1]))
+    out = tmp_path / "seams.json"
+    bench_tiles.main(["--seams", "--device", "cpu", "--kodak", str(kodak), "--data", str(tmp_path / "none"),
+                      "--seam-tile", "64", "--qualities", "2", "6", "--out", str(out)])
+    report = _report(out)
+    assert report["sizes"] == [] and not {"untiled", "kodak", "region"} & set(report)
+    seams = report["seams"]
+    assert (seams["tile"], seams["images"], seams["shapes"]) == (64, 1, ["64x128"])
+    assert [r["quality"] for r in seams["rows"]] == [2, 6]
+    for r in seams["rows"]:
+        assert r["bpp_tiled"] > 0 and r["psnr_tiled"] > 20 and abs(r["psnr_tiled_minus_untiled_db"]) < 1
+    assert isinstance(seams["within_0_05_db"], bool) and "bd_psnr_db" in seams
+
+
+@pytest.mark.slow
+def test_tiles_pipeline_mode_runs_tiled_mosaics_and_kodak_through_the_lanes(tmp_path, model_weights):
+    sources, kodak = tmp_path / "xray", tmp_path / "kodak"
+    sources.mkdir()
+    kodak.mkdir()
+    cv2.imwrite(str(sources / "a.png"), data.camera()[:100, :120])
+    cv2.imwrite(str(sources / "b.png"), data.moon()[:90, :80])
+    cv2.imwrite(str(kodak / "k.png"), np.ascontiguousarray(data.astronaut()[:64, :96, ::-1]))
+    out, work = tmp_path / "pipe.json", tmp_path / "work"
+    bench_tiles.main(["--pipeline", "--device", "cpu", "--data", str(sources), "--kodak", str(kodak), "--tile", "64",
+                      "--pipeline-sizes", "128", "--pipeline-images", "2", "--lanes", "2", "--repeats", "1",
+                      "--work", str(work), "--out", str(out)])
+    report = _report(out)
+    assert report["sizes"] == [] and not {"untiled", "kodak", "region", "seams"} & set(report)
+    part = report["pipeline"]
+    assert (part["lanes"], part["images"], part["work"]) == ([1, 2], 2, str(work / "pipeline"))
+    # Kodak repeated to at least the mosaics' pixels: 2 x 128 x 128 over 64 x 96 a file, 6 files
+    for rows, files, pixels in ((part["kodak"]["runs"], 6, 6 * 64 * 96), (part["sizes"][0]["runs"], 2, 2 * 128 * 128)):
+        assert [r["lanes"] for r in rows] == [1, 2]
+        for r in rows:
+            assert (r["images"], r["pixels"], r["loaders"]) == (files, pixels, {"cpu": files})
+            assert r["seconds"] > 0 and r["bytes"] > 0 and r["bpp"] > 0 and r["memory_mib"] is None
+        assert rows[0]["bytes"] == rows[1]["bytes"]  # the lanes write the same files
+    size = part["sizes"][0]
+    assert (size["size"], size["grid"]) == (128, [2, 2])
+    assert set(size["lanes_over_one_lane"]) == {"2"} and isinstance(size["lanes_overlap"], bool)
+    assert set(size["over_kodak_per_pixel"]) == set(size["at_least_0_9_of_kodak"]) == {"1", "2"}
+    assert size["decoded"]["matches_source_shape"] and size["decoded"]["psnr"] > 20
+    # the last timed run's files stay under --work: every one decodes to its source's shape
+    outputs = sorted((work / "pipeline" / "out").rglob("*.vsz"))
+    assert len(outputs) == 2 * (6 + 2)
+    for f in outputs:
+        img = visemz.decompress(f.read_bytes(), device="cpu")
+        assert img.dtype == np.uint16 and img.shape == ((128, 128) if f.name.startswith("mosaic") else (64, 96))
+
+
+# ------------------------------------------------------------------ zarr_chunks
+def _zarr_data(folder: Path) -> Path:
+    """Two smooth images of other sizes than the mosaic: a 16-bit one and an 8-bit one."""
+    folder.mkdir(parents=True)
+    cv2.imwrite(str(folder / "a16.png"), _smooth((80, 90), np.uint16, sigma=3))
+    cv2.imwrite(str(folder / "b8.png"), _smooth((50, 100)))
+    return folder
+
+
+def test_zarr_arguments():
+    args = bench_zarr.parse_args(["--data", "DATA", "--out", "x.json"])
+    assert (args.size, args.chunk, args.quality, args.codecs) == (16384, 4096, 4.0, list(bench_zarr.CODECS))
+    assert bench_zarr.parse_args(["--data", "DATA", "--out", "x.json", "--chunk", "2048"]).chunk == 2048
+    bad = [["--size", "256", "--chunk", "256"], ["--repeats", "0"], ["--codecs", "jpeg"], ["--calib-steps", "0"],
+           ["--calib-tol", "0"], ["--calib-tol", "1"]]
+    if not torch.cuda.is_available():
+        bad.append(["--device", "cuda"])
+    for argv in bad:
+        with pytest.raises(SystemExit) as e:
+            bench_zarr.parse_args(["--data", "DATA", "--out", "x.json", *argv])
+        assert e.value.code == 2
+
+
+@pytest.mark.parametrize("size,chunk", [(16384, 4096), (16384, 2048), (256, 128), (1000, 300), (600, 256)])
+def test_zarr_region_crosses_a_chunk_corner_off_the_grid(size, chunk):
+    y0, y1, x0, x1 = bench_zarr.region_window(size, chunk)
+    assert (y0, y1) == (x0, x1) and y1 - y0 == min(1024, chunk) and 0 <= y0 < y1 <= size
+    assert y0 % chunk and y0 // chunk != (y1 - 1) // chunk  # off the grid, across a chunk edge: four chunks
+
+
+@pytest.mark.parametrize("name", sorted(bench_zarr.KNOBS))
+@pytest.mark.parametrize("target", [0.0215, 0.196, 3.0])
+def test_zarr_rate_search_reaches_the_target_within_its_tolerance(name, target):
+    """On smooth monotone rate curves of either direction (bpp exponential in a PSNR-like setting, a power of a
+    distance) the search ends within 2% of the target in at most 8 trials, from a start on either side."""
+    knob = bench_zarr.KNOBS[name]
+    curve = (lambda x: 0.01 * math.exp(0.17 * (x - 20))) if knob.increasing else (lambda x: 0.4 * math.exp(-1.1 * x))
+    for start in (knob.lo + 0.3 * (knob.hi - knob.lo), knob.lo + 0.7 * (knob.hi - knob.lo)):
+        got = bench_zarr.match_rate(curve, target, knob, start, 0.02, 8)
+        assert got["within_tol"] and abs(got["bpp"] / target - 1) <= 0.02 and len(got["trials"]) <= 8, got
+        assert got["key"] == knob.key and [got["value"], got["bpp"]] in got["trials"]
+
+
+def test_zarr_rate_search_stops_at_a_bound_it_cannot_pass():
+    knob = bench_zarr.KNOBS["jpeg2k_lossy"]
+    got = bench_zarr.match_rate(lambda x: 1.0, 0.2, knob, 40.0, 0.02, 8)  # a codec whose rate does not move
+    assert not got["within_tol"] and got["bpp_over_target"] == 5.0 and got["trials"][-1][0] == knob.lo
+
+
+def test_zarr_array_bpp_counts_every_chunk_as_zarr_stores_it(tmp_path):
+    img = (np.arange(200 * 130, dtype=np.uint16) * 37).reshape(200, 130)
+    codec = numcodecs.get_codec({"id": "zlib", "level": 5})
+    arr = bench_zarr.create(tmp_path / "a.ome.zarr", img.shape, 64, codec)
+    arr[...] = img
+    stored, files = bench_zarr.chunk_bytes(tmp_path / "a.ome.zarr")
+    assert files == 4 * 3 and bench_zarr.array_bpp(img, 64, codec) == pytest.approx(stored * 8 / img.size, abs=1e-12)
+
+
+def test_mosaic_gaps_are_zero():
+    # a row is as tall as its tallest image: under a shorter one the mosaic is 0, never stale memory
+    a, b = np.full((3, 5), 7, np.uint16), np.full((2, 4), 9, np.uint16)
+    out = common.mosaic([a, b], 8)
+    assert out[:3, :5].tolist() == [[7] * 5] * 3 and (out[:2, 5:] == 9).all() and (out[2, 5:] == 0).all()
+    assert set(np.unique(out)) <= {0, 7, 9}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_zarr_tiny_run(tmp_path, model_weights, device):
+    if device == "cuda":
+        optional("nvidia.nvcomp")  # the GPU's entropy stage
+    data_dir, work, out = _zarr_data(tmp_path / "data"), tmp_path / "work", tmp_path / "bench.json"
+    bench_zarr.main(["--data", str(data_dir), "--size", "128", "--chunk", "64", "--device", device, "--repeats", "1",
+                     "--calib-steps", "6", "--work", str(work), "--out", str(out)])
+    report = _report(out)
+    img = common.mosaic(common.sources(data_dir), 128)
+    assert (report["device_kind"], report["size"], report["chunk"], report["raw_bytes"]) == \
+        (device, 128, 64, img.nbytes)
+    assert report["distinct_values"] == len(np.unique(img)) and report["versions"]["zarr"] == zarr.__version__
+    assert set(report["versions"]) >= {"zarr", "numcodecs", "imagecodecs", "visemz"}
+    rows = report["rows"]
+    assert list(rows) == list(bench_zarr.CODECS)
+    for name in ("visemz_lossless", "visemz_lossy"):
+        row = rows[name]
+        assert row["chunks"] == 4 and row["ratio"] > 1 and row["config"]["device"] == device
+        assert row["write_s"] > 0 and row["read_all_s"] > 0 and row["region_s"] > 0
+        if device == "cuda":
+            assert row["gpu_peak_mib"] > 0
+        else:  # the CPU decodes a chunk the same way every time (on the GPU cuDNN may pick other algorithms)
+            assert row["gpu_peak_mib"] is None and row["region_equals_full_window"]
+    assert rows["visemz_lossless"]["exact"] and rows["visemz_lossless"]["config"]["max_error"] == 0
+    lossy = rows["visemz_lossy"]
+    assert not lossy["exact"] and math.isfinite(lossy["psnr"]) and lossy["psnr"] > 0 and lossy["max_abs_error"] > 0
+
+    # the store is an OME-Zarr-shaped group whose level 0 reads back, freshly opened, as the mosaic
+    group = zarr.open_group(str(work / "visemz_lossless.ome.zarr"), mode="r")
+    (ms,) = group.attrs["multiscales"]
+    assert ms["version"] == "0.4" and [a["name"] for a in ms["axes"]] == ["y", "x"] and ms["datasets"][0]["path"] == "0"
+    level = group["0"]
+    assert level.chunks == (64, 64) and level.compressor.get_config()["id"] == "visemz"
+    assert np.array_equal(level[...], img)
+    stored = sum(f.stat().st_size for f in (work / "visemz_lossless.ome.zarr" / "0").rglob("*") if f.is_file()
+                 and not f.name.startswith("."))
+    assert stored == rows["visemz_lossless"]["stored_bytes"]
+
+    for name in IMAGECODECS_ROWS:  # measured where imagecodecs is installed, otherwise skipped with the reason
+        row = rows[name]
+        if "skipped" in row:
+            assert "imagecodecs" in row["skipped"]
+        elif name.endswith("lossless"):
+            assert row["exact"] and row["ratio"] > 1
+        else:
+            assert not row["exact"] and math.isfinite(row["psnr"])
+            calibration = report["calibration"][name]
+            assert calibration["target_bpp"] == pytest.approx(lossy["stored_bytes"] * 8 / img.size)
+            # the row stores exactly the bytes its calibration's chosen setting coded
+            assert row["bpp_over_target"] == pytest.approx(calibration["bpp_over_target"], abs=1e-3)
+            assert row["config"][calibration["key"]] == calibration["value"] and len(calibration["trials"]) <= 6
+
+
+def test_zarr_missing_imagecodecs_rows_are_skipped(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_zarr, "imagecodecs", None)
+    monkeypatch.setattr(bench_zarr, "IMAGECODECS_MISSING", "imagecodecs is not installed (test)")
+    out = tmp_path / "bench.json"
+    bench_zarr.main(["--data", str(_zarr_data(tmp_path / "data")), "--size", "256", "--chunk", "128", "--device",
+                     "cpu", "--codecs", *IMAGECODECS_ROWS, "--out", str(out)])
+    report = _report(out)
+    assert report["rows"] == {name: {"skipped": "imagecodecs is not installed (test)"} for name in IMAGECODECS_ROWS}
+    assert report["versions"]["imagecodecs"] is None
