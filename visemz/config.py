@@ -77,8 +77,8 @@ class Defaults:
     #: (stream version 3; 0 writes version 2, skipping none).  Such symbols cost next to no bits but a
     #: sequential step each: 65531 (the two narrowest Gaussian scales, a factorized prior's unused
     #: channels) left 0.43x of y's steps at quality 1 on Kodak for the same bytes (CPU,
-    #: docs/results/codec/rans_skip_cpu.jsonl).  0 because on a GPU it costs more than it saves (H200,
-    #: docs/results/codec/rans_skip_gpu.jsonl: the rANS sections' encode + decode 0.84x at Kodak
+    #: docs/results/codec/rans_skip.jsonl).  0 because on a GPU it costs more than it saves (H200,
+    #: docs/results/codec/rans_skip.jsonl: the rANS sections' encode + decode 0.84x at Kodak
     #: quality 1, 1.22-1.62x at 3-8: version 3 adds host waits per section); opt in for CPU
     #: coding (0.48x the time at quality 1) or the X-rays' bytes (0.90-0.98x at quality 1).
     rans_skip_freq: int = 0  # VISEMZ_RANS_SKIP_FREQ
