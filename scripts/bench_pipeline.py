@@ -49,9 +49,9 @@ from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evalkit  # noqa: E402
 from visemz import defaults, measure  # noqa: E402
-from visemz import pixels as px  # noqa: E402
 from visemz.encoders import gpu  # noqa: E402
 from visemz.errors import InvalidArgumentError  # noqa: E402
+from visemz.image import pixels as px  # noqa: E402
 from visemz.io import files, loaders, writers  # noqa: E402
 from visemz.models import architectures, registry  # noqa: E402
 from visemz.models import weights as W  # noqa: E402

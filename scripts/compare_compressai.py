@@ -25,8 +25,8 @@ import torch
 
 import evalkit
 import visemz
-from visemz import pixels
 from visemz.evaluation import bjontegaard
+from visemz.image import pixels
 from visemz.io.writers import write_atomic
 from visemz.models import all_specs, architectures
 from visemz.models import weights as W

@@ -13,9 +13,10 @@ import cv2
 import numpy as np
 import torch
 
-from visemz import measure, pixels, tiling
-from visemz.codec import _model64, network_math
+from visemz import measure
 from visemz.evaluation import metrics
+from visemz.image import pixels, tiling
+from visemz.image.codec import _model64, network_math
 from visemz.io.files import IMAGE_EXTENSIONS
 from visemz.io.loaders import load_image
 from visemz.io.writers import write_atomic

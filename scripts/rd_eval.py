@@ -13,7 +13,7 @@ OUT/near-lossless/<dataset>.json, and the figures OUT/rd_<dataset>.png and OUT/c
 
 ``--crop N`` codes each image's central N x N pixels and ``--gray`` its luma (the dataset's name
 says so: ``xray-gray-crop512``).  ``--refine-steps N`` adds codec visemz-<arch>-refine<N> (N steps of
-encoder-side latent refinement, ``visemz/refine.py``) beside each visemz-<arch> of the selection, and
+encoder-side latent refinement, ``visemz/image/refine.py``) beside each visemz-<arch> of the selection, and
 summary.md gives what the steps cost per image; a refined codec can also be named in ``--codecs``
 directly, as can ``visemz-<arch>-maxerr-q<Q>`` (visemz's lossless and max_error ladder at model quality
 Q).  ``--ladder CODEC=V1,V2,...`` (repeatable) replaces a codec's settings (qualities for the learned

@@ -16,13 +16,14 @@ import pytest
 from safetensors import safe_open
 
 import visemz
-from visemz import config, container, defaults, pages, residual_coder, tile_index
+from visemz import config, container, defaults
 from visemz.encoders import decode_ints, encode_ints, entropy, stream
 from visemz.encoders import layout as L
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 from visemz.floats import ErrorBounded, Lossless
 from visemz.floats.lossless import LL_HEAD
 from visemz.framing import write_varints, xxh64
+from visemz.image import pages, residual_coder, tile_index
 from visemz.models import registry
 from visemz.models import weights as W
 from visemz.zarr_codecs import VisemzErrorBounded, VisemzLossless
