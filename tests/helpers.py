@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from visemz import codec as codec_module
-from visemz import container, defaults, tiling
-from visemz.codec import ImageCodec
+from visemz import container, defaults
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints
+from visemz.image import codec as codec_module
+from visemz.image import tiling
+from visemz.image.codec import ImageCodec
 
 EDGE_SIZES = (0, 1, 31, 32, 33, 63, 64, 65, 127, 129, 16383, 16384, 16385, 32769)
 DISTRIBUTIONS = ("zeros", "latent", "heavy", "extremes", "uniform", "dense")

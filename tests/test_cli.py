@@ -20,8 +20,9 @@ import tifffile
 from skimage import data
 
 import visemz
-from visemz import container, pages
-from visemz.codec import FORMAT
+from visemz import container
+from visemz.image import pages
+from visemz.image.codec import FORMAT
 from visemz.pipeline import dali_source
 from visemz.pipeline.jobs import is_complete
 

@@ -279,7 +279,8 @@ def test_fractional_qualities(model, dtype, shape):
 def test_network_math_sets_tf32_from_the_setting_and_restores_the_callers(tf32):
     """VISEMZ_TF32 decides cuDNN's TF32 switch while any codec call runs (nested calls share it); the
     caller's own switch comes back when the last one leaves, and torch's matmul switch is never touched."""
-    from visemz import codec, defaults
+    from visemz import defaults
+    from visemz.image import codec
 
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     with defaults.set(tf32=tf32):

@@ -7,9 +7,10 @@ from safetensors.torch import save_file
 from skimage import data
 
 import visemz
-from visemz import codec, container, latents
+from visemz import container
 from visemz.encoders import encode_ints
 from visemz.errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError, VisemzError
+from visemz.image import codec, latents
 from visemz.models import all_specs, architectures, entropy_tables, parse
 from visemz.models import weights as W
 
@@ -294,8 +295,9 @@ def test_float64_copy_is_made_from_the_loaded_model_once_per_weights(monkeypatch
 def test_hyper_latent_lanes_take_at_most_the_hyper_cap(cpu, monkeypatch):
     """z's rANS stream is planned with lanes of at most VISEMZ_RANS_HYPER_LANE_SYMBOLS symbols (its decode
     precedes y's); y keeps VISEMZ_RANS_LANE_SYMBOLS.  The setting is validated like the others."""
-    from visemz import config, defaults, tile_index
+    from visemz import config, defaults
     from visemz.encoders import rans_layout as RL
+    from visemz.image import tile_index
 
     img = data.astronaut()  # 512 x 512: z holds 128 x 8 x 8 = 8192 symbols
     c = container.unpack(cpu.compress(img, model="mbt2018-mean", quality=1))
@@ -332,8 +334,9 @@ def test_loaded_models_are_frozen_for_inference():
 def test_skipping_near_certain_zeros_keeps_the_symbols(cpu, model, quality):
     """With VISEMZ_RANS_SKIP_FREQ the image's rANS sections are version-3 streams, the file decodes to the same
     symbols and pixels, and its size moves by under 1%."""
-    from visemz import defaults, tile_index
+    from visemz import defaults
     from visemz.encoders import rans_layout as RL
+    from visemz.image import tile_index
 
     img = data.astronaut()
     plain = cpu.compress(img, model=model, quality=quality)

@@ -12,11 +12,12 @@ import torch
 from skimage import data
 
 import visemz
-from visemz import codec as codec_module
-from visemz import container, latents, tile_index
+from visemz import container
 from visemz.encoders import encode_ints
 from visemz.encoders.scale_indexes import DEFAULT_REL_TOL, read_scale_exceptions
 from visemz.errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError, VisemzError
+from visemz.image import codec as codec_module
+from visemz.image import latents, tile_index
 from visemz.models import architectures, channel_context, entropy_tables, registry
 from visemz.models import weights as W
 

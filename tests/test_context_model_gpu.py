@@ -7,7 +7,8 @@ import pytest
 import torch
 from skimage import data
 
-from visemz import codec, container, latents, tile_index
+from visemz import container
+from visemz.image import codec, latents, tile_index
 from visemz.models import architectures, registry
 
 from .helpers import cross_device_tolerance, parity, symbols_of

@@ -28,8 +28,7 @@ import torch
 import zstandard
 
 import visemz
-from visemz import codec as image_codec
-from visemz import container, defaults, image_header, latents, pages, residual, residual_coder, tile_index, zarr_codecs
+from visemz import container, defaults, zarr_codecs
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints, entropy, gpu, reference, stream
 from visemz.encoders import layout as L
@@ -38,8 +37,10 @@ from visemz.errors import UnsupportedFormatError
 from visemz.floats import ErrorBounded, Lossless
 from visemz.floats.error_bounded import EB_VERSION
 from visemz.floats.lossless import LL_VERSION
+from visemz.image import codec as image_codec
+from visemz.image import image_header, latents, pages, residual, residual_coder, tile_index
+from visemz.image.pixels import ImageMeta
 from visemz.measure import psnr
-from visemz.pixels import ImageMeta
 
 from .helpers import optional
 

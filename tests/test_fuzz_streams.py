@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from visemz import image_header
 from visemz.errors import CorruptStreamError
+from visemz.image import image_header
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import fuzz_streams  # noqa: E402

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from skimage import data
 
-from visemz import codec, container, latents
+from visemz import container
+from visemz.image import codec, latents
 
 from .helpers import cross_device_tolerance, optional, parity, symbols_of
 

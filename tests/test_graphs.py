@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from visemz import config, defaults
-from visemz.codec import ImageCodec
 from visemz.errors import InvalidArgumentError
+from visemz.image.codec import ImageCodec
 from visemz.models import graphs
 
 from .helpers import symbols_of

@@ -10,8 +10,9 @@ import pytest
 import tifffile
 
 import visemz
-from visemz import ImageCodec, container, pages
+from visemz import ImageCodec, container
 from visemz.errors import CorruptStreamError, DeviceUnavailableError, InvalidArgumentError, VisemzError
+from visemz.image import pages
 from visemz.io import loaders, writers
 from visemz.io.files import Item
 from visemz.pipeline import executor, probe, sources

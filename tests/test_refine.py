@@ -1,4 +1,4 @@
-"""Encoder-side latent refinement (visemz/refine.py): valid files, a lower measured RD cost, the
+"""Encoder-side latent refinement (visemz/image/refine.py): valid files, a lower measured RD cost, the
 error bound, tiles, the model left untouched, bad step counts refused."""
 
 import dataclasses
@@ -10,11 +10,12 @@ import torch
 from skimage import data
 
 import visemz
-from visemz import config, defaults, measure, refine, tiling
+from visemz import config, defaults, measure
 from visemz.errors import InvalidArgumentError
+from visemz.image import refine, tiling
+from visemz.image.pixels import describe, to_batch
 from visemz.models import architectures, registry
 from visemz.models import weights as W
-from visemz.pixels import describe, to_batch
 
 from .helpers import symbols_of, trained
 

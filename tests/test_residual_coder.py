@@ -15,9 +15,10 @@ import torch
 from skimage import data
 
 import visemz
-from visemz import codec as codec_module
-from visemz import container, residual_coder, tiling
+from visemz import container
 from visemz.errors import CorruptStreamError
+from visemz.image import codec as codec_module
+from visemz.image import residual_coder, tiling
 from visemz.models import blocks, registry, residual_prior, residual_weights
 from visemz.models import residual_tables as RT
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from skimage import data
 
-from visemz import codec, container, residual_coder
+from visemz import container
+from visemz.image import codec, residual_coder
 
 from .helpers import parity
 

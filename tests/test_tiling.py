@@ -15,10 +15,12 @@ import torch
 from skimage import data
 
 import visemz
-from visemz import container, defaults, latents, pages, tile_index, tiling
+from visemz import container, defaults
 from visemz.config import Defaults
 from visemz.errors import CorruptStreamError, InvalidArgumentError
 from visemz.framing import read_varints, write_varints
+from visemz.image import latents, pages, tile_index, tiling
+from visemz.image.codec import FORMAT
 from visemz.measure import psnr
 
 from .helpers import count_checksums, repack, tiled_synthesis
@@ -42,7 +44,7 @@ def coffee(codec):
 def test_round_trip_of_an_odd_size_in_tiles(coffee):
     img, buf, out = coffee
     meta = container.unpack(buf).meta
-    assert meta["format"] == visemz.codec.FORMAT and meta["tiles"]["grid"] == [3, 5] and meta["tiles"]["size"] == TILE
+    assert meta["format"] == FORMAT and meta["tiles"]["grid"] == [3, 5] and meta["tiles"]["size"] == TILE
     assert out.shape == img.shape and out.dtype == img.dtype
     assert psnr(img, out) > 30
 
@@ -185,7 +187,7 @@ def test_formats_5_and_6_are_format_4_with_a_varint_tile_index(codec, coffee):
     img, buf, out = coffee
     old = codec.compress(img, quality=4, tile=TILE, image_format=4)
     c5, c4 = container.unpack(buf), container.unpack(old)
-    assert c5.meta["format"] == visemz.codec.FORMAT and c4.meta["format"] == 4  # formats 5 and 6: varints
+    assert c5.meta["format"] == FORMAT and c4.meta["format"] == 4  # formats 5 and 6: varints
     assert bytes(c5.sections[tile_index.TILES]) == bytes(c4.sections[tile_index.TILES])
     n, p, s = 15, len(c5.meta["tiles"]["parts"]), len(c5.meta["tiles"]["symbols"])
     assert len(c4.sections[tile_index.INDEX]) == n * (8 * p + s) > 2 * len(c5.sections[tile_index.INDEX])

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from skimage import data
 
-from visemz import container, defaults, tiling
+from visemz import container, defaults
+from visemz.image import tiling
 
 from .helpers import cross_device_tolerance, tiled_synthesis
 

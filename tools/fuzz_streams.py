@@ -51,13 +51,14 @@ import numpy as np
 import torch
 
 import visemz
-from visemz import container, defaults, image_header, pages
+from visemz import container, defaults
 from visemz.encoders import decode_ints, encode_ints, entropy, rans, reference, stream
 from visemz.encoders import layout as L
 from visemz.encoders.cdf_tables import CdfTables, default_scale_table, gaussian_scale_tables
 from visemz.errors import VisemzError
 from visemz.floats import ErrorBounded, Lossless
 from visemz.framing import read_varints, write_varints, xxh64
+from visemz.image import image_header, pages
 from visemz.io.writers import write_atomic
 from visemz.zarr_codecs import VisemzErrorBounded, VisemzLossless
 

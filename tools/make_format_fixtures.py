@@ -31,8 +31,7 @@ import torch
 import zstandard
 
 import visemz
-from visemz import codec as image_codec
-from visemz import container, defaults, latents, pages, residual, residual_coder, tile_index, zarr_codecs
+from visemz import container, defaults, zarr_codecs
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints, reference, stream
 from visemz.encoders import layout as L
@@ -40,10 +39,12 @@ from visemz.encoders import rans_layout as RL
 from visemz.floats import ErrorBounded, Lossless
 from visemz.floats.lossless import LL_VERSION
 from visemz.floats.prediction import PREDICTORS
+from visemz.image import codec as image_codec
+from visemz.image import latents, pages, residual, residual_coder, tile_index
+from visemz.image.pixels import ImageMeta
 from visemz.io.writers import write_atomic
 from visemz.models import all_specs, parse
 from visemz.models import weights as W
-from visemz.pixels import ImageMeta
 
 MANIFEST = "fixtures.json"
 ROOT = Path(__file__).resolve().parents[1]

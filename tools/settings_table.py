@@ -17,7 +17,8 @@ import re
 import sys
 from pathlib import Path
 
-from visemz import config, pixels, tiling
+from visemz import config
+from visemz.image import pixels, tiling
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 

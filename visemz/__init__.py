@@ -18,7 +18,7 @@ from .errors import (
 __version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it (statically, without importing)
 
 # public name -> the module that defines it, imported on first use (PEP 562)
-_LAZY = {"compress": "api", "decompress": "api", "ImageCodec": "codec"}
+_LAZY = {"compress": "api", "decompress": "api", "ImageCodec": "image.codec"}
 _SUBMODULES = ("defaults",)  # public modules, imported on first use
 
 __all__ = [

@@ -11,8 +11,8 @@ import functools
 
 import numpy as np
 
-from . import pages
-from .codec import ImageCodec
+from .image import pages
+from .image.codec import ImageCodec
 from .models.registry import DEFAULT_MODEL, DEFAULT_QUALITY
 
 
@@ -28,7 +28,7 @@ def compress(image, *, model: str = DEFAULT_MODEL, quality: float = DEFAULT_QUAL
     smallest file of a few qualities).  An image larger than ``tile``
     pixels (a multiple of 64; default ``VISEMZ_TILE``) is compressed tile by tile.  ``refine``: steps
     of encoder-side latent refinement (default ``VISEMZ_REFINE``, 0: none), slower encoding for
-    a lower rate-distortion cost, decoded as ever (``visemz/refine.py``)."""
+    a lower rate-distortion cost, decoded as ever (``visemz/image/refine.py``)."""
     return _codec(device).compress(image, model=model, quality=quality, max_error=max_error, tile=tile,
                                    refine=refine)
 

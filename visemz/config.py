@@ -93,7 +93,7 @@ class Defaults:
     #: Image codec: tiles per batch through the network (peak GPU memory grows with it: one tile
     #: of 4096 peaked at 6.3 GB on the H200).
     tile_batch: int = 1  # VISEMZ_TILE_BATCH
-    #: Image codec: encoder-side latent refinement steps (``refine.py``; 0: off).  Each step is a
+    #: Image codec: encoder-side latent refinement steps (``visemz/image/refine.py``; 0: off).  Each step is a
     #: forward and backward pass of the synthesis (and hyper-synthesis) on the image: encoding costs
     #: far more, decoding nothing, and the file format is unchanged.
     refine: int = 0  # VISEMZ_REFINE

@@ -72,7 +72,7 @@ def _known(name: str) -> str:
 def _checked(name: str, value):
     value = config.check(_known(name), value)
     if name == "tile":  # the tile rule is tiling's (config.RULES says why); importing it here loads torch
-        from .tiling import check_tile
+        from .image.tiling import check_tile
 
         check_tile(value)
     return value

@@ -30,13 +30,14 @@ import numpy as np
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_copy
 
-from . import api, tiling
+from . import api
 from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
 from .floats import ErrorBounded, Lossless
 from .floats.error_bounded import error_bound_config
 from .framing import read_prefix, xxh64
+from .image import tiling
+from .image.pixels import DTYPES, MAX_CHANNELS, check_pixels
 from .models import registry
-from .pixels import DTYPES, MAX_CHANNELS, check_pixels
 
 LAYOUTS = ("hwc", "zhw")
 DEVICES = (None, "auto", "cpu", "cuda")

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from visemz import measure, pixels
+from visemz import measure
+from visemz.image import pixels
 from visemz.io import loaders
 from visemz.io.writers import write_atomic
 from visemz.models import architectures, registry

@@ -1,4 +1,4 @@
-"""What encoder-side latent refinement (``visemz/refine.py``) buys: rate, quality and encode time.
+"""What encoder-side latent refinement (``visemz/image/refine.py``) buys: rate, quality and encode time.
 
     python -m visemz.benchmarks.refine --data DATA/eval --set kodak \
         --models mbt2018-mean balle2016 --steps 0 50 150 --qualities 1 2 3 4 5 6 7 8 \
@@ -29,15 +29,15 @@ import numpy as np
 import torch
 
 from visemz import measure
-from visemz.codec import ImageCodec
 from visemz.cuda import resolve
 from visemz.evaluation.bjontegaard import BDError, bd_rate
 from visemz.evaluation.datasets import find_datasets
 from visemz.evaluation.report import device_name, frontier
+from visemz.image.codec import ImageCodec
+from visemz.image.refine import RefineSettings
 from visemz.io.loaders import load_image
 from visemz.io.writers import write_atomic
 from visemz.models import registry
-from visemz.refine import RefineSettings
 
 ANCHOR = "jpeg2000"
 # in a checkout: the rd report kept in the repository's docs (an installed package has none: then no anchor)

@@ -58,9 +58,9 @@ from scipy.interpolate import PchipInterpolator
 import visemz
 from visemz import container, defaults, measure
 from visemz.benchmarks.common import Device, converted_folder, gray16, mosaic, sources
-from visemz.codec import network_math
 from visemz.errors import LimitExceededError
 from visemz.evaluation.bjontegaard import BDError, bd_psnr, bd_rate
+from visemz.image.codec import network_math
 from visemz.io import files
 from visemz.io.loaders import load_image
 from visemz.io.writers import write_atomic

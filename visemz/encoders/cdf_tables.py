@@ -244,7 +244,7 @@ def logistic_tables(scales, centres, tail_mass: float = 1e-6) -> CdfTables:
 
     p(v) = S((v + 0.5 - c) / s) - S((v - 0.5 - c) / s), S the logistic sigmoid, for v in -n..n with
     n = ceil(s ln(2 / tail_mass)) + 1; the escape gets the mass outside.  The residual coder's family
-    (``residual_coder.py``)."""
+    (``visemz/image/residual_coder.py``)."""
     scales, centres = np.asarray(scales, np.float64), np.asarray(centres, np.float64)
     if scales.ndim != 1 or scales.size < 1 or not np.all(np.isfinite(scales)) or np.any(scales <= 0):
         raise InvalidArgumentError("logistic_tables needs a non-empty list of finite positive scales")

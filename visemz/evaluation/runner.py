@@ -19,8 +19,8 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InvalidArgumentError, VisemzError
+from ..image.refine import check_steps as check_refine
 from ..io.writers import write_atomic
-from ..refine import check_steps as check_refine
 from . import codecs as codec_registry
 from . import metrics, report
 from .codecs import Codec, Layout

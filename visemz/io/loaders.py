@@ -9,7 +9,7 @@ the file's identity (``files.Identity``) that a job records.
 A multi-page TIFF is read as one stack of pages, (P, H, W) or (P, H, W, C); its pages must
 share one shape and dtype; so is a .npy volume, (Z, H, W) when its last axis is longer than
 an image's channels can be (``pixels.MAX_CHANNELS``), or any 4-D .npy.  Folder jobs compress
-such a stack into one "pages" file (``pages.py``) and restore it whole.
+such a stack into one "pages" file (``visemz/image/pages.py``) and restore it whole.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ except ImportError:  # optional: DICOM files are read when it is installed
     pydicom = None
 
 from ..errors import VisemzError
-from ..pixels import MAX_CHANNELS
+from ..image.pixels import MAX_CHANNELS
 from .files import Identity, shown
 
 

@@ -255,7 +255,7 @@ def analysis_latents(model: torch.nn.Module, x: torch.Tensor, quality: float,
     """Image batch in [0, 1] -> the gained latents before rounding: {"y": g * y, ["z": hg * h_a(g * y)]}.
 
     ``crop`` (y0, y1, x0, x1) in latent positions keeps that part of g_a's output, and the hyperprior
-    sees only it: a tile's core analysed with a halo of pixels around it (``tiling.py``)."""
+    sees only it: a tile's core analysed with a halo of pixels around it (``visemz/image/tiling.py``)."""
     g, _ = model.gain.at(quality, x.dtype, x.device)
     y = analysis_transform(model, x) * g
     if crop is not None:
@@ -286,7 +286,7 @@ def analysis_transform(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def quantise(model: torch.nn.Module, latents: dict[str, torch.Tensor], quality: float) -> dict[str, torch.Tensor]:
-    """Gained latents (``analysis_latents``, or refined ones, ``refine.py``) -> integer symbols (int32).
+    """Gained latents (``analysis_latents``, or refined ones, ``visemz/image/refine.py``) -> integer symbols (int32).
 
     Factorized: y_sym = round(y - median).  Mean-scale hyperprior: z_sym = round(z - median_z), and
     y_sym = round(y - mean), the mean predicted from the dequantised z_sym as the decoder predicts it."""

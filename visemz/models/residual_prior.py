@@ -1,6 +1,6 @@
 """The residual prior: a distribution for every pixel of an image given its lossy reconstruction.
 
-Lossless and near-lossless coding (``visemz/residual_coder.py``) code each pixel x under a logistic
+Lossless and near-lossless coding (``visemz/image/residual_coder.py``) code each pixel x under a logistic
 distribution (mean mu, scale s, in the image's own levels) that this network predicts from
 
 - the lossy reconstruction x_hat (in [0, 1]) and the synthesis transform's last hidden features (the
@@ -18,7 +18,7 @@ near-lossless bin 2E + 1, which sets how coarse the context pixels are.
 mu = lo + x_hat (hi - lo) + u * offset and s = u * exp(log_scale), (offset, log_scale) the head's
 outputs.  Training (``nll_bits``) runs the passes in float32 with the true pixels' quantised
 values as context, exactly as a decoder would see them; coding runs them in float64
-(``residual_coder.py`` makes the parameters identical on every device).
+(``visemz/image/residual_coder.py`` makes the parameters identical on every device).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ centres, and uniform tables for the low bits of wide distributions.
 
 A pixel's distribution (mean, scale, in units of the near-lossless bin) is coded by a scale index
 si = round(STEPS log2(scale / SCALE_MIN)) in 0..SI_MAX and a centre index in 0..CENTRES - 1
-(``residual_coder.py``).  Scales up to the grid's top (index TOP, about 31.6) have a logistic table
+(``visemz/image/residual_coder.py``).  Scales up to the grid's top (index TOP, about 31.6) have a logistic table
 each; a wider one is coded as its value shifted right by k bits (k = ceil((si - TOP) / STEPS)) under
 the table of si - k STEPS, and its k low bits under the uniform table of k bits.  Tables are
 numbered ``si * CENTRES + centre`` for si in 0..TOP, then ``UNIFORM + k - 1`` for k in 1..MAX_SHIFT.

@@ -142,7 +142,7 @@ def load(spec: ModelSpec, device: str = "cpu", model_id: str | None = None) -> t
 
     Thread-safe: several pipeline streams asking at once get one model, fully on the device.  Built
     outside inference mode whatever the caller's, so the cached model's tensors are ordinary ones that
-    autograd may use later (encoder-side refinement differentiates through the model, ``refine.py``)."""
+    autograd may use later (encoder-side refinement differentiates through the model, ``visemz/image/refine.py``)."""
     installed = _cached((spec, device, None), lambda: _load(spec, device, weights_path(spec)))
     if model_id is None or model_id == installed[1]:
         return installed

@@ -29,17 +29,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import codec as codec_module
-from .. import container, defaults, measure, pages
-from ..codec import ImageCodec
+from .. import container, defaults, measure
 from ..defaults import cpu_threads
 from ..device import as_numpy
 from ..errors import InvalidArgumentError, LimitExceededError, VisemzError
+from ..image import codec as codec_module
+from ..image import pages
+from ..image.codec import ImageCodec
+from ..image.refine import check_steps
+from ..image.tiling import check_tile
 from ..io import files, loaders
 from ..models import graphs, registry
 from ..models import weights as W
-from ..refine import check_steps
-from ..tiling import check_tile
 from . import checks, destination, executor, kvikio_io, memory, sources
 from .manifest import MANIFEST
 from .results import ItemResult, Summary

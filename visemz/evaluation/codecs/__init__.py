@@ -1,7 +1,7 @@
 """The codecs the evaluation can run, by name.
 
 Besides ``NAMES``, ``visemz-<arch>-refine<N>`` is visemz at qualities 1-8 with N steps of
-encoder-side latent refinement (``visemz/refine.py``), N in 1..MAX_REFINE, and
+encoder-side latent refinement (``visemz/image/refine.py``), N in 1..MAX_REFINE, and
 ``visemz-<arch>-maxerr-q<Q>`` is visemz's error-bounded ladder (lossless, then maximum errors
 in the image's own levels) at model quality Q instead of ``learned.MAXERR_QUALITY``.
 """

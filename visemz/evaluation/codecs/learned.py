@@ -107,7 +107,7 @@ class CompressAIRans(LearnedCodec):
     def encode(self, image, setting) -> bytes:
         import torch
 
-        from ... import pixels
+        from ...image import pixels
 
         t = pixels.as_tensor(image, self.device)
         meta = pixels.describe(t)
@@ -125,7 +125,7 @@ class CompressAIRans(LearnedCodec):
     def decode(self, data, setting, layout) -> np.ndarray:
         import torch
 
-        from ... import pixels
+        from ...image import pixels
 
         pos, shape = 4, struct.unpack_from("<HH", data, 0)
         lo, hi = 0.0, 255.0
@@ -153,7 +153,7 @@ class Visemz(LearnedCodec):
 
     def __init__(self, arch: str, device: str, refine: int = 0):
         super().__init__(arch, device)
-        from ...codec import ImageCodec
+        from ...image.codec import ImageCodec
 
         self.refine, self._codec = refine, ImageCodec(device)
         self.name = refined_name(arch, refine) if refine else f"visemz-{arch}"

@@ -25,9 +25,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import defaults
-from .errors import InvalidArgumentError, VisemzError
-from .models import architectures, blocks, graphs
+from .. import defaults
+from ..errors import InvalidArgumentError, VisemzError
+from ..models import architectures, blocks, graphs
 from .pixels import PAD, ImageMeta, to_batch
 from .refine import RefineSettings, refine_symbols
 

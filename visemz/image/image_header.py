@@ -15,12 +15,13 @@ import re
 
 import numpy as np
 
-from . import container, latents, residual, residual_coder, tile_index, tiling
-from .encoders import ENTROPIES, stream
-from .encoders import layout as L
-from .encoders import rans_layout as RL
-from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
-from .models import registry
+from .. import container
+from ..encoders import ENTROPIES, stream
+from ..encoders import layout as L
+from ..encoders import rans_layout as RL
+from ..errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
+from ..models import registry
+from . import latents, residual, residual_coder, tile_index, tiling
 from .pixels import DTYPES, MAX_CHANNELS, ImageMeta, check_pixels, max_error_limit
 
 KIND = "image"

@@ -18,9 +18,9 @@ from dataclasses import replace
 
 import torch
 
-from .device import ints_to_torch, torch_to_ints
-from .encoders import EncoderConfig, encode_ints_many
-from .errors import CorruptStreamError
+from ..device import ints_to_torch, torch_to_ints
+from ..encoders import EncoderConfig, encode_ints_many
+from ..errors import CorruptStreamError
 from .pixels import ImageMeta
 
 EPS = 1e-6  # in 8-bit levels; float64 synthesis differs across devices by ~1e-11 here

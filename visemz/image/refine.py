@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import check_steps
-from .errors import InvalidArgumentError
-from .models import architectures, registry
+from ..config import check_steps
+from ..errors import InvalidArgumentError
+from ..models import architectures, registry
 
 ROUNDINGS = ("sga", "ste")
 PRECISIONS = ("auto", "bfloat16", "float32")

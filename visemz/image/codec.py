@@ -4,7 +4,7 @@
     buf = codec.compress(image, model="balle2016", quality=4.5, max_error=None)
     image = codec.decompress(buf)
 
-(``visemz.compress`` / ``visemz.decompress`` in ``api.py`` use one per device.)
+(``visemz.compress`` / ``visemz.decompress`` in ``visemz/api.py`` use one per device.)
 
 ``quality`` is a float in [1, 8] on CompressAI's lambda ladder (the models are variable-rate).
 
@@ -23,13 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import container, cuda, defaults, image_header, latents, residual, residual_coder, tile_index, tiling
-from . import device as dev
-from .encoders import encode_ints
-from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
+from .. import container, cuda, defaults
+from .. import device as dev
+from ..encoders import encode_ints
+from ..errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
+from ..models import architectures, graphs, registry, residual_weights
+from ..models import weights as W
+from . import image_header, latents, residual, residual_coder, tile_index, tiling
 from .image_header import CONTEXT, FORMAT, FORMATS_READ, KIND, LEARNED, TILED_FORMATS  # beside the header's schema
-from .models import architectures, graphs, registry, residual_weights
-from .models import weights as W
 from .pixels import (
     PAD,
     ImageMeta,

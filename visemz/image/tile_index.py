@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import CorruptStreamError
-from .framing import read_varints, write_varints
+from ..errors import CorruptStreamError
+from ..framing import read_varints, write_varints
 from .latents import CODINGS
 
 INDEX, TILES = "tile_index", "tiles"

@@ -32,19 +32,19 @@ import math
 import numpy as np
 import torch
 
-from . import cuda, defaults
-from . import device as dev
-from .encoders import EncoderConfig, start_encode_ints
-from .encoders.rans import decode_conditional, encode_conditional
-from .encoders.scale_indexes import (
+from .. import cuda, defaults
+from .. import device as dev
+from ..encoders import EncoderConfig, start_encode_ints
+from ..encoders.rans import decode_conditional, encode_conditional
+from ..encoders.scale_indexes import (
     apply_scale_exceptions,
     decode_and_apply_scale_exceptions,
     encode_scale_exceptions,
     read_scale_exceptions,
     scale_indexes,
 )
-from .errors import CorruptStreamError, UnsupportedFormatError
-from .models import architectures, channel_context, graphs
+from ..errors import CorruptStreamError, UnsupportedFormatError
+from ..models import architectures, channel_context, graphs
 from .pixels import PAD
 
 BLOCK, RANS = 2, 3  # the image formats, by how they code the symbols

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import defaults
-from .errors import InvalidArgumentError, LimitExceededError, UnsupportedFormatError
+from .. import defaults
+from ..errors import InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 
 DTYPES = ("uint8", "uint16", "float32")
 PAD = 64  # the models downsample by 64 (hyperprior); pad to a multiple of it

@@ -38,13 +38,13 @@ import math
 import numpy as np
 import torch
 
-from .encoders import decode_ints, encode_ints
-from .encoders.rans import decode_conditional, encode_conditional
-from .errors import CorruptStreamError
-from .models import blocks
-from .models import residual_tables as RT
-from .models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, space_to_depth
-from .models.residual_weights import Residual
+from ..encoders import decode_ints, encode_ints
+from ..encoders.rans import decode_conditional, encode_conditional
+from ..errors import CorruptStreamError
+from ..models import blocks
+from ..models import residual_tables as RT
+from ..models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, space_to_depth
+from ..models.residual_weights import Residual
 from .pixels import ImageMeta, from_batch, planes
 
 FIXES, PALETTE = "res_fixes", "res_palette"

@@ -22,8 +22,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from . import container, tiling
-from .errors import CorruptStreamError, LimitExceededError
+from .. import container
+from ..errors import CorruptStreamError, LimitExceededError
+from . import tiling
 from .pixels import DTYPES, check_pixels
 
 KIND = "pages"
