@@ -12,6 +12,7 @@ from visemz.models import all_specs, architectures, registry, residual_prior, re
 from visemz.models import weights as W
 
 from .helpers import optional
+from .rans_cases import gaussian_tables
 
 
 def pytest_collection_modifyitems(config, items):
@@ -34,6 +35,25 @@ def xp(request):
 def nvcomp():
     """nvCOMP, which the GPU's entropy stage (zstd, ANS) needs: the test is skipped without it."""
     return optional("nvidia.nvcomp")
+
+
+@pytest.fixture(scope="module")
+def cp():
+    """cupy (GPU tests): the test is skipped without it."""
+    return optional("cupy")
+
+
+@pytest.fixture
+def eval_extra():
+    """The evaluation's optional libraries (the 'eval' extra, in 'test' too): without them the test is skipped."""
+    for module in ("piq", "pysz", "zfpy", "imagecodecs"):
+        optional(module)
+
+
+@pytest.fixture(scope="session")
+def tables():
+    """The conditional rANS tests' CDF tables: the Gaussian tables of the default scale table."""
+    return gaussian_tables()
 
 
 @pytest.fixture(scope="session")
@@ -105,6 +125,12 @@ def cli(model_weights):
         return result
 
     return run
+
+
+@pytest.fixture(scope="module")
+def cpu(model_weights):
+    """An ImageCodec on the CPU, one per test module, with the tests' weights (``model_weights``)."""
+    return visemz.ImageCodec("cpu")
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,13 @@
-"""Shared inputs, round-trip checks, optional packages and CPU-GPU parity for the tests."""
+"""Shared inputs (images, integer arrays), crafted files, error measures, round-trip checks, optional packages and
+CPU-GPU parity for the tests."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
+import struct
 import types
 import weakref
 from contextlib import contextmanager
@@ -13,12 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from skimage import data
 
 from visemz import container, defaults
 from visemz.device import as_numpy
 from visemz.encoders import decode_ints, encode_ints
+from visemz.framing import write_varints, xxh64
 from visemz.image import codec as codec_module
-from visemz.image import tiling
+from visemz.image import tile_index, tiling
 from visemz.image.codec import ImageCodec
 
 EDGE_SIZES = (0, 1, 31, 32, 33, 63, 64, 65, 127, 129, 16383, 16384, 16385, 32769)
@@ -84,6 +89,34 @@ def repack(buf: bytes, meta=None, **sections) -> bytes:
     return container.pack(c.kind, meta or c.meta, body)
 
 
+def with_meta(buf: bytes, **meta) -> bytes:
+    """A container re-packed (valid checksums) with the fields ``meta`` set in its header, the rest kept."""
+    return repack(buf, dict(container.unpack(buf).meta, **meta))
+
+
+def with_tile_part(buf: bytes, name: str, body: bytes) -> bytes:
+    """A one-tile image file with one part's bytes replaced (tile index and checksums rewritten)."""
+    c = container.unpack(buf)
+    t = c.meta["tiles"]
+    index = tile_index.TileIndex(c.sections, 1, t["parts"], t["symbols"], c.meta["format"])
+    parts = {k: bytes(v) for k, v in index.sections(0).items()}
+    parts[name] = body
+    return repack(buf, **tile_index.pack(t["parts"], t["symbols"], [(parts, index.coding(0))], c.meta["format"]))
+
+
+def repack_header(buf: bytes, edit=lambda s: s, sections: dict | None = None) -> bytes:
+    """A container (version 2) rebuilt from ``buf`` with its raw JSON header edited (``edit``: text to text) and
+    ``sections`` replaced, every checksum recomputed: what a crafted file looks like to a reader."""
+    c = container.unpack(buf)
+    secs = {k: bytes(v) for k, v in c.sections.items()}
+    secs.update(sections or {})
+    head = edit(json.dumps({"kind": c.kind, "sections": list(secs), "meta": c.meta}, separators=(",", ":"))).encode()
+    lengths = write_varints([len(head), *map(len, secs.values())])
+    prefix = container.MAGIC + struct.pack("<HBB", 2, len(secs), 0)
+    checksum = struct.pack("<Q", xxh64(prefix, lengths, head, *secs.values()))
+    return prefix + checksum + lengths + head + b"".join(secs.values())
+
+
 def count_checksums(monkeypatch) -> dict:
     """Counts, from now on, container unpacks and the bytes the container's checksums read."""
     seen = {"unpacks": 0, "hashed": 0}
@@ -100,6 +133,46 @@ def count_checksums(monkeypatch) -> dict:
     monkeypatch.setattr(container, "unpack", unpack)
     monkeypatch.setattr(container, "xxh64", xxh64)
     return seen
+
+
+def max_abs_error(a, b) -> float:
+    """The largest ``|a - b|``, exact: in int64 for two integer arrays (an int), in float64 otherwise."""
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        return int(np.abs(a.astype(np.int64) - b.astype(np.int64)).max())
+    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
+
+
+def astronaut_image(dtype: str, shape: tuple, seed: int = 0) -> np.ndarray:
+    """scikit-image's astronaut, its top-left ``shape`` crop (2-d: the channels' mean; 3-d: the first ``shape[2]``
+    channels), with noise of 1% of the range: uint8, uint16 (12-bit levels) or float32 (about [-1, 2])."""
+    rng = np.random.default_rng(seed)
+    photo = data.astronaut()[: shape[0], : shape[1]].astype(np.float64) / 255.0
+    photo = photo[..., : shape[2]] if len(shape) == 3 else photo.mean(axis=2)
+    if dtype == "float32":
+        return (photo * 3 - 1 + rng.normal(0, 0.01, photo.shape)).astype(np.float32)
+    top = 255 if dtype == "uint8" else 4095
+    return np.clip(photo * top + rng.normal(0, top / 100, photo.shape), 0, top).astype(dtype)
+
+
+def cross_device_images(astronaut: tuple | None, camera: tuple | None, noise: tuple,
+                        floats: tuple) -> dict[str, np.ndarray]:
+    """The images the codec's cross-device tests run, by label: scikit-image's astronaut (RGB) and camera (gray),
+    each its top-left ``(rows, columns)`` crop (None: the whole photo), then uint16 noise of 12-bit levels shaped
+    ``noise`` and float32 noise shaped ``floats`` (one generator, seed 0)."""
+    rng = np.random.default_rng(0)
+    rgb, gray = data.astronaut(), data.camera()
+    return {"astronaut": rgb if astronaut is None else rgb[: astronaut[0], : astronaut[1]],
+            "camera": gray if camera is None else gray[: camera[0], : camera[1]],
+            "uint16 noise": rng.integers(0, 4096, noise, dtype=np.uint16),
+            "float32 2-channel": (rng.standard_normal(floats) * 3).astype(np.float32)}
+
+
+def folder_digests(folder: Path, links: bool = True, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """SHA-256 of every file under ``folder`` by its relative path; ``links`` False: symlinked files left out;
+    files named in ``skip`` left out."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*"))
+            if p.is_file() and (links or not p.is_symlink()) and p.name not in skip}
 
 
 def cross_device_tolerance(img: np.ndarray) -> float:

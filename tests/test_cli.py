@@ -4,7 +4,6 @@ Commands run in-process through typer's runner (the ``cli`` fixture); one test s
 ``python -m visemz`` in a subprocess, because only a real process can be killed part-way.
 """
 
-import hashlib
 import json
 import os
 import signal
@@ -25,6 +24,8 @@ from visemz.image import pages
 from visemz.image.codec import FORMAT
 from visemz.pipeline import dali_source
 from visemz.pipeline.jobs import is_complete
+
+from .helpers import folder_digests, repack_header
 
 GOOD = {
     "a/gray8.png": ("uint8", (40, 52)),
@@ -82,14 +83,9 @@ def strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def _digest(folder: Path) -> dict:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in folder.rglob("*") if p.is_file()}
-
-
 def test_compress_resume_decompress_verify(tree, cli, tmp_path):
     src, images = tree
-    before = _digest(src)
+    before = folder_digests(src)
     dst = tmp_path / "dst"
     r = cli("compress", src, dst, "--max-error", "0", "--json", "--device", "cpu")
     assert r.exit_code == 1, r.stderr
@@ -100,7 +96,7 @@ def test_compress_resume_decompress_verify(tree, cli, tmp_path):
     for rel in GOOD:
         assert is_complete(dst / (rel + ".vsz"))
     assert not any((dst / (b + ".vsz")).exists() for b in BAD)
-    assert _digest(src) == before  # inputs untouched
+    assert folder_digests(src) == before  # inputs untouched
 
     again = json.loads(cli("compress", src, dst, "--max-error", "0", "--json", "--device", "cpu").stdout)
     assert (again["done"], again["skipped"], again["failed"]) == (0, len(GOOD), len(BAD))
@@ -298,28 +294,13 @@ def test_help_usage_errors_version_and_info_load_no_torch(tmp_path, model_weight
     assert p.returncode == 0 and p.stdout.strip() == "visemz.api", p.stderr
 
 
-def _repacked(buf: bytes, edit) -> bytes:
-    """A container (version 2) with its raw JSON header edited and every checksum recomputed."""
-    import struct
-
-    from visemz.framing import write_varints, xxh64
-
-    c = container.unpack(buf)
-    secs = [bytes(v) for v in c.sections.values()]
-    text = edit(json.dumps({"kind": c.kind, "sections": list(c.sections), "meta": c.meta},
-                           separators=(",", ":"))).encode()
-    lengths = write_varints([len(text), *map(len, secs)])
-    prefix = b"\x89VSZ\r\n\x1a\n" + struct.pack("<HBB", 2, len(secs), 0)
-    return prefix + struct.pack("<Q", xxh64(prefix, lengths, text, *secs)) + lengths + text + b"".join(secs)
-
-
 def test_info_reads_folders_and_its_json_is_strict(cli, tmp_path):
     folder = tmp_path / "v"
     (folder / "sub").mkdir(parents=True)
     img = _array("uint8", (32, 48), 1)
     buf = visemz.compress(img, device="cpu", quality=2)
     (folder / "a.png.vsz").write_bytes(buf)
-    crafted = _repacked(buf, lambda text: text.replace('"max_error":null', '"max_error":1e400'))
+    crafted = repack_header(buf, lambda text: text.replace('"max_error":null', '"max_error":1e400'))
     (folder / "sub" / "inf.png.vsz").write_bytes(crafted)
     (folder / "sub" / "junk.vsz").write_bytes(b"not a container")
     r = cli("info", folder, "--json")

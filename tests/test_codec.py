@@ -17,14 +17,11 @@ from visemz.framing import write_varints
 from visemz.models import all_specs
 from visemz.models import weights as W
 
-from .helpers import check_switch_setting, symbols_of
+from .helpers import check_switch_setting, max_abs_error, symbols_of, with_meta
+
+pytestmark = pytest.mark.usefixtures("model_weights")
 
 MODELS = ("balle2016", "mbt2018-mean")
-
-
-@pytest.fixture(autouse=True)
-def _weights(model_weights):
-    return model_weights
 
 
 def _image(dtype: str, shape: tuple, seed: int = 0) -> np.ndarray:
@@ -34,10 +31,6 @@ def _image(dtype: str, shape: tuple, seed: int = 0) -> np.ndarray:
     if dtype == "uint16":
         return rng.integers(0, 4096, shape, dtype=np.uint16)  # 12-bit detector data in 16-bit words
     return (rng.standard_normal(shape) * 40 + 1000).astype(np.float32)
-
-
-def _err(a, b) -> float:
-    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -83,14 +76,14 @@ def test_error_bound_holds(dtype, bounds):
             for model in MODELS:
                 out = visemz.decompress(visemz.compress(img, model=model, quality=1, max_error=e))
                 assert out.dtype == img.dtype
-                assert _err(out, img) <= e, f"{dtype} {img.shape} {model} E={e}"
+                assert max_abs_error(out, img) <= e, f"{dtype} {img.shape} {model} E={e}"
 
 
 def test_error_bound_on_a_camera_image():
     img = data.camera()
     for e in (0, 2):
         buf = visemz.compress(img, model="balle2016", quality=3, max_error=e)
-        assert _err(visemz.decompress(buf), img) <= e
+        assert max_abs_error(visemz.decompress(buf), img) <= e
 
 
 def test_torch_input():
@@ -173,11 +166,6 @@ def test_damaged_container_headers_are_corrupt():
     np.testing.assert_array_equal(visemz.decompress(v1), visemz.decompress(buf))  # version 1 files still decode
 
 
-def _rewrite(buf: bytes, **changes) -> bytes:
-    c = container.unpack(buf)
-    return container.pack(c.kind, dict(c.meta, **changes), {k: bytes(v) for k, v in c.sections.items()})
-
-
 def test_hostile_headers_with_valid_checksums():
     buf = visemz.compress(_image("uint8", (20, 30)), max_error=0)
     tiles = container.unpack(buf).meta["tiles"]
@@ -201,7 +189,7 @@ def test_hostile_headers_with_valid_checksums():
     ]
     for change, exc in cases:
         with pytest.raises(exc):
-            visemz.decompress(_rewrite(buf, **change))
+            visemz.decompress(with_meta(buf, **change))
     c = container.unpack(buf)
     with pytest.raises(UnsupportedFormatError, match="tensor"):
         visemz.decompress(container.pack("tensor", dict(c.meta), {}))
@@ -212,7 +200,7 @@ def test_symbol_shapes_that_do_not_fit_the_image_are_corrupt():
     buf = visemz.ImageCodec("cpu").compress(_image("uint8", (20, 30)), image_format=3)
     symbols = container.unpack(buf).meta["symbols"]
     with pytest.raises(CorruptStreamError, match="do not fit"):
-        visemz.decompress(_rewrite(buf, symbols=dict(symbols, y=[1, 192, 2, 2])))
+        visemz.decompress(with_meta(buf, symbols=dict(symbols, y=[1, 192, 2, 2])))
 
 
 def test_weights_load_without_unpickling(monkeypatch):
@@ -272,7 +260,7 @@ def test_fractional_qualities(model, dtype, shape):
     assert magnitude[8] > magnitude[1]
     e = 2 if dtype == "uint8" else 300
     bounded = visemz.decompress(visemz.compress(img, model=model, quality=3.3, max_error=e))
-    assert _err(bounded, img) <= e
+    assert max_abs_error(bounded, img) <= e
 
 
 @pytest.mark.parametrize("tf32", [0, 1])

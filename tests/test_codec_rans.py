@@ -14,32 +14,11 @@ from visemz.image import codec, latents
 from visemz.models import all_specs, architectures, entropy_tables, parse
 from visemz.models import weights as W
 
-from .helpers import symbols_of
+from .helpers import astronaut_image, repack, symbols_of, with_meta
+
+pytestmark = pytest.mark.usefixtures("model_weights")
 
 MODELS = ("balle2016", "mbt2018-mean")
-
-
-@pytest.fixture(autouse=True)
-def _weights(model_weights):
-    return model_weights
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return visemz.ImageCodec("cpu")
-
-
-def _image(dtype: str, shape: tuple, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    smooth = data.astronaut()[: shape[0], : shape[1]].astype(np.float64) / 255.0
-    smooth = smooth if len(shape) == 3 else smooth.mean(axis=2)
-    top = 255 if dtype == "uint8" else 4095
-    return np.clip(smooth * top + rng.normal(0, top / 100, smooth.shape), 0, top).astype(dtype)
-
-
-def _repack(buf: bytes, **sections) -> bytes:
-    c = container.unpack(buf)
-    return container.pack(c.kind, c.meta, dict({k: bytes(v) for k, v in c.sections.items()}, **sections))
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -47,7 +26,7 @@ def _repack(buf: bytes, **sections) -> bytes:
                                          ("uint16", (48, 70, 3))])
 def test_format_3_holds_the_same_symbols_as_format_2(cpu, model, dtype, shape):
     """Both formats of one image at a fractional quality decode to the same symbols and the same pixels."""
-    img = _image(dtype, shape)
+    img = astronaut_image(dtype, shape)
     new, old = (cpu.compress(img, model=model, quality=3.7, image_format=f) for f in (3, 2))
     assert container.unpack(new).meta["format"] == 3 and container.unpack(old).meta["format"] == 2
     a, b = symbols_of(new), symbols_of(old)
@@ -82,7 +61,7 @@ def test_a_section_the_prior_fits_badly_keeps_the_block_coding(cpu):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_error_bound_path_is_unchanged(cpu, model):
-    img = _image("uint16", (40, 52), seed=3)
+    img = astronaut_image("uint16", (40, 52), seed=3)
     for e in (0, 40):
         out = cpu.decompress(cpu.compress(img, model=model, quality=2.5, max_error=e))
         assert np.abs(out.astype(np.int64) - img).max() <= e
@@ -115,7 +94,7 @@ def test_weights_without_tables_still_decode_format_2_and_refuse_format_3(tmp_pa
     W.load.cache_clear()
     codec._model64.cache_clear()
     try:
-        img = _image("uint8", (40, 40))
+        img = astronaut_image("uint8", (40, 40))
         assert cpu.decompress(cpu.compress(img, model="balle2016", image_format=2)).shape == img.shape
         with pytest.raises(UnsupportedFormatError, match="tables"):
             cpu.compress(img, model="balle2016")
@@ -127,7 +106,7 @@ def test_weights_without_tables_still_decode_format_2_and_refuse_format_3(tmp_pa
 
 @pytest.mark.parametrize("model", MODELS)
 def test_damaged_rans_sections_raise_visemz_errors(cpu, model):
-    buf = cpu.compress(_image("uint8", (64, 64, 3)), model=model, quality=5, image_format=3)
+    buf = cpu.compress(astronaut_image("uint8", (64, 64, 3)), model=model, quality=5, image_format=3)
     sections = container.unpack(buf).sections
     rng = np.random.default_rng(0)
     for name in sorted(latents.section_names(3, container.unpack(buf).meta["symbols"])):
@@ -138,27 +117,27 @@ def test_damaged_rans_sections_raise_visemz_errors(cpu, model):
             bad = bytearray(body)
             bad[i // 8] ^= 1 << (i % 8)
             try:
-                out = cpu.decompress(_repack(buf, **{name: bytes(bad)}))
+                out = cpu.decompress(repack(buf, **{name: bytes(bad)}))
             except VisemzError:
                 continue
             # a flip inside the coded payload may decode to other in-range symbols: never to another shape
             assert out.shape == (64, 64, 3)
         for cut in (0, 1, len(body) // 2, len(body) - 1):
             with pytest.raises(VisemzError):
-                cpu.decompress(_repack(buf, **{name: body[:cut]}))
+                cpu.decompress(repack(buf, **{name: body[:cut]}))
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_a_section_of_another_image_is_rejected(cpu, model):
     """Symbols / indexes mismatch: a y section of a bigger image holds another symbol count."""
-    small = cpu.compress(_image("uint8", (64, 64, 3)), model=model, image_format=3)
-    big = cpu.compress(_image("uint8", (128, 64, 3)), model=model, image_format=3)
+    small = cpu.compress(astronaut_image("uint8", (64, 64, 3)), model=model, image_format=3)
+    big = cpu.compress(astronaut_image("uint8", (128, 64, 3)), model=model, image_format=3)
     with pytest.raises(CorruptStreamError):
-        cpu.decompress(_repack(small, y=bytes(container.unpack(big).sections["y"])))
+        cpu.decompress(repack(small, y=bytes(container.unpack(big).sections["y"])))
 
 
 def test_hostile_scale_exceptions_are_rejected(cpu):
-    buf = cpu.compress(_image("uint8", (64, 64, 3)), model="mbt2018-mean", quality=5, image_format=3)
+    buf = cpu.compress(astronaut_image("uint8", (64, 64, 3)), model="mbt2018-mean", quality=5, image_format=3)
     n = int(np.prod(container.unpack(buf).meta["symbols"]["y"]))
     hostile = {
         "odd count": [0, 1, 2],
@@ -170,29 +149,24 @@ def test_hostile_scale_exceptions_are_rejected(cpu):
     for values in hostile.values():
         section = encode_ints(np.array(values, np.int32), policy="global", entropy="none")
         with pytest.raises(CorruptStreamError):
-            cpu.decompress(_repack(buf, y_scales=section))
+            cpu.decompress(repack(buf, y_scales=section))
     c = container.unpack(buf)
     without = container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items() if k != "y_scales"})
     with pytest.raises(CorruptStreamError, match="y_scales"):
         cpu.decompress(without)
 
 
-def _rewrite(buf: bytes, **meta) -> bytes:
-    c = container.unpack(buf)
-    return container.pack(c.kind, dict(c.meta, **meta), {k: bytes(v) for k, v in c.sections.items()})
-
-
 @pytest.mark.parametrize("model", MODELS)
 def test_hostile_coding_fields_are_rejected(cpu, model):
-    buf = cpu.compress(_image("uint8", (64, 64, 3)), model=model, quality=5, image_format=3)
+    buf = cpu.compress(astronaut_image("uint8", (64, 64, 3)), model=model, quality=5, image_format=3)
     coding = container.unpack(buf).meta["coding"]
     assert set(coding.values()) == {"rans"}
     for bad in (None, "rans", {"y": "lzma"}, dict(coding, w="rans"),
                 {"z": "rans"} if model == "balle2016" else {"y": "rans"}):
         with pytest.raises(CorruptStreamError, match="coding"):
-            cpu.decompress(_rewrite(buf, coding=bad))
+            cpu.decompress(with_meta(buf, coding=bad))
     with pytest.raises(VisemzError):  # a rANS stream read as an ints stream
-        cpu.decompress(_rewrite(buf, coding={k: "ints" for k in coding}))
+        cpu.decompress(with_meta(buf, coding={k: "ints" for k in coding}))
     c = container.unpack(buf)
     without = container.pack(c.kind, {k: v for k, v in c.meta.items() if k != "coding"},
                              {k: bytes(v) for k, v in c.sections.items()})
@@ -202,7 +176,7 @@ def test_hostile_coding_fields_are_rejected(cpu, model):
 
 def test_image_format_argument_is_checked(cpu):
     with pytest.raises(visemz.errors.InvalidArgumentError, match="image_format=1"):
-        cpu.compress(_image("uint8", (16, 16)), image_format=1)
+        cpu.compress(astronaut_image("uint8", (16, 16)), image_format=1)
 
 
 def test_swapped_weights_code_with_their_own_float64_copy(tmp_path, monkeypatch, cpu):
@@ -218,7 +192,7 @@ def test_swapped_weights_code_with_their_own_float64_copy(tmp_path, monkeypatch,
                 net.h_s[-1].bias.fill_(3.0)
         (tmp_path / name).mkdir()
         W.save(net, spec, tmp_path / name / f"{spec.name}.safetensors", {"note": "test"})
-    img = _image("uint8", (64, 64, 3))
+    img = astronaut_image("uint8", (64, 64, 3))
     try:
         monkeypatch.setenv("VISEMZ_WEIGHTS_DIR", str(tmp_path / "a"))
         W.load.cache_clear()

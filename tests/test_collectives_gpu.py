@@ -10,16 +10,11 @@ from visemz.floats.dtypes import FLOATS
 from visemz.floats.error_bounded import EB_FRONT
 from visemz.floats.lossless import LL_HEAD
 
-from .helpers import optional, parity
+from .helpers import parity
 
 pytestmark = pytest.mark.gpu
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SIZES = (1, 31, 32, 33, 8191, 8192, 8193, 100_003)
-
-
-@pytest.fixture(scope="module")
-def cp():
-    return optional("cupy")
 
 
 def _inputs(n: int, seed: int, dtype):

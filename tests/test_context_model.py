@@ -9,9 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from skimage import data
 
-import visemz
 from visemz import container
 from visemz.encoders import encode_ints
 from visemz.encoders.scale_indexes import DEFAULT_REL_TOL, read_scale_exceptions
@@ -21,30 +19,12 @@ from visemz.image import latents, tile_index
 from visemz.models import architectures, channel_context, entropy_tables, registry
 from visemz.models import weights as W
 
-from .helpers import repack
+from .helpers import astronaut_image, with_meta, with_tile_part
+
+pytestmark = pytest.mark.usefixtures("model_weights")
 
 MODEL = "minnen2020"
 SLICES = [f"y{k}" for k in range(5)]
-
-
-@pytest.fixture(autouse=True)
-def _weights(model_weights):
-    return model_weights
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return visemz.ImageCodec("cpu")
-
-
-def _image(dtype: str, shape: tuple, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    photo = data.astronaut()[: shape[0], : shape[1]].astype(np.float64) / 255.0
-    photo = photo[..., : shape[2]] if len(shape) == 3 else photo.mean(axis=2)
-    if dtype == "float32":
-        return (photo * 3 - 1 + rng.normal(0, 0.01, photo.shape)).astype(np.float32)
-    top = 255 if dtype == "uint8" else 4095
-    return np.clip(photo * top + rng.normal(0, top / 100, photo.shape), 0, top).astype(dtype)
 
 
 def _encoded_symbols(monkeypatch) -> list[dict]:
@@ -61,7 +41,7 @@ def _encoded_symbols(monkeypatch) -> list[dict]:
 
 @pytest.mark.parametrize("dtype,shape", [("uint8", (40, 52, 3)), ("uint16", (48, 40)), ("float32", (16, 20, 2))])
 def test_round_trip_holds_the_encoders_symbols(cpu, monkeypatch, dtype, shape):
-    img = _image(dtype, shape)
+    img = astronaut_image(dtype, shape)
     seen = _encoded_symbols(monkeypatch)
     buf = cpu.compress(img, model=MODEL, quality=2.5)
     meta = container.unpack(buf).meta
@@ -80,7 +60,7 @@ def test_round_trip_holds_the_encoders_symbols(cpu, monkeypatch, dtype, shape):
 def test_the_error_bound_holds_with_the_block_coded_residual(cpu):
     """No residual prior fits the new model yet: its max_error residual is format 5's block-coded one."""
     for dtype, shape, e in (("uint16", (40, 36), 3), ("uint8", (16, 20), 0), ("float32", (20, 18), 0.01)):
-        img = _image(dtype, shape, seed=1)
+        img = astronaut_image(dtype, shape, seed=1)
         buf = cpu.compress(img, model=MODEL, quality=1.5, max_error=e)
         meta = container.unpack(buf).meta
         assert meta["residual"] in ("int", "float", "bits") and meta["residual_id"] is None
@@ -91,7 +71,7 @@ def test_the_error_bound_holds_with_the_block_coded_residual(cpu):
 @pytest.fixture(scope="module")
 def tiled(cpu):
     """A 60 x 100 gray image in 1 x 2 tiles of 64, its file and full decode."""
-    img = _image("uint8", (60, 100), seed=2)
+    img = astronaut_image("uint8", (60, 100), seed=2)
     buf = cpu.compress(img, model=MODEL, quality=3, tile=64)
     return img, buf, cpu.decompress(buf)
 
@@ -107,7 +87,7 @@ def test_tiles_and_regions(cpu, tiled):
 
 def test_every_tile_decodes_to_its_encoded_symbols(cpu, monkeypatch):
     seen = _encoded_symbols(monkeypatch)
-    buf = cpu.compress(_image("uint16", (70, 60), seed=3), model=MODEL, quality=6, max_error=5, tile=64)
+    buf = cpu.compress(astronaut_image("uint16", (70, 60), seed=3), model=MODEL, quality=6, max_error=5, tile=64)
     _, tiles = cpu.decode_tile_symbols(buf)
     assert len(tiles) == len(seen) == 2
     for mine, theirs in zip(tiles, seen):
@@ -149,7 +129,7 @@ def test_the_decoders_float64_last_bits_do_not_change_the_symbols(cpu, monkeypat
     spec = registry.spec(MODEL, "gray")
     net, _ = W.load(spec)
     net64 = codec_module._model64(spec, "cpu")
-    x = torch.from_numpy(_image("uint8", (128, 128), seed=4).astype(np.float32) / 255)[None, None]
+    x = torch.from_numpy(astronaut_image("uint8", (128, 128), seed=4).astype(np.float32) / 255)[None, None]
     q = 3.5
     with torch.no_grad():
         symbols = architectures.analyse(net, x, q)
@@ -210,7 +190,7 @@ def test_weights_of_other_slices_are_refused(tmp_path, monkeypatch):
 
 
 def test_without_its_weights_the_model_is_refused_by_name(cpu, tmp_path, monkeypatch):
-    buf = cpu.compress(_image("uint8", (20, 20)), model=MODEL, quality=2)
+    buf = cpu.compress(astronaut_image("uint8", (20, 20)), model=MODEL, quality=2)
     for f in W.weights_dir().iterdir():  # every other model's weights, not this one's
         if f.is_file() and not f.name.startswith(MODEL):
             (tmp_path / f.name).symlink_to(f.resolve())
@@ -218,16 +198,16 @@ def test_without_its_weights_the_model_is_refused_by_name(cpu, tmp_path, monkeyp
     W.load.cache_clear()
     try:
         with pytest.raises(UnsupportedFormatError, match=f"no weights for model '{MODEL}-gray'"):
-            cpu.compress(_image("uint8", (20, 20)), model=MODEL)
+            cpu.compress(astronaut_image("uint8", (20, 20)), model=MODEL)
         with pytest.raises(UnsupportedFormatError, match=f"no weights for model '{MODEL}-gray'"):
             cpu.decompress(buf)
-        assert container.unpack(cpu.compress(_image("uint8", (20, 20)))).meta["format"] == codec_module.FORMAT
+        assert container.unpack(cpu.compress(astronaut_image("uint8", (20, 20)))).meta["format"] == codec_module.FORMAT
     finally:
         W.load.cache_clear()
 
 
 def test_format_arguments_are_checked(cpu):
-    img = _image("uint8", (20, 20))
+    img = astronaut_image("uint8", (20, 20))
     with pytest.raises(InvalidArgumentError, match="writes format 7"):
         cpu.compress(img, model=MODEL, image_format=6)
     with pytest.raises(InvalidArgumentError, match="writes format 6"):
@@ -237,40 +217,26 @@ def test_format_arguments_are_checked(cpu):
     assert container.unpack(cpu.compress(img, model="mbt2018-mean", image_format=6)).meta["format"] == 6
 
 
-def _rewrite(buf: bytes, **meta) -> bytes:
-    return repack(buf, dict(container.unpack(buf).meta, **meta))
-
-
 def test_headers_that_do_not_fit_the_model_are_refused(cpu):
-    buf = cpu.compress(_image("uint8", (20, 20)), model=MODEL, quality=2)
+    buf = cpu.compress(astronaut_image("uint8", (20, 20)), model=MODEL, quality=2)
     meta = container.unpack(buf).meta
     with pytest.raises(CorruptStreamError, match="format 6 does not hold model 'minnen2020-gray'"):
-        cpu.decompress(_rewrite(buf, format=6))
-    old = cpu.compress(_image("uint8", (20, 20)), model="mbt2018-mean")
+        cpu.decompress(with_meta(buf, format=6))
+    old = cpu.compress(astronaut_image("uint8", (20, 20)), model="mbt2018-mean")
     with pytest.raises(CorruptStreamError, match="format 7 does not hold model 'mbt2018-mean-gray'"):
-        cpu.decompress(_rewrite(old, format=7))
+        cpu.decompress(with_meta(old, format=7))
     for tiles in (dict(meta["tiles"], symbols=["y", "z"]), dict(meta["tiles"], symbols=SLICES[:4] + ["z"]),
                   dict(meta["tiles"], parts=sorted(SLICES[:4] + ["y_scales", "z"]))):
         with pytest.raises(CorruptStreamError, match="tile"):
-            cpu.decompress(_rewrite(buf, tiles=tiles))
+            cpu.decompress(with_meta(buf, tiles=tiles))
     one_tile = {k: v for k, v in meta.items() if k not in ("tiles", "residual_id")}
     one_tile.update(format=3, symbols={"y": [1, 320, 2, 2], "z": [1, 192, 1, 1]}, coding={"y": "rans", "z": "rans"})
     with pytest.raises(CorruptStreamError, match="format 3 does not hold model 'minnen2020-gray'"):
         cpu.decompress(container.pack("image", one_tile, {"y": b"", "z": b"", "y_scales": b""}))
 
 
-def _with_part(buf: bytes, name: str, body: bytes) -> bytes:
-    """A one-tile file with one part's bytes replaced (index and checksums rewritten)."""
-    c = container.unpack(buf)
-    t = c.meta["tiles"]
-    index = tile_index.TileIndex(c.sections, 1, t["parts"], t["symbols"], c.meta["format"])
-    parts = {k: bytes(v) for k, v in index.sections(0).items()}
-    parts[name] = body
-    return repack(buf, **tile_index.pack(t["parts"], t["symbols"], [(parts, index.coding(0))], c.meta["format"]))
-
-
 def test_damaged_sections_are_refused(cpu):
-    img = _image("uint8", (64, 64, 3))
+    img = astronaut_image("uint8", (64, 64, 3))
     buf = cpu.compress(img, model=MODEL, quality=5)
     c = container.unpack(buf)
     t = c.meta["tiles"]
@@ -280,12 +246,12 @@ def test_damaged_sections_are_refused(cpu):
         body = bytes(parts[name])
         for cut in (0, len(body) // 2, len(body) - 1):
             with pytest.raises(VisemzError):
-                cpu.decompress(_with_part(buf, name, body[:cut]))
+                cpu.decompress(with_tile_part(buf, name, body[:cut]))
         for i in rng.choice(len(body) * 8, 5, replace=False):
             bad = bytearray(body)
             bad[i // 8] ^= 1 << (i % 8)
             try:
-                out = cpu.decompress(_with_part(buf, name, bytes(bad)))
+                out = cpu.decompress(with_tile_part(buf, name, bytes(bad)))
             except VisemzError:
                 continue
             assert out.shape == img.shape  # a flip inside the coded payload may decode to other in-range symbols
@@ -293,11 +259,11 @@ def test_damaged_sections_are_refused(cpu):
     for values in ([0, 1, 2], [n, 3], [5, 0, 3, 3], [0, 64], [0, 3]):  # odd, beyond, decreasing, index, far
         section = encode_ints(np.array(values, np.int32), policy="global", entropy="none")
         with pytest.raises(CorruptStreamError):
-            cpu.decompress(_with_part(buf, "y_scales", section))
-    big = cpu.compress(_image("uint8", (128, 64, 3)), model=MODEL, quality=5)
+            cpu.decompress(with_tile_part(buf, "y_scales", section))
+    big = cpu.compress(astronaut_image("uint8", (128, 64, 3)), model=MODEL, quality=5)
     other = tile_index.TileIndex(container.unpack(big).sections, 1, t["parts"], t["symbols"], 7).part(0, "y3")
     with pytest.raises(CorruptStreamError):
-        cpu.decompress(_with_part(buf, "y3", bytes(other)))
+        cpu.decompress(with_tile_part(buf, "y3", bytes(other)))
 
 
 def test_compressai_coder_runs_the_same_slices():

@@ -5,23 +5,16 @@ the float64 slice scales agree to float64 rounding."""
 import numpy as np
 import pytest
 import torch
-from skimage import data
 
 from visemz import container
 from visemz.image import codec, latents, tile_index
 from visemz.models import architectures, registry
 
-from .helpers import cross_device_tolerance, parity, symbols_of
+from .helpers import cross_device_images, cross_device_tolerance, parity, symbols_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("model_weights")]
 MODEL = "minnen2020"
-
-
-def _images():
-    rng = np.random.default_rng(0)
-    return {"astronaut": data.astronaut()[:200, :264], "camera": data.camera()[:190, :300],
-            "uint16 noise": rng.integers(0, 4096, (150, 129), dtype=np.uint16),
-            "float32 2-channel": (rng.standard_normal((70, 90, 2)) * 3).astype(np.float32)}
+IMAGES = dict(astronaut=(200, 264), camera=(190, 300), noise=(150, 129), floats=(70, 90, 2))  # cross_device_images
 
 
 def _tile_parts(buf: bytes) -> list[tuple[dict, dict]]:
@@ -50,7 +43,7 @@ def _reencoded_on(device: str, buf: bytes) -> list[dict]:
 def test_files_decode_on_the_other_device_to_the_same_symbols(gpu_cpu_codecs, tile):
     gpu, cpu = gpu_cpu_codecs
     with parity() as p:
-        for label, img in _images().items():
+        for label, img in cross_device_images(**IMAGES).items():
             for enc in (gpu, cpu):
                 buf = enc.compress(img, model=MODEL, quality=3.4, tile=tile)
                 at = f"{label} written on {enc.device}"
@@ -71,7 +64,7 @@ def test_files_decode_on_the_other_device_to_the_same_symbols(gpu_cpu_codecs, ti
 def test_error_bound_holds_across_devices(gpu_cpu_codecs):
     gpu, cpu = gpu_cpu_codecs
     with parity() as p:
-        for label, img in _images().items():
+        for label, img in cross_device_images(**IMAGES).items():
             for e in (0, 0.01) if img.dtype == np.float32 else (0, 2):
                 for enc, dec in ((gpu, cpu), (cpu, gpu), (gpu, gpu)):
                     out = dec.decompress(enc.compress(img, model=MODEL, quality=2, max_error=e))

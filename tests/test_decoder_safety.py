@@ -24,29 +24,18 @@ from visemz.encoders import layout as L
 from visemz.errors import CorruptStreamError, InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 from visemz.floats import ErrorBounded, Lossless
 from visemz.floats.lossless import LL_HEAD
-from visemz.framing import write_varints, xxh64
+from visemz.framing import xxh64
 from visemz.image import pages, residual_coder, tile_index
 from visemz.models import registry
 from visemz.models import weights as W
 from visemz.zarr_codecs import VisemzErrorBounded, VisemzLossless
 
+from .helpers import repack_header
+
 HUGE = 1 << 29  # the block stream's own limit: what a bomb claims
 
 
-# ------------------------------------------------------------------ crafting
-def repack(buf: bytes, edit=lambda s: s, sections: dict | None = None) -> bytes:
-    """A container (version 2) rebuilt from ``buf`` with its raw JSON header edited and sections replaced, every
-    checksum recomputed: what a crafted file looks like to a reader."""
-    c = container.unpack(buf)
-    secs = {k: bytes(v) for k, v in c.sections.items()}
-    secs.update(sections or {})
-    head = edit(json.dumps({"kind": c.kind, "sections": list(secs), "meta": c.meta}, separators=(",", ":"))).encode()
-    lengths = write_varints([len(head), *map(len, secs.values())])
-    prefix = container.MAGIC + struct.pack("<HBB", 2, len(secs), 0)
-    checksum = struct.pack("<Q", xxh64(prefix, lengths, head, *secs.values()))
-    return prefix + checksum + lengths + head + b"".join(secs.values())
-
-
+# ------------------------------------------------------------------ crafting (and helpers.repack_header)
 def sub(key: str, value: str):
     """A header edit: the first ``"key":value`` (a scalar or a flat list) replaced by ``value`` as raw JSON."""
     return lambda s: re.sub(r'"%s":(\[[^\]]*\]|[^,}]*)' % key, lambda m: f'"{key}":{value}', s, count=1)
@@ -106,13 +95,13 @@ def refused(buf, error=CorruptStreamError, match: str | None = None, budget_mb: 
 ])
 def test_non_finite_and_overlong_numbers_are_refused_naming_their_field(files, key, value, field):
     for name in ("u8", "f32"):
-        refused(repack(files[name], sub(key, value)), match=field)
+        refused(repack_header(files[name], sub(key, value)), match=field)
 
 
 def test_info_reports_a_crafted_header_as_an_error_not_a_traceback(files, cli, tmp_path):
     for key, value in (("quality", "1" * 4400), ("max_error", "1e400"), ("quality", "-1e999")):
         path = tmp_path / "crafted.vsz"
-        path.write_bytes(repack(files["u8"], sub(key, value)))
+        path.write_bytes(repack_header(files["u8"], sub(key, value)))
         result = cli("info", path)
         assert result.exit_code == 2 and "Traceback" not in result.output and key in result.output
 
@@ -137,28 +126,28 @@ def test_info_reports_a_crafted_header_as_an_error_not_a_traceback(files, cli, t
     ("f32", "residual", '"int"', "residual"),
 ])
 def test_header_fields_are_checked_by_type_range_and_known_value(files, name, key, value, field):
-    refused(repack(files[name], sub(key, value)), match=field)
+    refused(repack_header(files[name], sub(key, value)), match=field)
 
 
 def test_a_uint16_range_must_be_levels(model_weights):
     buf = visemz.compress(np.arange(64 * 64, dtype=np.uint16).reshape(64, 64), max_error=3, device="cpu")
     for value in ("[-1,4095]", "[0,70000]", "[0.5,4095]"):
-        refused(repack(buf, sub("range", value)), match="range")
+        refused(repack_header(buf, sub("range", value)), match="range")
 
 
 def test_the_model_variant_must_code_the_channel_count(files, gray):
     """A gray file relabelled RGB is refused, whatever codes its symbols (format 2: all block-coded)."""
     for name in ("format2", "u8"):
-        refused(repack(files[name], sub("model", '"balle2016-rgb"')), match="model")
+        refused(repack_header(files[name], sub("model", '"balle2016-rgb"')), match="model")
         # relabelled with an RGB shape too: the file names gray weights, which no RGB model loads
-        refused(repack(files[name], lambda s: sub("shape", "[64,64,3]")(sub("model", '"balle2016-rgb"')(s))),
+        refused(repack_header(files[name], lambda s: sub("shape", "[64,64,3]")(sub("model", '"balle2016-rgb"')(s))),
                 UnsupportedFormatError)
 
 
 def test_tile_fields_are_checked(files):
     for edit, field in ((sub("halo", "[32,true]"), "halo"), (sub("grid", "[true,2]"), "grid"),
                         (sub("size", "64.0"), "size")):
-        refused(repack(files["tiled"], edit), match=field)
+        refused(repack_header(files["tiled"], edit), match=field)
 
 
 # ------------------------------------------------------------------ sizes before work
@@ -212,9 +201,9 @@ def test_a_section_claiming_too_many_values_is_refused_before_any_work(files, na
                 continue
             parts = {**index.sections(0), part: zero_stream(HUGE)}
             secs = tile_index.pack(t["parts"], t["symbols"], [(parts, index.coding(0))], c.meta["format"])
-            refused(repack(buf, sections=secs), match=part)
+            refused(repack_header(buf, sections=secs), match=part)
         return
-    refused(repack(buf, sections={section: zero_stream(HUGE)}), match=section)
+    refused(repack_header(buf, sections={section: zero_stream(HUGE)}), match=section)
 
 
 def test_a_tiled_files_every_tile_is_checked_before_any_is_decoded(files):
@@ -226,12 +215,12 @@ def test_a_tiled_files_every_tile_is_checked_before_any_is_decoded(files):
     tiles = [(index.sections(i), index.coding(i)) for i in range(n)]
     part = residual_coder.FIXES if residual_coder.FIXES in t["parts"] else "residual"  # an ints part of the residual
     tiles[-1] = ({**tiles[-1][0], part: zero_stream(HUGE)}, tiles[-1][1])
-    refused(repack(buf, sections=tile_index.pack(t["parts"], t["symbols"], tiles, c.meta["format"])),
+    refused(repack_header(buf, sections=tile_index.pack(t["parts"], t["symbols"], tiles, c.meta["format"])),
             match=f"tile {n - 1}")
 
 
 def test_the_pixel_limit_is_checked_from_the_header(files):
-    big = repack(files["lossy"], sub("shape", "[16384,16384]"))
+    big = repack_header(files["lossy"], sub("shape", "[16384,16384]"))
     refused(big, CorruptStreamError, match="grid|symbol")  # within the default limit: the sections do not fit
     with defaults.set(max_pixels=1 << 20):
         refused(big, LimitExceededError, match="VISEMZ_MAX_PIXELS")
@@ -265,7 +254,7 @@ def test_a_page_stack_is_sized_from_its_header(files):
     huge = container.pack(pages.KIND, {"format": 1, "shape": [65536, 1024, 1024], "dtype": "uint8"},
                           {"index": struct.pack("<Q", len(files["lossy"])), "pages": files["lossy"]})
     refused(huge, LimitExceededError, match="VISEMZ_MAX_PIXELS")
-    other = repack(files["lossy"], sub("shape", "[64,65]"))
+    other = repack_header(files["lossy"], sub("shape", "[64,65]"))
     stack = pages.encode(np.stack([np.ones((64, 64), np.uint8), np.zeros((64, 64), np.uint8)]),
                          lambda page: files["lossy"] if page.any() else other)
     refused(stack, match="page 1")
@@ -280,7 +269,7 @@ def test_non_finite_float_pixels_are_refused(files):
     parts = {**index.sections(0), "exceptions": encode_ints(np.array([7], np.int32)),
              "exception_bits": encode_ints(np.array([0x7F800000], np.int32))}
     secs = tile_index.pack(t["parts"], t["symbols"], [(parts, index.coding(0))], c.meta["format"])
-    refused(repack(files["f32"], sections=secs), match="finite")
+    refused(repack_header(files["f32"], sections=secs), match="finite")
 
 
 # ------------------------------------------------------------------ float codecs

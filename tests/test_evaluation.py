@@ -16,14 +16,7 @@ from visemz.evaluation.codecs import NAMES, Layout, build, default_names, parse_
 from visemz.evaluation.report import mean_curves, summary_markdown
 from visemz.evaluation.runner import EvalConfig, parse_ladder, read_points, run_points, write_points
 
-from .helpers import optional
-
-
-@pytest.fixture(autouse=True)
-def _eval_extra():
-    """The evaluation's optional libraries (the 'eval' extra, in 'test' too): without them its tests skip."""
-    for module in ("piq", "pysz", "zfpy", "imagecodecs"):
-        optional(module)
+pytestmark = pytest.mark.usefixtures("eval_extra")
 
 
 def tiny(channels: int, seed: int = 0, side: int = 64) -> np.ndarray:

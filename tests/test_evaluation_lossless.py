@@ -15,15 +15,10 @@ from visemz.evaluation.codecs import LOSSLESS_NAMES, NAMES, Layout, build, descr
 from visemz.evaluation.datasets import View, find_datasets, model_sets, to_gray
 from visemz.evaluation.runner import EvalConfig, evaluate, read_points, run_points
 
-from .helpers import optional
+from .helpers import max_abs_error
 from .test_evaluation import tiny
 
-
-@pytest.fixture(autouse=True)
-def _eval_extra():
-    """The evaluation's optional libraries (the 'eval' extra, in 'test' too): without them these tests skip."""
-    for module in ("piq", "pysz", "zfpy", "imagecodecs"):
-        optional(module)
+pytestmark = pytest.mark.usefixtures("eval_extra")
 
 
 def tiny16(channels: int, seed: int = 0, side: int = 64) -> np.ndarray:
@@ -40,10 +35,6 @@ def _roundtrip(codec, image, setting):
     rec = codec.decode(data, setting, Layout.of(image))
     assert rec.shape == image.shape and rec.dtype == image.dtype and len(data) > 0
     return data, rec
-
-
-def _max_err(a, b) -> int:
-    return int(np.abs(a.astype(np.int64) - b.astype(np.int64)).max())
 
 
 # ------------------------------------------------------------------ codecs and bounds
@@ -66,7 +57,7 @@ def test_16_bit_images_get_curves_and_bounds_in_16_bit_levels(name, model_weight
         for s in codec.ladder:
             _, rec = _roundtrip(codec, image, s)
             if codec.kind == "bound":
-                assert _max_err(image, rec) <= s, (name, s)
+                assert max_abs_error(image, rec) <= s, (name, s)
     if codec.kind == "bound" and codec.ladder != (0,):
         assert min(s for s in codec.ladder if s > 0) == 1  # the smallest bound is one 16-bit level
 
@@ -80,7 +71,7 @@ def test_visemz_near_lossless_uses_its_bound_on_16_bit_images(model_weights):
     for e in (0, 4):
         data, rec = _roundtrip(codec, image, e)
         sizes[e] = len(data)
-        assert _max_err(image, rec) == e
+        assert max_abs_error(image, rec) == e
     assert sizes[4] < sizes[0]
 
 
@@ -101,7 +92,7 @@ def test_jpegls_near_lossless_spends_its_bound():
     sizes = []
     for e in codec.ladder:
         data, rec = _roundtrip(codec, image, e)
-        assert _max_err(image, rec) == e
+        assert max_abs_error(image, rec) == e
         sizes.append(len(data))
     assert sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0]
 

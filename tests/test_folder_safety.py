@@ -3,7 +3,6 @@ file never stopping the others, a destination shared by no two jobs, the memory 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -19,6 +18,7 @@ from visemz.io import files, loaders, writers
 from visemz.pipeline import manifest, memory
 from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
 
+from .helpers import folder_digests
 from .test_cli import strict_json
 
 
@@ -27,11 +27,6 @@ def _png(path: Path, seed: int, shape=(24, 32)) -> np.ndarray:
     path.parent.mkdir(parents=True, exist_ok=True)
     assert cv2.imwrite(str(path), img)
     return img
-
-
-def _digest(folder: Path) -> dict:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
 
 
 @pytest.fixture
@@ -44,7 +39,7 @@ def src(tmp_path):
 
 # ------------------------------------------------------------------ inputs are sacred
 def test_compress_then_decompress_into_the_source_leaves_the_originals(cli, src, tmp_path):
-    before = _digest(src)
+    before = folder_digests(src, links=False)
     link = tmp_path / "link-to-S"
     link.symlink_to(src)
     for cmd in ("compress", "decompress"):
@@ -56,7 +51,7 @@ def test_compress_then_decompress_into_the_source_leaves_the_originals(cli, src,
         assert r.exit_code == 2 and "contains the source" in r.stderr
         r = cli(cmd, src / "a.png", src, "--device", "cpu")  # a file source whose folder is the destination
         assert r.exit_code == 2 and "contains the source" in r.stderr
-    assert _digest(src) == before and not (src / "new").exists()
+    assert folder_digests(src, links=False) == before and not (src / "new").exists()
 
 
 def test_files_the_job_did_not_write_are_never_written_over(cli, src, tmp_path):
@@ -74,14 +69,14 @@ def test_files_the_job_did_not_write_are_never_written_over(cli, src, tmp_path):
     # decompressing into a folder of originals refuses each original, by name
     originals = tmp_path / "originals"
     _png(originals / "sub/b.png", 1)
-    before = _digest(originals)
+    before = folder_digests(originals, links=False)
     r = cli("decompress", dst, originals, "--device", "cpu", "--json")
     summary = strict_json(r.stdout)
     errors = {e["file"]: e["error"] for e in summary["errors"]}
     assert r.exit_code == 1 and summary["done"] == 1 and sorted(errors) == ["a.png.vsz", "sub/b.png.vsz"]
     assert "container" in errors["a.png.vsz"]  # the user's file in D does not decode
     assert "originals/sub/b.png' exists and is not an output of this job" in errors["sub/b.png.vsz"]
-    assert _digest(originals)["sub/b.png"] == before["sub/b.png"]  # the original, untouched
+    assert folder_digests(originals, links=False)["sub/b.png"] == before["sub/b.png"]  # the original, untouched
 
     # a file in the way that is not a visemz manifest stops the job before any work
     (out / "visemz-manifest.json").parent.mkdir()
@@ -95,11 +90,11 @@ def test_a_link_in_the_destination_never_leads_a_write_into_the_source(cli, src,
     dst = tmp_path / "D"
     dst.mkdir()
     (dst / "sub").symlink_to(src / "sub")
-    before = _digest(src)
+    before = folder_digests(src, links=False)
     d = strict_json(cli("compress", src, dst, "--device", "cpu", "--json").stdout)
     assert d["done"] == 1 and sorted(e["file"] for e in d["errors"]) == ["sub/b.png", "sub/deep/c.png"]
     assert all("leads out of the destination" in e["error"] for e in d["errors"])
-    assert _digest(src) == before and not list(src.rglob("*.vsz"))
+    assert folder_digests(src, links=False) == before and not list(src.rglob("*.vsz"))
 
 
 def test_an_empty_source_is_refused_and_nothing_is_created(cli, tmp_path):

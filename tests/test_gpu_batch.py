@@ -14,17 +14,11 @@ from visemz.encoders import EncoderConfig, decode_ints, encode_ints_many, gpu, s
 from visemz.encoders import entropy as E
 from visemz.encoders import layout as L
 
-from .helpers import make_ints, optional, parity
+from .helpers import make_ints, parity
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("nvcomp")]  # the tests' cp: cupy and nvCOMP
 THREADS = 4
 WAIT = 120.0  # seconds a thread may take before the test fails (never reached when the code is right)
-
-
-@pytest.fixture(scope="module")
-def cp():
-    optional("nvidia.nvcomp")
-    return optional("cupy")
 
 
 def _on_lanes(task) -> None:

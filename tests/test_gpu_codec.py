@@ -2,23 +2,14 @@
 
 import numpy as np
 import pytest
-from skimage import data
 
 from visemz import container
 from visemz.image import codec, latents
 
-from .helpers import cross_device_tolerance, optional, parity, symbols_of
+from .helpers import cross_device_images, cross_device_tolerance, optional, parity, symbols_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("model_weights")]
-
-
-
-
-def _images():
-    rng = np.random.default_rng(0)
-    return {"astronaut": data.astronaut(), "camera": data.camera(),
-            "uint16 noise": rng.integers(0, 4096, (300, 257), dtype=np.uint16),
-            "float32 2-channel": (rng.standard_normal((130, 70, 2)) * 3).astype(np.float32)}
+IMAGES = dict(astronaut=None, camera=None, noise=(300, 257), floats=(130, 70, 2))  # cross_device_images
 
 
 def _reencoded_on(device: str, buf: bytes) -> dict:
@@ -41,7 +32,7 @@ def test_files_decode_on_the_other_device_to_the_same_symbols(gpu_cpu_codecs, mo
     are the same bytes (the coder's bytes do not depend on the device)."""
     gpu, cpu = gpu_cpu_codecs
     with parity() as p:
-        for label, img in _images().items():
+        for label, img in cross_device_images(**IMAGES).items():
             for enc in (gpu, cpu):
                 buf = enc.compress(img, model=model, quality=3.4, image_format=image_format)
                 c = container.unpack(buf)
@@ -64,7 +55,7 @@ def test_files_decode_on_the_other_device_to_the_same_symbols(gpu_cpu_codecs, mo
 def test_error_bound_holds_across_devices(gpu_cpu_codecs, model):
     gpu, cpu = gpu_cpu_codecs
     with parity() as p:
-        for label, img in _images().items():
+        for label, img in cross_device_images(**IMAGES).items():
             for e in (0, 0.01) if img.dtype == np.float32 else (0, 2):
                 for enc, dec in ((gpu, cpu), (cpu, gpu), (gpu, gpu)):
                     out = dec.decompress(enc.compress(img, model=model, quality=2, max_error=e))

@@ -8,15 +8,10 @@ from visemz.encoders import decode_ints, encode_ints, gpu, reference, stream
 from visemz.encoders import layout as L
 from visemz.errors import DeviceUnavailableError, VisemzError
 
-from .helpers import DISTRIBUTIONS, EDGE_SIZES, damaged_copies, make_ints, optional, parity
+from .helpers import DISTRIBUTIONS, EDGE_SIZES, damaged_copies, make_ints, parity
 
 pytestmark = pytest.mark.gpu
 SIZES = EDGE_SIZES + (65_537, 1_000_003)
-
-
-@pytest.fixture(scope="module")
-def cp():
-    return optional("cupy")
 
 
 @pytest.mark.parametrize("policy", ["global", "block"])

@@ -4,7 +4,6 @@ Run on a GPU machine: python -m pytest -m gpu tests/test_pipeline_gpu.py
 (skipped without CUDA; the kvikio and DALI tests also say when those are not installed).
 """
 
-import hashlib
 import io
 import struct
 import zlib
@@ -23,7 +22,7 @@ from visemz.pipeline import dali_source, kvikio_io, probe, sources
 from visemz.pipeline.executor import CudaLane
 from visemz.pipeline.jobs import CompressConfig, DecompressConfig, compress_folder, decompress_folder
 
-from .helpers import cross_device_tolerance, optional, parity
+from .helpers import cross_device_tolerance, folder_digests, optional, parity
 
 pytestmark = pytest.mark.gpu
 
@@ -67,11 +66,6 @@ def tree(tmp_path):
     return src
 
 
-def _digests(folder) -> dict:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "visemz-manifest.json"}
-
-
 @pytest.mark.parametrize("max_error, tile", [(None, 0), (1, 0), (None, 64)])
 def test_several_streams_write_the_same_bytes_as_one(tree, tmp_path, model_weights, nvcomp, max_error, tile):
     """tile=64: every image is a grid of tiles, so several lanes' tiles are in flight at once."""
@@ -81,7 +75,7 @@ def test_several_streams_write_the_same_bytes_as_one(tree, tmp_path, model_weigh
         cfg = CompressConfig(device="cuda", streams=streams, loader="cpu", max_error=max_error, tile=tile)
         summary = compress_folder(tree, dst, cfg)
         assert summary.count("done") == sum(p.is_file() for p in tree.rglob("*")), summary.to_dict()
-        outs[streams] = _digests(dst)
+        outs[streams] = folder_digests(dst, skip=("visemz-manifest.json",))
         back = tmp_path / f"r{streams}"
         assert not decompress_folder(dst, back, DecompressConfig("npy", "cuda", streams, "posix")).failed
         outs[f"restored{streams}"] = back
@@ -114,7 +108,7 @@ def test_gpu_loaders_feed_the_codec_the_same_pixels(tree, tmp_path, model_weight
     for loader in ("cpu", "auto") + (("dali",) if dali_source.available() else ()):
         summary = compress_folder(tree, tmp_path / loader, CompressConfig(device="cuda", streams=4, loader=loader))
         assert not summary.failed, summary.to_dict()
-        runs[loader] = _digests(tmp_path / loader)
+        runs[loader] = folder_digests(tmp_path / loader, skip=("visemz-manifest.json",))
         used[loader] = {r.rel: (r.loader, r.note) for r in summary.results}
     by = lambda loader, ext: {rel: how for rel, how in used[loader].items() if rel.endswith(ext)}
     assert {how for how in used["cpu"].values()} == {("cpu", "")}

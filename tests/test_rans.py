@@ -21,14 +21,9 @@ from visemz.errors import (
 from visemz.framing import read_varints, write_varints
 
 from .helpers import damaged_copies
-from .rans_cases import GOLDEN, KINDS, PLANS, SIZES, gaussian_tables, ideal_bits, make_case
+from .rans_cases import GOLDEN, KINDS, PLANS, SIZES, ideal_bits, make_case
 
 MAX_PEAK = 64 << 20
-
-
-@pytest.fixture(scope="module")
-def tables():
-    return gaussian_tables()
 
 
 def roundtrip(sym, idx, tables, **plan):

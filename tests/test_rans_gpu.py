@@ -8,22 +8,10 @@ from visemz.encoders import rans_layout as RL
 from visemz.encoders.rans import decode_conditional, encode_conditional
 from visemz.errors import CorruptStreamError, InvalidArgumentError, VisemzError
 
-from .rans_cases import KINDS, PLANS, SIZES, gaussian_tables, make_case
+from .rans_cases import KINDS, PLANS, SIZES, make_case
 from .test_rans import GOLDEN_PLANS, GOLDEN_SKIP, SKIPS, golden_inputs, reframe3, with_body
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def tables():
-    return gaussian_tables()
 
 
 def check_both_ways(cp, sym, idx, tables, **plan):

@@ -24,11 +24,6 @@ pytestmark = pytest.mark.usefixtures("model_weights")
 ARCHS = ("balle2016", "mbt2018-mean")
 
 
-@pytest.fixture(scope="module")
-def cpu():
-    return visemz.ImageCodec("cpu")
-
-
 def _rgb() -> np.ndarray:
     return data.astronaut()[0:128, 160:288].copy()
 

@@ -22,14 +22,9 @@ from visemz.image import residual_coder, tiling
 from visemz.models import blocks, registry, residual_prior, residual_weights
 from visemz.models import residual_tables as RT
 
+from .helpers import max_abs_error, with_tile_part
 
-@pytest.fixture(autouse=True)
-def _weights(model_weights):
-    return model_weights
-
-
-def _err(a, b) -> int:
-    return int(np.abs(a.astype(np.int64) - b.astype(np.int64)).max())
+pytestmark = pytest.mark.usefixtures("model_weights")
 
 
 def _residual_of(buf) -> str | None:
@@ -51,7 +46,7 @@ def test_bound_holds_and_learned_residual_is_used(dtype, e):
     out = visemz.decompress(buf)
     assert _residual_of(buf) == "learned" and container.unpack(buf).meta["format"] == codec_module.LEARNED
     assert out.dtype == img.dtype and out.shape == img.shape
-    assert _err(out, img) <= e
+    assert max_abs_error(out, img) <= e
     if e == 0:
         np.testing.assert_array_equal(out, img)
 
@@ -76,7 +71,7 @@ def test_bound_on_adversarial_inputs(e):
         out = visemz.decompress(buf)
         assert _residual_of(buf) == "learned"
         assert out.shape == img.shape and out.dtype == img.dtype
-        assert _err(out, img) <= e, (img.shape, img.dtype, e)
+        assert max_abs_error(out, img) <= e, (img.shape, img.dtype, e)
 
 
 def test_wide_distributions_take_the_low_bits_tables(monkeypatch):
@@ -99,7 +94,7 @@ def test_tiles_and_regions():
     buf = visemz.compress(img, max_error=1, quality=3, tile=64)
     assert container.unpack(buf).meta["tiles"]["grid"] == [2, 2]
     out = visemz.decompress(buf)
-    assert _err(out, img) <= 1
+    assert max_abs_error(out, img) <= 1
     np.testing.assert_array_equal(visemz.decompress(buf, region=(50, 90, 10, 30)), out[50:90, 10:30])
 
 
@@ -110,7 +105,7 @@ def test_rgb_takes_the_rgb_prior(e):
     assert _residual_of(buf) == "learned"
     assert container.unpack(buf).meta["residual_id"] == residual_weights.load("rgb").model_id
     out = visemz.decompress(buf)
-    assert out.shape == img.shape and _err(out, img) <= e
+    assert out.shape == img.shape and max_abs_error(out, img) <= e
     if e == 0:
         np.testing.assert_array_equal(out, img)
 
@@ -162,7 +157,7 @@ def test_every_position_listed_decodes_through_the_list(monkeypatch):
     sections = _tile_sections(buf)
     assert len(sections[residual_coder.FIXES]) > 0
     _perturbed_heads(monkeypatch, 1e-3, seed=1)  # far beyond float64 noise: only the list can keep it right
-    assert _err(visemz.decompress(buf), img) <= 1
+    assert max_abs_error(visemz.decompress(buf), img) <= 1
 
 
 def _tile_sections(buf) -> dict:
@@ -184,7 +179,7 @@ def test_crafted_fixes_are_refused():
     for values in bad:
         fixes = residual_coder.encode_ints(np.asarray(values, np.int32), policy="global", entropy="none")
         with pytest.raises(CorruptStreamError):
-            visemz.decompress(_with_section(buf, residual_coder.FIXES, fixes))
+            visemz.decompress(with_tile_part(buf, residual_coder.FIXES, fixes))
 
 
 def test_damaged_pass_stream_is_refused_or_stays_in_range():
@@ -288,15 +283,7 @@ def test_near_lossless_and_dense_images_take_no_palette():
     for img, e in ((_stretched(), 1), (_photo((40, 48)), 0)):
         buf = visemz.compress(img, max_error=e, quality=2)
         assert len(_tile_sections(buf)[residual_coder.PALETTE]) == 0
-        assert _err(visemz.decompress(buf), img) <= e
-
-
-def _with_section(buf: bytes, name: str, body: bytes) -> bytes:
-    c = container.unpack(buf)
-    sections, coding = codec_module.ImageCodec("cpu")._open(buf).tile(0)
-    packed = codec_module.tile_index.pack(c.meta["tiles"]["parts"], c.meta["tiles"]["symbols"],
-                                          [(dict(sections, **{name: body}), coding)], c.meta["format"])
-    return container.pack(c.kind, c.meta, packed)
+        assert max_abs_error(visemz.decompress(buf), img) <= e
 
 
 def test_crafted_palettes_are_refused():
@@ -313,11 +300,11 @@ def test_crafted_palettes_are_refused():
         gaps = np.diff(np.asarray(values, np.int64), prepend=0).astype(np.int32)
         body = residual_coder.encode_ints(gaps, policy="block", entropy="zstd")
         with pytest.raises(CorruptStreamError):
-            visemz.decompress(_with_section(buf, residual_coder.PALETTE, body))
+            visemz.decompress(with_tile_part(buf, residual_coder.PALETTE, body))
     near = visemz.compress(img, max_error=1, quality=2)  # a palette where the bound is not 0
     body = residual_coder.encode_ints(np.array([lo, 257], np.int32), policy="block", entropy="zstd")
     with pytest.raises(CorruptStreamError):
-        visemz.decompress(_with_section(near, residual_coder.PALETTE, body))
+        visemz.decompress(with_tile_part(near, residual_coder.PALETTE, body))
 
 
 @pytest.mark.parametrize("variant", ["gray", "rgb"])
@@ -328,6 +315,6 @@ def test_auto_quality_keeps_the_smallest_file(variant):
     buf = visemz.compress(img, max_error=1, quality="auto")
     assert len(buf) == min(sizes.values())
     assert container.unpack(buf).meta["quality"] in qualities
-    assert _err(visemz.decompress(buf), img) <= 1
+    assert max_abs_error(visemz.decompress(buf), img) <= 1
     with pytest.raises(visemz.InvalidArgumentError, match="max_error"):
         visemz.compress(img, quality="auto")

@@ -29,16 +29,11 @@ TILE = 128
 
 
 @pytest.fixture(scope="module")
-def codec():
-    return visemz.ImageCodec("cpu")
-
-
-@pytest.fixture(scope="module")
-def coffee(codec):
+def coffee(cpu):
     """A 300 x 517 gray image (scikit-image's coffee, green channel) in 3 x 5 tiles of 128, and its decode."""
     img = np.ascontiguousarray(data.coffee()[:300, :517, 1])
-    buf = codec.compress(img, quality=4, tile=TILE)
-    return img, buf, codec.decompress(buf)
+    buf = cpu.compress(img, quality=4, tile=TILE)
+    return img, buf, cpu.decompress(buf)
 
 
 def test_round_trip_of_an_odd_size_in_tiles(coffee):
@@ -50,19 +45,19 @@ def test_round_trip_of_an_odd_size_in_tiles(coffee):
 
 
 @pytest.mark.parametrize("region", [(70, 201, 100, 390), (128, 256, 256, 384), (299, 300, 516, 517)])
-def test_a_region_is_the_same_window_of_the_full_decode(codec, coffee, region):
+def test_a_region_is_the_same_window_of_the_full_decode(cpu, coffee, region):
     """Region reads synthesise the tiles they touch exactly as the full decode does: the same pixels."""
     _, buf, out = coffee
     y0, y1, x0, x1 = region
-    got = codec.decompress(buf, region=region)
+    got = cpu.decompress(buf, region=region)
     np.testing.assert_array_equal(got, out[y0:y1, x0:x1])
 
 
-def test_tile_boundaries_show_no_step_beyond_the_codec_error(codec, coffee):
+def test_tile_boundaries_show_no_step_beyond_the_codec_error(cpu, coffee):
     """Across each tile boundary, the reconstruction's step differs from the original's by no more than
     the untiled codec's at the same line (within 0.5 levels) and no more than anywhere inside the tiles."""
     img, _, out = coffee
-    whole = codec.decompress(codec.compress(img, quality=4, tile=1024)).astype(np.float64)
+    whole = cpu.decompress(cpu.compress(img, quality=4, tile=1024)).astype(np.float64)
     x = img.astype(np.float64)
     for axis in (0, 1):
         def step_error(rec):  # per line k: mean |(rec[k+1] - rec[k]) - (x[k+1] - x[k])|
@@ -75,29 +70,29 @@ def test_tile_boundaries_show_no_step_beyond_the_codec_error(codec, coffee):
         assert (tiled[edges] <= untiled[edges] + 0.5).all(), (axis, tiled[edges], untiled[edges])
 
 
-def test_tiled_psnr_is_the_untiled_psnr(codec):
+def test_tiled_psnr_is_the_untiled_psnr(cpu):
     """scikit-image's camera in 2 x 2 tiles of 256 against one tile, same quality: within 0.05 dB."""
     img = data.camera()
-    tiled = psnr(img, codec.decompress(codec.compress(img, quality=4, tile=256)))
-    untiled = psnr(img, codec.decompress(codec.compress(img, quality=4)))
+    tiled = psnr(img, cpu.decompress(cpu.compress(img, quality=4, tile=256)))
+    untiled = psnr(img, cpu.decompress(cpu.compress(img, quality=4)))
     assert abs(tiled - untiled) < 0.05, (tiled, untiled)
 
 
-def test_tile_windows_give_the_whole_image_latents(codec):
+def test_tile_windows_give_the_whole_image_latents(cpu):
     """With the factorized model the symbols of every tile (analysed with its halo) are the whole image's,
     and the windowed synthesis gives the whole image's pixels up to float rounding."""
     rng = np.random.default_rng(1)
     img = np.clip(data.camera()[:200, :300].astype(np.int32) + rng.integers(-4, 5, (200, 300)), 0, 255).astype(np.uint8)
-    tiled = codec.compress(img, model="balle2016", quality=3, tile=64)
-    whole = codec.compress(img, model="balle2016", quality=3, tile=1024)
+    tiled = cpu.compress(img, model="balle2016", quality=3, tile=64)
+    whole = cpu.compress(img, model="balle2016", quality=3, tile=1024)
     assert container.unpack(tiled).meta["tiles"]["grid"] == [4, 5]
-    a, b = codec.decode_symbols(tiled)["y"], codec.decode_symbols(whole)["y"]
+    a, b = cpu.decode_symbols(tiled)["y"], cpu.decode_symbols(whole)["y"]
     assert a.shape == b.shape and (a != b).float().mean() < 1e-4
-    diff = np.abs(codec.decompress(tiled).astype(np.int32) - codec.decompress(whole))
+    diff = np.abs(cpu.decompress(tiled).astype(np.int32) - cpu.decompress(whole))
     assert diff.max() <= 1 and (diff > 0).mean() < 1e-3
 
 
-def test_a_small_region_is_synthesised_alone_and_equals_that_window_of_the_full_decode(coffee, codec, monkeypatch):
+def test_a_small_region_is_synthesised_alone_and_equals_that_window_of_the_full_decode(coffee, cpu, monkeypatch):
     """A region no larger than a tile runs g_s on its own latents (and halo), not on the tiles it touches:
     off the latent grid across four tiles, at the image's corner and at its padded bottom-right edge."""
     img, buf, out = coffee
@@ -111,37 +106,37 @@ def test_a_small_region_is_synthesised_alone_and_equals_that_window_of_the_full_
     monkeypatch.setattr(tiling, "synthesise_box", counted)
     regions = [(100, 180, 90, 200), (0, 37, 0, 41), (250, 300, 400, 517)]
     for y0, y1, x0, x1 in regions:
-        np.testing.assert_array_equal(codec.decompress(buf, region=(y0, y1, x0, x1)), out[y0:y1, x0:x1])
+        np.testing.assert_array_equal(cpu.decompress(buf, region=(y0, y1, x0, x1)), out[y0:y1, x0:x1])
     assert shapes == [(1, 1, y1 - y0, x1 - x0) for y0, y1, x0, x1 in regions]
 
 
 @pytest.mark.parametrize("shape,dtype,model", [((1100, 70), "uint16", "balle2016"),
                                                ((150, 200, 3), "uint8", "mbt2018-mean")])
-def test_tall_thin_and_rgb_images(codec, shape, dtype, model):
+def test_tall_thin_and_rgb_images(cpu, shape, dtype, model):
     rng = np.random.default_rng(2)
     base = data.astronaut()[: shape[0], : shape[1]] if len(shape) == 3 else \
         np.resize(data.camera(), shape).astype(np.uint16) * 200 + rng.integers(0, 50, shape).astype(np.uint16)
     img = np.ascontiguousarray(base.astype(dtype))
-    buf = codec.compress(img, model=model, quality=5, tile=TILE)
-    out = codec.decompress(buf)
+    buf = cpu.compress(img, model=model, quality=5, tile=TILE)
+    out = cpu.decompress(buf)
     assert out.shape == img.shape and out.dtype == img.dtype and psnr(img, out) > 28
     region = (shape[0] - 130, shape[0] - 1, 3, shape[1] - 5)
-    np.testing.assert_array_equal(codec.decompress(buf, region=region), out[region[0]:region[1], region[2]:region[3]])
+    np.testing.assert_array_equal(cpu.decompress(buf, region=region), out[region[0]:region[1], region[2]:region[3]])
 
 
 @pytest.mark.parametrize("dtype,e", [("uint16", 3), ("float32", 0.02)])
-def test_the_error_bound_holds_across_tile_edges(codec, dtype, e):
+def test_the_error_bound_holds_across_tile_edges(cpu, dtype, e):
     rng = np.random.default_rng(3)
     img = (data.camera()[:190, :260].astype(np.float64) * 17 + rng.normal(0, 30, (190, 260)))
     img = np.clip(img, 0, 65535).astype(dtype) if dtype == "uint16" else (img / 1000).astype(np.float32)
-    buf = codec.compress(img, quality=2, max_error=e, tile=64)
-    out = codec.decompress(buf)
+    buf = cpu.compress(img, quality=2, max_error=e, tile=64)
+    out = cpu.decompress(buf)
     err = np.abs(out.astype(np.float64) - img.astype(np.float64))
     assert err.max() <= e
     for k in range(64, 190, 64):  # the rows on both sides of each tile edge are within the bound too
         assert err[k - 1:k + 1].max() <= e
     region = (50, 140, 30, 200)
-    np.testing.assert_array_equal(codec.decompress(buf, region=region), out[50:140, 30:200])
+    np.testing.assert_array_equal(cpu.decompress(buf, region=region), out[50:140, 30:200])
 
 
 @pytest.mark.parametrize("region", [(0, 0, 0, 10), (5, 3, 0, 10), (0, 301, 0, 10), (-1, 10, 0, 10), (0, 10, 0, 518),
@@ -152,13 +147,13 @@ def test_bad_regions_are_named(coffee, region):
         visemz.decompress(buf, region=region, device="cpu")
 
 
-def test_a_bad_tile_size_is_named(codec):
+def test_a_bad_tile_size_is_named(cpu):
     for tile in (100, 0, 32, "128", True, tiling.MAX_TILE + 64, 1 << 16):
         with pytest.raises(InvalidArgumentError, match=f"tile={tile!r}"):
-            codec.compress(np.zeros((70, 70), np.uint8), tile=tile)
+            cpu.compress(np.zeros((70, 70), np.uint8), tile=tile)
 
 
-def test_every_tile_the_writer_takes_the_reader_takes(codec):
+def test_every_tile_the_writer_takes_the_reader_takes(cpu):
     """The largest tile is written and read; one step above it is refused on write (it used to write
     files that the reader refused) and, in a header, on read, with the value named."""
     img = np.ascontiguousarray(data.camera()[:70, :70])
@@ -170,7 +165,7 @@ def test_every_tile_the_writer_takes_the_reader_takes(codec):
     for size in (65536, tiling.MAX_TILE + 64, 100, 0):
         bad = repack(buf, meta=dict(meta, tiles=dict(meta["tiles"], size=size)))
         with pytest.raises(CorruptStreamError, match=f"tiles.size={size}"):
-            codec.decompress(bad)
+            cpu.decompress(bad)
 
 
 @pytest.mark.parametrize("value", ["65536", "100"])
@@ -182,21 +177,21 @@ def test_a_bad_visemz_tile_is_named_when_the_codec_loads(value):
     assert r.returncode != 0 and f"InvalidArgumentError: VISEMZ_TILE={value}: expected a multiple of 64" in r.stderr
 
 
-def test_formats_5_and_6_are_format_4_with_a_varint_tile_index(codec, coffee):
+def test_formats_5_and_6_are_format_4_with_a_varint_tile_index(cpu, coffee):
     """The same tiles' parts under either index; format 4 is still written on request and read."""
     img, buf, out = coffee
-    old = codec.compress(img, quality=4, tile=TILE, image_format=4)
+    old = cpu.compress(img, quality=4, tile=TILE, image_format=4)
     c5, c4 = container.unpack(buf), container.unpack(old)
     assert c5.meta["format"] == FORMAT and c4.meta["format"] == 4  # formats 5 and 6: varints
     assert bytes(c5.sections[tile_index.TILES]) == bytes(c4.sections[tile_index.TILES])
     n, p, s = 15, len(c5.meta["tiles"]["parts"]), len(c5.meta["tiles"]["symbols"])
     assert len(c4.sections[tile_index.INDEX]) == n * (8 * p + s) > 2 * len(c5.sections[tile_index.INDEX])
-    np.testing.assert_array_equal(codec.decompress(old), out)
-    one = codec.compress(img[:100, :120], quality=4)  # one tile: three lengths of 1-2 bytes and two codings
+    np.testing.assert_array_equal(cpu.decompress(old), out)
+    one = cpu.compress(img[:100, :120], quality=4)  # one tile: three lengths of 1-2 bytes and two codings
     assert len(container.unpack(one).sections[tile_index.INDEX]) <= 8
 
 
-def test_damaged_tile_indexes_are_corrupt_streams(codec, coffee):
+def test_damaged_tile_indexes_are_corrupt_streams(cpu, coffee):
     _, buf, _ = coffee
     c = container.unpack(buf)
     index, meta, tiles = bytes(c.sections[tile_index.INDEX]), c.meta, c.meta["tiles"]
@@ -228,11 +223,11 @@ def test_damaged_tile_indexes_are_corrupt_streams(codec, coffee):
     ]
     for bad in cases:
         with pytest.raises(CorruptStreamError):
-            codec.decompress(bad, region=(0, 10, 0, 10))
+            cpu.decompress(bad, region=(0, 10, 0, 10))
     swapped = container.pack(c.kind, meta, {tile_index.TILES: bytes(c.sections[tile_index.TILES]),
                                             tile_index.INDEX: index})
     with pytest.raises(CorruptStreamError, match="sections"):
-        codec.decompress(swapped)
+        cpu.decompress(swapped)
 
 
 @pytest.fixture
@@ -251,9 +246,9 @@ def test_a_decode_checks_each_checksum_once(coffee, checksums):
         assert checksums == {"unpacks": 1, "hashed": len(buf) - 8}, region
 
 
-def test_a_stack_checks_each_checksum_once(codec, checksums):
+def test_a_stack_checks_each_checksum_once(cpu, checksums):
     stack = np.stack([np.ascontiguousarray(data.camera()[k * 40:k * 40 + 70, :90]) for k in range(3)])
-    buf = pages.encode(stack, lambda page: codec.compress(page, model="balle2016", quality=3, tile=64))
+    buf = pages.encode(stack, lambda page: cpu.compress(page, model="balle2016", quality=3, tile=64))
     page_bytes = [len(p) for p in pages.page_buffers(container.unpack(buf))]
     for region in (None, (5, 60, 10, 80)):
         checksums.update(unpacks=0, hashed=0)
@@ -265,17 +260,17 @@ def meta_tiles(buf: bytes) -> dict:
     return container.unpack(buf).meta["tiles"]
 
 
-def test_previous_formats_are_one_tile_and_read_regions(codec, coffee):
+def test_previous_formats_are_one_tile_and_read_regions(cpu, coffee):
     img, _, _ = coffee
-    buf = codec.compress(img[:100, :150], quality=4, image_format=3)
+    buf = cpu.compress(img[:100, :150], quality=4, image_format=3)
     assert container.unpack(buf).meta["format"] == 3
-    out = codec.decompress(buf)
-    np.testing.assert_array_equal(codec.decompress(buf, region=(10, 90, 20, 140)), out[10:90, 20:140])
+    out = cpu.decompress(buf)
+    np.testing.assert_array_equal(cpu.decompress(buf, region=(10, 90, 20, 140)), out[10:90, 20:140])
 
 
-def test_a_stack_of_tiled_planes_reads_a_region_of_every_page(codec):
+def test_a_stack_of_tiled_planes_reads_a_region_of_every_page(cpu):
     stack = np.stack([np.ascontiguousarray(data.camera()[k * 40:k * 40 + 150, :140]) for k in range(2)])
-    buf = pages.encode(stack, lambda page: codec.compress(page, model="balle2016", quality=3, tile=64, max_error=2))
+    buf = pages.encode(stack, lambda page: cpu.compress(page, model="balle2016", quality=3, tile=64, max_error=2))
     assert meta_tiles(bytes(pages.page_buffers(container.unpack(buf))[0]))["grid"] == [3, 3]
     whole = visemz.decompress(buf, device="cpu")
     assert whole.shape == stack.shape and np.abs(whole.astype(int) - stack).max() <= 2
@@ -295,16 +290,16 @@ def test_the_grid_covers_the_padded_image():
     assert g.touching((0, 1, 127, 129)) == [0, 1]
 
 
-def test_the_residual_is_built_from_the_symbols_in_hand(codec, monkeypatch):
+def test_the_residual_is_built_from_the_symbols_in_hand(cpu, monkeypatch):
     """Compressing with max_error synthesises each tile from the symbols its analysis gave, without
     entropy-decoding what was just written; the decoder does decode every tile."""
     calls = []
     real = latents.decode
     monkeypatch.setattr(latents, "decode", lambda *a, **k: calls.append(1) or real(*a, **k))
     img = np.ascontiguousarray(data.camera()[:150, :200])
-    buf = codec.compress(img, quality=2, max_error=2, tile=64)
+    buf = cpu.compress(img, quality=2, max_error=2, tile=64)
     assert meta_tiles(buf)["grid"] == [3, 4] and calls == []
-    assert np.abs(codec.decompress(buf).astype(int) - img).max() <= 2 and len(calls) == 12
+    assert np.abs(cpu.decompress(buf).astype(int) - img).max() <= 2 and len(calls) == 12
 
 
 def _camera_float():
@@ -333,7 +328,7 @@ CODER_SETTINGS = ("zstd_level", "entropy_chunk", "rans_lane_bytes", "rans_lane_s
 
 
 @pytest.mark.parametrize("case", sorted(WRITTEN_BEFORE))
-def test_error_bounded_files_keep_their_bytes(codec, case):
+def test_error_bounded_files_keep_their_bytes(cpu, case):
     image, options, ids, digest = WRITTEN_BEFORE[case]
     changed = [f.name for f in fields(Defaults) if f.name in CODER_SETTINGS and defaults.get(f.name) != f.default]
     if changed:
@@ -341,20 +336,20 @@ def test_error_bounded_files_keep_their_bytes(codec, case):
     here = (".".join(torch.__version__.split(".")[:2]), torch.backends.cpu.get_cpu_capability())
     if here != PINNED_ON:
         pytest.skip(f"pinned with torch {PINNED_ON[0]} on {PINNED_ON[1]}; this is torch {here[0]} on {here[1]}")
-    buf = codec.compress(image(), tile=64, **options)
+    buf = cpu.compress(image(), tile=64, **options)
     meta = container.unpack(buf).meta
     if (meta["model_id"], meta["residual_id"]) != ids:
         pytest.skip(f"{case} was pinned with weights {ids}; the shipped weights differ")
     assert hashlib.sha256(buf).hexdigest() == digest
 
 
-def test_latents_wait_off_the_device_between_batches_and_the_pixels_are_the_same(codec, coffee):
+def test_latents_wait_off_the_device_between_batches_and_the_pixels_are_the_same(cpu, coffee):
     """Tile latents that later batches need are parked (on a GPU: in host memory) before each g_s call,
     so that only the batch's own window is held where the synthesis runs, however wide the image; the
     pixels are those of a synthesis that keeps every latent where it was computed (the behaviour before)."""
     _, buf, _ = coffee  # 3 x 5 tiles
-    kept, kept_counts = tiled_synthesis(codec, buf, None)
-    parked, parked_counts = tiled_synthesis(codec, buf, lambda t: t.clone())
+    kept, kept_counts = tiled_synthesis(cpu, buf, None)
+    parked, parked_counts = tiled_synthesis(cpu, buf, lambda t: t.clone())
     assert [i for i, _ in parked] == [i for i, _ in kept] == list(range(15))
     for (i, a), (_, b) in zip(kept, parked):
         np.testing.assert_array_equal(a, b, err_msg=f"tile {i}")
