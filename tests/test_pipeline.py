@@ -8,6 +8,8 @@ import cv2
 import numpy as np
 import pytest
 import tifffile
+import torch
+from safetensors.torch import save_file
 
 import visemz
 from visemz import ImageCodec, container
@@ -362,6 +364,15 @@ def test_atomic_file_leaves_nothing_behind_on_failure(tmp_path):
     assert target.read_bytes() == b"whole"
     assert target.stat().st_mode & 0o777 == writers.FILE_MODE  # as open() makes it, not mkstemp's 0600
     assert writers.FILE_MODE & 0o044  # others can read it under the usual umasks (022, 002)
+
+
+def test_atomic_file_settles_a_file_another_writer_put_at_the_temporary_path(tmp_path):
+    """safetensors' save_file writes a new file at the path it is given: it gets the same permissions."""
+    target = tmp_path / "w.safetensors"
+    with writers.atomic_file(target) as (_, tmp):
+        save_file({"x": torch.zeros(3)}, str(tmp))
+    assert target.stat().st_mode & 0o777 == writers.FILE_MODE
+    assert [p.name for p in tmp_path.iterdir()] == ["w.safetensors"]
 
 
 def test_tiled_images_through_several_lanes_match_the_codec(model_weights, tmp_path):

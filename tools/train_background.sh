@@ -11,6 +11,9 @@
 #
 # WORK holds out/ (compact fp16 checkpoints, train_log*.csv), state/ (full checkpoints), train.log
 # and train.pid.  Under torchrun set TRAIN_LAUNCH, e.g. TRAIN_LAUNCH="torchrun --nproc-per-node 4".
+# TRAIN_SCRIPT=train_residual.py trains the residual prior instead (its checkpoint, optimiser included,
+# and its log in out/).  A GPU machine that is given back ends the run: end every job's command with
+# `collect`, so the checkpoints written so far travel back with it.
 set -euo pipefail
 cmd=$1 work=$2; shift 2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,7 +30,9 @@ case $cmd in
     [[ ${1:-} == -- ]] && shift
     stop
     # shellcheck disable=SC2086
-    setsid ${TRAIN_LAUNCH:-python3} "$here/train.py" --out "$work/out" --state-dir "$work/state" \
+    script=${TRAIN_SCRIPT:-train.py} state=()
+    [[ $script == train.py ]] && state=(--state-dir "$work/state")
+    setsid ${TRAIN_LAUNCH:-python3} "$here/$script" --out "$work/out" "${state[@]}" \
       --resume "$work/out" "$@" >>"$work/train.log" 2>&1 < /dev/null &
     echo $! > "$work/train.pid"
     echo "started pid $(cat "$work/train.pid")";;

@@ -51,6 +51,7 @@ def atomic_file(path: Path, before_replace=None):
             os.fsync(f.fileno())
             if before_replace is not None:
                 before_replace(f)
+        _settle(Path(tmp))
         os.replace(tmp, path)
     except OutputError:
         Path(tmp).unlink(missing_ok=True)
@@ -61,6 +62,17 @@ def atomic_file(path: Path, before_replace=None):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _settle(tmp: Path) -> None:
+    """A writer given the temporary path may have put a new file there (safetensors' ``save_file`` does):
+    give that one the permissions and the fsync the file object's had."""
+    os.chmod(tmp, FILE_MODE)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, data, before_replace=None) -> None:
