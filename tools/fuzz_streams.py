@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 import visemz
+from make_format_fixtures import smooth_image  # a script beside this one, as tools are run
 from visemz import container, defaults
 from visemz.encoders import decode_ints, encode_ints, entropy, rans, reference, stream
 from visemz.encoders import layout as L
@@ -95,19 +96,6 @@ def _ints(n: int, seed: int) -> np.ndarray:
     v = np.round(rng.laplace(0, 0.8, n)).astype(np.int64)
     v[rng.choice(n, 8, replace=False)] = [300, -70000, 2**24 + 5, -(2**31), 2**31 - 1, 129, -3000, 5]
     return v.astype(np.int32)
-
-
-def _image(shape, dtype, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[: shape[0], : shape[1]]
-    smooth = np.sin(xx / 5.0) * np.cos(yy / 7.0)
-    if len(shape) == 3:
-        smooth = np.stack([smooth * (c + 1) / shape[2] for c in range(shape[2])], -1)
-    if dtype == "uint8":
-        return np.clip(128 + 90 * smooth + rng.normal(0, 8, shape), 0, 255).astype(np.uint8)
-    if dtype == "uint16":
-        return np.clip(2000 + 1500 * smooth + rng.normal(0, 60, shape), 0, 65535).astype(np.uint16)
-    return (3.0 * smooth + rng.normal(0, 0.2, shape)).astype(np.float32)
 
 
 def _floats(n: int) -> np.ndarray:
@@ -166,29 +154,29 @@ def _image_files(add) -> None:
     codec = visemz.ImageCodec("cpu")
     how = "visemz.decompress(buf, device='cpu')"
     decode = lambda b: visemz.decompress(b, device="cpu")  # noqa: E731
-    gray, rgb = _image((64, 64), "uint8", 1), _image((48, 64, 3), "uint8", 2)
+    gray, rgb = smooth_image("uint8", (64, 64), 1), smooth_image("uint8", (48, 64, 3), 2)
     now = f"image-v{image_header.FORMAT}"  # what the codec writes by default (the learned residual on gray)
-    sparse = _image((64, 48), "uint16", 8) // 16 * 16  # lossless through a palette of its values
+    sparse = smooth_image("uint16", (64, 48), 8) // 16 * 16  # lossless through a palette of its values
     files = {
         f"{now}-u8-e2": codec.compress(gray, max_error=2),
         f"{now}-u8-e0": codec.compress(gray, max_error=0),
         f"{now}-u16-e0-palette": codec.compress(sparse, model="mbt2018-mean", max_error=0),
-        f"{now}-f32-float": codec.compress(_image((40, 64), "float32", 3), max_error=0.05),
-        f"{now}-f32-bits": codec.compress(_image((40, 64), "float32", 3), max_error=0),
+        f"{now}-f32-float": codec.compress(smooth_image("float32", (40, 64), 3), max_error=0.05),
+        f"{now}-f32-bits": codec.compress(smooth_image("float32", (40, 64), 3), max_error=0),
         f"{now}-rgb-lossy": codec.compress(rgb),
-        f"{now}-mbt-u16-e3": codec.compress(_image((64, 48), "uint16", 4), model="mbt2018-mean", max_error=3),
-        f"{now}-tiled-e1": codec.compress(_image((96, 64), "uint8", 5), max_error=1, tile=64),
-        "image-v5-tiled-e1": codec.compress(_image((96, 64), "uint8", 5), max_error=1, tile=64, image_format=5),
-        "image-v4-tiled-mbt": codec.compress(_image((64, 96), "uint8", 6), model="mbt2018-mean", tile=64,
+        f"{now}-mbt-u16-e3": codec.compress(smooth_image("uint16", (64, 48), 4), model="mbt2018-mean", max_error=3),
+        f"{now}-tiled-e1": codec.compress(smooth_image("uint8", (96, 64), 5), max_error=1, tile=64),
+        "image-v5-tiled-e1": codec.compress(smooth_image("uint8", (96, 64), 5), max_error=1, tile=64, image_format=5),
+        "image-v4-tiled-mbt": codec.compress(smooth_image("uint8", (64, 96), 6), model="mbt2018-mean", tile=64,
                                              image_format=4),
         "image-v3-u8-e1": codec.compress(gray, max_error=1, image_format=3),
-        "image-v2-f32-e0": codec.compress(_image((40, 64), "float32", 7), max_error=0, image_format=2),
+        "image-v2-f32-e0": codec.compress(smooth_image("float32", (40, 64), 7), max_error=0, image_format=2),
     }
     c = container.unpack(files["image-v3-u8-e1"])
     files["image-v3-container1"] = container.pack(c.kind, c.meta, {k: bytes(v) for k, v in c.sections.items()}, 1)
     for name, buf in files.items():
         add(name.split("-")[0] + "-" + name.split("-")[1], name, buf, decode, how)
-    stack = np.stack([_image((32, 40), "uint8", k) for k in range(2)])
+    stack = np.stack([smooth_image("uint8", (32, 40), k) for k in range(2)])
     add("pages", "pages-u8-e1", pages.encode(stack, lambda p: codec.compress(p, max_error=1)), decode, how)
 
 

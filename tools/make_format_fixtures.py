@@ -113,7 +113,9 @@ def ints_streams(w: Writer) -> None:
               policy=policy, bitshuffle=True, entropy=entropy)
 
 
-def _image(dtype: str, shape: tuple, seed: int) -> np.ndarray:
+def smooth_image(dtype: str, shape: tuple, seed: int) -> np.ndarray:
+    """A smooth pattern plus seeded noise, of any dtype the codec takes: the fixtures' images (also the seeds
+    the fuzzer mutates)."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[: shape[0], : shape[1]]
     smooth = np.sin(xx / 5.0) * np.cos(yy / 7.0)
@@ -226,7 +228,7 @@ def context_images(w: Writer) -> None:
 
 def _write_images(w: Writer, cases: list) -> None:
     for model, dtype, shape, e, tile in cases:
-        img = _image(dtype, shape, seed=len(shape))
+        img = smooth_image(dtype, shape, seed=len(shape))
         for skip in (0, SKIP_FREQ) if model in SKIPPED_IMAGES else (0,):
             with _rans_skip(skip):
                 buf = visemz.compress(img, model=model, quality=1, max_error=e, device="cpu", tile=tile)
@@ -240,7 +242,7 @@ def _write_images(w: Writer, cases: list) -> None:
 
 
 def page_stack(w: Writer) -> None:
-    stack = np.stack([_image("uint8", (20, 24), seed=k) for k in range(2)])
+    stack = np.stack([smooth_image("uint8", (20, 24), seed=k) for k in range(2)])
     buf = pages.encode(stack, lambda page: visemz.compress(page, model="balle2016", quality=1, max_error=1,
                                                            device="cpu"))
     page_arrays = {}
@@ -257,7 +259,7 @@ RESIDUALS = (("uint8", (12, 14, 3), 2), ("uint16", (20, 16), 0), ("float32", (16
 def residuals(w: Writer) -> None:
     """The error-bound residual of an image against a given float64 synthesis: no model involved."""
     for dtype, shape, e in RESIDUALS:
-        img = _image(dtype, shape, seed=7)
+        img = smooth_image(dtype, shape, seed=7)
         t = torch.from_numpy(img)
         lo, hi = (0.0, 255.0) if dtype == "uint8" else (float(img.astype(np.float64).min()),
                                                         float(img.astype(np.float64).max()))

@@ -51,7 +51,8 @@ def atomic_file(path: Path, before_replace=None):
             os.fsync(f.fileno())
             if before_replace is not None:
                 before_replace(f)
-        _settle(Path(tmp))
+            if os.stat(tmp).st_ino != os.fstat(f.fileno()).st_ino:
+                _settle(Path(tmp))
         os.replace(tmp, path)
     except OutputError:
         Path(tmp).unlink(missing_ok=True)
@@ -65,8 +66,8 @@ def atomic_file(path: Path, before_replace=None):
 
 
 def _settle(tmp: Path) -> None:
-    """A writer given the temporary path may have put a new file there (safetensors' ``save_file`` does):
-    give that one the permissions and the fsync the file object's had."""
+    """A writer given the temporary path put a new file there (safetensors' ``save_file`` does): give that one
+    the permissions and the fsync the file object's had."""
     os.chmod(tmp, FILE_MODE)
     fd = os.open(tmp, os.O_RDONLY)
     try:
