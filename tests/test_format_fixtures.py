@@ -231,7 +231,7 @@ def check_tiles(c: container.Container, arrays: dict, prefix: str) -> None:
             body, want = index.part(i, name), stored[f"tile{i}_section_{name}"]
             if coding.get(name) == "rans":
                 check_rans_section(f"tile {i} {name}", body, want)
-            elif name in residual_coder.PASS_SECTIONS:  # the learned residual's passes: layout, checksum, count
+            elif name in residual_coder.STEP_SECTIONS:  # the learned residual's passes: layout, checksum, count
                 count = [RL.parse(bytes(body), None, None).plan.n] if len(body) else []
                 assert count == list(want), name
             elif len(body) or want.size:

@@ -235,21 +235,23 @@ def test_blocked_synthesis_and_analysis_give_the_whole_result(monkeypatch):
         torch.testing.assert_close(architectures.analysis_transform(net, x), analysed, rtol=1e-4, atol=1e-4)
 
 
-def test_training_loss_is_what_the_coder_spends():
-    """nll_bits (float32, the training objective) against the bytes of the pass streams, on one image."""
-    res = residual_weights.load("gray")
-    img = _photo((96, 128))
+@pytest.mark.parametrize("variant", ["gray", "rgb"])
+def test_training_loss_is_what_the_coder_spends(variant):
+    """nll_bits (float32, the training objective) against the bytes of the step streams, on one image: the coder
+    codes in the order training assumes (a colour pass a channel at a time)."""
+    res = residual_weights.load(variant)
+    img = _photo((96, 128)) if variant == "gray" else np.ascontiguousarray(data.astronaut()[100:196, 150:278])
     e = 0
     buf = visemz.compress(img, max_error=e, quality=3)
     sections = _tile_sections(buf)
-    coded = 8 * sum(len(sections[k]) for k in residual_coder.PASS_SECTIONS)
+    coded = 8 * sum(len(sections[k]) for k in residual_coder.step_sections(res.prior64.channels))
     f = codec_module.ImageCodec("cpu")._open(buf)
     with torch.inference_mode():
         _, _, (x01, reduced) = next(codec_module.ImageCodec("cpu")._tile_pixels(
             f.net, f.net64, f.header["quality"], f.meta, f.grid, [0], f.symbols, True, res))
-        x = torch.from_numpy(img.astype(np.float64))[None, None]
+        x = torch.from_numpy(np.atleast_3d(img).transpose(2, 0, 1).astype(np.float64))[None]
         one = torch.ones(1, dtype=torch.float64)
-        h, w = img.shape  # the image's own pixels (the coder codes no padding)
+        h, w = img.shape[:2]  # the image's own pixels (the coder codes no padding)
         bits = residual_prior.nll_bits(res.prior64, reduced[:, :, :h // 2, :w // 2], x01[:, :, :h, :w], x, 0 * one,
                                        255 * one, e * one)
     assert 0.95 < coded / float(bits) < 1.05, (coded, float(bits))

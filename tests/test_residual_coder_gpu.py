@@ -28,7 +28,8 @@ def _images() -> dict[str, np.ndarray]:
 
 def _pass_streams(buf: bytes) -> list[bytes]:
     f = codec.ImageCodec("cpu")._open(buf)
-    return [bytes(f.tile(i)[0][k]) for i in range(f.grid.count) for k in residual_coder.PASS_SECTIONS]
+    return [bytes(body) for i in range(f.grid.count) for k, body in sorted(f.tile(i)[0].items())
+            if k in residual_coder.STEP_SECTIONS]
 
 
 @pytest.mark.parametrize("e", [0, 1, 4])

@@ -153,7 +153,7 @@ def _tile_sections(buf: bytes, c: container.Container, prefix: str) -> dict:
         for name in t["parts"]:
             body = index.part(i, name)
             out[f"{prefix}tile{i}_section_{name}"] = held[name].numpy().reshape(-1) if coding.get(name) == "rans" \
-                else _pass_symbols(body) if name in residual_coder.PASS_SECTIONS \
+                else _pass_symbols(body) if name in residual_coder.STEP_SECTIONS \
                 else decode_ints(body) if len(body) else np.zeros(0, np.int32)
     return out
 

@@ -2,6 +2,8 @@
 
     python tools/train_residual.py --data DATA --variant gray --out runs/res [--resume runs/res] \
         [--time-limit 1500] [--final-decay 0.3]
+    python tools/train_residual.py --data DATA --variant rgb --out runs/rgb \
+        --init visemz/models/weights/residual-rgb.safetensors   # fine-tune a shipped prior
     python tools/train_residual.py --export runs/res --variant gray   # -> visemz/models/weights/
 
 DATA holds train/gray, train2/gray/*, train2/gray16 (gray) or train/rgb, train2/rgb/* (rgb), as the
@@ -15,6 +17,11 @@ Each step: random crops with flips, drawn by group (--mix); every sample gets it
 levels); the shipped lossy model of the variant (frozen) gives the reconstruction and its features as
 a decoder has them; the loss is the residual's bits per pixel under the prior, passes in coding order
 (``residual_prior.nll_bits``).  Adam with a warm-up, then --final-decay as in tools/train.py.
+
+--init starts from a prior's weights file (fresh Adam moments, a warm-up) where --resume finds no checkpoint.
+A head's inputs for its own pass's context are zeroed: a prior trained when a pass coded its channels
+side by side never saw them other than zero (their weights are still their random start), and zero
+weights there make the start code exactly as that prior did; training then learns them.
 
 Checkpoints (every --checkpoint-every seconds and at the end, atomically): --out/residual-VARIANT.ckpt.safetensors,
 float32 parameters and Adam's moments, step and seconds in the metadata; --resume takes it.  A log row
@@ -40,7 +47,7 @@ from safetensors.torch import save_file
 
 from train import GRAY_GROUPS, CropSampler, Image, _files, draw_weights, parse_mix
 from visemz.io.writers import atomic_file
-from visemz.models import registry, residual_prior, training
+from visemz.models import registry, residual_prior, residual_weights, training
 from visemz.models import weights as W
 
 # kept out of training for the lossless evaluation: 16-bit fluorescence and astronomy images (and their
@@ -116,6 +123,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.add_argument("--variant", choices=("gray", "rgb"), default="gray")
     a.add_argument("--out", type=Path, help="checkpoint and log folder")
     a.add_argument("--resume", type=Path, help="folder of a checkpoint to go on from")
+    a.add_argument("--init", type=Path, help="a residual prior weights file to start from (no checkpoint yet)")
     a.add_argument("--export", type=Path, help="write the shipped weights from this folder's checkpoint, then stop")
     a.add_argument("--weights-dir", type=Path, help="where --export writes (default: the package's weights folder)")
     a.add_argument("--time-limit", type=float, default=1200.0, help="seconds of training")
@@ -136,6 +144,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.export is None and (args.data is None or args.out is None):
         a.error("--data and --out are needed to train")
     return args
+
+
+def zero_own_pass_inputs(prior: residual_prior.ResidualPrior) -> None:
+    """Zero each head's weights on its own pass's context: what a colour step sees of the channels coded before
+    it in the same pass (always zero for a prior that coded a pass's channels side by side)."""
+    c, width = prior.channels, prior.width
+    with torch.no_grad():
+        for k, head in enumerate(prior.heads):
+            head[0].weight[:, width + k * c:width + (k + 1) * c] = 0
 
 
 def ckpt_path(folder: Path, variant: str) -> Path:
@@ -184,6 +201,13 @@ class Trainer:
                                      "exp_avg_sq": tensors["v/" + n].to(self.device)}
             self.fresh_moments = False
 
+    def init_from(self, path: Path) -> None:
+        """Start from a prior's weights file."""
+        tensors, _ = W.read_tensors(path)
+        self.prior.load_state_dict({k[len(residual_weights.PREFIX):]: v for k, v in tensors.items()
+                                    if k.startswith(residual_weights.PREFIX)})
+        zero_own_pass_inputs(self.prior)
+
     def batch_settings(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         quality = training.batch_qualities(n, self.device)
         draw = torch.randint(0, self.bounds.numel(), (n,), device=self.device)
@@ -231,6 +255,9 @@ def train(args) -> None:
     if resume is not None and resume.is_file():
         t.load(resume)
         print(f"resumed {resume} at step {t.step}")
+    elif args.init is not None:
+        t.init_from(args.init)
+        print(f"starting from {args.init}")
     images, ranges = load(args.data, args.variant, set(filter(None, args.holdout.split(","))))
     mix = parse_mix(args.mix or DEFAULT_MIX[args.variant])
     sampler = CropSampler(images, draw_weights(images, mix), args.patch, device)
@@ -272,8 +299,6 @@ def train(args) -> None:
 
 
 def export(args) -> None:
-    from visemz.models import residual_weights
-
     path = ckpt_path(args.export, args.variant)
     with safe_open(str(path), framework="pt") as f:
         meta, tensors = f.metadata(), {k[2:]: f.get_tensor(k) for k in f.keys() if k.startswith("p/")}

@@ -100,7 +100,7 @@ def check(h: dict, sections: dict) -> dict:
     if not (isinstance(symbols, dict) and all(isinstance(v, list) and all(is_int(s) for s in v)
                                               for v in symbols.values())):
         raise _bad("symbols", symbols, "an object of symbol shapes")
-    need = residual_sections(h["residual"])
+    need = residual_sections(h["residual"], meta)
     if not need <= set(sections):
         raise CorruptStreamError(f"image lacks sections {sorted(need - set(sections))}")
     coding = h.get("coding")
@@ -182,11 +182,11 @@ def _residual_id(residual_id, mode) -> None:
         raise _bad("residual_id", residual_id, f"null for residual {mode!r}")
 
 
-def residual_sections(mode: str | None) -> set[str]:
+def residual_sections(mode: str | None, meta: ImageMeta) -> set[str]:
     if mode is None:
         return set()
     if mode == "learned":
-        return set(residual_coder.SECTIONS)
+        return set(residual_coder.sections(residual_coder.COLOUR if meta.variant == "rgb" else 1))
     return {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
 
 
@@ -205,7 +205,7 @@ def check_tiles(h: dict, height: int, width: int, symbols: list[str]) -> tiling.
                                  f"padded image with tiles of {size}")
     if t["symbols"] != symbols:
         raise CorruptStreamError(f"image tile symbol sections {t['symbols']!r}: the model codes {symbols}")
-    parts = sorted(latents.section_names(latents.RANS, symbols) | residual_sections(h["residual"]))
+    parts = sorted(latents.section_names(latents.RANS, symbols) | residual_sections(h["residual"], image_meta(h)))
     if t["parts"] != parts:
         raise CorruptStreamError(f"image tile parts {t['parts']!r}: expected {parts}")
     return grid
@@ -232,7 +232,7 @@ def check_sections(sections: dict, coding: dict | None, shapes: dict[str, tuple]
 def _check_section(name: str, body, coding: dict | None, shapes: dict, ints: dict, pixels: int) -> None:
     if (coding or {}).get(name) == "rans":
         RL.parse(body, math.prod(shapes[name]), None)
-    elif name in residual_coder.PASS_SECTIONS:  # a pixel's q >> k and, for a wide distribution, its low bits
+    elif name in residual_coder.STEP_SECTIONS:  # a pixel's q >> k and, for a wide distribution, its low bits
         n = RL.parse(body, None, None).plan.n
         if n > 2 * pixels:
             raise CorruptStreamError(f"its conditional rANS stream claims {n} symbols for {pixels} pixels")

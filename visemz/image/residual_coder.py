@@ -25,10 +25,12 @@ interpolating between the palette's values; the prior then sees data as dense as
 
 Sections of a tile: ``res_palette`` (empty bytes, or an ints stream of the first value and the gaps to
 the next ones), ``res_fixes`` (the list; empty bytes when nothing is listed, else an ints stream of
-[count per pass x 4, position gaps, m0, scale indexes, centre indexes]) and ``res_p0`` .. ``res_p3``, one
+[count per step, position gaps, m0, scale indexes, centre indexes]) and ``res_p0`` .. ``res_p3``, one
 conditional rANS stream per pass (the pass's q >> k in position order, then its low bits).
-Positions are flat indexes into a pass's (planes, channels, h, w) half-resolution grid; pixels of
+Positions are flat indexes into a step's (planes, 1, h, w) half-resolution grid; pixels of
 the padded tile outside the image are not coded and count as a residual of 0 in later passes' context.
+A colour tile's passes are coded a channel at a time (``residual_prior.steps``): one section per pass and
+channel, ``res_p0c0`` .. ``res_p3c2``, and the fixes list's counts per step in that order.
 """
 
 from __future__ import annotations
@@ -43,20 +45,34 @@ from ..encoders.rans import decode_conditional, encode_conditional
 from ..errors import CorruptStreamError
 from ..models import blocks
 from ..models import residual_tables as RT
-from ..models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, space_to_depth
+from ..models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, head_channels, space_to_depth, steps
 from ..models.residual_weights import Residual
 from .pixels import ImageMeta, from_batch, planes
 
 FIXES, PALETTE = "res_fixes", "res_palette"
-PASS_SECTIONS = tuple(f"res_p{k}" for k in range(len(PASSES)))
-SECTIONS = (PALETTE, FIXES, *PASS_SECTIONS)
+COLOUR = 3  # the channels of the colour prior; any other image is coded plane by plane by the gray one
+
+
+def step_sections(channels: int) -> tuple[str, ...]:
+    """The pass sections of a tile coded by the prior of ``channels`` (1 or 3), one per coding step."""
+    if channels == 1:
+        return tuple(f"res_p{k}" for k in range(len(PASSES)))
+    return tuple(f"res_p{k}c{j}" for k, sl in steps(channels) for j in [sl.start - k * channels])
+
+
+def sections(channels: int) -> tuple[str, ...]:
+    return (PALETTE, FIXES, *step_sections(channels))
+
+
+STEP_SECTIONS = frozenset(step_sections(1) + step_sections(COLOUR))  # every name a pass section may have
+MAX_STEPS = len(steps(COLOUR))
 SPARSE = 2  # a lossless tile is coded through a palette when the span of its values holds this many levels per value
 PALETTE_MAX = 1 << 16  # values a palette may list (every level of uint16)
 
 
 def fixes_limit(pixels: int) -> int:
-    """The most values a tile's fixes section may hold: the four passes' counts, then 4 per listed pixel."""
-    return len(PASSES) + 4 * pixels
+    """The most values a tile's fixes section may hold: the steps' counts, then 4 per listed pixel."""
+    return MAX_STEPS + 4 * pixels
 TOL = 1e-6
 MAX_Q = 1 << 20  # |q| of any valid stream is below 2**18 (the largest image range over the smallest bin)
 TRUNK_HALO = 3  # half-resolution positions the trunk sees around a position (the heads see HALO - 3 more)
@@ -79,8 +95,8 @@ def encode(res: Residual, x: torch.Tensor, synthesis: list, meta: ImageMeta, e: 
         fixes.append((pos, m0.reshape(-1)[pos], si.reshape(-1)[pos], fi.reshape(-1)[pos]))
         return m0, si, fi
 
-    def symbols(k, m0, shift, table, real):
-        xs = space_to_depth(levels)[:, _channels(k, x01.shape[1])].to(torch.int64)
+    def symbols(i, m0, shift, table, real):
+        xs = space_to_depth(levels)[:, steps(x01.shape[1])[i][1]].to(torch.int64)
         q = torch.div(xs - m0 + e, 2 * e + 1, rounding_mode="floor")
         high = q >> shift
         sym, idx = _stream_inputs(high, q - (high << shift), shift, table, real)
@@ -88,7 +104,8 @@ def encode(res: Residual, x: torch.Tensor, synthesis: list, meta: ImageMeta, e: 
         return q
 
     _passes(res, synthesis, _Domain(meta, palette), e, fix, symbols)
-    return {PALETTE: _pack_palette(palette), FIXES: _pack_fixes(fixes), **dict(zip(PASS_SECTIONS, streams))}
+    return {PALETTE: _pack_palette(palette), FIXES: _pack_fixes(fixes), **dict(zip(step_sections(x01.shape[1]),
+                                                                                    streams))}
 
 
 def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: int) -> torch.Tensor:
@@ -96,12 +113,13 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
     ``synthesis`` as for ``encode`` (consumed alike)."""
     x01 = synthesis[0]
     planes, c = x01.shape[0], x01.shape[1]
-    grid = planes * c * (x01.shape[2] // 2) * (x01.shape[3] // 2)
-    listed = _unpack_fixes(sections[FIXES], grid, x01.device)
+    grid = planes * (x01.shape[2] // 2) * (x01.shape[3] // 2)  # a step codes one channel's positions
+    names = step_sections(c)
+    listed = _unpack_fixes(sections[FIXES], grid, len(names), x01.device)
     palette = _unpack_palette(sections[PALETTE], meta, e, x01.device)
 
-    def fix(k, m0, si, fi, amb, real):
-        pos, m0_l, si_l, fi_l = listed[k]
+    def fix(i, m0, si, fi, amb, real):
+        pos, m0_l, si_l, fi_l = listed[i]
         if pos.numel():
             if not bool(real.reshape(-1)[pos].all()):
                 raise CorruptStreamError("residual fixes list a position outside the image")
@@ -109,10 +127,10 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
             m0[pos], si[pos], fi[pos] = m0_l, si_l, fi_l
         return m0, si, fi
 
-    def symbols(k, m0, shift, table, real):
+    def symbols(i, m0, shift, table, real):
         n_low = int((real & (shift > 0)).sum())
         _, idx = _stream_inputs(None, None, shift, table, real)
-        values = _as_torch(decode_conditional(sections[PASS_SECTIONS[k]], _coder_array(idx), res.tables), m0.device)
+        values = _as_torch(decode_conditional(sections[names[i]], _coder_array(idx), res.tables), m0.device)
         n = values.numel() - n_low
         high, low = values[:n].to(torch.int64), values[n:].to(torch.int64)
         low_shift = shift[real & (shift > 0)]
@@ -154,9 +172,9 @@ class _Domain:
 
 
 def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, symbols):
-    """Run the four passes; ``fix(k, m0, si, fi, ambiguous, real)`` gives the integers pass k codes with and
-    ``symbols(k, m0, shift, table, real)`` its q (the encoder codes them, the decoder decodes them).  Returns
-    the decoded pixels (planes, C, H, W) as float64 values of the domain."""
+    """Run the coding steps (``residual_prior.steps``); ``fix(i, m0, si, fi, ambiguous, real)`` gives the integers
+    step i codes with and ``symbols(i, m0, shift, table, real)`` its q (the encoder codes them, the decoder
+    decodes them).  Returns the decoded pixels (planes, C, H, W) as float64 values of the domain."""
     prior = res.prior64
     x01, reduced = synthesis
     synthesis[1] = None  # the trunk below is all the passes need of the features
@@ -172,17 +190,17 @@ def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, symbol
     real = space_to_depth(_real_mask(domain.meta, x01).expand(-1, c, -1, -1)).expand_as(pred)
     known = torch.zeros_like(pred)
     out = torch.zeros_like(pred)
-    for k in range(len(PASSES)):
-        sl = _channels(k, c)
-        offset, log_scale = _blocked(lambda r, q: torch.cat(prior.head(k, trunk[:, :, r, q], known[:, :, r, q]), 1),
-                                     trunk, HALO - TRUNK_HALO, width_in).chunk(2, 1)
+    for i, (k, sl) in enumerate(steps(c)):
+        own = head_channels(k, sl, c)
+        offset, log_scale = _blocked(lambda r, q: torch.cat([t[:, own] for t in prior.head(
+            k, trunk[:, :, r, q], known[:, :, r, q])], 1), trunk, HALO - TRUNK_HALO, width_in).chunk(2, 1)
         mu = pred[:, sl] + u * offset
         s = u * torch.exp(log_scale)
         m0, si, fi, amb = _integers(mu, s, b)
-        m0, si, fi = (t.reshape(mu.shape) for t in fix(k, m0, si, fi, amb, real[:, sl]))
+        m0, si, fi = (t.reshape(mu.shape) for t in fix(i, m0, si, fi, amb, real[:, sl]))
         shift = ((si - RT.TOP + RT.STEPS - 1) // RT.STEPS).clamp_min(0)
         table = (si - RT.STEPS * shift) * RT.CENTRES + fi
-        q = symbols(k, m0, shift, table, real[:, sl])
+        q = symbols(i, m0, shift, table, real[:, sl])
         decoded = (m0 + q * b).clamp(lo, hi).to(torch.float64)
         known[:, sl] = torch.where(real[:, sl], (decoded - pred[:, sl]) / (CONTEXT_SCALE * u), 0.0)
         out[:, sl] = decoded
@@ -219,10 +237,6 @@ def _stream_inputs(high, low, shift, table, real):
 
 def _twice(s: slice) -> slice:
     return slice(2 * s.start, 2 * s.stop)
-
-
-def _channels(k: int, c: int) -> slice:
-    return slice(k * c, (k + 1) * c)
 
 
 # ------------------------------------------------------------------ blocks (memory follows a block)
@@ -304,17 +318,18 @@ def _pack_fixes(fixes: list) -> bytes:
     return encode_ints(torch.cat(parts).to(torch.int32).numpy(), policy="global", entropy="none")
 
 
-def _unpack_fixes(buf, grid: int, device) -> list[tuple]:
-    """The fixes section -> per pass (positions, m0, scale indexes, centre indexes), each checked."""
+def _unpack_fixes(buf, grid: int, n_steps: int, device) -> list[tuple]:
+    """The fixes section -> per step (positions, m0, scale indexes, centre indexes), each checked.  ``grid``:
+    the positions of a step's (planes, channels, h, w) half-resolution grid."""
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     if len(buf) == 0:
-        return [(empty, empty, empty, empty)] * len(PASSES)
-    v = torch.from_numpy(decode_ints(bytes(buf), max_count=fixes_limit(len(PASSES) * grid)).astype(np.int64))
-    counts = v[:len(PASSES)]
-    total = int(counts.sum()) if v.numel() >= len(PASSES) else -1
-    if v.numel() < len(PASSES) or bool((counts < 0).any()) or v.numel() != len(PASSES) + 4 * total:
+        return [(empty, empty, empty, empty)] * n_steps
+    v = torch.from_numpy(decode_ints(bytes(buf), max_count=fixes_limit(n_steps * grid)).astype(np.int64))
+    counts = v[:n_steps]
+    total = int(counts.sum()) if v.numel() >= n_steps else -1
+    if v.numel() < n_steps or bool((counts < 0).any()) or v.numel() != n_steps + 4 * total:
         raise CorruptStreamError("residual fixes section does not hold its counts' worth of values")
-    gaps, m0, si, fi = v[len(PASSES):].split(total)
+    gaps, m0, si, fi = v[n_steps:].split(total)
     if bool(((si < 0) | (si > RT.SI_MAX) | (fi < 0) | (fi >= RT.CENTRES)).any()):
         raise CorruptStreamError("residual fixes section holds a scale or centre index outside the table grid")
     out, start = [], 0

@@ -8,7 +8,10 @@ distribution (mean mu, scale s, in the image's own levels) that this network pre
 - a parallel context: the pixels are coded in four passes over the 2 x 2 polyphase grid (space to
   depth at half resolution), and each pass sees the pixels decoded by the passes before it.  Pass 0
   codes the (0, 0) pixel of every 2 x 2 cell, pass 1 the (1, 1), pass 2 the (0, 1), pass 3 the (1, 0):
-  no pixel-by-pixel serial loop, four network evaluations in all.
+  no pixel-by-pixel serial loop.  A colour image's pass is coded a channel at a time (``steps``), each
+  channel seeing the pass's earlier channels at the same positions too: colour residuals correlate
+  strongly, which a pass coding its channels side by side cannot use.  Four network evaluations of
+  the heads for a gray image, twelve for RGB.
 
 Everything runs at half resolution: ``trunk`` once per image, ``head(k, ...)`` once per pass.
 Units: u = (hi - lo) / 255 levels of the image (1 for uint8), so that 8- and 16-bit images and
@@ -37,6 +40,20 @@ CONTEXT_SCALE = 8.0  # context pixels enter as residual / (8 u): most of them th
 LOG_SCALE_RANGE = (-9.0, 12.0)  # log of s / u: the heads' output is clamped to it
 OFFSET_RANGE = 256.0  # |offset| in units u: a mean beyond 256 u of the reconstruction is clamped
 HALO = 5  # half-resolution positions that trunk (3) and head (2) see around a position
+
+
+def steps(channels: int) -> list[tuple[int, slice]]:
+    """The coding steps in order: (pass k, the channels of the space-to-depth stack it codes).  One step per
+    pass for one channel; one per pass and channel for more, so that a channel's step sees the pass's
+    earlier channels."""
+    if channels == 1:
+        return [(k, slice(k, k + 1)) for k in range(len(PASSES))]
+    return [(k, slice(k * channels + j, k * channels + j + 1)) for k in range(len(PASSES)) for j in range(channels)]
+
+
+def head_channels(k: int, sl: slice, channels: int) -> slice:
+    """The channels of head k's output (one per image channel) that step (k, ``sl``) codes."""
+    return slice(sl.start - k * channels, sl.stop - k * channels)
 
 
 def space_to_depth(x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +109,8 @@ class ResidualPrior(nn.Module):
 
     def head(self, k: int, trunk: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pass k's (offset, log_scale), each (B, C, h, w) in units u.  ``context``: (B, 4C, h, w), the decoded
-        residuals of the passes before k (divided by CONTEXT_SCALE u), zero for the others."""
+        residuals of the steps before (divided by CONTEXT_SCALE u), zero for the others; only the channels of
+        the step being coded are used (``steps``)."""
         out = _run(self.heads[k], torch.cat([trunk, context], 1))
         offset, log_scale = out.chunk(2, 1)
         return offset.clamp(-OFFSET_RANGE, OFFSET_RANGE), log_scale.clamp(*LOG_SCALE_RANGE)
@@ -132,11 +150,11 @@ def nll_bits(prior: ResidualPrior, reduced: torch.Tensor, x01: torch.Tensor, x: 
     c = prior.channels
     known = torch.zeros_like(xs)
     bits = xs.new_zeros(xs.shape[0])
-    for k in range(len(PASSES)):
+    for k, sl in steps(c):
         offset, log_scale = prior.head(k, trunk, known)
-        sl = slice(k * c, (k + 1) * c)
-        mu = pred[:, sl] + view(u) * offset
-        s = view(u) * torch.exp(log_scale)
+        own = head_channels(k, sl, c)
+        mu = pred[:, sl] + view(u) * offset[:, own]
+        s = view(u) * torch.exp(log_scale[:, own])
         m0 = torch.floor(mu + 0.5).detach()
         q = torch.floor((xs[:, sl] - m0 + view(max_error)) / view(bin_))
         centre = m0 + q * view(bin_)  # the decoded value (before clamping to [lo, hi])
@@ -144,6 +162,6 @@ def nll_bits(prior: ResidualPrior, reduced: torch.Tensor, x01: torch.Tensor, x: 
         logp = _log_bin_prob((centre - half - mu) / s, (centre + half - mu) / s).clamp_min(MIN_LOG_PROB)
         bits = bits - logp.flatten(1).sum(1) / math.log(2.0)
         decoded = torch.minimum(torch.maximum(centre, view(lo)), view(hi))
-        known = torch.cat([known[:, :k * c], (decoded - pred[:, sl]) / (CONTEXT_SCALE * view(u)),
-                           known[:, (k + 1) * c:]], 1)
+        known = torch.cat([known[:, :sl.start], (decoded - pred[:, sl]) / (CONTEXT_SCALE * view(u)),
+                           known[:, sl.stop:]], 1)
     return bits
