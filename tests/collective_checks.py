@@ -372,8 +372,10 @@ def _compile_gpu_kernels() -> None:
     torch.cuda.synchronize()
 
 
-def run_checks(body, rank: int, world: int, init_file: str, queue, backend: str = "gloo") -> None:
-    """One rank of a multi-process test: join the group, run body(rank, world), send back its result
+def run_checks(body, rank: int, world: int, init_file: str, queue, backend: str = "gloo",
+               timeout_s: float = 120) -> None:
+    """One rank of a multi-process test: join the group (NCCL: this rank's GPU, ``cuda:rank``, its
+    kernels built first), whose timeout is ``timeout_s``, run body(rank, world), send back its result
     or its traceback."""
     global DEVICE
     if backend == "nccl":
@@ -381,7 +383,8 @@ def run_checks(body, rank: int, world: int, init_file: str, queue, backend: str 
         DEVICE = torch.device("cuda", rank)
         _compile_gpu_kernels()
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120), **({"device_id": DEVICE} if backend == "nccl" else {}))
+                            timeout=timedelta(seconds=timeout_s),
+                            **({"device_id": DEVICE} if backend == "nccl" else {}))
     try:
         queue.put((rank, "ok", body(rank, world)))
     except BaseException:  # noqa: BLE001 (any failure goes back to the parent as a result)
