@@ -269,6 +269,21 @@ def _stretched() -> np.ndarray:
     return (data.camera()[:40, :48].astype(np.float64) * (65535 / 255)).round().astype(np.uint16)
 
 
+def test_near_lossless_of_sparse_values_keeps_the_smaller_lossless_file(monkeypatch):
+    """Near-lossless cannot use the palette, so a sparse image's lossless file is also made and kept when smaller
+    (it keeps any bound); a dense image keeps its bounded file."""
+    img = _stretched()
+    chosen, lossless = (visemz.compress(img, max_error=e, quality=2) for e in (1, 0))
+    assert chosen == lossless and container.unpack(chosen).meta["max_error"] == 0
+    np.testing.assert_array_equal(visemz.decompress(chosen), img)
+    dense = _photo((40, 52))
+    assert container.unpack(visemz.compress(dense, max_error=1, quality=2)).meta["max_error"] == 1
+    monkeypatch.setattr(residual_coder, "SPARSE", 1 << 20)  # nothing sparse: the bounded file alone
+    bounded = visemz.compress(img, max_error=1, quality=2)
+    assert container.unpack(bounded).meta["max_error"] == 1 and len(lossless) < len(bounded)
+    assert max_abs_error(visemz.decompress(bounded), img) <= 1
+
+
 def test_sparse_values_go_through_a_palette(monkeypatch):
     img = _stretched()
     buf = visemz.compress(img, max_error=0, quality=2)
@@ -281,7 +296,8 @@ def test_sparse_values_go_through_a_palette(monkeypatch):
     assert len(buf) < 0.75 * len(plain)
 
 
-def test_near_lossless_and_dense_images_take_no_palette():
+def test_near_lossless_and_dense_images_take_no_palette(monkeypatch):
+    monkeypatch.setattr(codec_module.ImageCodec, "_sparse_values", lambda self, image: False)  # the bounded file
     for img, e in ((_stretched(), 1), (_photo((40, 48)), 0)):
         buf = visemz.compress(img, max_error=e, quality=2)
         assert len(_tile_sections(buf)[residual_coder.PALETTE]) == 0

@@ -104,6 +104,11 @@ def _model64(spec: registry.ModelSpec, device: str, model_id: str | None = None)
 _model64.cache_clear = _MODEL64.clear  # type: ignore[attr-defined]
 
 
+def _positive(max_error) -> bool:
+    return isinstance(max_error, (int, float, np.integer, np.floating)) and not isinstance(max_error, bool) \
+        and max_error > 0
+
+
 def _float64_copy(net: torch.nn.Module, device: str) -> torch.nn.Module:
     # built outside inference mode (the callers run in it), as W.load builds the model: its parameters are
     # then ordinary tensors with version counters, so its gain units cache their gains (GainUnits.at)
@@ -136,7 +141,9 @@ class ImageCodec:
         synthesis on the image, and the decoder and the format are unchanged (``refine.py``).  With
         ``max_error`` the residual is taken against the refined symbols' reconstruction, so the
         bound holds as ever.  ``quality="auto"`` (with ``max_error`` only) codes the image at each of
-        its variant's ``AUTO_QUALITIES`` and keeps the smallest file: the lossy part's bits against the residual's."""
+        its variant's ``AUTO_QUALITIES`` and keeps the smallest file: the lossy part's bits against the residual's.
+        With ``max_error`` > 0 an integer image whose values are sparse within their span (16-bit data stretched
+        from fewer levels...) is also coded losslessly, and the smaller file kept (its header then says 0)."""
         if image_format is not None and image_format not in FORMATS_READ:
             raise InvalidArgumentError(f"image_format={image_format!r}: this build writes {list(FORMATS_READ)}")
         if quality == "auto":
@@ -146,6 +153,24 @@ class ImageCodec:
             kw = dict(model=model, max_error=max_error, image_format=image_format, tile=tile, refine=refine)
             variant = describe(as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)).variant
             return min((self.compress(image, quality=q, **kw) for q in AUTO_QUALITIES[variant]), key=len)
+        kw = dict(model=model, quality=quality, image_format=image_format, tile=tile, refine=refine)
+        buf = self._compress(image, max_error=max_error, **kw)
+        if _positive(max_error) and image_format is None and self._sparse_values(image):
+            # a sparse image's lossless file codes indexes into its values (residual_coder's palette), which
+            # a bounded error cannot use: it is often the smaller file, and it keeps any bound
+            return min(buf, self._compress(image, max_error=0, **kw), key=len)
+        return buf
+
+    def _sparse_values(self, image) -> bool:
+        """Whether an integer image's values are sparse within their own span (``residual_coder.sparse``)."""
+        t = as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
+        if describe(t).dtype not in ("uint8", "uint16"):
+            return False
+        present = torch.nonzero(torch.bincount(t.reshape(-1).to(torch.int32))).reshape(-1)
+        return residual_coder.sparse(present.numel(), int(present[0]), int(present[-1]))
+
+    def _compress(self, image, *, model: str, quality: float, max_error, image_format: int | None, tile: int | None,
+                  refine) -> bytes:
         q = registry.check_quality(quality)
         tile = defaults.get("tile") if tile is None else tiling.check_tile(tile)
         refining = settings_for(defaults.get("refine") if refine is None else refine)

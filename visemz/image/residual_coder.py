@@ -70,6 +70,11 @@ SPARSE = 2  # a lossless tile is coded through a palette when the span of its va
 PALETTE_MAX = 1 << 16  # values a palette may list (every level of uint16)
 
 
+def sparse(n_values: int, lo: int, hi: int) -> bool:
+    """Whether ``n_values`` distinct values within lo..hi are sparse enough for a palette."""
+    return SPARSE * n_values <= hi - lo + 1
+
+
 def fixes_limit(pixels: int) -> int:
     """The most values a tile's fixes section may hold: the steps' counts, then 4 per listed pixel."""
     return MAX_STEPS + 4 * pixels
@@ -276,7 +281,7 @@ def _palette_of(levels: torch.Tensor, real: torch.Tensor, meta: ImageMeta) -> to
     """A lossless tile's sorted values (float64) where they are sparse within their own span, else None
     (values that fill their span, however narrow, are coded as they are)."""
     values = torch.unique(levels[real.expand_as(levels)])
-    return values if SPARSE * values.numel() <= int(values[-1] - values[0]) + 1 else None
+    return values if sparse(values.numel(), int(values[0]), int(values[-1])) else None
 
 
 def _pack_palette(palette: torch.Tensor | None) -> bytes:
@@ -292,7 +297,7 @@ def _unpack_palette(buf, meta: ImageMeta, e: int, device) -> torch.Tensor | None
         return None
     v = torch.cumsum(torch.from_numpy(decode_ints(bytes(buf), max_count=PALETTE_MAX).astype(np.int64)), 0)
     lo, hi = int(meta.lo), int(meta.hi)
-    if e != 0 or v.numel() == 0 or SPARSE * v.numel() > int(v[-1] - v[0]) + 1 or int(v[0]) < lo or int(v[-1]) > hi or \
+    if e != 0 or v.numel() == 0 or not sparse(v.numel(), int(v[0]), int(v[-1])) or int(v[0]) < lo or int(v[-1]) > hi or \
             bool((torch.diff(v) <= 0).any()):
         raise CorruptStreamError("residual palette is not a sparse, increasing list of values within the image's range")
     return v.to(device, torch.float64)
