@@ -297,8 +297,8 @@ def _unpack_palette(buf, meta: ImageMeta, e: int, device) -> torch.Tensor | None
         return None
     v = torch.cumsum(torch.from_numpy(decode_ints(bytes(buf), max_count=PALETTE_MAX).astype(np.int64)), 0)
     lo, hi = int(meta.lo), int(meta.hi)
-    if e != 0 or v.numel() == 0 or not sparse(v.numel(), int(v[0]), int(v[-1])) or int(v[0]) < lo or int(v[-1]) > hi or \
-            bool((torch.diff(v) <= 0).any()):
+    if e != 0 or v.numel() == 0 or not sparse(v.numel(), int(v[0]), int(v[-1])) or int(v[0]) < lo \
+            or int(v[-1]) > hi or bool((torch.diff(v) <= 0).any()):
         raise CorruptStreamError("residual palette is not a sparse, increasing list of values within the image's range")
     return v.to(device, torch.float64)
 
