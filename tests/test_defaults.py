@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import visemz
-from visemz import config, defaults
+from visemz import config, cuda, defaults
 from visemz.encoders import decode_ints, encode_ints, stream
 from visemz.errors import InvalidArgumentError
 from visemz.pipeline import processes
@@ -188,3 +188,11 @@ def test_the_settings_document_is_the_table():
     assert text == settings_table.render(), "docs/settings.md is out of date: run python tools/settings_table.py"
     for name, var in config.ENV.items():
         assert text.count(f"| `{name}` | `{var}` |") == 1, name
+
+
+@pytest.mark.parametrize("gpu, nvcomp, chosen", [(True, True, "cuda"), (True, False, "cpu"), (False, True, "cpu")])
+def test_auto_takes_the_gpu_only_with_the_gpu_extra(monkeypatch, gpu, nvcomp, chosen):
+    """A GPU with cupy but no nvCOMP (the gpu extra half installed) works on the CPU rather than failing later."""
+    monkeypatch.setattr(cuda, "cuda_available", lambda: gpu)
+    monkeypatch.setattr(cuda, "nvcomp_installed", lambda: nvcomp)
+    assert cuda.resolve("auto") == chosen

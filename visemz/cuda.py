@@ -8,6 +8,7 @@ choose the GPU path through it); ``device.py`` builds the torch-level helpers on
 from __future__ import annotations
 
 import functools
+import importlib.util
 import warnings
 from typing import Any
 
@@ -53,11 +54,20 @@ def _external_stream(handle: int, device_index: int):
         return cupy.cuda.ExternalStream(handle, device_index)
 
 
+def nvcomp_installed() -> bool:
+    """Whether nvCOMP (the ``gpu`` extra's entropy coder) is installed, without importing it."""
+    try:
+        return importlib.util.find_spec("nvidia.nvcomp") is not None
+    except ImportError:  # no ``nvidia`` package at all
+        return False
+
+
 def resolve(device: str | None) -> str:
-    """'auto' (or None) -> 'cuda' when a GPU is usable, else 'cpu'."""
+    """'auto' (or None) -> 'cuda' when a GPU is usable with the ``gpu`` extra (cupy and nvCOMP), else 'cpu': a
+    machine with a GPU and cupy but no nvCOMP works on the CPU rather than failing in the entropy stage."""
     device = device or defaults.get("device")
     if device == "auto":
-        return "cuda" if cuda_available() else "cpu"
+        return "cuda" if cuda_available() and nvcomp_installed() else "cpu"
     if device not in ("cpu", "cuda"):
         raise InvalidArgumentError(f"device={device!r}: expected 'cpu', 'cuda' or 'auto'")
     if device == "cuda":
