@@ -104,11 +104,6 @@ def _model64(spec: registry.ModelSpec, device: str, model_id: str | None = None)
 _model64.cache_clear = _MODEL64.clear  # type: ignore[attr-defined]
 
 
-def _positive(max_error) -> bool:
-    return isinstance(max_error, (int, float, np.integer, np.floating)) and not isinstance(max_error, bool) \
-        and max_error > 0
-
-
 def _float64_copy(net: torch.nn.Module, device: str) -> torch.nn.Module:
     # built outside inference mode (the callers run in it), as W.load builds the model: its parameters are
     # then ordinary tensors with version counters, so its gain units cache their gains (GainUnits.at)
@@ -151,19 +146,24 @@ class ImageCodec:
                 raise InvalidArgumentError('quality="auto" chooses between lossy qualities for max_error: give '
                                            'max_error')
             kw = dict(model=model, max_error=max_error, image_format=image_format, tile=tile, refine=refine)
-            variant = describe(as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)).variant
+            variant = describe(self._tensor(image)).variant
             return min((self.compress(image, quality=q, **kw) for q in AUTO_QUALITIES[variant]), key=len)
         kw = dict(model=model, quality=quality, image_format=image_format, tile=tile, refine=refine)
         buf = self._compress(image, max_error=max_error, **kw)
-        if _positive(max_error) and image_format is None and self._sparse_values(image):
+        if float(max_error or 0) > 0 and image_format is None and self._sparse_values(image):  # a valid bound now
             # a sparse image's lossless file codes indexes into its values (residual_coder's palette), which
             # a bounded error cannot use: it is often the smaller file, and it keeps any bound
             return min(buf, self._compress(image, max_error=0, **kw), key=len)
         return buf
 
+    def _tensor(self, image) -> torch.Tensor:
+        """The image as a torch tensor: a NumPy image stays in host memory (tiles go to the device a batch at a
+        time), any other where it is or on this codec's device."""
+        return as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
+
     def _sparse_values(self, image) -> bool:
         """Whether an integer image's values are sparse within their own span (``residual_coder.sparse``)."""
-        t = as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
+        t = self._tensor(image)
         if describe(t).dtype not in ("uint8", "uint16"):
             return False
         present = torch.nonzero(torch.bincount(t.reshape(-1).to(torch.int32))).reshape(-1)
@@ -174,7 +174,7 @@ class ImageCodec:
         q = registry.check_quality(quality)
         tile = defaults.get("tile") if tile is None else tiling.check_tile(tile)
         refining = settings_for(defaults.get("refine") if refine is None else refine)
-        t = as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
+        t = self._tensor(image)
         meta = describe(t)
         e = check_max_error(max_error, meta.dtype)
         spec = registry.spec(model, meta.variant)

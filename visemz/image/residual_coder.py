@@ -57,7 +57,7 @@ def step_sections(channels: int) -> tuple[str, ...]:
     """The pass sections of a tile coded by the prior of ``channels`` (1 or 3), one per coding step."""
     if channels == 1:
         return tuple(f"res_p{k}" for k in range(len(PASSES)))
-    return tuple(f"res_p{k}c{j}" for k, sl in steps(channels) for j in [sl.start - k * channels])
+    return tuple(f"res_p{k}c{head_channels(k, sl, channels).start}" for k, sl in steps(channels))
 
 
 def sections(channels: int) -> tuple[str, ...]:
