@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from visemz import defaults, measure
+from visemz import defaults, markdown, measure
 from visemz.encoders import entropy as E
 from visemz.encoders import gpu, reference
 from visemz.encoders import layout as L
@@ -145,14 +145,15 @@ def main(argv=None) -> None:
 
 def print_table(name: str, rows: list[dict]) -> None:
     print(f"\n{name}: GB/s of int32 input (median), ratio = input bytes / output bytes")
-    print("| data | MB | codec | ratio | enc GB/s | dec GB/s | +zstd ratio | +zstd enc | +zstd dec | copy GB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        if "copy_GBps" not in r:
-            continue
-        f = lambda k: f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-"
-        print(f"| {r['data']} | {r['MB']} | {r['codec']} | {f('ratio')} | {f('enc_GBps')} | {f('dec_GBps')} | "
-              f"{f('ratio_zstd')} | {f('enc_zstd_GBps')} | {f('dec_zstd_GBps')} | {f('copy_GBps')} |")
+    head = ["data", "MB", "codec", "ratio", "enc GB/s", "dec GB/s", "+zstd ratio", "+zstd enc", "+zstd dec",
+            "copy GB/s"]
+    figures = ["ratio", "enc_GBps", "dec_GBps", "ratio_zstd", "enc_zstd_GBps", "dec_zstd_GBps", "copy_GBps"]
+
+    def cell(r: dict, k: str) -> str:
+        return f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-"
+
+    print("\n".join(markdown.table(head, ([r["data"], r["MB"], r["codec"], *(cell(r, k) for k in figures)]
+                                         for r in rows if "copy_GBps" in r))))
 
 
 if __name__ == "__main__":

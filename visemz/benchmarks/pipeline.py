@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 
-from visemz import defaults, measure
+from visemz import defaults, markdown, measure
 from visemz.benchmarks.common import converted_folder, link_or_copy
 from visemz.encoders import gpu
 from visemz.errors import InvalidArgumentError
@@ -433,11 +433,10 @@ def multi_gpu(args, work: Path) -> dict | None:
 # ------------------------------------------------------------------ main
 def print_table(report: dict) -> None:
     print(f"\n{report['device']}: {report.get('folder', {})}")
-    print("| run | images/s | MB/s | bpp | failed | loaders | calls per nvCOMP launch |")
-    print("|---|---|---|---|---|---|---|")
-    for r in report["runs"]:
-        print(f"| {r['label']} | {r['images_per_s']} | {r['MB_per_s']} | {r['bpp']} | {r['failed']} | {r['loaders']} "
-              f"| {r.get('calls_per_nvcomp_launch', '')} |")
+    head = ["run", "images/s", "MB/s", "bpp", "failed", "loaders", "calls per nvCOMP launch"]
+    print("\n".join(markdown.table(head, ([r["label"], r["images_per_s"], r["MB_per_s"], r["bpp"], r["failed"],
+                                          r["loaders"], r.get("calls_per_nvcomp_launch", "")]
+                                         for r in report["runs"]))))
     print("quality:", json.dumps(report.get("quality", {})))
     print("ratios:", json.dumps(report.get("ratios", {})))
 

@@ -35,7 +35,7 @@ from compressai import ans
 from compressai.entropy_models import GaussianConditional
 from compressai.models.google import get_scale_table
 
-from visemz import cuda, measure
+from visemz import cuda, markdown, measure
 from visemz.encoders import decode_ints, encode_ints
 from visemz.encoders.cdf_tables import gaussian_scale_tables
 from visemz.encoders.rans import decode_conditional, encode_conditional, prepare
@@ -167,11 +167,11 @@ def main(argv=None) -> None:
 
 def print_table(name: str, rows: list[dict]) -> None:
     print(f"\n{name}")
-    print("| input | coder | bytes | / ideal | enc ms | dec ms | enc Msym/s | dec Msym/s | enc GB/s | dec GB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['input']} | {r['coder']} | {r['bytes']} | {r['bytes_over_ideal']} | {r['enc_ms']} | {r['dec_ms']} "
-              f"| {r['enc_Msym_s']} | {r['dec_Msym_s']} | {r['enc_GBps']} | {r['dec_GBps']} |")
+    keys = ["input", "coder", "bytes", "bytes_over_ideal", "enc_ms", "dec_ms", "enc_Msym_s", "dec_Msym_s", "enc_GBps",
+            "dec_GBps"]
+    head = ["input", "coder", "bytes", "/ ideal", "enc ms", "dec ms", "enc Msym/s", "dec Msym/s", "enc GB/s",
+            "dec GB/s"]
+    print("\n".join(markdown.table(head, ([r[k] for k in keys] for r in rows))))
 
 
 if __name__ == "__main__":

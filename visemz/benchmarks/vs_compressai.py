@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import visemz
-from visemz import measure
+from visemz import markdown, measure
 from visemz.benchmarks.common import ms_ssim
 from visemz.evaluation import bjontegaard
 from visemz.evaluation.codecs.learned import CompressAIRans
@@ -155,11 +155,9 @@ def summarise(rows: list[dict], published: dict | None) -> dict:
 
 def print_summary(name: str, summary: dict) -> None:
     print(f"\n{name}: against CompressAI's rANS with the same weights")
-    print("| model | quality | set | coder | bpp ratio | PSNR delta dB | speedup |")
-    print("|---|---|---|---|---|---|---|")
-    for p in summary["pairs"]:
-        print(f"| {p['model']} | {p['quality']:g} | {p['set']} | {p['coder']} | {p['bpp_ratio']} | "
-              f"{p['psnr_delta_db']} | {p['speedup']} |")
+    head = ["model", "quality", "set", "coder", "bpp ratio", "PSNR delta dB", "speedup"]
+    print("\n".join(markdown.table(head, ([p["model"], f"{p['quality']:g}", p["set"], p["coder"], p["bpp_ratio"],
+                                          p["psnr_delta_db"], p["speedup"]] for p in summary["pairs"]))))
     for b in summary["bd_vs_published_kodak"]:
         gap = b["bd_psnr_db_vs_published"]
         print(f"BD-PSNR on Kodak against CompressAI's published {b['arch']}: {b['coder']} "
@@ -168,11 +166,10 @@ def print_summary(name: str, summary: dict) -> None:
 
 def print_table(name: str, rows: list[dict]) -> None:
     print(f"\n{name}: compress + decompress, same weights")
-    print("| model | quality | set | coder | bpp | PSNR dB | MS-SSIM | ms/image |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['model']} | {r['quality']:g} | {r['set']} | {r['coder']} | {r['bpp']:.4f} | {r['psnr']:.2f} | "
-              f"{r['ms_ssim']:.4f} | {r['ms_per_image']:.1f} |")
+    head = ["model", "quality", "set", "coder", "bpp", "PSNR dB", "MS-SSIM", "ms/image"]
+    print("\n".join(markdown.table(head, ([r["model"], f"{r['quality']:g}", r["set"], r["coder"], f"{r['bpp']:.4f}",
+                                          f"{r['psnr']:.2f}", f"{r['ms_ssim']:.4f}", f"{r['ms_per_image']:.1f}"]
+                                         for r in rows))))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import markdown
 from .codecs import LOSSLESS_NAMES, describe
 
 LOSSLESS_ANCHORS = ("jpegxl-lossless", "jpegls")  # the ratios' denominators in the lossless table
@@ -124,11 +125,8 @@ def lossless_table(points: dict[str, dict[float, BoundPoint]], colour: bool) -> 
     anchors = {a: at0.get(a) for a in LOSSLESS_ANCHORS}
     head = ["codec", "images", "bpp", *(["bits per sub-pixel"] if colour else []), "x JPEG XL lossless",
             "x JPEG-LS", "max error seen", "encode s", "decode s", "device"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for codec, p in at0.items():
-        ratios = [_ratio_cell(p, anchors[a]) for a in LOSSLESS_ANCHORS]
-        lines.append(f"| {codec} | " + " | ".join(_cells(p, colour, ratios)) + " |")
-    return lines
+    return markdown.table(head, ([codec, *_cells(p, colour, [_ratio_cell(p, anchors[a]) for a in LOSSLESS_ANCHORS])]
+                                 for codec, p in at0.items()))
 
 
 def near_lossless_table(points: dict[str, dict[float, BoundPoint]], colour: bool) -> list[str]:
@@ -138,14 +136,12 @@ def near_lossless_table(points: dict[str, dict[float, BoundPoint]], colour: bool
         return []
     head = ["E", "codec", "images", "bpp", *(["bits per sub-pixel"] if colour else []), "x JPEG-LS (same E)",
             "max error seen", "encode s", "decode s", "device"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for b in bounds:
         anchor = points.get(NEAR_LOSSLESS_ANCHOR, {}).get(b)
-        for codec, by in points.items():
-            if b in by:
-                cells = _cells(by[b], colour, [_ratio_cell(by[b], anchor)])
-                lines.append(f"| {b:g} | {codec} | " + " | ".join(cells) + " |")
-    return lines
+        rows += [[f"{b:g}", codec, *_cells(by[b], colour, [_ratio_cell(by[b], anchor)])]
+                 for codec, by in points.items() if b in by]
+    return markdown.table(head, rows)
 
 
 def notes(points: dict[str, dict[float, BoundPoint]]) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .. import markdown
 from ..io.writers import write_atomic
 from . import bound_tables, plots
 from .bjontegaard import BDError, bd_quality, bd_rate
@@ -85,24 +86,21 @@ def bd_table(curves: dict[str, list[dict]]) -> list[str]:
         return ["(no JPEG, JPEG 2000, WebP or JPEG XL curve to compare against)"]
     head = ["codec"] + [f"BD-rate vs {a} (PSNR)" for a in anchors] + [f"BD-rate vs {anchors[0]} (MS-SSIM)",
                                                                       f"BD-PSNR vs {anchors[0]} (dB)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for codec, pts in curves.items():
-        cells = [bd_cell(curves[a], pts, "psnr", "rate") if a != codec else "0 (anchor)" for a in anchors]
-        first = curves[anchors[0]]
-        cells += [bd_cell(first, pts, "ms_ssim", "rate"), bd_cell(first, pts, "psnr", "quality")]
-        lines.append(f"| {codec} | " + " | ".join(cells) + " |")
-    return lines
+    first = curves[anchors[0]]
+
+    def row(codec: str, pts: list[dict]) -> list[str]:
+        vs = [bd_cell(curves[a], pts, "psnr", "rate") if a != codec else "0 (anchor)" for a in anchors]
+        return [codec, *vs, bd_cell(first, pts, "ms_ssim", "rate"), bd_cell(first, pts, "psnr", "quality")]
+
+    return markdown.table(head, [row(codec, pts) for codec, pts in curves.items()])
 
 
 def points_table(curves: dict[str, list[dict]]) -> list[str]:
-    lines = ["| codec | setting | bpp | PSNR dB | SSIM | MS-SSIM | GMSD | max err | enc ms | dec ms | device |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for codec, pts in curves.items():
-        for p in pts:
-            lines.append(f"| {codec} | {p['setting']} | {p['bpp']:.4f} | {p['psnr']:.2f} | {p['ssim']:.4f} | "
-                         f"{p['ms_ssim']:.4f} | {p['gmsd']:.4f} | {p['max_abs_error']:g} | {1e3 * p['encode_s']:.1f} | "
-                         f"{1e3 * p['decode_s']:.1f} | {p['device']} |")
-    return lines
+    head = ["codec", "setting", "bpp", "PSNR dB", "SSIM", "MS-SSIM", "GMSD", "max err", "enc ms", "dec ms", "device"]
+    return markdown.table(head, ([codec, p["setting"], f"{p['bpp']:.4f}", f"{p['psnr']:.2f}", f"{p['ssim']:.4f}",
+                                  f"{p['ms_ssim']:.4f}", f"{p['gmsd']:.4f}", f"{p['max_abs_error']:g}",
+                                  f"{1e3 * p['encode_s']:.1f}", f"{1e3 * p['decode_s']:.1f}", p["device"]]
+                                 for codec, pts in curves.items() for p in pts))
 
 
 def refine_costs(rows: list[dict]) -> dict[str, dict[str, dict]]:
@@ -140,15 +138,14 @@ def refine_cost_table(costs: dict[str, dict], device: str) -> list[str]:
         return []
     lines = ["Encode cost of refinement: extra seconds per image for 100 steps, over the points the unrefined "
              "codec also has on the same device (the whole encode over all points, an upper bound, where it has "
-             "none).", "",
-             "| codec | steps | points | encode s | unrefined encode s | s per image per 100 steps | device |",
-             "|---|---|---|---|---|---|---|"]
+             "none).", ""]
+    head = ["codec", "steps", "points", "encode s", "unrefined encode s", "s per image per 100 steps", "device"]
+    rows = []
     for codec, c in costs.items():
         base = "-" if c["unrefined_encode_s"] is None else f"{c['unrefined_encode_s']:.3f}"
         per100 = f"{c['s_per_100_steps']:.3f}" + (" (upper bound)" if c["upper_bound"] else "")
-        lines.append(f"| {codec} | {c['steps']} | {c['points']} | {c['encode_s']:.3f} | {base} | {per100} | "
-                     f"{_where(c, device)} |")
-    return lines
+        rows.append([codec, c["steps"], c["points"], f"{c['encode_s']:.3f}", base, per100, _where(c, device)])
+    return lines + markdown.table(head, rows)
 
 
 def _where(cost: dict, device: str) -> str:
