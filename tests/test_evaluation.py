@@ -9,6 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
+import visemz
 from visemz.errors import DeviceUnavailableError, InvalidArgumentError, UnsupportedFormatError
 from visemz.evaluation import bjontegaard as bd
 from visemz.evaluation import metrics, report
@@ -194,6 +195,54 @@ def test_run_is_resumable(folder, tmp_path):
     write_points(tmp_path / "out/points.csv", rows[1:])
     third = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
     assert third.computed == 1 and third.skipped == 14
+
+
+def test_points_of_a_changed_codec_are_computed_again(folder, tmp_path):
+    cfg = EvalConfig(codecs=("jpeg", "sz3"), ladders=(("jpeg", (10, 50)), ("sz3", (2,))))
+    path = tmp_path / "out/points.csv"
+    run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
+    rows = _rows(path)
+    now = f"cv2 {cv2.__version__}"
+    assert {r["codec_id"] for r in rows if r["codec"] == "jpeg"} == {now}
+    for r in rows:  # the JPEG points as another OpenCV left them (their sizes marked, to see them replaced)
+        if r["codec"] == "jpeg":
+            r["codec_id"], r["bytes"] = "cv2 0.0.0", "1"
+    write_points(path, rows)
+    logs = []
+    again = run_points(folder, tmp_path / "out", cfg, log=logs.append)
+    assert again.computed == again.recomputed == 3 * 2 and again.skipped == 3
+    new = _rows(path)
+    assert len(new) == len(rows)
+    assert all(r["codec_id"] == now and r["bytes"] != "1" for r in new if r["codec"] == "jpeg")
+    assert sum("computed by another version of the codec" in m for m in logs) == 3
+
+
+def test_a_csv_without_identities_resumes_as_it_is(folder, tmp_path):
+    cfg = EvalConfig(codecs=("jpeg",), ladders=(("jpeg", (10, 50)),))
+    path = tmp_path / "out/points.csv"
+    run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
+    rows = _rows(path)
+    with open(path, "w", newline="") as f:  # the columns of an evaluation CSV before identities were recorded
+        w = csv.DictWriter(f, fieldnames=[c for c in rows[0] if c != "codec_id"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    again = run_points(folder, tmp_path / "out", cfg, log=lambda m: None)
+    assert again.computed == 0 and again.skipped == 3 * 2
+    assert [r["codec_id"] for r in read_points(path)] == [""] * 6
+
+
+def test_codec_identities_name_libraries_and_weights(model_weights):
+    from visemz.models import residual_weights
+    from visemz.models.weights import file_id
+
+    gray, rgb = Layout((8, 8), "uint8"), Layout((8, 8, 3), "uint8")
+    assert build("jpeg", "cpu").identity(gray) == f"cv2 {cv2.__version__}"
+    bounded = build("visemz-mbt2018-mean-maxerr", "cpu")
+    for layout, variant in ((gray, "gray"), (rgb, "rgb")):
+        weights = file_id(model_weights / f"mbt2018-mean-{variant}.safetensors")
+        prior = file_id(residual_weights.path_of(variant))
+        assert bounded.identity(layout) == f"visemz {visemz.__version__}; weights {weights}; residual prior {prior}"
+    assert build("visemz-mbt2018-mean", "cpu").identity(gray).startswith(f"visemz {visemz.__version__}")
 
 
 def test_refined_rows_join_a_finished_run(folder, tmp_path, model_weights):

@@ -475,6 +475,7 @@ def eval_cmd(
                      crops=not no_crops, refine_steps=refine_steps, crop=crop, gray=gray,
                      ladders=tuple(parse_ladder(t) for t in ladder or ()))
     result = evaluate(folder, out, cfg, log=lambda m: typer.echo(m, err=True))
-    typer.echo(f"{result.computed} points computed, {result.skipped} already in {result.csv}, {len(result.failures)} "
-               f"failed; report in {out}")
+    again = f" ({result.recomputed} of them again: their codec had changed)" if result.recomputed else ""
+    typer.echo(f"{result.computed} points computed{again}, {result.skipped} already in {result.csv}, "
+               f"{len(result.failures)} failed; report in {out}")
     raise typer.Exit(1 if result.failures else 0)

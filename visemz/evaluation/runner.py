@@ -4,7 +4,10 @@ A dataset is FOLDER itself when it holds images, and each sub-folder that holds 
 (``eval/kodak``, ``eval/xray``); with ``crop`` / ``gray`` its images are central crops / gray
 conversions, and its name says so (``datasets.View``).  Points already in ``OUT/points.csv`` are skipped, so a
 killed run picks up where it stopped; the CSV is rewritten atomically after each
-(image, codec), so it never holds a partial row.
+(image, codec), so it never holds a partial row.  Each point records its codec's identity (``Codec.identity``:
+library versions, a learned codec's weights): a point whose codec has changed since (an upgrade, other
+weights) is computed again and replaced, never mixed with the new ones.  Points of a CSV written before
+identities were recorded (an empty ``codec_id``) are kept as they are.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from .datasets import load as load_view
 CSV_NAME = "points.csv"
 KEY = ("dataset", "image", "codec", "setting")
 COLUMNS = KEY + ("value", "kind", "device", "height", "width", "channels", "bytes", "bpp", "psnr", "ssim", "ms_ssim",
-                 "gmsd", "max_abs_error", "encode_s", "decode_s")
+                 "gmsd", "max_abs_error", "encode_s", "decode_s", "codec_id")
+IDENTITY = "codec_id"
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class RunResult:
     csv: Path
     computed: int = 0
     skipped: int = 0
+    recomputed: int = 0  # of the computed: points the CSV held from a codec since changed
     failures: list[str] = field(default_factory=list)
 
 
@@ -90,9 +95,9 @@ def read_points(path: Path) -> list[dict]:
         return []
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    if rows and set(rows[0]) != set(COLUMNS):
+    if rows and set(rows[0]) not in (set(COLUMNS), set(COLUMNS) - {IDENTITY}):
         raise InvalidArgumentError(f"{str(path)!r} has columns {list(rows[0])}, not those of an evaluation CSV")
-    return rows
+    return [{IDENTITY: "", **r} for r in rows]  # a CSV from before identities: none recorded
 
 
 def write_points(path: Path, rows: list[dict]) -> None:
@@ -128,8 +133,7 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
     datasets = find_datasets(folder, cfg.datasets, cfg.limit, cfg.view)
     codecs = build_codecs(cfg)
     path = out / CSV_NAME
-    rows = read_points(path)
-    done = {tuple(r[k] for k in KEY) for r in rows}
+    rows = {tuple(r[k] for k in KEY): r for r in read_points(path)}  # key -> row, in the CSV's order
     result, warmed = RunResult(path), set()
     for ds, paths in datasets.items():
         for p in paths:
@@ -145,10 +149,16 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
                 why_not = codec.supports(layout)
                 if why_not:
                     continue
-                todo = [s for s in codec.ladder if (ds, p.name, codec.name, codec.label(s)) not in done]
+                identity = codec.identity(layout)
+                held = {s: rows.get((ds, p.name, codec.name, codec.label(s))) for s in codec.ladder}
+                todo = [s for s, r in held.items() if r is None or r[IDENTITY] not in ("", identity)]
                 result.skipped += len(codec.ladder) - len(todo)
                 if not todo:
                     continue
+                stale = sum(held[s] is not None for s in todo)
+                if stale:
+                    log(f"{ds}/{p.name} {codec.name}: {stale} points were computed by another version of the codec "
+                        f"(now {identity!r}): computing them again")
                 if (codec.name, layout.channels) not in warmed:  # keep loading (a model per variant) out of the timings
                     codec.warm_up(image, todo[0])
                     warmed.add((codec.name, layout.channels))
@@ -160,15 +170,17 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
                         result.failures.append(f"{ds}/{p.name} {codec.name} {codec.label(s)}: {type(e).__name__}: {e}")
                         log(f"failed {ds}/{p.name} {codec.name} {codec.label(s)}: {type(e).__name__}: {e}")
                         continue
-                    rows.append({k: _format(v) for k, v in {
+                    key = (ds, p.name, codec.name, codec.label(s))
+                    result.recomputed += key in rows
+                    rows[key] = {k: _format(v) for k, v in {
                         "dataset": ds, "image": p.name, "codec": codec.name, "setting": codec.label(s),
                         "value": float(s), "kind": codec.kind, "device": codec.device, "height": layout.shape[0],
-                        "width": layout.shape[1], "channels": layout.channels, **m}.items()})
+                        "width": layout.shape[1], "channels": layout.channels, **m, IDENTITY: identity}.items()}
                     result.computed += 1
-                write_points(path, rows)
+                write_points(path, list(rows.values()))
                 log(f"{ds}/{p.name} {codec.name}: {len(todo)} points in {time.perf_counter() - t0:.2f} s")
     if not path.exists():
-        write_points(path, rows)
+        write_points(path, list(rows.values()))
     return result
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -41,6 +42,8 @@ class Codec(ABC):
     device: str = "cpu"
     #: "rate" codecs trade bits for quality; "bound" codecs guarantee a max error per setting
     kind: str = "rate"
+    #: the modules whose versions decide this codec's bytes (``identity``)
+    modules: tuple[str, ...] = ()
 
     def supports(self, layout: Layout) -> str | None:
         """None when this codec can code images of ``layout``, else why not."""
@@ -52,6 +55,12 @@ class Codec(ABC):
 
     def label(self, setting) -> str:
         return f"{self.unit}={setting:g}"
+
+    def identity(self, layout: Layout) -> str:
+        """What besides a setting decides this codec's output on images of ``layout``: its libraries' versions
+        (and a learned codec's weights).  A resumed evaluation computes a point again when this differs from the
+        identity its CSV recorded."""
+        return "; ".join(f"{m} {module_version(m)}" for m in self.modules)
 
     @abstractmethod
     def encode(self, image: np.ndarray, setting) -> bytes: ...
@@ -74,3 +83,11 @@ class Codec(ABC):
     def with_ladder(self, ladder) -> "Codec":
         self.ladder = tuple(ladder)
         return self
+
+
+def module_version(name: str) -> str:
+    """A module's ``__version__`` ("unknown" without one, "absent" when it does not import)."""
+    try:
+        return str(getattr(importlib.import_module(name), "__version__", "unknown"))
+    except ImportError:
+        return "absent"

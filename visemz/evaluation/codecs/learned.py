@@ -49,6 +49,13 @@ class LearnedCodec(Codec):
     def __init__(self, arch: str, device: str):
         self.arch, self.device = arch, device
 
+    def identity(self, layout) -> str:
+        """The libraries' versions and the id of the weights that code images of ``layout``."""
+        from ...models import weights as W
+
+        path = W.weights_path(registry.spec(self.arch, _variant(layout)))
+        return f"{super().identity(layout)}; weights {_file_id(path)}"
+
     def supports(self, layout):
         if layout.dtype not in ("uint8", "uint16"):
             return f"{self.name} is evaluated on 8- and 16-bit images"
@@ -61,6 +68,13 @@ class LearnedCodec(Codec):
             import torch
 
             torch.cuda.synchronize()
+
+
+def _file_id(path) -> str:
+    """A weights file's id, or "none" where there is no such file."""
+    from ...models.weights import file_id
+
+    return file_id(path) if path.is_file() else "none"
 
 
 def _to_numpy(t) -> np.ndarray:
@@ -92,6 +106,8 @@ class CompressAIRans(LearnedCodec):
     8-byte value range that the normalisation needs): a real, decodable stream.  This is the
     one round trip through CompressAI's coder: the evaluation and the benchmarks all call it.
     """
+
+    modules = ("visemz", "compressai")
 
     def __init__(self, arch: str, device: str):
         super().__init__(arch, device)
@@ -151,6 +167,8 @@ class Visemz(LearnedCodec):
     """visemz's learned codec at qualities 1-8 (``max_error=None``) with ``refine`` steps of encoder-side
     latent refinement (0: none, whatever ``VISEMZ_REFINE`` says, so the row is what its name claims)."""
 
+    modules = ("visemz",)
+
     def __init__(self, arch: str, device: str, refine: int = 0):
         super().__init__(arch, device)
         from ...image.codec import ImageCodec
@@ -185,6 +203,12 @@ class VisemzBounded(Visemz):
         self.quality = quality if quality == "auto" else registry.check_quality(quality)  # "auto": per image
         self.name = bounded_name(arch, self.quality)
         self.description = bounded_description(arch, self.quality)
+
+    def identity(self, layout) -> str:
+        """Visemz's, and the id of the residual prior that codes images of ``layout``."""
+        from ...models import residual_weights
+
+        return f"{super().identity(layout)}; residual prior {_file_id(residual_weights.path_of(_variant(layout)))}"
 
     def encode(self, image, setting) -> bytes:
         return self._codec.compress(image, model=self.arch, quality=self.quality, max_error=int(setting),

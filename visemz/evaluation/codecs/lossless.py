@@ -63,6 +63,7 @@ class LosslessCodec(Codec):
     unit, kind = "e", "bound"
     ladder = LOSSLESS
     dtypes = ("uint8", "uint16")
+    modules = ("imagecodecs",)
 
     def __init__(self):
         need_imagecodecs(self.name)

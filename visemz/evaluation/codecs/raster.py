@@ -35,6 +35,8 @@ def _from_decoded(decoded, layout: Layout, name: str) -> np.ndarray:
 class OpenCVCodec(Codec):
     """A codec of OpenCV's imencode/imdecode with one quality parameter."""
 
+    modules = ("cv2",)
+
     def __init__(self, name: str, ext: str, param_name: str, ladder: tuple):
         self.name, self.ext, self.param_name, self.ladder, self.unit = name, ext, param_name, ladder, "q"
 
@@ -65,6 +67,7 @@ class JPEG2000(Codec):
     """
 
     name, unit = "jpeg2000", "bpp"
+    modules = ("PIL",)
     ladder = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
     def supports(self, layout):
@@ -89,6 +92,7 @@ class JPEGXL(Codec):
     (lower: more bits), on 8- and 16-bit gray and RGB."""
 
     name, unit = "jpegxl", "d"
+    modules = ("imagecodecs",)
     ladder = (25.0, 15.0, 8.0, 4.0, 2.0, 1.0, 0.6, 0.3)
 
     def __init__(self):
@@ -113,6 +117,7 @@ class NvJPEG(Codec):
     """
 
     name, unit, device = "nvjpeg", "q", "cuda"
+    modules = ("torchvision",)
     ladder = (1, 5, 10, 20, 30, 50, 70, 90)
 
     def __init__(self):

@@ -56,6 +56,7 @@ class SZ3(ErrorBoundedCodec):
     """SZ3 in absolute-error mode (its default interpolation + Lorenzo predictor)."""
 
     name = "sz3"
+    modules = ("pysz",)
     description = "SZ3 (pysz, absolute error bound E on the image as float32)"
 
     def __init__(self):
@@ -77,6 +78,7 @@ class ZFP(ErrorBoundedCodec):
     """ZFP in fixed-accuracy mode (tolerance = the bound); its stream carries its own header."""
 
     name = "zfp"
+    modules = ("zfpy",)
     description = "ZFP (zfpy, fixed accuracy E on the image as float32)"
 
     def __init__(self):
