@@ -196,3 +196,12 @@ def test_auto_takes_the_gpu_only_with_the_gpu_extra(monkeypatch, gpu, nvcomp, ch
     monkeypatch.setattr(cuda, "cuda_available", lambda: gpu)
     monkeypatch.setattr(cuda, "nvcomp_installed", lambda: nvcomp)
     assert cuda.resolve("auto") == chosen
+
+
+def test_host_arrays_leave_cupys_stream_alone():
+    """``cuda.after_torch`` follows torch's stream only for torch CUDA tensors: host arrays and CPU tensors need no
+    GPU and no cupy."""
+    import torch
+
+    with cuda.after_torch(np.zeros(2), torch.zeros(2), None):
+        pass

@@ -112,6 +112,8 @@ def test_a_pass_that_cannot_capture_runs_eagerly(fresh):
         with pytest.warns(RuntimeWarning, match="graphs are off"):
             out = graphs.run(reads_host, (x,), key=("host",), owner=None, pixels=4)
         assert torch.equal(out, x * 6.0)
+        # the caller's stream is current again (else torch's work would leave cupy's legacy stream's order)
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()
         assert not graphs.usable((x,), 4)  # a failed capture turns graphs off for the process
         assert torch.equal(graphs.run(reads_host, (x + 1,), key=("host",), owner=None, pixels=4), (x + 1) * 10.0)
         assert torch.equal(graphs.run(lambda v: v + 1, (x,), key=("other",), owner=None, pixels=4), x + 1)

@@ -86,6 +86,28 @@ def test_torch_cuda_tensors(cp, tables):
     np.testing.assert_array_equal(decode_conditional(ref, t_idx, tables).get().reshape(-1), sym)
 
 
+def test_tensors_written_on_a_side_torch_stream(cp, tables):
+    """Tensors written by kernels still queued on a torch stream that is not cupy's: the coder waits for them
+    (cupy runs on torch's current stream), so the bytes and the decoded values are the reference's."""
+    import torch
+
+    sym, idx = make_case("gaussian", 200_000, seed=23)
+    ref = encode_conditional(sym, idx, tables)
+    src_sym, src_idx = torch.from_numpy(sym).cuda(), torch.from_numpy(idx).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # the copies below wait behind this kernel, with no host sync
+        t_sym, t_idx = src_sym + 0, src_idx + 0
+        got = encode_conditional(t_sym, t_idx, tables)
+        torch.cuda._sleep(200_000_000)
+        t_idx2 = src_idx + 0
+        back = torch.as_tensor(decode_conditional(ref, t_idx2, tables), device="cuda") + 0
+    side.synchronize()
+    assert got == ref
+    np.testing.assert_array_equal(back.cpu().numpy(), sym)
+
+
 def test_bad_indexes_on_the_gpu(cp, tables):
     with pytest.raises(InvalidArgumentError, match="0..63"):
         encode_conditional(cp.zeros(3, cp.int32), cp.asarray([0, 64, 1], cp.int32), tables)

@@ -7,6 +7,7 @@ choose the GPU path through it); ``device.py`` builds the torch-level helpers on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import warnings
@@ -52,6 +53,24 @@ def _external_stream(handle: int, device_index: int):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return cupy.cuda.ExternalStream(handle, device_index)
+
+
+@contextlib.contextmanager
+def after_torch(*arrays):
+    """cupy's work on ``arrays`` ordered after the torch work that wrote them: where one is a torch CUDA tensor,
+    cupy's current device and stream are torch's current ones on its device for the block.  A tensor reaches
+    cupy through ``__cuda_array_interface__``, which names no stream, so nothing else orders cupy's reads after
+    torch's writes once torch works on another stream than cupy's current one (a pipeline lane's, a leftover
+    capture stream).  Arrays that are all cupy or NumPy change nothing."""
+    tensor = next((a for a in arrays if getattr(a, "is_cuda", False)), None)  # cupy arrays have no is_cuda
+    if tensor is None:
+        yield
+        return
+    import torch  # a torch tensor is here: torch is imported already
+
+    index = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    with require_cupy().cuda.Device(index), external_stream(torch.cuda.current_stream(index).cuda_stream, index):
+        yield
 
 
 def nvcomp_installed() -> bool:

@@ -53,7 +53,8 @@ def encode_conditional(symbols, indexes, tables: CdfTables, *, lane_bytes: int |
     if cuda.is_gpu_array(symbols) or cuda.is_gpu_array(indexes):
         from . import rans_gpu
 
-        return rans_gpu.encode(symbols, indexes, tables, lane_bytes, lane_symbols, skip_freq)
+        with cuda.after_torch(symbols, indexes):
+            return rans_gpu.encode(symbols, indexes, tables, lane_bytes, lane_symbols, skip_freq)
     s, t = check_inputs(np.asarray(symbols), np.asarray(indexes), tables)
     skip = None
     if skip_freq:
@@ -77,7 +78,8 @@ def decode_conditional(buf, indexes, tables: CdfTables):
     if cuda.is_gpu_array(indexes):
         from . import rans_gpu
 
-        return rans_gpu.decode(buf, indexes, tables)
+        with cuda.after_torch(indexes):  # its output is read on torch's stream too: ordered alike
+            return rans_gpu.decode(buf, indexes, tables)
     idx = np.asarray(indexes)
     t = check_indexes(idx, tables)
     parsed = RL.parse(buf, t.size, tables.fingerprint)

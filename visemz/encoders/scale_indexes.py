@@ -111,7 +111,8 @@ def scale_indexes(scales, scale_table, rel_tol: float = DEFAULT_REL_TOL):
     with checked_first_on_error(lambda: _check_finite(xp, s), (InvalidArgumentError,) if on_gpu else ()):
         tol, table = _check_tol(rel_tol), _check_table(scale_table)
     if on_gpu:
-        return _gpu_indexes(s, table, tol)
+        with cuda.after_torch(scales):
+            return _gpu_indexes(s, table, tol)
     thr = _thresholds(xp, table)
     flat = s.reshape(-1)
     idx = _index(xp, thr, flat)
@@ -206,8 +207,10 @@ def _own_indexes(scales, scale_table, rel_tol: float):
     with checked_first_on_error(lambda: _check_finite(xp, s), (InvalidArgumentError,) if on_gpu else ()):
         tol, table = _check_tol(rel_tol), _check_table(scale_table)
     flat = s.reshape(-1)
-    idx = _gpu_indexes(s, table, tol)[0].reshape(-1) if on_gpu else _index(xp, _thresholds(xp, table), flat)
-    return idx, s, table, tol
+    if not on_gpu:
+        return _index(xp, _thresholds(xp, table), flat), s, table, tol
+    with cuda.after_torch(scales):
+        return _gpu_indexes(s, table, tol)[0].reshape(-1), s, table, tol
 
 
 def _override(idx, s, table: np.ndarray, tol: float, pos: np.ndarray, listed: np.ndarray):

@@ -168,6 +168,10 @@ def _capture(fn, inputs: tuple[torch.Tensor, ...], owner, keep) -> _Graph | None
         with torch.cuda.graph(graph, stream=cap, capture_error_mode="thread_local"):
             outputs = fn(*static)
     except Exception as e:  # noqa: BLE001 (any capture failure: the eager path gives the same results)
+        # torch.cuda.graph's exit ends the capture before it restores the caller's stream, so a capture that
+        # fails to end leaves the capture stream current: the thread's torch work would then run unordered
+        # with its cupy work (the coders', on the legacy stream) and with everything else on the caller's
+        torch.cuda.set_stream(caller)
         _settle(device)
         if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e):
             return None  # this key runs eagerly; others still capture
