@@ -68,7 +68,7 @@ def after_torch(*arrays):
         return
     import torch  # a torch tensor is here: torch is imported already
 
-    index = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    index = tensor.device.index  # a CUDA tensor's device always has its index
     with require_cupy().cuda.Device(index), external_stream(torch.cuda.current_stream(index).cuda_stream, index):
         yield
 

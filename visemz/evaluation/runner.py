@@ -32,9 +32,9 @@ from .datasets import load as load_view
 
 CSV_NAME = "points.csv"
 KEY = ("dataset", "image", "codec", "setting")
-COLUMNS = KEY + ("value", "kind", "device", "height", "width", "channels", "bytes", "bpp", "psnr", "ssim", "ms_ssim",
-                 "gmsd", "max_abs_error", "encode_s", "decode_s", "codec_id")
 IDENTITY = "codec_id"
+COLUMNS = KEY + ("value", "kind", "device", "height", "width", "channels", "bytes", "bpp", "psnr", "ssim", "ms_ssim",
+                 "gmsd", "max_abs_error", "encode_s", "decode_s", IDENTITY)
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,7 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
     path = out / CSV_NAME
     rows = {tuple(r[k] for k in KEY): r for r in read_points(path)}  # key -> row, in the CSV's order
     result, warmed = RunResult(path), set()
+    identities: dict[tuple, str] = {}  # per codec and kind of image, once a run: it hashes weights files
     for ds, paths in datasets.items():
         for p in paths:
             try:
@@ -149,7 +150,10 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
                 why_not = codec.supports(layout)
                 if why_not:
                     continue
-                identity = codec.identity(layout)
+                kind = (codec.name, layout.channels, layout.dtype)  # what an identity may depend on, not the size
+                if kind not in identities:
+                    identities[kind] = codec.identity(layout)
+                identity = identities[kind]
                 held = {s: rows.get((ds, p.name, codec.name, codec.label(s))) for s in codec.ladder}
                 todo = [s for s, r in held.items() if r is None or r[IDENTITY] not in ("", identity)]
                 result.skipped += len(codec.ladder) - len(todo)
