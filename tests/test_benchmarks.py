@@ -245,6 +245,24 @@ def test_profile_codec_summary(tmp_path, model_weights, device):
     assert (summary["cuda_calls_per_compress"] == {}) == (device == "cpu")
 
 
+def test_profile_codec_stages(tmp_path, model_weights):
+    """The full profile names where a lossless compress and decompress spend their time, stage by stage."""
+    from visemz.benchmarks import profile_codec
+
+    image = tmp_path / "a.png"
+    cv2.imwrite(str(image), _smooth((48, 48)))
+    profile_codec.main(["--image", str(image), "--out", str(tmp_path / "prof"), "--device", "cpu", "--reps", "1",
+                        "--threads", "1", "--model", "mbt2018-mean", "--max-error", "0"])
+    summary = _report(tmp_path / "prof" / "summary.json")
+    for call in ("compress", "decompress"):
+        stages = summary[f"stages_ms_per_{call}"]
+        assert {"conditional rANS", "residual prior network", "synthesis, float64 (features of the residual prior)",
+                "latents"} <= set(stages)
+        assert all(v >= 0 for v in stages.values()) and list(stages.values()) == sorted(stages.values(), reverse=True)
+        assert (tmp_path / "prof" / f"torch_ops_{call}.txt").stat().st_size > 0
+    assert "analysis" in summary["stages_ms_per_compress"] and "analysis" not in summary["stages_ms_per_decompress"]
+
+
 def test_profile_collectives_on_one_cpu_rank(monkeypatch, capsys):
     """A group of one (Gloo, CPU tensors; torchrun's variables set here): every algorithm through both APIs."""
     from visemz.benchmarks import profile_collectives

@@ -108,6 +108,25 @@ def test_tensors_written_on_a_side_torch_stream(cp, tables):
     np.testing.assert_array_equal(back.cpu().numpy(), sym)
 
 
+def test_cupy_follows_torchs_current_stream(cp):
+    """``cuda.torch_stream`` (the collectives') and ``cuda.after_torch`` given a CUDA tensor (the coders') make
+    torch's current stream cupy's for the block, and give cupy's own back after it."""
+    import torch
+
+    from visemz import cuda
+
+    before = cp.cuda.get_current_stream().ptr
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        with cuda.torch_stream() as got:
+            assert got is cp and cp.cuda.get_current_stream().ptr == side.cuda_stream
+        with cuda.after_torch(np.zeros(1), torch.zeros(1, device="cuda")):
+            assert cp.cuda.get_current_stream().ptr == side.cuda_stream
+        with cuda.after_torch(cp.zeros(1)):  # cupy arrays: cupy's stream as it was
+            assert cp.cuda.get_current_stream().ptr == before
+    assert cp.cuda.get_current_stream().ptr == before
+
+
 def test_bad_indexes_on_the_gpu(cp, tables):
     with pytest.raises(InvalidArgumentError, match="0..63"):
         encode_conditional(cp.zeros(3, cp.int32), cp.asarray([0, 64, 1], cp.int32), tables)

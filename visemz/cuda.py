@@ -55,22 +55,63 @@ def _external_stream(handle: int, device_index: int):
         return cupy.cuda.ExternalStream(handle, device_index)
 
 
-@contextlib.contextmanager
-def after_torch(*arrays):
-    """cupy's work on ``arrays`` ordered after the torch work that wrote them: where one is a torch CUDA tensor,
-    cupy's current device and stream are torch's current ones on its device for the block.  A tensor reaches
-    cupy through ``__cuda_array_interface__``, which names no stream, so nothing else orders cupy's reads after
-    torch's writes once torch works on another stream than cupy's current one (a pipeline lane's, a leftover
-    capture stream).  Arrays that are all cupy or NumPy change nothing."""
-    tensor = next((a for a in arrays if getattr(a, "is_cuda", False)), None)  # cupy arrays have no is_cuda
-    if tensor is None:
-        yield
-        return
-    import torch  # a torch tensor is here: torch is imported already
+class torch_stream:
+    """``with torch_stream() as cp``: cupy's current device and stream are torch's current CUDA stream's (of
+    device ``device_index``; by default torch's current device) for the block, so that torch, cupy and NCCL
+    work stays in order.  A class rather than a generator context: a collective enters one tens of times per
+    call (the host time of an exchange is Python), and this costs a few C calls."""
 
-    index = tensor.device.index  # a CUDA tensor's device always has its index
-    with require_cupy().cuda.Device(index), external_stream(torch.cuda.current_stream(index).cuda_stream, index):
-        yield
+    __slots__ = ("_index", "_device", "_stream")
+
+    def __init__(self, device_index: int | None = None):
+        self._index = device_index
+
+    def __enter__(self):
+        cp = _cupy()
+        idx, handle = _torch_current_stream(self._index)
+        self._device, self._stream = cp.cuda.Device(idx), external_stream(handle, idx)
+        self._device.__enter__()
+        self._stream.__enter__()
+        return cp
+
+    def __exit__(self, *exc) -> bool:
+        self._stream.__exit__(*exc)
+        self._device.__exit__(*exc)
+        return False
+
+
+def after_torch(*arrays):
+    """A context ordering cupy's work on ``arrays`` after the torch work that wrote them: where one is a torch
+    CUDA tensor, ``torch_stream`` on its device for the block.  A tensor reaches cupy through
+    ``__cuda_array_interface__``, which names no stream, so nothing else orders cupy's reads after torch's writes
+    once torch works on another stream than cupy's current one (a pipeline lane's, a leftover capture stream).
+    Arrays that are all cupy or NumPy change nothing."""
+    tensor = next((a for a in arrays if getattr(a, "is_cuda", False)), None)  # cupy arrays have no is_cuda
+    return contextlib.nullcontext() if tensor is None else torch_stream(tensor.device.index)
+
+
+_CUPY = None
+
+
+def _cupy():
+    global _CUPY
+    if _CUPY is None:
+        _CUPY = require_cupy()
+    return _CUPY
+
+
+def _torch_current_stream(index: int | None) -> tuple[int, int]:
+    """(device index, raw handle) of torch's current CUDA stream on device ``index`` (None: torch's current
+    device).  torch's raw query (what Triton calls) takes two C calls instead of torch.cuda.current_stream()'s
+    Python wrapper and Stream object; a torch without it, or not yet initialised, takes the public path."""
+    import torch  # only reached with CUDA work at hand, where torch is imported already
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None or not torch.cuda.is_initialized():
+        s = torch.cuda.current_stream(index)
+        return s.device.index, s.cuda_stream
+    idx = torch._C._cuda_getDevice() if index is None else index
+    return idx, raw(idx)
 
 
 def nvcomp_installed() -> bool:

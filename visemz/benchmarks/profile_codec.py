@@ -10,9 +10,11 @@ nvCOMP launch meanwhile (the grouped entropy stage; ``VISEMZ_ENTROPY_BATCH=0`` g
 one-launch-per-stream path to compare with), and on a GPU the CUDA API calls per compress and per
 decompress that cost the host (stream synchronisations, which stall it until the GPU catches up,
 memory copies and kernel launches, every thread's: the entropy worker's too), counted by
-torch.profiler, with the copies by kind (pageable or pinned host memory).  Writes under --out: cProfile listings
-of compress and decompress (by cumulative and by own time) and a torch.profiler table of CPU
-and CUDA time per operator and kernel, with a Chrome trace (gzip) for a closer look.
+torch.profiler, with the copies by kind (pageable or pinned host memory).  Unless --summary-only: the
+milliseconds per compress and per decompress by stage (``STAGES``: the residual prior, the float64
+synthesis, rANS...; GPU kernel time on a GPU), and under --out cProfile listings of compress and
+decompress (by cumulative and by own time) and for each a torch.profiler table of CPU and CUDA time per
+operator and kernel, with a Chrome trace (gzip) for a closer look.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import gzip
 import io
 import json
 import pstats
+import re
 import tempfile
 import threading
 import time
@@ -31,6 +34,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from visemz import ImageCodec, cuda, defaults, measure
@@ -129,18 +133,59 @@ def cprofile(fn, reps: int, out: Path) -> str:
     return text.getvalue()
 
 
-def torch_profile(fn, device: str, reps: int, out: Path) -> None:
+# The stages of a compress or decompress, named by the visemz function a kernel (or, on the CPU, the work) ran
+# under: (stage, file, function or None for any of the file's); the innermost matching frame wins
+STAGES = (("conditional rANS", "encoders/rans.py", None), ("block encoder", "encoders/__init__.py", None),
+          ("block encoder", "encoders/gpu.py", None),
+          ("residual prior network", "image/residual_coder.py", "_blocked"),
+          ("residual coder, other", "image/residual_coder.py", None),
+          ("synthesis, float64 (features of the residual prior)", "image/tiling.py", "synthesis_features"),
+          ("synthesis", "image/tiling.py", "synthesise"), ("analysis", "image/tiling.py", "analyse"),
+          ("latents", "image/latents.py", None), ("codec, other", "image/codec.py", None))
+_FRAME = re.compile(r"visemz/([\w/]+\.py)\(\d+\): (\w+)")
+
+
+def stage_of(event) -> str:
+    """The stage (``STAGES``) of a profiled event, from the Python frames above it; "other" if none matches."""
+    q = event.cpu_parent
+    while q is not None:
+        m = _FRAME.search(q.name)
+        if m:
+            for stage, file, fn in STAGES:
+                if m.group(1) == file and fn in (None, m.group(2)):
+                    return stage
+        q = q.cpu_parent
+    return "other"
+
+
+def stage_times(events, device: str, reps: int) -> dict[str, float]:
+    """Milliseconds per call by stage, largest first: the kernels' (and copies') time on a GPU, each counted under
+    the stage of the call that launched it; on the CPU the work's own time."""
+    total = Counter()
+    for e in events:
+        if e.device_type != DeviceType.CPU:  # a kernel's own event: its time is its launching call's too
+            continue
+        t = e.self_device_time_total if device == "cuda" else e.self_cpu_time_total
+        if t > 0:
+            total[stage_of(e)] += t
+    return {k: round(v / reps / 1e3, 2) for k, v in total.most_common()}
+
+
+def torch_profile(fn, device: str, reps: int, out: Path, name: str) -> dict[str, float]:
+    """``reps`` calls of ``fn`` under torch.profiler: writes its table (``torch_ops_NAME.txt``) and Chrome trace
+    (``trace_NAME.json.gz``), returns ``stage_times``."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts, with_stack=True) as prof:
         for _ in range(reps):
             fn()
         sync(device)
     key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
-    write_atomic(out / "torch_ops.txt", prof.key_averages().table(sort_by=key, row_limit=60).encode())
+    write_atomic(out / f"torch_ops_{name}.txt", prof.key_averages().table(sort_by=key, row_limit=60).encode())
     with tempfile.TemporaryDirectory() as tmp:  # torch writes the trace itself; the report gets it gzipped, atomically
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
-        write_atomic(out / "trace.json.gz", gzip.compress(trace.read_bytes()))
+        write_atomic(out / f"trace_{name}.json.gz", gzip.compress(trace.read_bytes()))
+    return stage_times(prof.events(), device, reps)
 
 
 def main(argv=None) -> None:
@@ -176,15 +221,17 @@ def main(argv=None) -> None:
     report["calls_per_nvcomp_launch"] = {n: c for n, (_, c) in rates.items()}
     report["cuda_calls_per_compress"] = cuda_calls(lambda: codec.compress(image, **kwargs), args.device, 10)
     report["cuda_calls_per_decompress"] = cuda_calls(lambda: codec.decompress_tensor(buf), args.device, 10)
+    if not args.summary_only:
+        text = cprofile(lambda: codec.compress(image, **kwargs), args.reps, args.out / "cprofile_compress.txt")
+        print(text[:6000])
+        cprofile(lambda: codec.decompress_tensor(buf), args.reps, args.out / "cprofile_decompress.txt")
+        reps = min(args.reps, 5)
+        report["stages_ms_per_compress"] = torch_profile(lambda: codec.compress(image, **kwargs), args.device, reps,
+                                                         args.out, "compress")
+        report["stages_ms_per_decompress"] = torch_profile(lambda: codec.decompress_tensor(buf), args.device, reps,
+                                                           args.out, "decompress")
     print(json.dumps(report, indent=1), flush=True)
     write_atomic(args.out / "summary.json", (json.dumps(report, indent=1) + "\n").encode())
-    if args.summary_only:
-        return
-
-    text = cprofile(lambda: codec.compress(image, **kwargs), args.reps, args.out / "cprofile_compress.txt")
-    print(text[:6000])
-    cprofile(lambda: codec.decompress_tensor(buf), args.reps, args.out / "cprofile_decompress.txt")
-    torch_profile(lambda: codec.decompress_tensor(codec.compress(image, **kwargs)), args.device, 5, args.out)
 
 
 if __name__ == "__main__":

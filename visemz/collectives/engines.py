@@ -119,11 +119,11 @@ class DeviceEngine:
         its reports), or with ``unread`` a lazy one as it is, read or not (its words on the device, which
         ``gpu.add`` takes its length from and carries its reports on from)."""
         if unread and isinstance(p, T.Lazy):
-            with gpu.torch_stream() as cp:
+            with cuda.torch_stream() as cp:
                 words = cp.asarray(p.words.to(self.device)).view(cp.uint64)
                 return gpu.add_input(cp.asarray(p.data.to(self.device)), words, n)
         p = T.exact(p).to(self.device)
-        with gpu.torch_stream() as cp:
+        with cuda.torch_stream() as cp:
             return gpu.DeviceStream(cp.asarray(p), None, n, known=p.numel())
 
     def _launch(self, t: torch.Tensor):
@@ -131,7 +131,7 @@ class DeviceEngine:
         return self.codec.encode_device(t, **self.kwargs)[0]
 
     def _payload(self, enc) -> torch.Tensor:
-        with gpu.torch_stream():
+        with cuda.torch_stream():
             raw = enc.bytes_view() if isinstance(enc, gpu.DeviceStream) else enc
             return torch.as_tensor(raw, device=self.device)
 
@@ -161,7 +161,7 @@ class DeviceEngine:
         reads them with the words it receives, or sends them in-band.  No host read here: a lazy input's
         length goes to the kernel from device memory, and its reports into the sum's."""
         s = gpu.add(self._stream_of(a, n, unread=True), self._stream_of(b, n, unread=True), lazy=True)
-        with gpu.torch_stream() as cp:
+        with cuda.torch_stream() as cp:
             data = torch.as_tensor(s.data, device=self.device)
             words = torch.as_tensor(s.cells.view(cp.int64), device=self.device)
         return T.Lazy(data, words, s.checked)
@@ -174,13 +174,13 @@ class DeviceEngine:
         of all their error words."""
         if isinstance(self.codec, ErrorBounded):
             streams = [self._stream_of(p, n) for p, n in zip(payloads, sizes)]
-            with gpu.torch_stream():
+            with cuda.torch_stream():
                 return [torch.as_tensor(v, device=self.device)
                         for v in self.codec.decode_device_many(streams, **self.kwargs)]
         out = []
         for p, n in zip(payloads, sizes):
             p = T.exact(p).to(self.device)
-            with gpu.torch_stream():
+            with cuda.torch_stream():
                 out.append(torch.as_tensor(self.codec.decode_device(cuda.as_cupy(p), n, name), device=self.device))
         return out
 

@@ -49,44 +49,6 @@ def stride_grid(n: int) -> int:
     return min(-(-n // G.THREADS), G.sm_count() * 8)
 
 
-# torch's raw current-stream query (what Triton calls): two C calls instead of torch.cuda.current_stream()'s
-# Python wrapper and Stream object; a torch without it takes the public path
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_CUPY = None
-
-
-def _current_stream() -> tuple[int, int]:
-    """(device index, raw handle) of torch's current CUDA stream."""
-    if _RAW_STREAM is None or not torch.cuda.is_initialized():
-        s = torch.cuda.current_stream()
-        return s.device.index, s.cuda_stream
-    idx = torch._C._cuda_getDevice()
-    return idx, _RAW_STREAM(idx)
-
-
-class torch_stream:
-    """``with torch_stream() as cp``: run cupy work on torch's current CUDA stream (so NCCL and torch
-    ops see it in order).  A class rather than a generator context: a collective enters one tens of
-    times per call (the host time of an exchange is Python), and this costs a few calls."""
-
-    __slots__ = ("_device", "_stream")
-
-    def __enter__(self):
-        global _CUPY
-        if _CUPY is None:
-            _CUPY = cuda.require_cupy()
-        idx, handle = _current_stream()
-        self._device, self._stream = _CUPY.cuda.Device(idx), cuda.external_stream(handle, idx)
-        self._device.__enter__()
-        self._stream.__enter__()
-        return _CUPY
-
-    def __exit__(self, *exc) -> bool:
-        self._stream.__exit__(*exc)
-        self._device.__exit__(*exc)
-        return False
-
-
 def float_bits(x) -> tuple[object, str]:
     """A flat cupy view of a CUDA float tensor or cupy array and its dtype name (bf16 as uint16 bits)."""
     cp = cuda.require_cupy()
@@ -189,7 +151,7 @@ def read_sizes(streams: list[DeviceStream]) -> None:
     pending = [s for s in streams if s.known is None]
     if not pending:
         return
-    with torch_stream() as cp:
+    with cuda.torch_stream() as cp:
         words = cp.concatenate([s.size if s.cells is None else s.cells for s in pending]).get().tolist()
     for s in pending:
         k = 1 if s.cells is None else s.cells.size
@@ -223,7 +185,7 @@ def eb_encode(x, eb: float, pred) -> tuple[DeviceStream, str]:
     NumPy computes it, the residuals of ``pred`` (a ``prediction.Prediction``), per-block bitshuffled
     block stream.  No host sync: NaN/Inf, values needing more than int32 steps and residuals that
     leave int32 are raised by the stream's first size read (``DeviceStream.nbytes``)."""
-    with torch_stream() as cp:
+    with cuda.torch_stream() as cp:
         a, name = float_bits(x)
         n = int(a.size)
         L.check_count(n)
@@ -263,7 +225,7 @@ def eb_decode_many(streams: list[DeviceStream], eb: float, dtype: str = "float64
     one host read of all their error words."""
     if dtype not in SUFFIX:
         raise UnsupportedFormatError(f"dtype {dtype} is not one the error-bounded decoder writes: {list(SUFFIX)}")
-    with torch_stream() as cp:
+    with cuda.torch_stream() as cp:
         launched = [_eb_decode_launch(cp, s, eb, dtype, pred) for s in streams]
         words = [w for _, w in launched if w is not None]
         if words:
@@ -321,7 +283,7 @@ def _raise_decode_errors(words: list[int]) -> None:
 
 def stream_bytes(s: DeviceStream) -> bytes:
     """The ints stream (entropy none) of a device block stream: what ``encode_ints`` writes on the CPU."""
-    with torch_stream():
+    with cuda.torch_stream():
         raw = s.bytes_view().get().tobytes()
     return stream.pack(len(raw), E.KINDS["none"], defaults.get("entropy_chunk"), [raw])
 
@@ -358,7 +320,7 @@ def add(a: DeviceStream, b: DeviceStream, inplace: bool = False, lazy: bool = Fa
     cap = room(a.n)
     if inplace and a.data.size < cap:
         raise LimitExceededError(f"in-place add needs a {cap}-byte buffer, the stream has {a.data.size}")
-    with torch_stream() as cp:
+    with cuda.torch_stream() as cp:
         (sa, wa), (sb, wb) = _add_input(a), _add_input(b)
         n, ntiles = a.n, L.n_tiles(a.n)
         # [stream size], [error word (int32 in the low half)]; fresh: a lazy sum keeps its own
@@ -417,7 +379,7 @@ def ll_encode(x, floats: dict, head) -> tuple[object, str]:
     index order (decoupled look-back); the escape gaps through the shared global-width encoder.
     ``head(name, top, n)`` packs the fixed header.  Two host reads in all.
     """
-    with torch_stream() as cp:
+    with cuda.torch_stream() as cp:
         u, name = float_bits(x)
         mbits = floats[name][2]
         n, sfx = int(u.size), SUFFIX[name]
@@ -472,7 +434,7 @@ def ll_decode_wire(buf, n: int, name: str, floats: dict, head_struct: struct.Str
     exponents.  Host reads: the fixed header, the gap stream's header and error word, one result word.
     """
     cp = cuda.require_cupy()
-    with torch_stream():
+    with cuda.torch_stream():
         hs = head_struct.size
         front = buf[: hs + TABLE_BYTES].get().tobytes()
         if len(front) < hs + TABLE_BYTES:
