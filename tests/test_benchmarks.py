@@ -245,13 +245,16 @@ def test_profile_codec_summary(tmp_path, model_weights, device):
     assert (summary["cuda_calls_per_compress"] == {}) == (device == "cpu")
 
 
-def test_profile_codec_stages(tmp_path, model_weights):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_profile_codec_stages(tmp_path, model_weights, device):
     """The full profile names where a lossless compress and decompress spend their time, stage by stage."""
+    if device == "cuda":
+        optional("nvidia.nvcomp")
     from visemz.benchmarks import profile_codec
 
     image = tmp_path / "a.png"
     cv2.imwrite(str(image), _smooth((48, 48)))
-    profile_codec.main(["--image", str(image), "--out", str(tmp_path / "prof"), "--device", "cpu", "--reps", "1",
+    profile_codec.main(["--image", str(image), "--out", str(tmp_path / "prof"), "--device", device, "--reps", "1",
                         "--threads", "1", "--model", "mbt2018-mean", "--max-error", "0"])
     summary = _report(tmp_path / "prof" / "summary.json")
     for call in ("compress", "decompress"):

@@ -34,7 +34,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from visemz import ImageCodec, cuda, defaults, measure
@@ -145,30 +144,62 @@ STAGES = (("conditional rANS", "encoders/rans.py", None), ("block encoder", "enc
 _FRAME = re.compile(r"visemz/([\w/]+\.py)\(\d+\): (\w+)")
 
 
-def stage_of(event) -> str:
-    """The stage (``STAGES``) of a profiled event, from the Python frames above it; "other" if none matches."""
-    q = event.cpu_parent
-    while q is not None:
-        m = _FRAME.search(q.name)
-        if m:
-            for stage, file, fn in STAGES:
-                if m.group(1) == file and fn in (None, m.group(2)):
-                    return stage
-        q = q.cpu_parent
-    return "other"
+def stage_times(trace: dict, device: str, reps: int) -> dict[str, float]:
+    """Milliseconds per call by stage (``STAGES``), largest first, from a torch.profiler Chrome trace: on a GPU
+    each kernel's (and copy's) time under the stage of the Python call that launched it, on the CPU each Python
+    call's own time under its stage.  A call's stage is its innermost frame that names one; "other" if none."""
+    events = trace["traceEvents"]
+    frames = {e["args"]["Python id"]: e for e in events if e.get("cat") == "python_function"}
+    memo: dict = {}
 
+    def stage(frame_id) -> str:
+        if frame_id not in memo:
+            f = frames.get(frame_id)
+            m = _FRAME.search(f["name"]) if f else None
+            named = [st for st, file, fn in STAGES if m and m.group(1) == file and fn in (None, m.group(2))]
+            memo[frame_id] = named[0] if named else (stage(f["args"].get("Python parent id")) if f else "other")
+        return memo[frame_id]
 
-def stage_times(events, device: str, reps: int) -> dict[str, float]:
-    """Milliseconds per call by stage, largest first: the kernels' (and copies') time on a GPU, each counted under
-    the stage of the call that launched it; on the CPU the work's own time."""
     total = Counter()
-    for e in events:
-        if e.device_type != DeviceType.CPU:  # a kernel's own event: its time is its launching call's too
-            continue
-        t = e.self_device_time_total if device == "cuda" else e.self_cpu_time_total
-        if t > 0:
-            total[stage_of(e)] += t
+    if device == "cuda":
+        work = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        launch = {e["args"].get("correlation"): e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+        calls = [(launch[k["args"]["correlation"]], k["dur"]) for k in work if k["args"].get("correlation") in launch]
+        where = _innermost_frames(frames.values(), [c for c, _ in calls])
+        for (_, dur), f in zip(calls, where):
+            total[stage(f)] += dur
+    else:
+        own = {i: f["dur"] for i, f in frames.items()}
+        for f in frames.values():
+            parent = f["args"].get("Python parent id")
+            if parent in own:
+                own[parent] -= f["dur"]
+        for i, t in own.items():
+            total[stage(i)] += max(t, 0.0)
     return {k: round(v / reps / 1e3, 2) for k, v in total.most_common()}
+
+
+def _innermost_frames(frames, calls) -> list:
+    """The Python id of the innermost frame around each call (a trace event, on its thread), or None: one sweep
+    over each thread's frames, which nest."""
+    out = [None] * len(calls)
+    by_thread: dict = {}
+    for f in frames:
+        by_thread.setdefault(f["tid"], []).append(f)
+    for tid, fs in by_thread.items():
+        fs.sort(key=lambda f: (f["ts"], -f["dur"]))
+        points = sorted((c["ts"], j) for j, c in enumerate(calls) if c["tid"] == tid)
+        stack, i = [], 0
+        for t, j in points:
+            while i < len(fs) and fs[i]["ts"] <= t:
+                while stack and stack[-1]["ts"] + stack[-1]["dur"] < fs[i]["ts"]:
+                    stack.pop()
+                stack.append(fs[i])
+                i += 1
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] < t:
+                stack.pop()
+            out[j] = stack[-1]["args"]["Python id"] if stack else None
+    return out
 
 
 def torch_profile(fn, device: str, reps: int, out: Path, name: str) -> dict[str, float]:
@@ -184,8 +215,9 @@ def torch_profile(fn, device: str, reps: int, out: Path, name: str) -> dict[str,
     with tempfile.TemporaryDirectory() as tmp:  # torch writes the trace itself; the report gets it gzipped, atomically
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
-        write_atomic(out / f"trace_{name}.json.gz", gzip.compress(trace.read_bytes()))
-    return stage_times(prof.events(), device, reps)
+        raw = trace.read_bytes()
+    write_atomic(out / f"trace_{name}.json.gz", gzip.compress(raw))
+    return stage_times(json.loads(raw), device, reps)
 
 
 def main(argv=None) -> None:
