@@ -217,7 +217,7 @@ def test_chunks_larger_than_a_tile_go_tile_by_tile(tmp_path):
 
 
 @pytest.mark.gpu
-def test_image_codec_chunks_cross_devices():
+def test_image_codec_chunks_cross_devices(model_weights):
     """A chunk written on the GPU decodes on the CPU and back, within its bound (exact at max_error 0)."""
     x = _planes("uint16")["zhw"]
     for max_error in (0, 300):

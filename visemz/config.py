@@ -105,6 +105,12 @@ class Defaults:
     #: other way (bits only: any symbols decode anywhere).  The float64 parts (the hyperprior's
     #: scales, max_error's synthesis) are untouched.
     tf32: int = 1  # VISEMZ_TF32
+    #: Image codec on a GPU: 1 runs the float64 networks' wide convolutions (the residual prior's, and the layers
+    #: of the float64 synthesis with 32 or more output channels) as one Triton implicit-GEMM kernel each
+    #: (``models/conv64.py``), where Triton is installed; 0 on ATen's im2col + GEMM.  Measured on an H200 (float64,
+    #: the layers of a 2048 x 2048 image): 3 x 3 convolutions 1.4-1.9x, g_s's 5 x 5 transposed convolution of
+    #: 128 channels 2.3x faster.  Same values up to float64 rounding, which the residual coder allows for.
+    implicit_gemm: int = 1  # VISEMZ_IMPLICIT_GEMM
     #: Image codec on a GPU: CUDA graphs of the networks' passes kept at most (``models/graphs.py``: one per
     #: model, pass, input shape and quality, captured at its first use; least recently used dropped); 0: none,
     #: every operator launched from Python.
@@ -176,6 +182,7 @@ RULES: dict[str, tuple[Callable, str]] = {
     "tile_batch": (_within(1), ">= 1"),
     "refine": (_within(0, MAX_REFINE), f"0..{MAX_REFINE} refinement steps"),
     "tf32": (_within(0, 1), "0 or 1"),
+    "implicit_gemm": (_within(0, 1), "0 or 1"),
     "graphs": (_within(0), ">= 0 (0: none)"),
     "graph_pixels": (_within(0), ">= 0"),
     "max_pixels": (_within(1, MAX_PIXELS), f"1..{MAX_PIXELS} values"),

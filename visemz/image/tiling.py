@@ -286,7 +286,7 @@ def synthesis_features(net, reduce: torch.nn.Module, y: torch.Tensor) -> tuple[t
     plan = blocks.plan(y.shape[2], y.shape[3], *SYNTHESIS_HALO, _synthesis_unit(net, y), y.device)
 
     def forward(layers: torch.nn.Sequential, t: torch.Tensor) -> torch.Tensor:
-        return architectures.native_forward(layers, t) if t.is_cuda else layers(t)
+        return architectures.native_forward(layers, t, implicit_gemm=True) if t.is_cuda else layers(t)
 
     def window(rows, cols):
         features = forward(head, y[:, :, rows[0]:rows[1], cols[0]:cols[1]])

@@ -117,9 +117,10 @@ class ResidualPrior(nn.Module):
 
 
 def _run(layers: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-    """On a GPU in float64 (coding) on cuBLAS's float64 GEMM rather than cuDNN's slow float64 convolutions."""
+    """On a GPU in float64 (coding) on the implicit-GEMM kernel or cuBLAS's float64 GEMM rather than cuDNN's slow
+    float64 convolutions."""
     if x.is_cuda and x.dtype == torch.float64:
-        return native_forward(layers, x)
+        return native_forward(layers, x, implicit_gemm=True)
     return layers(x)
 
 

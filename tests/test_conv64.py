@@ -1,0 +1,78 @@
+"""The float64 implicit-GEMM convolutions (models/conv64.py) against torch's: on a GPU, and in Triton's interpreter."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from visemz import defaults
+from visemz.models import architectures, conv64
+
+from .helpers import optional
+
+# (layer, input shape, ReLU after it): stride-1 convolutions of several kernels, transposed ones whose phases take
+# 9/6/6/4 taps (g_s's), a phase of no taps at all (stride 3, kernel 2: the bias alone), channels not a multiple of 16
+LAYERS = [
+    (lambda: torch.nn.Conv2d(5, 7, 3, padding=1), (2, 5, 9, 11), True),
+    (lambda: torch.nn.Conv2d(20, 3, 1), (1, 20, 6, 5), False),
+    (lambda: torch.nn.Conv2d(4, 6, 5, padding=2), (1, 4, 7, 8), False),
+    (lambda: torch.nn.Conv2d(4, 6, 3, padding=0), (1, 4, 7, 8), True),
+    (lambda: torch.nn.ConvTranspose2d(6, 5, 5, stride=2, padding=2, output_padding=1), (2, 6, 5, 7), False),
+    (lambda: torch.nn.ConvTranspose2d(6, 1, 5, stride=2, padding=2, output_padding=1), (1, 6, 4, 3), True),
+    (lambda: torch.nn.ConvTranspose2d(3, 4, 3, stride=1, padding=1), (1, 3, 4, 5), False),
+    (lambda: torch.nn.ConvTranspose2d(3, 4, 2, stride=3, padding=0), (1, 3, 4, 5), True),
+]
+
+
+def check_layers(device: str) -> None:
+    torch.manual_seed(0)
+    for make, shape, relu in LAYERS:
+        layer = make().double().to(device)
+        x = torch.randn(*shape, dtype=torch.float64, device=device)
+        want = layer(x).clamp_min(0) if relu else layer(x)
+        got = (conv64.conv2d if isinstance(layer, torch.nn.Conv2d) else conv64.conv_transpose2d)(x, layer, relu)
+        assert got.shape == want.shape and got.dtype == torch.float64, (layer, shape)
+        assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max()), (layer, shape)
+
+
+@pytest.mark.gpu
+def test_layers_equal_torchs_on_the_gpu():
+    optional("triton")
+    check_layers("cuda")
+
+
+@pytest.mark.gpu
+def test_native_forward_takes_the_kernel_for_wide_layers(monkeypatch):
+    """A prior-like stack through ``native_forward``: the wide layers go to conv64 (ReLUs fused), the narrow one to
+    ATen, and the result is the modules' own forward up to float64 rounding; the setting turns the kernel off."""
+    optional("triton")
+    torch.manual_seed(1)
+    stack = torch.nn.Sequential(torch.nn.Conv2d(52, 48, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.ConvTranspose2d(48, 64, 5, 2, 2, 1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(64, 2, 1)).double().cuda()
+    x = torch.randn(2, 52, 40, 33, dtype=torch.float64, device="cuda")
+    want = stack(x)
+    calls = []
+    for name in ("conv2d", "conv_transpose2d"):
+        real = getattr(conv64, name)
+        monkeypatch.setattr(conv64, name, lambda t, layer, relu, real=real: calls.append((layer, relu)) or
+                            real(t, layer, relu))
+    got = architectures.native_forward(stack, x, implicit_gemm=True)
+    assert calls == [(stack[0], True), (stack[2], True)]
+    assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
+    calls.clear()
+    with defaults.set(implicit_gemm=0):
+        aten = architectures.native_forward(stack, x, implicit_gemm=True)
+    assert calls == [] and float((aten - want).abs().max()) <= 1e-12 * float(want.abs().max())
+
+
+def test_layers_equal_torchs_in_tritons_interpreter():
+    """The taps of every layer kind, run by Triton's interpreter on the CPU (the kernel as written, no GPU)."""
+    optional("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    code = "from tests.test_conv64 import check_layers; check_layers('cpu')"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode == 0, run.stderr[-3000:]
