@@ -25,8 +25,8 @@ from visemz.benchmarks import tiles as bench_tiles
 from .helpers import optional
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("collectives", "encoder", "lossless", "network", "pipeline", "profile_codec", "profile_collectives",
-              "rans", "refine", "tiles", "vs_compressai", "zarr_chunks")
+BENCHMARKS = ("collectives", "encoder", "float64_layers", "lossless", "network", "pipeline", "profile_codec",
+              "profile_collectives", "rans", "refine", "tiles", "vs_compressai", "zarr_chunks")
 IMAGECODECS_ROWS = ("jpeg2k_lossless", "jpegxl_lossless", "jpeg2k_lossy", "jpegxl_lossy")
 
 
@@ -264,6 +264,19 @@ def test_profile_codec_stages(tmp_path, model_weights, device):
         assert all(v >= 0 for v in stages.values()) and list(stages.values()) == sorted(stages.values(), reverse=True)
         assert (tmp_path / "prof" / f"torch_ops_{call}.txt").stat().st_size > 0
     assert "analysis" in summary["stages_ms_per_compress"] and "analysis" not in summary["stages_ms_per_decompress"]
+
+
+@pytest.mark.gpu
+def test_float64_layers_on_the_gpu(tmp_path):
+    optional("triton")
+    from visemz.benchmarks import float64_layers
+
+    out = tmp_path / "layers.json"
+    float64_layers.main(["--layers", "3", "--scale", "16", "--reps", "1", "--configs", "128,16,64,4,2", "64,16,32,4,2",
+                         "--out", str(out)])
+    rows = _report(out)["rows"]
+    assert [r["kernel"] for r in rows[:3]] == ["aten", "conv64 128,16,64,4,2", "conv64 64,16,32,4,2"] and len(rows) == 9
+    assert all(r["ms"] > 0 and r["rel_diff"] < 1e-12 for r in rows)
 
 
 def test_profile_collectives_on_one_cpu_rank(monkeypatch, capsys):

@@ -8,6 +8,7 @@ hides the package it measures.
 
 - ``collectives``: the compressed collectives against NCCL's own (under torchrun);
 - ``encoder``: the block encoder on a GPU against a device copy and nvCOMP's codecs;
+- ``float64_layers``: the coding networks' float64 convolutions, ATen's against conv64's implicit GEMM;
 - ``lossless``: lossless and near-lossless throughput against JPEG XL and JPEG-LS;
 - ``network``: the learned transforms under each GPU math setting;
 - ``pipeline``: folder compression (streams, loaders, several GPUs) against CompressAI's loop and nvJPEG;
