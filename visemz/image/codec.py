@@ -141,41 +141,35 @@ class ImageCodec:
         from fewer levels...) is also coded losslessly, and the smaller file kept (its header then says 0)."""
         if image_format is not None and image_format not in FORMATS_READ:
             raise InvalidArgumentError(f"image_format={image_format!r}: this build writes {list(FORMATS_READ)}")
-        if quality == "auto":
-            if max_error is None:
-                raise InvalidArgumentError('quality="auto" chooses between lossy qualities for max_error: give '
-                                           'max_error')
-            kw = dict(model=model, max_error=max_error, image_format=image_format, tile=tile, refine=refine)
-            variant = describe(self._tensor(image)).variant
-            return min((self.compress(image, quality=q, **kw) for q in AUTO_QUALITIES[variant]), key=len)
-        kw = dict(model=model, quality=quality, image_format=image_format, tile=tile, refine=refine)
-        buf = self._compress(image, max_error=max_error, **kw)
-        if float(max_error or 0) > 0 and image_format is None and self._sparse_values(image):  # a valid bound now
-            # a sparse image's lossless file codes indexes into its values (residual_coder's palette), which
-            # a bounded error cannot use: it is often the smaller file, and it keeps any bound
-            return min(buf, self._compress(image, max_error=0, **kw), key=len)
-        return buf
+        if quality == "auto" and max_error is None:
+            raise InvalidArgumentError('quality="auto" chooses between lossy qualities for max_error: give max_error')
+        t = self._tensor(image)
+        meta = describe(t)
+        e = check_max_error(max_error, meta.dtype)
+        qualities = AUTO_QUALITIES[meta.variant] if quality == "auto" else (registry.check_quality(quality),)
+        # a sparse image's lossless file codes indexes into its values (residual_coder's palette), which a bounded
+        # error cannot use: it is often the smaller file, and it keeps any bound
+        also_lossless = bool(e) and image_format is None and _sparse_values(t, meta)
+        kw = dict(model=model, image_format=image_format, tile=tile, refine=refine)
+
+        def files():  # one at a time: min keeps the smallest so far, not every file
+            for q in qualities:
+                yield self._compress(t, meta, quality=q, max_error=max_error, **kw)
+                if also_lossless:
+                    yield self._compress(t, meta, quality=q, max_error=0, **kw)
+
+        return min(files(), key=len)
 
     def _tensor(self, image) -> torch.Tensor:
         """The image as a torch tensor: a NumPy image stays in host memory (tiles go to the device a batch at a
         time), any other where it is or on this codec's device."""
         return as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
 
-    def _sparse_values(self, image) -> bool:
-        """Whether an integer image's values are sparse within their own span (``residual_coder.sparse``)."""
-        t = self._tensor(image)
-        if describe(t).dtype not in ("uint8", "uint16"):
-            return False
-        present = torch.nonzero(torch.bincount(t.reshape(-1).to(torch.int32))).reshape(-1)
-        return residual_coder.sparse(present.numel(), int(present[0]), int(present[-1]))
-
-    def _compress(self, image, *, model: str, quality: float, max_error, image_format: int | None, tile: int | None,
-                  refine) -> bytes:
+    def _compress(self, t: torch.Tensor, meta: ImageMeta, *, model: str, quality: float, max_error,
+                  image_format: int | None, tile: int | None, refine) -> bytes:
         q = registry.check_quality(quality)
         tile = defaults.get("tile") if tile is None else tiling.check_tile(tile)
         refining = settings_for(defaults.get("refine") if refine is None else refine)
-        t = self._tensor(image)
-        meta = describe(t)
         e = check_max_error(max_error, meta.dtype)
         spec = registry.spec(model, meta.variant)
         image_format = _format_for(spec, image_format, refining)
@@ -353,6 +347,14 @@ class ImageCodec:
                                         (y1 - y0) * (x1 - x0) * meta.channels, f"tile {i}")
         net64 = _model64(spec, self.device, h["model_id"]) if rans or h["residual"] is not None else None
         return _File(self.device, h, meta, grid, net, net64, tile_of, _learned_prior(h, spec, self.device))
+
+
+def _sparse_values(t: torch.Tensor, meta: ImageMeta) -> bool:
+    """Whether an integer image's values are sparse within their own span (``residual_coder.sparse``)."""
+    if meta.dtype not in ("uint8", "uint16"):
+        return False
+    present = torch.nonzero(torch.bincount(t.reshape(-1).to(torch.int32))).reshape(-1)
+    return residual_coder.sparse(present.numel(), int(present[0]), int(present[-1]))
 
 
 def _format_for(spec: registry.ModelSpec, image_format: int | None, refining) -> int:
