@@ -78,3 +78,21 @@ def test_layers_equal_torchs_in_tritons_interpreter():
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_a_kernel_that_cannot_run_leaves_the_work_to_aten(monkeypatch):
+    """Triton present but failing at its first launch (no C compiler for its launcher, an old driver): one warning
+    naming the failure, and ``native_forward`` runs ATen's convolutions."""
+    optional("triton")
+
+    def broken():
+        raise RuntimeError("Failed to find C compiler")
+
+    monkeypatch.setattr(conv64, "_probe", broken)
+    conv64.available.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="ATen's convolutions serve instead: RuntimeError: Failed to find C"):
+            assert not conv64.available()
+        assert not conv64.available()  # once: the answer is kept
+    finally:
+        conv64.available.cache_clear()

@@ -20,6 +20,7 @@ bound both float64 coders already allow for; tests/test_conv64.py compares with 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -30,12 +31,32 @@ WARPS, STAGES = 4, 2
 
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """Whether Triton is there to compile the kernel (it comes with torch's CUDA builds)."""
+    """Whether the kernel runs in this process: Triton is installed (it comes with torch's CUDA builds) and a
+    first small convolution on the current GPU gave torch's result.  A failure there (Triton finds no C compiler
+    for its launcher, a driver too old for it...) is warned about once, and ATen's convolutions serve instead."""
     try:
         import triton  # noqa: F401
     except ImportError:
         return False
+    try:
+        _probe()
+    except Exception as e:  # noqa: BLE001 (whatever stops the kernel, ATen's path gives the same values)
+        warnings.warn(f"visemz: the float64 implicit-GEMM convolution cannot run here, ATen's convolutions serve "
+                      f"instead: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+        return False
     return True
+
+
+def _probe() -> None:
+    """One small convolution on the current GPU against torch's; raises if it fails or differs."""
+    g = torch.Generator().manual_seed(0)
+    layer = torch.nn.Conv2d(3, 16, 3, padding=1).double().requires_grad_(False)
+    layer.weight.copy_(torch.randn(layer.weight.shape, generator=g, dtype=torch.float64))
+    layer = layer.cuda()
+    x = torch.randn((1, 3, 8, 8), generator=g, dtype=torch.float64).cuda()
+    want = torch.nn.functional.conv2d(x, layer.weight, layer.bias, padding=1)
+    if not torch.allclose(conv2d(x, layer), want, rtol=1e-12, atol=1e-12):
+        raise RuntimeError("its result differs from torch's")
 
 
 def conv2d(x: torch.Tensor, layer: torch.nn.Conv2d, relu: bool = False) -> torch.Tensor:
