@@ -19,6 +19,7 @@ bound both float64 coders already allow for; tests/test_conv64.py compares with 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -106,10 +107,12 @@ def _launch(x, weights, taps, bias, out, grid, stride, phase, relu: bool) -> Non
     t = torch.tensor(taps, dtype=torch.int32, device=x.device).reshape(-1)
     positions = x.shape[0] * grid[0] * grid[1]
     launch = (-(-positions // BLOCK_M), -(-c_out // block_n))
-    _kernel()[launch](x, w, t, bias if bias is not None else w, out, positions, len(taps), c_in, c_out,
-                      x.shape[2], x.shape[3], grid[0], grid[1], out.shape[2], out.shape[3], stride[0], stride[1],
-                      phase[0], phase[1], HAS_BIAS=bias is not None, RELU=relu, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
-                      BLOCK_K=BLOCK_K, num_warps=WARPS, num_stages=STAGES)
+    # Triton launches on the current device's current stream: make it the tensors' (a CPU tensor: the interpreter)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        _kernel()[launch](x, w, t, bias if bias is not None else w, out, positions, len(taps), c_in, c_out,
+                          x.shape[2], x.shape[3], grid[0], grid[1], out.shape[2], out.shape[3], stride[0], stride[1],
+                          phase[0], phase[1], HAS_BIAS=bias is not None, RELU=relu, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
+                          BLOCK_K=BLOCK_K, num_warps=WARPS, num_stages=STAGES)
 
 
 @functools.lru_cache(maxsize=None)
