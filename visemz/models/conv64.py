@@ -5,7 +5,9 @@ the same values up to the last bits (``image/residual_coder.py``, ``encoders/sca
 float64 convolutions are slow, and ATen's im2col + GEMM (``architectures.native_forward``'s fallback)
 writes and reads every input value once per tap: over a 2048 x 2048 image those copies took as long as
 the GEMMs.  This kernel reads the input where it lies and multiplies on the float64 tensor cores
-(``tl.dot``), with the bias and a following ReLU applied before the single store.
+(``tl.dot``), with the bias and a following ReLU applied before the single store.  It pays on layers with many
+outputs over large inputs (``architectures.native_forward`` sends it those of the residual prior and the float64
+synthesis); h_s's small inputs stay on ATen, which was faster there.
 
 One kernel serves both kinds of layer, as a list of taps over the input:
 
