@@ -91,6 +91,7 @@ def after_torch(*arrays):
 
 
 _CUPY = None
+_TORCH = None  # (torch, its raw current-stream query or None), taken on first use: torch_stream is a hot path
 
 
 def _cupy():
@@ -104,9 +105,12 @@ def _torch_current_stream(index: int | None) -> tuple[int, int]:
     """(device index, raw handle) of torch's current CUDA stream on device ``index`` (None: torch's current
     device).  torch's raw query (what Triton calls) takes two C calls instead of torch.cuda.current_stream()'s
     Python wrapper and Stream object; a torch without it, or not yet initialised, takes the public path."""
-    import torch  # only reached with CUDA work at hand, where torch is imported already
+    global _TORCH
+    if _TORCH is None:
+        import torch  # only reached with CUDA work at hand, where torch is imported already
 
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _TORCH = (torch, getattr(torch._C, "_cuda_getCurrentRawStream", None))
+    torch, raw = _TORCH
     if raw is None or not torch.cuda.is_initialized():
         s = torch.cuda.current_stream(index)
         return s.device.index, s.cuda_stream

@@ -146,7 +146,8 @@ class ImageCodec:
         t = self._tensor(image)
         meta = describe(t)
         e = check_max_error(max_error, meta.dtype)
-        qualities = AUTO_QUALITIES[meta.variant] if quality == "auto" else (registry.check_quality(quality),)
+        qualities = [registry.check_quality(q) for q in (AUTO_QUALITIES[meta.variant] if quality == "auto"
+                                                         else (quality,))]
         # a sparse image's lossless file codes indexes into its values (residual_coder's palette), which a bounded
         # error cannot use: it is often the smaller file, and it keeps any bound
         also_lossless = bool(e) and image_format is None and _sparse_values(t, meta)
@@ -154,9 +155,9 @@ class ImageCodec:
 
         def files():  # one at a time: min keeps the smallest so far, not every file
             for q in qualities:
-                yield self._compress(t, meta, quality=q, max_error=max_error, **kw)
+                yield self._compress(t, meta, q, e, **kw)
                 if also_lossless:
-                    yield self._compress(t, meta, quality=q, max_error=0, **kw)
+                    yield self._compress(t, meta, q, 0, **kw)
 
         return min(files(), key=len)
 
@@ -165,12 +166,11 @@ class ImageCodec:
         time), any other where it is or on this codec's device."""
         return as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
 
-    def _compress(self, t: torch.Tensor, meta: ImageMeta, *, model: str, quality: float, max_error,
-                  image_format: int | None, tile: int | None, refine) -> bytes:
-        q = registry.check_quality(quality)
+    def _compress(self, t: torch.Tensor, meta: ImageMeta, q: float, e, *, model: str, image_format: int | None,
+                  tile: int | None, refine) -> bytes:
+        """One file of ``t`` at checked quality ``q`` and bound ``e`` (``check_max_error``'s: levels, or None)."""
         tile = defaults.get("tile") if tile is None else tiling.check_tile(tile)
         refining = settings_for(defaults.get("refine") if refine is None else refine)
-        e = check_max_error(max_error, meta.dtype)
         spec = registry.spec(model, meta.variant)
         image_format = _format_for(spec, image_format, refining)
         net, model_id = W.load(spec, self.device)

@@ -106,7 +106,7 @@ def _launch(x, weights, taps, bias, out, grid, stride, phase, relu: bool) -> Non
     c_in, c_out = weights.shape[1], weights.shape[2]
     block_n = min(BLOCK_N_MAX, max(16, 1 << (c_out - 1).bit_length()))
     w = weights.to(x.dtype).contiguous()
-    t = torch.tensor(taps, dtype=torch.int32, device=x.device).reshape(-1)
+    t = _taps_on(tuple(taps), x.device)
     positions = x.shape[0] * grid[0] * grid[1]
     launch = (-(-positions // BLOCK_M), -(-c_out // block_n))
     # Triton launches on the current device's current stream: make it the tensors' (a CPU tensor: the interpreter)
@@ -115,6 +115,13 @@ def _launch(x, weights, taps, bias, out, grid, stride, phase, relu: bool) -> Non
                           x.shape[2], x.shape[3], grid[0], grid[1], out.shape[2], out.shape[3], stride[0], stride[1],
                           phase[0], phase[1], HAS_BIAS=bias is not None, RELU=relu, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
                           BLOCK_K=BLOCK_K, num_warps=WARPS, num_stages=STAGES)
+
+
+@functools.lru_cache(maxsize=64)
+def _taps_on(taps: tuple, device: torch.device) -> torch.Tensor:
+    """A layer's taps (dy, dx) as a flat int32 tensor on ``device``, made once: a host-to-device copy of a list
+    waits for the device, which a launch per layer must not do."""
+    return torch.tensor(taps, dtype=torch.int32, device=device).reshape(-1)
 
 
 @functools.lru_cache(maxsize=None)
