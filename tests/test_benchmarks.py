@@ -272,10 +272,11 @@ def test_float64_layers_on_the_gpu(tmp_path):
     from visemz.benchmarks import float64_layers
 
     out = tmp_path / "layers.json"
-    float64_layers.main(["--layers", "3", "--scale", "16", "--reps", "1", "--configs", "128,16,64,4,2", "64,16,32,4,2",
-                         "--out", str(out)])
+    float64_layers.main(["--layers", "5", "--scale", "16", "--reps", "1", "--configs", "128,16,64,4,2",
+                         "64,16,32,4,2,0", "--out", str(out)])
     rows = _report(out)["rows"]
-    assert [r["kernel"] for r in rows[:3]] == ["aten", "conv64 128,16,64,4,2", "conv64 64,16,32,4,2"] and len(rows) == 9
+    assert [r["kernel"] for r in rows[:3]] == ["aten", "conv64 128,16,64,4,2", "conv64 64,16,32,4,2,0"]
+    assert len(rows) == 15 and rows[-1]["layer"].startswith("g_s IGDN 128")
     assert all(r["ms"] > 0 and r["rel_diff"] < 1e-12 for r in rows)
 
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from compressai.layers import GDN
 
 from visemz import defaults
 from visemz.models import architectures, conv64
@@ -23,7 +24,17 @@ LAYERS = [
     (lambda: torch.nn.ConvTranspose2d(6, 1, 5, stride=2, padding=2, output_padding=1), (1, 6, 4, 3), True),
     (lambda: torch.nn.ConvTranspose2d(3, 4, 3, stride=1, padding=1), (1, 3, 4, 5), False),
     (lambda: torch.nn.ConvTranspose2d(3, 4, 2, stride=3, padding=0), (1, 3, 4, 5), True),
+    (lambda: torch.nn.Conv2d(5, 48, 3, padding=1), (1, 5, 6, 7), True),  # two output blocks, 32 + 16
+    (lambda: torch.nn.Conv2d(6, 40, 1), (1, 6, 5, 4), False),  # two blocks, the second's last 8 outputs masked
 ]
+
+
+def frozen_gdn(channels: int, inverse: bool, device: str) -> architectures.FrozenGDN:
+    """A float64 GDN frozen with seeded positive parameters away from its initial identity."""
+    g = architectures.freeze_gdn(torch.nn.Sequential(GDN(channels, inverse=inverse)).double().to(device))[0]
+    g.gamma_eff.copy_(0.2 * torch.rand(g.gamma_eff.shape, dtype=torch.float64))
+    g.beta_eff.copy_(0.5 + torch.rand(channels, dtype=torch.float64))
+    return g.requires_grad_(False)
 
 
 @torch.no_grad()
@@ -36,6 +47,11 @@ def check_layers(device: str) -> None:
         got = (conv64.conv2d if isinstance(layer, torch.nn.Conv2d) else conv64.conv_transpose2d)(x, layer, relu)
         assert got.shape == want.shape and got.dtype == torch.float64, (layer, shape)
         assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max()), (layer, shape)
+    for channels, inverse in ((20, True), (20, False), (48, True)):
+        g = frozen_gdn(channels, inverse, device)
+        x = torch.randn(2, channels, 5, 6, dtype=torch.float64, device=device)
+        want, got = g(x), conv64.gdn(x, g.gamma_eff, g.beta_eff, inverse)
+        assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max()), (channels, inverse)
 
 
 @pytest.mark.gpu
@@ -56,6 +72,7 @@ def test_native_forward_takes_the_kernel_for_wide_layers(monkeypatch):
     x = torch.randn(2, 52, 40, 33, dtype=torch.float64, device="cuda")
     stack.requires_grad_(False)
     want = stack(x)
+    assert conv64.available()  # its probe runs the real kernel, before the spies below
     calls = []
     for name in ("conv2d", "conv_transpose2d"):
         real = getattr(conv64, name)
@@ -68,6 +85,31 @@ def test_native_forward_takes_the_kernel_for_wide_layers(monkeypatch):
     with defaults.set(implicit_gemm=0):
         aten = architectures.native_forward(stack, x, implicit_gemm=True)
     assert calls == [] and float((aten - want).abs().max()) <= 1e-12 * float(want.abs().max())
+
+
+def test_output_blocks():
+    """A program's outputs: 48 as 32 + 16, no split where one power of two fits as well, several programs past 64."""
+    assert conv64.n_blocks(48) == (32, 16) and conv64.n_blocks(40) == (32, 16)
+    assert conv64.n_blocks(52) == (64, 0) and conv64.n_blocks(64) == (64, 0) and conv64.n_blocks(32) == (32, 0)
+    assert conv64.n_blocks(1) == (16, 0) and conv64.n_blocks(20) == (32, 0) and conv64.n_blocks(128) == (64, 0)
+
+
+@pytest.mark.gpu
+def test_native_forward_takes_the_kernel_for_gdn(monkeypatch):
+    """g_s's transposed convolution then IGDN through ``native_forward``: both on conv64, as the modules compute."""
+    optional("triton")
+    torch.manual_seed(2)
+    stack = torch.nn.Sequential(torch.nn.ConvTranspose2d(48, 64, 5, 2, 2, 1).double().cuda(),
+                                frozen_gdn(64, True, "cuda")).requires_grad_(False)
+    x = torch.randn(1, 48, 21, 30, dtype=torch.float64, device="cuda")
+    want = stack(x)
+    assert conv64.available()
+    calls = []
+    real = conv64.gdn
+    monkeypatch.setattr(conv64, "gdn", lambda *a: calls.append(a[3]) or real(*a))
+    got = architectures.native_forward(stack, x, implicit_gemm=True)
+    assert calls == [True]
+    assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
 
 
 def test_layers_equal_torchs_in_tritons_interpreter():

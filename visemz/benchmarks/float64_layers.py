@@ -1,12 +1,13 @@
 """The coding networks' float64 convolution layers on a GPU: ATen's im2col + GEMM against conv64's implicit GEMM.
 
-    python -m visemz.benchmarks.float64_layers --out bench_float64_layers.json [--configs 128,16,64,4,2 ...]
+    python -m visemz.benchmarks.float64_layers --out bench_float64_layers.json [--configs 128,16,64,4,2,1 ...]
 
 One layer at a time, at the sizes a 2048 x 2048 image gives them (seeded random weights and inputs, float64):
 the residual prior's 3 x 3 convolutions at half resolution, g_s's transposed convolutions of 128 and of one
-output, and a hyper-synthesis convolution (h_s runs on ATen: this row says why).  Per layer: ATen's time
-(``architectures.native_forward``, what runs with ``implicit_gemm`` off) and conv64's under each tile
-configuration (BLOCK_M, BLOCK_K, BLOCK_N_MAX, warps, stages), medians of --reps synchronised runs after one,
+output, g_s's IGDN layers after its two largest, and a hyper-synthesis convolution (h_s runs on ATen: this row
+says why).  Per layer: ATen's time (``architectures.native_forward``, what runs with ``implicit_gemm`` off) and
+conv64's under each tile configuration (BLOCK_M, BLOCK_K, BLOCK_N_MAX, warps, stages, split: 48 outputs as
+32 + 16 or not; the split may be left out, 1), medians of --reps synchronised runs after one,
 with the speedup and the largest difference relative to the output's largest value.  Prints the device.
 """
 
@@ -18,6 +19,7 @@ import platform
 from pathlib import Path
 
 import torch
+from compressai.layers import GDN
 
 from visemz import markdown, measure
 from visemz.io.writers import write_atomic
@@ -29,27 +31,52 @@ LAYERS = (
     ("prior 3x3 conv 48->48, ReLU", lambda: torch.nn.Conv2d(48, 48, 3, padding=1), (1, 48, 1024, 1024), True),
     ("g_s 5x5/2 transposed 128->128", lambda: torch.nn.ConvTranspose2d(128, 128, 5, 2, 2, 1), (1, 128, 512, 512),
      False),
+    ("g_s IGDN 128", lambda: _gdn(128), (1, 128, 1024, 1024), False),
+    ("g_s IGDN 128", lambda: _gdn(128), (1, 128, 512, 512), False),
     ("g_s 5x5/2 transposed 128->1", lambda: torch.nn.ConvTranspose2d(128, 1, 5, 2, 2, 1), (1, 128, 1024, 1024), False),
     ("h_s 3x3 conv 192->288", lambda: torch.nn.Conv2d(192, 288, 3, padding=1), (1, 192, 128, 128), False),
 )
-DEFAULT_CONFIG = (conv64.BLOCK_M, conv64.BLOCK_K, conv64.BLOCK_N_MAX, conv64.WARPS, conv64.STAGES)
+KNOBS = ("BLOCK_M", "BLOCK_K", "BLOCK_N_MAX", "WARPS", "STAGES", "SPLIT_N", "SPECIALIZE", "BLOCK_K_WIDE")
+DEFAULT_CONFIG = tuple(int(getattr(conv64, k)) for k in KNOBS)
+
+
+def _gdn(channels: int) -> architectures.FrozenGDN:
+    """g_s's IGDN with seeded parameters away from its initial identity (frozen once converted to float64)."""
+    g = GDN(channels, inverse=True)
+    with torch.no_grad():
+        g.gamma.add_(0.05 * torch.rand(channels, channels))
+    return g
+
+
+def _kernel_of(layer):
+    if isinstance(layer, torch.nn.Conv2d):
+        return conv64.conv2d
+    if isinstance(layer, torch.nn.ConvTranspose2d):
+        return conv64.conv_transpose2d
+    return lambda x, g, relu: conv64.gdn(x, g.gamma_eff, g.beta_eff, g.inverse)
+
+
+def _configure(config) -> None:
+    for knob, value in zip(KNOBS, (*config, *DEFAULT_CONFIG[len(config):])):
+        setattr(conv64, knob, value)
 
 
 def layer_rows(name: str, make, shape, relu: bool, configs, reps: int) -> list[dict]:
     torch.manual_seed(0)
     layer = make().double().cuda().requires_grad_(False)
-    x = torch.randn(*shape, dtype=torch.float64, device="cuda")
     stack = torch.nn.Sequential(layer, torch.nn.ReLU()) if relu else torch.nn.Sequential(layer)
-    run = conv64.conv2d if isinstance(layer, torch.nn.Conv2d) else conv64.conv_transpose2d
+    architectures.freeze_gdn(stack)
+    x = torch.randn(*shape, dtype=torch.float64, device="cuda")
+    run = _kernel_of(layer)
     aten_s, want = measure.median_seconds(lambda: architectures.native_forward(stack, x), reps, warmup=1,
                                           sync=torch.cuda.synchronize)
     rows = [{"layer": name, "kernel": "aten", "ms": 1e3 * aten_s, "speedup": 1.0, "rel_diff": 0.0}]
     for config in configs:
-        conv64.BLOCK_M, conv64.BLOCK_K, conv64.BLOCK_N_MAX, conv64.WARPS, conv64.STAGES = config
+        _configure(config)
         try:
             s, got = measure.median_seconds(lambda: run(x, layer, relu), reps, warmup=1, sync=torch.cuda.synchronize)
         finally:
-            conv64.BLOCK_M, conv64.BLOCK_K, conv64.BLOCK_N_MAX, conv64.WARPS, conv64.STAGES = DEFAULT_CONFIG
+            _configure(DEFAULT_CONFIG)
         rows.append({"layer": name, "kernel": f"conv64 {','.join(map(str, config))}", "ms": 1e3 * s,
                      "speedup": aten_s / s, "rel_diff": float((got - want).abs().max() / want.abs().max())})
     return rows
@@ -58,7 +85,7 @@ def layer_rows(name: str, make, shape, relu: bool, configs, reps: int) -> list[d
 def main(argv=None) -> None:
     a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--configs", nargs="+", default=[",".join(map(str, DEFAULT_CONFIG))],
-                   help="conv64 tile configurations BLOCK_M,BLOCK_K,BLOCK_N_MAX,WARPS,STAGES")
+                   help="conv64 tile configurations BLOCK_M,BLOCK_K,BLOCK_N_MAX,WARPS,STAGES[,SPLIT_N]")
     a.add_argument("--layers", type=int, default=len(LAYERS), help="the first N layers of the list only")
     a.add_argument("--scale", type=int, default=1, help="divide the inputs' height and width by this (quick runs)")
     a.add_argument("--reps", type=int, default=5)

@@ -234,8 +234,8 @@ def transform(layers, x: torch.Tensor) -> torch.Tensor:
     return layers(x)
 
 
-# conv64 pays where a layer has many outputs: on an H200, layers of 48 and 128 outputs ran 1.4-2.2x faster than
-# ATen's, g_s's last (one output, padded to the tensor cores' 16) 7.7x slower
+# conv64 pays where a layer has many outputs: on an H200, layers of 48 and 128 outputs ran 1.6-2.5x faster than
+# ATen's, g_s's last (one output, padded to the tensor cores' 16) 7x slower
 IMPLICIT_MIN_CHANNELS = 48
 
 
@@ -244,7 +244,8 @@ def native_forward(layers, x: torch.Tensor, implicit_gemm: bool = False) -> torc
     ATen's im2col + GEMM kernels (slow_conv2d / slow_conv_transpose2d) rather than cuDNN's.  With
     ``implicit_gemm`` (for large inputs: the residual prior, the float64 synthesis), those of stride 1 or
     transposed with IMPLICIT_MIN_CHANNELS outputs or more (on a GPU) run as ``conv64``'s kernel instead, a ReLU after
-    one applied before its store, when the ``implicit_gemm`` setting is on and Triton is installed."""
+    one applied before its store, and so do float64 GDN layers of as many channels, when the ``implicit_gemm``
+    setting is on and Triton is installed."""
     implicit_gemm = implicit_gemm and bool(defaults.get("implicit_gemm")) and conv64.available()
     layers = list(layers)
     i = 0
@@ -259,7 +260,9 @@ def native_forward(layers, x: torch.Tensor, implicit_gemm: bool = False) -> torc
             x = (conv64.conv_transpose2d if transposed else conv64.conv2d)(x, layer, relu)
             i += 2 if relu else 1
             continue
-        if plain and transposed:
+        if implicit_gemm and _frozen_gdn(layer, x):
+            x = conv64.gdn(x, layer.gamma_eff, layer.beta_eff, layer.inverse)
+        elif plain and transposed:
             x = torch.ops.aten.slow_conv_transpose2d(x, layer.weight, layer.kernel_size, layer.bias, layer.stride,
                                                      layer.padding, layer.output_padding, layer.dilation)
         elif plain:
@@ -269,6 +272,12 @@ def native_forward(layers, x: torch.Tensor, implicit_gemm: bool = False) -> torc
             x = layer(x)
         i += 1
     return x
+
+
+def _frozen_gdn(layer, x: torch.Tensor) -> bool:
+    """Whether ``layer`` is a FrozenGDN whose frozen parameters serve ``x`` (float64, on a GPU, enough channels)."""
+    return isinstance(layer, FrozenGDN) and layer.gamma_eff.dtype == layer.frozen_dtype == x.dtype == torch.float64 \
+        and x.is_cuda and layer.beta_eff.numel() >= IMPLICIT_MIN_CHANNELS
 
 
 def analysis_latents(model: torch.nn.Module, x: torch.Tensor, quality: float,

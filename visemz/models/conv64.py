@@ -15,6 +15,14 @@ One kernel serves both kinds of layer, as a list of taps over the input:
 - a transposed convolution of stride s: its s x s output phases, each such a sum over the kernel taps that
   reach that phase (a 5 x 5 kernel of stride 2 gives 9, 6, 6 and 4 taps), written to every s-th pixel.
 
+A GDN layer (``architectures.FrozenGDN``: x / sqrt(beta + gamma x**2), or x times it inverted, per position) is the
+same kernel as a 1 x 1 convolution of x squared with weights gamma and bias beta, the root and the product with x
+applied before the store: over g_s's largest outputs ATen's four passes (square, cuDNN's float64 convolution,
+root, product) took longer than the transposed convolution before them.
+
+A layer of 48 outputs (the residual prior's) is one block of 32 and one of 16 rather than one of 64: the tensor
+cores then do no work for outputs that do not exist.
+
 Any summation order of a float64 sum of K terms is within 2 (K - 1) 2**-53 sum |terms| of any other, the
 bound both float64 coders already allow for; tests/test_conv64.py compares with torch's convolutions.
 """
@@ -28,8 +36,12 @@ import warnings
 import torch
 
 BLOCK_M, BLOCK_K = 128, 16  # output positions per program; input channels per tensor-core step
+BLOCK_K_WIDE, WIDE_INPUT = 32, 96  # the step over inputs of WIDE_INPUT channels or more (g_s's 128: faster)
 BLOCK_N_MAX = 64  # output channels per program (at least 16, the tensor cores' smallest)
 WARPS, STAGES = 4, 2
+SPECIALIZE = True  # compile per shape class (Triton then knows sizes of 1 and multiples of 16) or once
+SPLIT_N = True  # a program's outputs as two blocks (48 = 32 + 16) where one power of two would pad them
+NORM_NONE, NORM_INVERSE, NORM_FORWARD = 0, 1, 2  # what follows the sum: nothing, x sqrt(.), x / sqrt(.)
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,22 +111,49 @@ def conv_transpose2d(x: torch.Tensor, layer: torch.nn.ConvTranspose2d, relu: boo
     return out
 
 
-def _launch(x, weights, taps, bias, out, grid, stride, phase, relu: bool) -> None:
+def gdn(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """A GDN layer on ``x`` (B, C, H, W): x * sqrt(norm) (``inverse``) or x / sqrt(norm), norm = beta + gamma x**2
+    at every position; ``gamma`` (C, C) or (C, C, 1, 1), output channel first (``F.conv2d``'s weight)."""
+    c = x.shape[1]
+    out = x.new_empty(x.shape)
+    weights = gamma.reshape(c, c).t().reshape(1, c, c)
+    _launch(x, weights, [(0, 0)], beta, out, tuple(x.shape[2:]), (1, 1), (0, 0), False,
+            NORM_INVERSE if inverse else NORM_FORWARD)
+    return out
+
+
+def n_blocks(c_out: int) -> tuple[int, int]:
+    """A program's output channels as (block, second block or 0), each a power of two of at least 16: one block
+    of up to BLOCK_N_MAX (more outputs take more programs), or two where they fit fewer channels than one."""
+    whole = max(16, 1 << (c_out - 1).bit_length())
+    if whole > BLOCK_N_MAX:
+        return BLOCK_N_MAX, 0
+    first = 1 << (c_out.bit_length() - 1)
+    rest = c_out - first
+    second = max(16, 1 << (rest - 1).bit_length()) if rest else 0
+    if SPLIT_N and first >= 16 and rest and first + second < whole:
+        return first, second
+    return whole, 0
+
+
+def _launch(x, weights, taps, bias, out, grid, stride, phase, relu: bool, norm: int = NORM_NONE) -> None:
     """out[:, :, s i + p, s j + p'] = bias + sum_t weights[t]^T x[:, :, i + dy_t, j + dx_t] over the (i, j) of
-    ``grid``; ``weights`` (taps, C_in, C_out)."""
+    ``grid``; ``weights`` (taps, C_in, C_out).  ``norm``: GDN's (``gdn``: x squared in the sum, then the root)."""
     x = x.contiguous()
     c_in, c_out = weights.shape[1], weights.shape[2]
-    block_n = min(BLOCK_N_MAX, max(16, 1 << (c_out - 1).bit_length()))
+    block_n, block_n2 = n_blocks(c_out)
     w = weights.to(x.dtype).contiguous()
     t = _taps_on(tuple(taps), x.device)
     positions = x.shape[0] * grid[0] * grid[1]
-    launch = (-(-positions // BLOCK_M), -(-c_out // block_n))
+    launch = (-(-positions // BLOCK_M), -(-c_out // block_n) if not block_n2 else 1)
     # Triton launches on the current device's current stream: make it the tensors' (a CPU tensor: the interpreter)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _kernel()[launch](x, w, t, bias if bias is not None else w, out, positions, len(taps), c_in, c_out,
                           x.shape[2], x.shape[3], grid[0], grid[1], out.shape[2], out.shape[3], stride[0], stride[1],
-                          phase[0], phase[1], HAS_BIAS=bias is not None, RELU=relu, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
-                          BLOCK_K=BLOCK_K, num_warps=WARPS, num_stages=STAGES)
+                          phase[0], phase[1], HAS_BIAS=bias is not None, RELU=relu, NORM=norm, BLOCK_M=BLOCK_M,
+                          BLOCK_N=block_n, BLOCK_N2=max(block_n2, 16), SPLIT=block_n2 > 0,
+                          BLOCK_K=BLOCK_K_WIDE if c_in >= WIDE_INPUT else BLOCK_K,
+                          num_warps=WARPS, num_stages=STAGES)
 
 
 @functools.lru_cache(maxsize=64)
@@ -124,43 +163,7 @@ def _taps_on(taps: tuple, device: torch.device) -> torch.Tensor:
     return torch.tensor(taps, dtype=torch.int32, device=device).reshape(-1)
 
 
-@functools.lru_cache(maxsize=None)
 def _kernel():
-    """The Triton kernel, defined on first use so that importing this module needs no Triton."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit(do_not_specialize=["positions", "n_taps", "c_in", "c_out", "h", "w", "gh", "gw", "oh", "ow", "sy",
-                                   "sx", "py", "px"])  # one compile serves every shape
-    def taps_kernel(x_ptr, w_ptr, taps_ptr, b_ptr, out_ptr, positions, n_taps, c_in, c_out, h, w, gh, gw, oh, ow,
-                    sy, sx, py, px, HAS_BIAS: tl.constexpr, RELU: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_ok, n_ok = m < positions, n < c_out
-        j = m % gw
-        i = (m // gw) % gh
-        img = m // (gw * gh)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
-        for t in range(n_taps):
-            y = i + tl.load(taps_ptr + 2 * t)
-            xx = j + tl.load(taps_ptr + 2 * t + 1)
-            inside = m_ok & (y >= 0) & (y < h) & (xx >= 0) & (xx < w)
-            base = img * c_in * h * w + y * w + xx
-            for c0 in range(0, c_in, BLOCK_K):
-                k = c0 + tl.arange(0, BLOCK_K)
-                k_ok = k < c_in
-                a = tl.load(x_ptr + base[:, None] + k[None, :].to(tl.int64) * h * w,
-                            mask=inside[:, None] & k_ok[None, :], other=0.0)
-                b = tl.load(w_ptr + (t * c_in + k[:, None]) * c_out + n[None, :],
-                            mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                acc += tl.dot(a, b)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + n, mask=n_ok, other=0.0)[None, :]
-        if RELU:
-            acc = tl.maximum(acc, 0.0)
-        pix = (i * sy + py) * ow + j * sx + px
-        dst = img[:, None] * c_out * oh * ow + n[None, :].to(tl.int64) * oh * ow + pix[:, None]
-        tl.store(out_ptr + dst, acc, mask=m_ok[:, None] & n_ok[None, :])
-
-    return taps_kernel
+    """The Triton kernel (``conv64_kernel.py``), imported on first use so that importing this module needs no Triton."""
+    from . import conv64_kernel
+    return conv64_kernel.taps_kernel if SPECIALIZE else conv64_kernel.taps_kernel_generic
