@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -122,6 +123,19 @@ def test_layers_equal_torchs_in_tritons_interpreter():
     assert run.returncode == 0, run.stderr[-3000:]
 
 
+def test_native_forward_on_aten_equals_the_modules():
+    """Every layer kind ``native_forward`` meets (strided and transposed convolutions, GDN both ways, ReLU) on ATen's
+    kernels: the modules' own forward up to float64 rounding."""
+    torch.manual_seed(4)
+    stack = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 5, 2, 2), frozen_gdn(8, False, "cpu"),
+                                torch.nn.ConvTranspose2d(8, 6, 5, 2, 2, 1), frozen_gdn(6, True, "cpu"), torch.nn.ReLU(),
+                                torch.nn.Conv2d(6, 2, 1)).double().requires_grad_(False)
+    x = torch.randn(2, 3, 12, 10, dtype=torch.float64)
+    want, got = stack(x), architectures.native_forward(stack, x)
+    assert got.shape == want.shape == (2, 2, 12, 10)
+    assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
+
+
 def test_a_kernel_that_cannot_run_leaves_the_work_to_aten(monkeypatch):
     """Triton present but failing at its first launch (no C compiler for its launcher, an old driver): one warning
     naming the failure, and ``native_forward`` runs ATen's convolutions."""
@@ -138,3 +152,38 @@ def test_a_kernel_that_cannot_run_leaves_the_work_to_aten(monkeypatch):
         assert not conv64.available()  # once: the answer is kept
     finally:
         conv64.available.cache_clear()
+
+
+def test_a_layer_the_kernel_fails_on_runs_on_aten(monkeypatch):
+    """A variant Triton cannot fit (more shared memory than the GPU has) where the probe's ran: one warning, that
+    layer and the rest of the stack on ATen with the modules' values, the kernel off from then on."""
+    optional("triton")
+    from triton.runtime.errors import OutOfResources
+
+    class Unfit:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise OutOfResources(147456, 101376, "shared memory")
+            return launch
+
+    monkeypatch.setattr(conv64, "_probe", lambda: None)
+    monkeypatch.setattr(conv64, "_kernel", Unfit)
+    conv64.available.cache_clear()
+    torch.manual_seed(3)
+    stack = torch.nn.Sequential(torch.nn.Conv2d(52, 48, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(48, 2, 1)).double().requires_grad_(False)
+    x = torch.randn(1, 52, 9, 10, dtype=torch.float64)
+    try:
+        assert conv64.available()
+        with pytest.warns(RuntimeWarning, match="failed on a layer, ATen's convolutions serve from now on: "
+                                                "OutOfResources: out of resource: shared memory"):
+            got = architectures.native_forward(stack, x, implicit_gemm=True)
+        assert torch.allclose(got, stack(x), rtol=1e-12, atol=1e-12)
+        assert not conv64.available()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert torch.equal(architectures.native_forward(stack, x, implicit_gemm=True), got)
+    finally:
+        conv64._TURNED_OFF.clear()
+        conv64.available.cache_clear()
+

@@ -245,33 +245,53 @@ def native_forward(layers, x: torch.Tensor, implicit_gemm: bool = False) -> torc
     ``implicit_gemm`` (for large inputs: the residual prior, the float64 synthesis), those of stride 1 or
     transposed with IMPLICIT_MIN_CHANNELS outputs or more (on a GPU) run as ``conv64``'s kernel instead, a ReLU after
     one applied before its store, and so do float64 GDN layers of as many channels, when the ``implicit_gemm``
-    setting is on and Triton is installed."""
+    setting is on and Triton is installed.  A layer the kernel fails on (``conv64.KernelFailed``) and every one
+    after it run on ATen: the same values up to float64 rounding."""
     implicit_gemm = implicit_gemm and bool(defaults.get("implicit_gemm")) and conv64.available()
     layers = list(layers)
     i = 0
     while i < len(layers):
-        layer = layers[i]
-        plain = isinstance(layer, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and layer.groups == 1 \
-            and layer.padding_mode == "zeros" and tuple(layer.dilation) == (1, 1) and not isinstance(layer.padding, str)
-        transposed = isinstance(layer, torch.nn.ConvTranspose2d)
-        if plain and implicit_gemm and layer.out_channels >= IMPLICIT_MIN_CHANNELS \
-                and (transposed or tuple(layer.stride) == (1, 1)):
-            relu = i + 1 < len(layers) and isinstance(layers[i + 1], torch.nn.ReLU)
-            x = (conv64.conv_transpose2d if transposed else conv64.conv2d)(x, layer, relu)
-            i += 2 if relu else 1
-            continue
-        if implicit_gemm and _frozen_gdn(layer, x):
-            x = conv64.gdn(x, layer.gamma_eff, layer.beta_eff, layer.inverse)
-        elif plain and transposed:
-            x = torch.ops.aten.slow_conv_transpose2d(x, layer.weight, layer.kernel_size, layer.bias, layer.stride,
-                                                     layer.padding, layer.output_padding, layer.dilation)
-        elif plain:
-            x = torch.ops.aten._slow_conv2d_forward(x, layer.weight, layer.kernel_size, layer.bias, layer.stride,
-                                                    layer.padding)
-        else:
-            x = layer(x)
+        if implicit_gemm:
+            try:
+                taken = _on_kernel(layers, i, x)
+            except conv64.KernelFailed:
+                implicit_gemm = False  # conv64 has turned itself off (and said why): this layer again, on ATen
+                continue
+            if taken is not None:
+                x, i = taken
+                continue
+        x = _on_aten(layers[i], x)
         i += 1
     return x
+
+
+def _plain(layer) -> bool:
+    """A convolution of zero padding, no groups and no dilation (what ATen's slow kernels and conv64 compute)."""
+    return isinstance(layer, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and layer.groups == 1 \
+        and layer.padding_mode == "zeros" and tuple(layer.dilation) == (1, 1) and not isinstance(layer.padding, str)
+
+
+def _on_kernel(layers: list, i: int, x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """Layer i on conv64, a ReLU after it fused: (its output, the next layer's index); None where conv64 does not
+    serve it."""
+    layer = layers[i]
+    transposed = isinstance(layer, torch.nn.ConvTranspose2d)
+    if _plain(layer) and layer.out_channels >= IMPLICIT_MIN_CHANNELS and (transposed or tuple(layer.stride) == (1, 1)):
+        relu = i + 1 < len(layers) and isinstance(layers[i + 1], torch.nn.ReLU)
+        return (conv64.conv_transpose2d if transposed else conv64.conv2d)(x, layer, relu), i + (2 if relu else 1)
+    if _frozen_gdn(layer, x):
+        return conv64.gdn(x, layer.gamma_eff, layer.beta_eff, layer.inverse), i + 1
+    return None
+
+
+def _on_aten(layer, x: torch.Tensor) -> torch.Tensor:
+    if _plain(layer) and isinstance(layer, torch.nn.ConvTranspose2d):
+        return torch.ops.aten.slow_conv_transpose2d(x, layer.weight, layer.kernel_size, layer.bias, layer.stride,
+                                                    layer.padding, layer.output_padding, layer.dilation)
+    if _plain(layer):
+        return torch.ops.aten._slow_conv2d_forward(x, layer.weight, layer.kernel_size, layer.bias, layer.stride,
+                                                   layer.padding)
+    return layer(x)
 
 
 def _frozen_gdn(layer, x: torch.Tensor) -> bool:

@@ -44,17 +44,31 @@ SPLIT_N = True  # a program's outputs as two blocks (48 = 32 + 16) where one pow
 NORM_NONE, NORM_INVERSE, NORM_FORWARD = 0, 1, 2  # what follows the sum: nothing, x sqrt(.), x / sqrt(.)
 
 
+class KernelFailed(RuntimeError):
+    """Triton could not compile or launch the kernel for a layer (a variant needing more shared memory than this
+    GPU has, a compiler error...): the kernel is off in this process from then on, and the caller computes the
+    layer on ATen."""
+
+
+_TURNED_OFF: list[str] = []  # why the kernel was turned off in this process, once it has been
+
+
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """Whether the kernel runs in this process: Triton is installed (it comes with torch's CUDA builds) and a
-    first small convolution on the current GPU gave torch's result.  A failure there (Triton finds no C compiler
-    for its launcher, a driver too old for it...) is warned about once, and ATen's convolutions serve instead."""
+    """Whether the kernel runs in this process: Triton is installed (it comes with torch's CUDA builds), a first
+    small convolution on the current GPU gave torch's result and no layer has failed since.  A failure (Triton
+    finds no C compiler for its launcher, a driver too old for it...) is warned about once, and ATen's
+    convolutions serve instead."""
+    if _TURNED_OFF:
+        return False
     try:
         import triton  # noqa: F401
     except ImportError:
         return False
     try:
         _probe()
+    except KernelFailed:  # warned about where it failed
+        return False
     except Exception as e:  # noqa: BLE001 (whatever stops the kernel, ATen's path gives the same values)
         warnings.warn(f"visemz: the float64 implicit-GEMM convolution cannot run here, ATen's convolutions serve "
                       f"instead: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
@@ -147,13 +161,31 @@ def _launch(x, weights, taps, bias, out, grid, stride, phase, relu: bool, norm: 
     positions = x.shape[0] * grid[0] * grid[1]
     launch = (-(-positions // BLOCK_M), -(-c_out // block_n) if not block_n2 else 1)
     # Triton launches on the current device's current stream: make it the tensors' (a CPU tensor: the interpreter)
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext(), _off_on_failure():
         _kernel()[launch](x, w, t, bias if bias is not None else w, out, positions, len(taps), c_in, c_out,
                           x.shape[2], x.shape[3], grid[0], grid[1], out.shape[2], out.shape[3], stride[0], stride[1],
                           phase[0], phase[1], HAS_BIAS=bias is not None, RELU=relu, NORM=norm, BLOCK_M=BLOCK_M,
                           BLOCK_N=block_n, BLOCK_N2=max(block_n2, 16), SPLIT=block_n2 > 0,
                           BLOCK_K=BLOCK_K_WIDE if c_in >= WIDE_INPUT else BLOCK_K,
                           num_warps=WARPS, num_stages=STAGES)
+
+
+@contextlib.contextmanager
+def _off_on_failure():
+    """Triton's compile and resource errors -> KernelFailed, the kernel turned off with one warning.  Each class of
+    shape compiles a variant of its own: one can fail where the probe's compiled."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime import errors
+    try:
+        yield
+    except (CompilationError, errors.OutOfResources, getattr(errors, "PTXASError", CompilationError)) as e:
+        why = f"{type(e).__name__}: {e}"
+        if not _TURNED_OFF:
+            warnings.warn(f"visemz: the float64 implicit-GEMM convolution failed on a layer, ATen's convolutions serve "
+                          f"from now on: {why}", RuntimeWarning, stacklevel=4)
+        _TURNED_OFF.append(why)
+        available.cache_clear()
+        raise KernelFailed(why) from e
 
 
 @functools.lru_cache(maxsize=64)
