@@ -168,6 +168,7 @@ def test_a_layer_the_kernel_fails_on_runs_on_aten(monkeypatch):
 
     monkeypatch.setattr(conv64, "_probe", lambda: None)
     monkeypatch.setattr(conv64, "_kernel", Unfit)
+    monkeypatch.setattr(architectures, "implicit_gemm_on", lambda x: conv64.available())  # CPU tensors here
     conv64.available.cache_clear()
     torch.manual_seed(3)
     stack = torch.nn.Sequential(torch.nn.Conv2d(52, 48, 3, padding=1), torch.nn.ReLU(),

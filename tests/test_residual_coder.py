@@ -200,6 +200,9 @@ def test_damaged_pass_stream_is_refused_or_stays_in_range():
 
 
 # ------------------------------------------------------------------ the pieces
+blocks_plan = blocks.plan
+
+
 def test_blocks_give_the_whole_result(monkeypatch):
     torch.manual_seed(0)
     prior = residual_prior.ResidualPrior(1, 16, 8, 4).double()
@@ -213,6 +216,26 @@ def test_blocks_give_the_whole_result(monkeypatch):
     blocked = residual_coder._blocked(lambda r, q: prior.condition(reduced[:, :, r, q], x01[:, :, twice(r), twice(q)],
                                                                    *side), reduced, 3, 8)
     torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_blocks_on_the_implicit_gemm_kernel_are_sized_without_im2col(monkeypatch):
+    """Where conv64 runs the float64 networks no im2col buffer is made: a 2048 x 2048 image's synthesis and prior
+    passes then fit one block of the GPU's budget, where ATen's im2col needs two (each block recomputing its halo)."""
+    from visemz.models import architectures
+    from visemz.models import weights as W
+
+    net, _ = W.load(registry.spec("mbt2018-mean", "gray"))
+    y = torch.zeros(1, 192, 128, 128, dtype=torch.float64)
+    half = torch.zeros(1, 48, 1024, 1024, dtype=torch.float64)
+    plans = []
+    monkeypatch.setattr(blocks, "plan", lambda *a: plans.append(blocks_plan(*a[:5], "cuda")) or plans[-1])
+    for on in (False, True):
+        monkeypatch.setattr(architectures, "implicit_gemm_on", lambda x, on=on: on)
+        unit = tiling._synthesis_unit(net, y, im2col=not architectures.implicit_gemm_on(y))
+        synthesis = blocks_plan(128, 128, *tiling.SYNTHESIS_HALO, unit, "cuda")
+        prior = residual_coder._blocked(lambda r, q: half[:, :2, r, q], half, 2, 52)
+        assert prior.shape == (1, 2, 1024, 1024)
+        assert (len(synthesis), len(plans[-1])) == ((1, 1) if on else (2, 2))
 
 
 def test_blocked_synthesis_and_analysis_give_the_whole_result(monkeypatch):

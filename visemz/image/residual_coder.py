@@ -43,7 +43,7 @@ import torch
 from ..encoders import decode_ints, encode_ints
 from ..encoders.rans import decode_conditional, encode_conditional
 from ..errors import CorruptStreamError
-from ..models import blocks
+from ..models import architectures, blocks
 from ..models import residual_tables as RT
 from ..models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, head_channels, space_to_depth, steps
 from ..models.residual_weights import Residual
@@ -248,8 +248,10 @@ def _twice(s: slice) -> slice:
 def _blocked(fn, like: torch.Tensor, halo: int, channels_in: int) -> torch.Tensor:
     """``fn(rows, cols)`` (the network on those windows of the half-resolution grid of ``like``) block by block
     (``models/blocks.py``), each window ``halo`` positions wider than its block: the whole grid's result up
-    to float rounding.  Working memory per position: a 3 x 3 convolution's im2col over ``channels_in``."""
-    unit = 9 * channels_in * like.element_size() * like.shape[0] * 2
+    to float rounding.  Working memory per position: a 3 x 3 convolution's im2col over ``channels_in`` and its
+    output; on conv64's kernels (no im2col), a layer's input and output and one more buffer of as many channels."""
+    im2col = not architectures.implicit_gemm_on(like)
+    unit = (9 * channels_in * 2 if im2col else 3 * channels_in) * like.element_size() * like.shape[0]
     plan = blocks.plan(like.shape[2], like.shape[3], halo, halo, unit, like.device)
     return blocks.run(lambda r, c: (fn(slice(*r), slice(*c)),), plan, (1,))[0]
 

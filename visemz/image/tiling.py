@@ -271,10 +271,13 @@ def synthesis(net, y: torch.Tensor) -> torch.Tensor:
     return blocks.run(lambda r, c: (net.g_s(y[:, :, r[0]:r[1], c[0]:c[1]]),), plan, (STRIDE,))[0]
 
 
-def _synthesis_unit(net, y: torch.Tensor) -> int:
+def _synthesis_unit(net, y: torch.Tensor, im2col: bool = True) -> int:
     """g_s's working memory per latent position: its widest im2col buffer (N x 5 x 5 values at each of its
-    4 x 4 quarter-resolution positions)."""
-    return net.g_s[-1].in_channels * 25 * 16 * y.element_size() * y.shape[0]
+    4 x 4 quarter-resolution positions); without im2col (conv64's kernels), a layer's input and output and
+    one more buffer of N channels at its (STRIDE / 2)**2 half-resolution positions."""
+    per_value = y.element_size() * y.shape[0]
+    n = net.g_s[-1].in_channels
+    return (n * 25 * 16 if im2col else 3 * n * (STRIDE // 2) ** 2) * per_value
 
 
 def synthesis_features(net, reduce: torch.nn.Module, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,7 +286,8 @@ def synthesis_features(net, reduce: torch.nn.Module, y: torch.Tensor) -> tuple[t
     memory follows a block: a float64 transposed convolution's im2col buffer over a whole X-ray would take
     gigabytes."""
     head, last, reducer = net.g_s[:-1], net.g_s[-1:], torch.nn.Sequential(reduce)
-    plan = blocks.plan(y.shape[2], y.shape[3], *SYNTHESIS_HALO, _synthesis_unit(net, y), y.device)
+    unit = _synthesis_unit(net, y, im2col=not architectures.implicit_gemm_on(y))
+    plan = blocks.plan(y.shape[2], y.shape[3], *SYNTHESIS_HALO, unit, y.device)
 
     def forward(layers: torch.nn.Sequential, t: torch.Tensor) -> torch.Tensor:
         return architectures.native_forward(layers, t, implicit_gemm=True) if t.is_cuda else layers(t)

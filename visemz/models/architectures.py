@@ -247,7 +247,7 @@ def native_forward(layers, x: torch.Tensor, implicit_gemm: bool = False) -> torc
     one applied before its store, and so do float64 GDN layers of as many channels, when the ``implicit_gemm``
     setting is on and Triton is installed.  A layer the kernel fails on (``conv64.KernelFailed``) and every one
     after it run on ATen: the same values up to float64 rounding."""
-    implicit_gemm = implicit_gemm and bool(defaults.get("implicit_gemm")) and conv64.available()
+    implicit_gemm = implicit_gemm and implicit_gemm_on(x)
     layers = list(layers)
     i = 0
     while i < len(layers):
@@ -263,6 +263,13 @@ def native_forward(layers, x: torch.Tensor, implicit_gemm: bool = False) -> torc
         x = _on_aten(layers[i], x)
         i += 1
     return x
+
+
+def implicit_gemm_on(x: torch.Tensor) -> bool:
+    """Whether ``native_forward(..., implicit_gemm=True)`` runs ``x``'s wide layers on conv64: a GPU tensor, the
+    ``implicit_gemm`` setting on and the kernel available.  Its callers then need no im2col buffers, which is
+    what sizes their blocks otherwise (``models/blocks.py``)."""
+    return x.is_cuda and bool(defaults.get("implicit_gemm")) and conv64.available()
 
 
 def _plain(layer) -> bool:
