@@ -38,21 +38,40 @@ def frozen_gdn(channels: int, inverse: bool, device: str) -> architectures.Froze
     return g.requires_grad_(False)
 
 
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return got.shape == want.shape and got.dtype == torch.float64 and \
+        float((got - want).abs().max()) <= 1e-13 * float(want.abs().max())
+
+
 @torch.no_grad()
 def check_layers(device: str) -> None:
+    """Every layer kind against torch's, the inputs channels first and last, the outputs written both ways, and a
+    convolution's input in two parts of different layouts (read where they lie)."""
     torch.manual_seed(0)
-    for make, shape, relu in LAYERS:
-        layer = make().double().to(device)
-        x = torch.randn(*shape, dtype=torch.float64, device=device)
-        want = layer(x).clamp_min(0) if relu else layer(x)
-        got = (conv64.conv2d if isinstance(layer, torch.nn.Conv2d) else conv64.conv_transpose2d)(x, layer, relu)
-        assert got.shape == want.shape and got.dtype == torch.float64, (layer, shape)
-        assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max()), (layer, shape)
-    for channels, inverse in ((20, True), (20, False), (48, True)):
-        g = frozen_gdn(channels, inverse, device)
-        x = torch.randn(2, channels, 5, 6, dtype=torch.float64, device=device)
-        want, got = g(x), conv64.gdn(x, g.gamma_eff, g.beta_eff, inverse)
-        assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max()), (channels, inverse)
+    for channels_last in (False, True):
+        conv64.CHANNELS_LAST = channels_last
+        try:
+            for make, shape, relu in LAYERS:
+                layer = make().double().to(device)
+                x = torch.randn(*shape, dtype=torch.float64, device=device)
+                want = layer(x).clamp_min(0) if relu else layer(x)
+                run = conv64.conv2d if isinstance(layer, torch.nn.Conv2d) else conv64.conv_transpose2d
+                for given in (x, x.contiguous(memory_format=torch.channels_last)):
+                    got = run(given, layer, relu)
+                    assert close(got, want), (layer, shape)
+                    assert got.is_contiguous(memory_format=torch.channels_last if channels_last else
+                                             torch.contiguous_format)
+                if isinstance(layer, torch.nn.Conv2d) and shape[1] > 1:
+                    c1 = shape[1] // 2
+                    parts = (x[:, :c1].contiguous(memory_format=torch.channels_last), x[:, c1:].contiguous())
+                    assert close(conv64.conv2d(parts, layer, relu), want), (layer, shape, "parts")
+            for channels, inverse in ((20, True), (20, False), (48, True)):
+                g = frozen_gdn(channels, inverse, device)
+                x = torch.randn(2, channels, 5, 6, dtype=torch.float64, device=device)
+                for given in (x, x.contiguous(memory_format=torch.channels_last)):
+                    assert close(conv64.gdn(given, g.gamma_eff, g.beta_eff, inverse), g(x)), (channels, inverse)
+        finally:
+            conv64.CHANNELS_LAST = False
 
 
 @pytest.mark.gpu
@@ -82,6 +101,10 @@ def test_native_forward_takes_the_kernel_for_wide_layers(monkeypatch):
     got = architectures.native_forward(stack, x, implicit_gemm=True)
     assert calls == [(stack[0], True), (stack[2], True)]
     assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
+    calls.clear()
+    in_parts = architectures.native_forward(stack, (x[:, :48], x[:, 48:]), implicit_gemm=True)  # the prior's heads'
+    assert calls == [(stack[0], True), (stack[2], True)]
+    assert float((in_parts - want).abs().max()) <= 1e-12 * float(want.abs().max())
     calls.clear()
     with defaults.set(implicit_gemm=0):
         aten = architectures.native_forward(stack, x, implicit_gemm=True)
@@ -134,6 +157,8 @@ def test_native_forward_on_aten_equals_the_modules():
     want, got = stack(x), architectures.native_forward(stack, x)
     assert got.shape == want.shape == (2, 2, 12, 10)
     assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
+    in_parts = architectures.native_forward(stack, (x[:, :1], x[:, 1:]))  # the input as two parts, concatenated
+    assert float((in_parts - want).abs().max()) <= 1e-12 * float(want.abs().max())
 
 
 def test_a_kernel_that_cannot_run_leaves_the_work_to_aten(monkeypatch):

@@ -6,8 +6,9 @@ One layer at a time, at the sizes a 2048 x 2048 image gives them (seeded random 
 the residual prior's 3 x 3 convolutions at half resolution, g_s's transposed convolutions of 128 and of one
 output, g_s's IGDN layers after its two largest, and a hyper-synthesis convolution (h_s runs on ATen: this row
 says why).  Per layer: ATen's time (``architectures.native_forward``, what runs with ``implicit_gemm`` off) and
-conv64's under each tile configuration (BLOCK_M, BLOCK_K, BLOCK_N_MAX, warps, stages, split: 48 outputs as
-32 + 16 or not; the split may be left out, 1), medians of --reps synchronised runs after one,
+conv64's under each tile configuration (BLOCK_M, BLOCK_K, BLOCK_N_MAX, warps, stages, then optionally: split,
+48 outputs as 32 + 16 or not; specialize; BLOCK_K_WIDE; channels last, input and output), medians of --reps
+synchronised runs after one,
 with the speedup and the largest difference relative to the output's largest value.  Prints the device.
 """
 
@@ -36,7 +37,8 @@ LAYERS = (
     ("g_s 5x5/2 transposed 128->1", lambda: torch.nn.ConvTranspose2d(128, 1, 5, 2, 2, 1), (1, 128, 1024, 1024), False),
     ("h_s 3x3 conv 192->288", lambda: torch.nn.Conv2d(192, 288, 3, padding=1), (1, 192, 128, 128), False),
 )
-KNOBS = ("BLOCK_M", "BLOCK_K", "BLOCK_N_MAX", "WARPS", "STAGES", "SPLIT_N", "SPECIALIZE", "BLOCK_K_WIDE")
+KNOBS = ("BLOCK_M", "BLOCK_K", "BLOCK_N_MAX", "WARPS", "STAGES", "SPLIT_N", "SPECIALIZE", "BLOCK_K_WIDE",
+         "CHANNELS_LAST")
 DEFAULT_CONFIG = tuple(int(getattr(conv64, k)) for k in KNOBS)
 
 
@@ -73,8 +75,10 @@ def layer_rows(name: str, make, shape, relu: bool, configs, reps: int) -> list[d
     rows = [{"layer": name, "kernel": "aten", "ms": 1e3 * aten_s, "speedup": 1.0, "rel_diff": 0.0}]
     for config in configs:
         _configure(config)
-        try:
-            s, got = measure.median_seconds(lambda: run(x, layer, relu), reps, warmup=1, sync=torch.cuda.synchronize)
+        try:  # channels last: the input too, as the layer before it would have written it
+            given = x.contiguous(memory_format=torch.channels_last) if conv64.CHANNELS_LAST else x
+            s, got = measure.median_seconds(lambda: run(given, layer, relu), reps, warmup=1,
+                                            sync=torch.cuda.synchronize)
         finally:
             _configure(DEFAULT_CONFIG)
         rows.append({"layer": name, "kernel": f"conv64 {','.join(map(str, config))}", "ms": 1e3 * s,

@@ -239,15 +239,16 @@ def transform(layers, x: torch.Tensor) -> torch.Tensor:
 IMPLICIT_MIN_CHANNELS = 48
 
 
-def native_forward(layers, x: torch.Tensor, implicit_gemm: bool = False) -> torch.Tensor:
+def native_forward(layers, x, implicit_gemm: bool = False) -> torch.Tensor:
     """A Sequential's forward with its plain convolutions (zero padding, no groups or dilation) on
     ATen's im2col + GEMM kernels (slow_conv2d / slow_conv_transpose2d) rather than cuDNN's.  With
     ``implicit_gemm`` (for large inputs: the residual prior, the float64 synthesis), those of stride 1 or
     transposed with IMPLICIT_MIN_CHANNELS outputs or more (on a GPU) run as ``conv64``'s kernel instead, a ReLU after
     one applied before its store, and so do float64 GDN layers of as many channels, when the ``implicit_gemm``
     setting is on and Triton is installed.  A layer the kernel fails on (``conv64.KernelFailed``) and every one
-    after it run on ATen: the same values up to float64 rounding."""
-    implicit_gemm = implicit_gemm and implicit_gemm_on(x)
+    after it run on ATen: the same values up to float64 rounding.  ``x``: a tensor, or a tuple of two whose
+    concatenation along the channels is the input (the kernel reads a first convolution's parts where they lie)."""
+    implicit_gemm = implicit_gemm and implicit_gemm_on(x[0] if isinstance(x, tuple) else x)
     layers = list(layers)
     i = 0
     while i < len(layers):
@@ -260,9 +261,13 @@ def native_forward(layers, x: torch.Tensor, implicit_gemm: bool = False) -> torc
             if taken is not None:
                 x, i = taken
                 continue
-        x = _on_aten(layers[i], x)
+        x = _on_aten(layers[i], _whole(x))
         i += 1
     return x
+
+
+def _whole(x) -> torch.Tensor:
+    return torch.cat(x, 1) if isinstance(x, tuple) else x
 
 
 def implicit_gemm_on(x: torch.Tensor) -> bool:
@@ -285,9 +290,10 @@ def _on_kernel(layers: list, i: int, x: torch.Tensor) -> tuple[torch.Tensor, int
     transposed = isinstance(layer, torch.nn.ConvTranspose2d)
     if _plain(layer) and layer.out_channels >= IMPLICIT_MIN_CHANNELS and (transposed or tuple(layer.stride) == (1, 1)):
         relu = i + 1 < len(layers) and isinstance(layers[i + 1], torch.nn.ReLU)
-        return (conv64.conv_transpose2d if transposed else conv64.conv2d)(x, layer, relu), i + (2 if relu else 1)
-    if _frozen_gdn(layer, x):
-        return conv64.gdn(x, layer.gamma_eff, layer.beta_eff, layer.inverse), i + 1
+        out = conv64.conv_transpose2d(_whole(x), layer, relu) if transposed else conv64.conv2d(x, layer, relu)
+        return out, i + (2 if relu else 1)
+    if _frozen_gdn(layer, x[0] if isinstance(x, tuple) else x):
+        return conv64.gdn(_whole(x), layer.gamma_eff, layer.beta_eff, layer.inverse), i + 1
     return None
 
 

@@ -41,6 +41,7 @@ BLOCK_N_MAX = 64  # output channels per program (at least 16, the tensor cores' 
 WARPS, STAGES = 4, 2
 SPECIALIZE = True  # compile per shape class (Triton then knows sizes of 1 and multiples of 16) or once
 SPLIT_N = True  # a program's outputs as two blocks (48 = 32 + 16) where one power of two would pad them
+CHANNELS_LAST = False  # the layers' outputs channels last (every input is read through its strides either way)
 NORM_NONE, NORM_INVERSE, NORM_FORWARD = 0, 1, 2  # what follows the sum: nothing, x sqrt(.), x / sqrt(.)
 
 
@@ -88,16 +89,18 @@ def _probe() -> None:
         raise RuntimeError("its result differs from torch's")
 
 
-def conv2d(x: torch.Tensor, layer: torch.nn.Conv2d, relu: bool = False) -> torch.Tensor:
-    """``layer(x)`` (then ReLU), for a stride-1, zero-padded, ungrouped, undilated Conv2d."""
+def conv2d(x, layer: torch.nn.Conv2d, relu: bool = False) -> torch.Tensor:
+    """``layer(x)`` (then ReLU), for a stride-1, zero-padded, ungrouped, undilated Conv2d.  ``x``: a tensor, or two
+    whose concatenation along the channels is the input (read where they lie, not concatenated first)."""
+    first, second = (x, None) if isinstance(x, torch.Tensor) else x
     kh, kw = layer.kernel_size
     ph, pw = layer.padding
-    b, _, h, w = x.shape
+    b, _, h, w = first.shape
     oh, ow = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
-    out = x.new_empty(b, layer.out_channels, oh, ow)
+    out = _empty(first, (b, layer.out_channels, oh, ow))
     taps = [(ky - ph, kx - pw) for ky in range(kh) for kx in range(kw)]
     weights = layer.weight.permute(2, 3, 1, 0).reshape(kh * kw, layer.in_channels, layer.out_channels)
-    _launch(x, weights, taps, layer.bias, out, (oh, ow), (1, 1), (0, 0), relu)
+    _launch((first, second), weights, taps, layer.bias, out, (oh, ow), (1, 1), (0, 0), relu)
     return out
 
 
@@ -108,7 +111,7 @@ def conv_transpose2d(x: torch.Tensor, layer: torch.nn.ConvTranspose2d, relu: boo
     b, _, h, w = x.shape
     oh = (h - 1) * sh - 2 * ph + kh + layer.output_padding[0]
     ow = (w - 1) * sw - 2 * pw + kw + layer.output_padding[1]
-    out = x.new_empty(b, layer.out_channels, oh, ow)
+    out = _empty(x, (b, layer.out_channels, oh, ow))
     for py in range(min(sh, oh)):
         for px in range(min(sw, ow)):
             # output row oy = s i + py takes input row i + dy through kernel row ky where s dy = py + p - ky
@@ -121,7 +124,7 @@ def conv_transpose2d(x: torch.Tensor, layer: torch.nn.ConvTranspose2d, relu: boo
                 continue
             taps = [(dy, dx) for _, dy in rows for _, dx in cols]
             weights = torch.stack([layer.weight[:, :, ky, kx] for ky, _ in rows for kx, _ in cols])
-            _launch(x, weights, taps, layer.bias, out, grid, (sh, sw), (py, px), relu)
+            _launch((x, None), weights, taps, layer.bias, out, grid, (sh, sw), (py, px), relu)
     return out
 
 
@@ -129,11 +132,17 @@ def gdn(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, inverse: bool)
     """A GDN layer on ``x`` (B, C, H, W): x * sqrt(norm) (``inverse``) or x / sqrt(norm), norm = beta + gamma x**2
     at every position; ``gamma`` (C, C) or (C, C, 1, 1), output channel first (``F.conv2d``'s weight)."""
     c = x.shape[1]
-    out = x.new_empty(x.shape)
+    out = _empty(x, x.shape)
     weights = gamma.reshape(c, c).t().reshape(1, c, c)
-    _launch(x, weights, [(0, 0)], beta, out, tuple(x.shape[2:]), (1, 1), (0, 0), False,
+    _launch((x, None), weights, [(0, 0)], beta, out, tuple(x.shape[2:]), (1, 1), (0, 0), False,
             NORM_INVERSE if inverse else NORM_FORWARD)
     return out
+
+
+def _empty(like: torch.Tensor, shape) -> torch.Tensor:
+    """A layer's output: channels last (CHANNELS_LAST) or first."""
+    layout = torch.channels_last if CHANNELS_LAST else torch.contiguous_format
+    return torch.empty(tuple(shape), dtype=like.dtype, device=like.device, memory_format=layout)
 
 
 def n_blocks(c_out: int) -> tuple[int, int]:
@@ -150,10 +159,15 @@ def n_blocks(c_out: int) -> tuple[int, int]:
     return whole, 0
 
 
-def _launch(x, weights, taps, bias, out, grid, stride, phase, relu: bool, norm: int = NORM_NONE) -> None:
+def _launch(parts, weights, taps, bias, out, grid, stride, phase, relu: bool, norm: int = NORM_NONE) -> None:
     """out[:, :, s i + p, s j + p'] = bias + sum_t weights[t]^T x[:, :, i + dy_t, j + dx_t] over the (i, j) of
-    ``grid``; ``weights`` (taps, C_in, C_out).  ``norm``: GDN's (``gdn``: x squared in the sum, then the root)."""
-    x = x.contiguous()
+    ``grid``; ``weights`` (taps, C_in, C_out); x the concatenation along the channels of ``parts`` (a tensor and
+    a second one or None), each read through its strides.  ``norm``: GDN's (``gdn``: x squared in the sum, then
+    the root)."""
+    x, x2 = parts
+    c1 = x.shape[1]
+    if x2 is None:
+        x2 = x
     c_in, c_out = weights.shape[1], weights.shape[2]
     block_n, block_n2 = n_blocks(c_out)
     w = weights.to(x.dtype).contiguous()
@@ -162,12 +176,12 @@ def _launch(x, weights, taps, bias, out, grid, stride, phase, relu: bool, norm: 
     launch = (-(-positions // BLOCK_M), -(-c_out // block_n) if not block_n2 else 1)
     # Triton launches on the current device's current stream: make it the tensors' (a CPU tensor: the interpreter)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext(), _off_on_failure():
-        _kernel()[launch](x, w, t, bias if bias is not None else w, out, positions, len(taps), c_in, c_out,
-                          x.shape[2], x.shape[3], grid[0], grid[1], out.shape[2], out.shape[3], stride[0], stride[1],
-                          phase[0], phase[1], HAS_BIAS=bias is not None, RELU=relu, NORM=norm, BLOCK_M=BLOCK_M,
-                          BLOCK_N=block_n, BLOCK_N2=max(block_n2, 16), SPLIT=block_n2 > 0,
-                          BLOCK_K=BLOCK_K_WIDE if c_in >= WIDE_INPUT else BLOCK_K,
-                          num_warps=WARPS, num_stages=STAGES)
+        _kernel()[launch](x, x2, w, t, bias if bias is not None else w, out, positions, len(taps), c1, c_in, c_out,
+                          x.shape[2], x.shape[3], grid[0], grid[1], *x.stride(), *x2.stride(), *out.stride(),
+                          stride[0], stride[1], phase[0], phase[1], HAS_BIAS=bias is not None, RELU=relu, NORM=norm,
+                          BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_N2=max(block_n2, 16), SPLIT=block_n2 > 0,
+                          BLOCK_K=BLOCK_K_WIDE if c_in >= WIDE_INPUT else BLOCK_K, num_warps=WARPS,
+                          num_stages=STAGES)
 
 
 @contextlib.contextmanager

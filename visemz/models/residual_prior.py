@@ -111,17 +111,19 @@ class ResidualPrior(nn.Module):
         """Pass k's (offset, log_scale), each (B, C, h, w) in units u.  ``context``: (B, 4C, h, w), the decoded
         residuals of the steps before (divided by CONTEXT_SCALE u), zero for the others; only the channels of
         the step being coded are used (``steps``)."""
-        out = _run(self.heads[k], torch.cat([trunk, context], 1))
+        out = _run(self.heads[k], (trunk, context))
         offset, log_scale = out.chunk(2, 1)
         return offset.clamp(-OFFSET_RANGE, OFFSET_RANGE), log_scale.clamp(*LOG_SCALE_RANGE)
 
 
-def _run(layers: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+def _run(layers: nn.Sequential, x) -> torch.Tensor:
     """On a GPU in float64 (coding) on the implicit-GEMM kernel or cuBLAS's float64 GEMM rather than cuDNN's slow
-    float64 convolutions."""
-    if x.is_cuda and x.dtype == torch.float64:
+    float64 convolutions.  ``x``: a tensor, or two to concatenate along the channels (which the kernel reads
+    where they lie)."""
+    first = x[0] if isinstance(x, tuple) else x
+    if first.is_cuda and first.dtype == torch.float64:
         return native_forward(layers, x, implicit_gemm=True)
-    return layers(x)
+    return layers(torch.cat(x, 1) if isinstance(x, tuple) else x)
 
 
 def _log_bin_prob(lo_edge: torch.Tensor, hi_edge: torch.Tensor) -> torch.Tensor:
