@@ -45,11 +45,11 @@ def close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 @torch.no_grad()
 def check_layers(device: str) -> None:
-    """Every layer kind against torch's, the inputs channels first and last, the outputs written both ways, and a
-    convolution's input in two parts of different layouts (read where they lie)."""
+    """Every layer kind against torch's, the inputs channels first and last, the outputs written both ways, a
+    convolution's input in two parts of different layouts (read where they lie), positions by rows and by tiles."""
     torch.manual_seed(0)
-    for channels_last in (False, True):
-        conv64.CHANNELS_LAST = channels_last
+    for channels_last, tile_w in ((False, 0), (True, 0), (False, 4)):
+        conv64.CHANNELS_LAST, conv64.TILE_W = channels_last, tile_w
         try:
             for make, shape, relu in LAYERS:
                 layer = make().double().to(device)
@@ -71,7 +71,7 @@ def check_layers(device: str) -> None:
                 for given in (x, x.contiguous(memory_format=torch.channels_last)):
                     assert close(conv64.gdn(given, g.gamma_eff, g.beta_eff, inverse), g(x)), (channels, inverse)
         finally:
-            conv64.CHANNELS_LAST = False
+            conv64.CHANNELS_LAST, conv64.TILE_W = False, 0
 
 
 @pytest.mark.gpu

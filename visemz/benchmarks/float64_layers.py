@@ -7,7 +7,8 @@ the residual prior's 3 x 3 convolutions at half resolution, g_s's transposed con
 output, g_s's IGDN layers after its two largest, and a hyper-synthesis convolution (h_s runs on ATen: this row
 says why).  Per layer: ATen's time (``architectures.native_forward``, what runs with ``implicit_gemm`` off) and
 conv64's under each tile configuration (BLOCK_M, BLOCK_K, BLOCK_N_MAX, warps, stages, then optionally: split,
-48 outputs as 32 + 16 or not; specialize; BLOCK_K_WIDE; channels last, input and output), medians of --reps
+48 outputs as 32 + 16 or not; specialize; BLOCK_K_WIDE; channels last, input and output; TILE_W, 0 or a
+program's tile width), medians of --reps
 synchronised runs after one,
 with the speedup and the largest difference relative to the output's largest value.  Prints the device.
 """
@@ -38,7 +39,7 @@ LAYERS = (
     ("h_s 3x3 conv 192->288", lambda: torch.nn.Conv2d(192, 288, 3, padding=1), (1, 192, 128, 128), False),
 )
 KNOBS = ("BLOCK_M", "BLOCK_K", "BLOCK_N_MAX", "WARPS", "STAGES", "SPLIT_N", "SPECIALIZE", "BLOCK_K_WIDE",
-         "CHANNELS_LAST")
+         "CHANNELS_LAST", "TILE_W")
 DEFAULT_CONFIG = tuple(int(getattr(conv64, k)) for k in KNOBS)
 
 

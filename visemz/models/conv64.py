@@ -42,6 +42,7 @@ WARPS, STAGES = 4, 2
 SPECIALIZE = True  # compile per shape class (Triton then knows sizes of 1 and multiples of 16) or once
 SPLIT_N = True  # a program's outputs as two blocks (48 = 32 + 16) where one power of two would pad them
 CHANNELS_LAST = False  # the layers' outputs channels last (every input is read through its strides either way)
+TILE_W = 0  # a program's positions: 0, BLOCK_M consecutive ones; else a tile BLOCK_M // TILE_W rows by TILE_W
 NORM_NONE, NORM_INVERSE, NORM_FORWARD = 0, 1, 2  # what follows the sum: nothing, x sqrt(.), x / sqrt(.)
 
 
@@ -173,15 +174,17 @@ def _launch(parts, weights, taps, bias, out, grid, stride, phase, relu: bool, no
     w = weights.to(x.dtype).contiguous()
     t = _taps_on(tuple(taps), x.device)
     positions = x.shape[0] * grid[0] * grid[1]
-    launch = (-(-positions // BLOCK_M), -(-c_out // block_n) if not block_n2 else 1)
+    programs = -(-positions // BLOCK_M) if not TILE_W else \
+        x.shape[0] * -(-grid[0] // (BLOCK_M // TILE_W)) * -(-grid[1] // TILE_W)
+    launch = (programs, -(-c_out // block_n) if not block_n2 else 1)
     # Triton launches on the current device's current stream: make it the tensors' (a CPU tensor: the interpreter)
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext(), _off_on_failure():
         _kernel()[launch](x, x2, w, t, bias if bias is not None else w, out, positions, len(taps), c1, c_in, c_out,
                           x.shape[2], x.shape[3], grid[0], grid[1], *x.stride(), *x2.stride(), *out.stride(),
                           stride[0], stride[1], phase[0], phase[1], HAS_BIAS=bias is not None, RELU=relu, NORM=norm,
                           BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_N2=max(block_n2, 16), SPLIT=block_n2 > 0,
-                          BLOCK_K=BLOCK_K_WIDE if c_in >= WIDE_INPUT else BLOCK_K, num_warps=WARPS,
-                          num_stages=STAGES)
+                          BLOCK_K=BLOCK_K_WIDE if c_in >= WIDE_INPUT else BLOCK_K, TILE_W=TILE_W,
+                          num_warps=WARPS, num_stages=STAGES)
 
 
 @contextlib.contextmanager

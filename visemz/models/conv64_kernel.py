@@ -44,14 +44,25 @@ def finish(acc, n, m_ok, i, j, img, x_ptr, xs_n, xs_c, xs_h, xs_w, b_ptr, out_pt
 def taps_kernel(x_ptr, x2_ptr, w_ptr, taps_ptr, b_ptr, out_ptr, positions, n_taps, c1, c_in, c_out, h, w, gh, gw,
                 xs_n, xs_c, xs_h, xs_w, x2s_n, x2s_c, x2s_h, x2s_w, os_n, os_c, os_h, os_w, sy, sx, py, px,
                 HAS_BIAS: tl.constexpr, RELU: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr):
-    m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+                BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
+                TILE_W: tl.constexpr):
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n2 = BLOCK_N + tl.arange(0, BLOCK_N2)  # the second block (SPLIT: one program spans every output)
-    m_ok = m < positions
-    j = m % gw
-    i = (m // gw) % gh
-    img = m // (gw * gh)
+    if TILE_W == 0:  # BLOCK_M consecutive positions of the grid, row after row
+        m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = m < positions
+        j = m % gw
+        i = (m // gw) % gh
+        img = m // (gw * gh)
+    else:  # a tile of BLOCK_M // TILE_W rows of TILE_W positions: the taps' shifted reads meet in the cache
+        pid = tl.program_id(0).to(tl.int64)
+        tiles_w = (gw + TILE_W - 1) // TILE_W
+        tiles_h = (gh + BLOCK_M // TILE_W - 1) // (BLOCK_M // TILE_W)
+        r = tl.arange(0, BLOCK_M)
+        j = (pid % tiles_w) * TILE_W + r % TILE_W
+        i = ((pid // tiles_w) % tiles_h) * (BLOCK_M // TILE_W) + r // TILE_W
+        img = pid // (tiles_w * tiles_h) + 0 * r
+        m_ok = (i < gh) & (j < gw)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float64)
     for t in range(n_taps):
