@@ -65,6 +65,9 @@ def check_layers(device: str) -> None:
                     c1 = shape[1] // 2
                     parts = (x[:, :c1].contiguous(memory_format=torch.channels_last), x[:, c1:].contiguous())
                     assert close(conv64.conv2d(parts, layer, relu), want), (layer, shape, "parts")
+                    head = torch.nn.Conv2d(layer.out_channels, 2, 1).double().to(device)
+                    assert conv64.fuses_head(layer, head)
+                    assert close(conv64.conv2d(parts, layer, relu, head=head), head(want)), (layer, shape, "head")
             for channels, inverse in ((20, True), (20, False), (48, True)):
                 g = frozen_gdn(channels, inverse, device)
                 x = torch.randn(2, channels, 5, 6, dtype=torch.float64, device=device)
@@ -96,8 +99,8 @@ def test_native_forward_takes_the_kernel_for_wide_layers(monkeypatch):
     calls = []
     for name in ("conv2d", "conv_transpose2d"):
         real = getattr(conv64, name)
-        monkeypatch.setattr(conv64, name, lambda t, layer, relu, real=real: calls.append((layer, relu)) or
-                            real(t, layer, relu))
+        monkeypatch.setattr(conv64, name, lambda t, layer, relu, real=real, **head: calls.append((layer, relu)) or
+                            real(t, layer, relu, **head))
     got = architectures.native_forward(stack, x, implicit_gemm=True)
     assert calls == [(stack[0], True), (stack[2], True)]
     assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
@@ -116,6 +119,31 @@ def test_output_blocks():
     assert conv64.n_blocks(48) == (32, 16) and conv64.n_blocks(40) == (32, 16)
     assert conv64.n_blocks(52) == (64, 0) and conv64.n_blocks(64) == (64, 0) and conv64.n_blocks(32) == (32, 0)
     assert conv64.n_blocks(1) == (16, 0) and conv64.n_blocks(20) == (32, 0) and conv64.n_blocks(128) == (64, 0)
+
+
+@pytest.mark.gpu
+def test_native_forward_fuses_a_heads_last_convolution(monkeypatch):
+    """The residual prior's head (3 x 3, ReLU, 3 x 3, ReLU, 1 x 1 to two outputs) through ``native_forward``: the 1 x 1
+    applied in the second convolution's kernel, the result the modules' own up to float64 rounding; HEAD_FUSION off,
+    the 1 x 1 on ATen."""
+    optional("triton")
+    torch.manual_seed(5)
+    head = torch.nn.Sequential(torch.nn.Conv2d(52, 48, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(48, 48, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(48, 2, 1)).double().cuda().requires_grad_(False)
+    x = torch.randn(1, 52, 37, 45, dtype=torch.float64, device="cuda")
+    want = head(x)
+    assert conv64.available()
+    for fusion in (True, False):
+        monkeypatch.setattr(conv64, "HEAD_FUSION", fusion)
+        calls = []
+        real = conv64.conv2d
+        monkeypatch.setattr(conv64, "conv2d", lambda t, layer, relu, head=None: calls.append(head) or
+                            real(t, layer, relu, head=head))
+        got = architectures.native_forward(head, (x[:, :48], x[:, 48:]), implicit_gemm=True)
+        monkeypatch.setattr(conv64, "conv2d", real)
+        assert calls == ([None, head[4]] if fusion else [None, None])
+        assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
 
 
 @pytest.mark.gpu

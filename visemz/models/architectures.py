@@ -244,7 +244,8 @@ def native_forward(layers, x, implicit_gemm: bool = False) -> torch.Tensor:
     ATen's im2col + GEMM kernels (slow_conv2d / slow_conv_transpose2d) rather than cuDNN's.  With
     ``implicit_gemm`` (for large inputs: the residual prior, the float64 synthesis), those of stride 1 or
     transposed with IMPLICIT_MIN_CHANNELS outputs or more (on a GPU) run as ``conv64``'s kernel instead, a ReLU after
-    one applied before its store, and so do float64 GDN layers of as many channels, when the ``implicit_gemm``
+    one and a small 1 x 1 convolution after that (``conv64.fuses_head``) applied before its store, and so do
+    float64 GDN layers of as many channels, when the ``implicit_gemm``
     setting is on and Triton is installed.  A layer the kernel fails on (``conv64.KernelFailed``) and every one
     after it run on ATen: the same values up to float64 rounding.  ``x``: a tensor, or a tuple of two whose
     concatenation along the channels is the input (the kernel reads a first convolution's parts where they lie)."""
@@ -290,8 +291,12 @@ def _on_kernel(layers: list, i: int, x: torch.Tensor) -> tuple[torch.Tensor, int
     transposed = isinstance(layer, torch.nn.ConvTranspose2d)
     if _plain(layer) and layer.out_channels >= IMPLICIT_MIN_CHANNELS and (transposed or tuple(layer.stride) == (1, 1)):
         relu = i + 1 < len(layers) and isinstance(layers[i + 1], torch.nn.ReLU)
-        out = conv64.conv_transpose2d(_whole(x), layer, relu) if transposed else conv64.conv2d(x, layer, relu)
-        return out, i + (2 if relu else 1)
+        after = i + (2 if relu else 1)
+        if transposed:
+            return conv64.conv_transpose2d(_whole(x), layer, relu), after
+        if after < len(layers) and conv64.fuses_head(layer, layers[after]):  # the residual prior's heads' last two
+            return conv64.conv2d(x, layer, relu, head=layers[after]), after + 1
+        return conv64.conv2d(x, layer, relu), after
     if _frozen_gdn(layer, x[0] if isinstance(x, tuple) else x):
         return conv64.gdn(_whole(x), layer.gamma_eff, layer.beta_eff, layer.inverse), i + 1
     return None

@@ -43,6 +43,7 @@ SPECIALIZE = True  # compile per shape class (Triton then knows sizes of 1 and m
 SPLIT_N = True  # a program's outputs as two blocks (48 = 32 + 16) where one power of two would pad them
 CHANNELS_LAST = False  # the layers' outputs channels last (every input is read through its strides either way)
 TILE_W = 0  # a program's positions: 0, BLOCK_M consecutive ones; else a tile BLOCK_M // TILE_W rows by TILE_W
+HEAD_FUSION, HEAD_MAX = True, 16  # a following 1 x 1 convolution of up to HEAD_MAX outputs applied before the store
 NORM_NONE, NORM_INVERSE, NORM_FORWARD = 0, 1, 2  # what follows the sum: nothing, x sqrt(.), x / sqrt(.)
 
 
@@ -90,19 +91,31 @@ def _probe() -> None:
         raise RuntimeError("its result differs from torch's")
 
 
-def conv2d(x, layer: torch.nn.Conv2d, relu: bool = False) -> torch.Tensor:
-    """``layer(x)`` (then ReLU), for a stride-1, zero-padded, ungrouped, undilated Conv2d.  ``x``: a tensor, or two
-    whose concatenation along the channels is the input (read where they lie, not concatenated first)."""
+def conv2d(x, layer: torch.nn.Conv2d, relu: bool = False, head: torch.nn.Conv2d | None = None) -> torch.Tensor:
+    """``layer(x)`` (then ReLU, then ``head``), for a stride-1, zero-padded, ungrouped, undilated Conv2d.  ``x``: a
+    tensor, or two whose concatenation along the channels is the input (read where they lie, not concatenated
+    first).  ``head``: a 1 x 1 Conv2d of at most HEAD_MAX outputs applied before the store (``fuses_head``)."""
     first, second = (x, None) if isinstance(x, torch.Tensor) else x
     kh, kw = layer.kernel_size
     ph, pw = layer.padding
     b, _, h, w = first.shape
     oh, ow = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
-    out = _empty(first, (b, layer.out_channels, oh, ow))
+    out = _empty(first, (b, (head or layer).out_channels, oh, ow))
     taps = [(ky - ph, kx - pw) for ky in range(kh) for kx in range(kw)]
     weights = layer.weight.permute(2, 3, 1, 0).reshape(kh * kw, layer.in_channels, layer.out_channels)
-    _launch((first, second), weights, taps, layer.bias, out, (oh, ow), (1, 1), (0, 0), relu)
+    _launch((first, second), weights, taps, layer.bias, out, (oh, ow), (1, 1), (0, 0), relu, head=head)
     return out
+
+
+def fuses_head(layer: torch.nn.Module, head: torch.nn.Module) -> bool:
+    """Whether ``conv2d`` takes ``head`` after ``layer``: a 1 x 1 convolution of ``layer``'s outputs into at most
+    HEAD_MAX channels, those outputs all in one program (HEAD_FUSION on)."""
+    if not (HEAD_FUSION and isinstance(head, torch.nn.Conv2d) and tuple(head.kernel_size) == (1, 1)):
+        return False
+    plain = tuple(head.stride) == (1, 1) and tuple(head.padding) == (0, 0) and head.groups == 1 \
+        and tuple(head.dilation) == (1, 1)
+    block, second = n_blocks(layer.out_channels)
+    return plain and head.in_channels == layer.out_channels <= block + second and head.out_channels <= HEAD_MAX
 
 
 def conv_transpose2d(x: torch.Tensor, layer: torch.nn.ConvTranspose2d, relu: bool = False) -> torch.Tensor:
@@ -160,11 +173,12 @@ def n_blocks(c_out: int) -> tuple[int, int]:
     return whole, 0
 
 
-def _launch(parts, weights, taps, bias, out, grid, stride, phase, relu: bool, norm: int = NORM_NONE) -> None:
+def _launch(parts, weights, taps, bias, out, grid, stride, phase, relu: bool, norm: int = NORM_NONE,
+            head: torch.nn.Conv2d | None = None) -> None:
     """out[:, :, s i + p, s j + p'] = bias + sum_t weights[t]^T x[:, :, i + dy_t, j + dx_t] over the (i, j) of
     ``grid``; ``weights`` (taps, C_in, C_out); x the concatenation along the channels of ``parts`` (a tensor and
     a second one or None), each read through its strides.  ``norm``: GDN's (``gdn``: x squared in the sum, then
-    the root)."""
+    the root).  ``head``: ``conv2d``'s."""
     x, x2 = parts
     c1 = x.shape[1]
     if x2 is None:
@@ -173,6 +187,9 @@ def _launch(parts, weights, taps, bias, out, grid, stride, phase, relu: bool, no
     block_n, block_n2 = n_blocks(c_out)
     w = weights.to(x.dtype).contiguous()
     t = _taps_on(tuple(taps), x.device)
+    h_out = head.out_channels if head is not None else 0
+    hw = head.weight.reshape(h_out, c_out).t().to(x.dtype).contiguous() if head is not None else w
+    hb = w if head is None else head.bias if head.bias is not None else x.new_zeros(h_out)
     positions = x.shape[0] * grid[0] * grid[1]
     programs = -(-positions // BLOCK_M) if not TILE_W else \
         x.shape[0] * -(-grid[0] // (BLOCK_M // TILE_W)) * -(-grid[1] // TILE_W)
@@ -183,7 +200,8 @@ def _launch(parts, weights, taps, bias, out, grid, stride, phase, relu: bool, no
                           x.shape[2], x.shape[3], grid[0], grid[1], *x.stride(), *x2.stride(), *out.stride(),
                           stride[0], stride[1], phase[0], phase[1], HAS_BIAS=bias is not None, RELU=relu, NORM=norm,
                           BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_N2=max(block_n2, 16), SPLIT=block_n2 > 0,
-                          BLOCK_K=BLOCK_K_WIDE if c_in >= WIDE_INPUT else BLOCK_K, TILE_W=TILE_W,
+                          BLOCK_K=BLOCK_K_WIDE if c_in >= WIDE_INPUT else BLOCK_K, TILE_W=TILE_W, hw_ptr=hw,
+                          hb_ptr=hb, h_out=h_out, HEAD_N=0 if head is None else max(16, 1 << (h_out - 1).bit_length()),
                           num_warps=WARPS, num_stages=STAGES)
 
 

@@ -24,9 +24,9 @@ def step(acc, acc2, a, w_ptr, row, k_ok, c_out, n, n2, NORM: tl.constexpr, SPLIT
 
 
 @triton.jit
-def finish(acc, n, m_ok, i, j, img, x_ptr, xs_n, xs_c, xs_h, xs_w, b_ptr, out_ptr, c_out, os_n, os_c, os_h, os_w,
-           sy, sx, py, px, HAS_BIAS: tl.constexpr, RELU: tl.constexpr, NORM: tl.constexpr):
-    """Bias, GDN's root and product, ReLU, store: outputs ``n`` of the positions of ``acc``'s rows."""
+def activate(acc, n, m_ok, i, j, img, x_ptr, xs_n, xs_c, xs_h, xs_w, b_ptr, c_out, HAS_BIAS: tl.constexpr,
+             RELU: tl.constexpr, NORM: tl.constexpr):
+    """Bias, GDN's root and product, ReLU: outputs ``n`` of the positions of ``acc``'s rows."""
     n_ok = n < c_out
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n_ok, other=0.0)[None, :]
@@ -37,15 +37,20 @@ def finish(acc, n, m_ok, i, j, img, x_ptr, xs_n, xs_c, xs_h, xs_w, b_ptr, out_pt
         acc = v * root if NORM == 1 else v / root
     if RELU:
         acc = tl.maximum(acc, 0.0)
+    return acc
+
+
+@triton.jit
+def store(acc, n, m_ok, i, j, img, out_ptr, channels, os_n, os_c, os_h, os_w, sy, sx, py, px):
     dst = (img * os_n + (i * sy + py) * os_h + (j * sx + px) * os_w)[:, None] + n[None, :].to(tl.int64) * os_c
-    tl.store(out_ptr + dst, acc, mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(out_ptr + dst, acc, mask=m_ok[:, None] & (n < channels)[None, :])
 
 
 def taps_kernel(x_ptr, x2_ptr, w_ptr, taps_ptr, b_ptr, out_ptr, positions, n_taps, c1, c_in, c_out, h, w, gh, gw,
                 xs_n, xs_c, xs_h, xs_w, x2s_n, x2s_c, x2s_h, x2s_w, os_n, os_c, os_h, os_w, sy, sx, py, px,
                 HAS_BIAS: tl.constexpr, RELU: tl.constexpr, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_N2: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
-                TILE_W: tl.constexpr):
+                TILE_W: tl.constexpr, hw_ptr, hb_ptr, h_out, HEAD_N: tl.constexpr):
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n2 = BLOCK_N + tl.arange(0, BLOCK_N2)  # the second block (SPLIT: one program spans every output)
     if TILE_W == 0:  # BLOCK_M consecutive positions of the grid, row after row
@@ -83,14 +88,26 @@ def taps_kernel(x_ptr, x2_ptr, w_ptr, taps_ptr, b_ptr, out_ptr, positions, n_tap
             a = tl.load(x2_ptr + base2[:, None] + (k - c1)[None, :].to(tl.int64) * x2s_c,
                         mask=inside[:, None] & k_ok[None, :], other=0.0)
             acc, acc2 = step(acc, acc2, a, w_ptr, t * c_in + k, k_ok, c_out, n, n2, NORM, SPLIT)
-    finish(acc, n, m_ok, i, j, img, x_ptr, xs_n, xs_c, xs_h, xs_w, b_ptr, out_ptr, c_out, os_n, os_c, os_h, os_w,
-           sy, sx, py, px, HAS_BIAS, RELU, NORM)
+    acc = activate(acc, n, m_ok, i, j, img, x_ptr, xs_n, xs_c, xs_h, xs_w, b_ptr, c_out, HAS_BIAS, RELU, NORM)
     if SPLIT:
-        finish(acc2, n2, m_ok, i, j, img, x_ptr, xs_n, xs_c, xs_h, xs_w, b_ptr, out_ptr, c_out, os_n, os_c, os_h,
-               os_w, sy, sx, py, px, HAS_BIAS, RELU, NORM)
-
+        acc2 = activate(acc2, n2, m_ok, i, j, img, x_ptr, xs_n, xs_c, xs_h, xs_w, b_ptr, c_out, HAS_BIAS, RELU, NORM)
+    if HEAD_N == 0:
+        store(acc, n, m_ok, i, j, img, out_ptr, c_out, os_n, os_c, os_h, os_w, sy, sx, py, px)
+        if SPLIT:
+            store(acc2, n2, m_ok, i, j, img, out_ptr, c_out, os_n, os_c, os_h, os_w, sy, sx, py, px)
+    else:  # a 1 x 1 convolution of these outputs (hw: c_out x h_out) is the layer's output
+        hn = tl.arange(0, HEAD_N)
+        h_ok = hn < h_out
+        wa = tl.load(hw_ptr + n[:, None] * h_out + hn[None, :], mask=(n < c_out)[:, None] & h_ok[None, :], other=0.0)
+        head = tl.dot(acc, wa)
+        if SPLIT:
+            wb = tl.load(hw_ptr + n2[:, None] * h_out + hn[None, :], mask=(n2 < c_out)[:, None] & h_ok[None, :],
+                         other=0.0)
+            head += tl.dot(acc2, wb)
+        head += tl.load(hb_ptr + hn, mask=h_ok, other=0.0)[None, :]
+        store(head, hn, m_ok, i, j, img, out_ptr, h_out, os_n, os_c, os_h, os_w, sy, sx, py, px)
 
 GENERIC = ["positions", "n_taps", "c1", "c_in", "c_out", "h", "w", "gh", "gw", "xs_n", "xs_c", "xs_h", "xs_w",
-           "x2s_n", "x2s_c", "x2s_h", "x2s_w", "os_n", "os_c", "os_h", "os_w", "sy", "sx", "py", "px"]
+           "x2s_n", "x2s_c", "x2s_h", "x2s_w", "os_n", "os_c", "os_h", "os_w", "sy", "sx", "py", "px", "h_out"]
 taps_kernel_generic = triton.jit(do_not_specialize=GENERIC)(taps_kernel)  # one compile serves every shape
 taps_kernel = triton.jit(taps_kernel)  # compiled per shape class (sizes and strides of 1 or multiples of 16 known)
