@@ -21,7 +21,10 @@ applied before the store: over g_s's largest outputs ATen's four passes (square,
 root, product) took longer than the transposed convolution before them.
 
 A layer of 48 outputs (the residual prior's) is one block of 32 and one of 16 rather than one of 64: the tensor
-cores then do no work for outputs that do not exist.
+cores then do no work for outputs that do not exist.  A small 1 x 1 convolution after a layer and its ReLU (the
+residual prior's heads' last) multiplies the accumulators before the store (``fuses_head``), and a convolution's
+input may come in two parts read where they lie (the heads' trunk and context): neither the activation nor the
+concatenation is written out.
 
 Any summation order of a float64 sum of K terms is within 2 (K - 1) 2**-53 sum |terms| of any other, the
 bound both float64 coders already allow for; tests/test_conv64.py compares with torch's convolutions.
