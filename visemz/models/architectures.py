@@ -245,11 +245,11 @@ def native_forward(layers, x, implicit_gemm: bool = False) -> torch.Tensor:
     ``implicit_gemm`` (for large inputs: the residual prior, the float64 synthesis), those of stride 1 or
     transposed with IMPLICIT_MIN_CHANNELS outputs or more (on a GPU) run as ``conv64``'s kernel instead, a ReLU after
     one and a small 1 x 1 convolution after that (``conv64.fuses_head``) applied before its store, and so do
-    float64 GDN layers of as many channels, when the ``implicit_gemm``
-    setting is on and Triton is installed.  A layer the kernel fails on (``conv64.KernelFailed``) and every one
-    after it run on ATen: the same values up to float64 rounding.  ``x``: a tensor, or a tuple of two whose
-    concatenation along the channels is the input (the kernel reads a first convolution's parts where they lie)."""
-    implicit_gemm = implicit_gemm and implicit_gemm_on(x[0] if isinstance(x, tuple) else x)
+    float64 GDN layers of as many channels, when the ``implicit_gemm`` setting is on and Triton is installed.  A
+    layer the kernel fails on (``conv64.KernelFailed``) and every one after it run on ATen: the same values up to
+    float64 rounding.  ``x``: a tensor, or a tuple of two whose concatenation along the channels is the input
+    (the kernel reads a first convolution's parts where they lie)."""
+    implicit_gemm = implicit_gemm and implicit_gemm_on(_first(x))
     layers = list(layers)
     i = 0
     while i < len(layers):
@@ -268,7 +268,12 @@ def native_forward(layers, x, implicit_gemm: bool = False) -> torch.Tensor:
 
 
 def _whole(x) -> torch.Tensor:
+    """A layer's input, its parts (a tuple) concatenated."""
     return torch.cat(x, 1) if isinstance(x, tuple) else x
+
+
+def _first(x) -> torch.Tensor:
+    return x[0] if isinstance(x, tuple) else x
 
 
 def implicit_gemm_on(x: torch.Tensor) -> bool:
@@ -284,7 +289,7 @@ def _plain(layer) -> bool:
         and layer.padding_mode == "zeros" and tuple(layer.dilation) == (1, 1) and not isinstance(layer.padding, str)
 
 
-def _on_kernel(layers: list, i: int, x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+def _on_kernel(layers: list, i: int, x) -> tuple[torch.Tensor, int] | None:
     """Layer i on conv64, a ReLU after it fused: (its output, the next layer's index); None where conv64 does not
     serve it."""
     layer = layers[i]
@@ -297,7 +302,7 @@ def _on_kernel(layers: list, i: int, x: torch.Tensor) -> tuple[torch.Tensor, int
         if after < len(layers) and conv64.fuses_head(layer, layers[after]):  # the residual prior's heads' last two
             return conv64.conv2d(x, layer, relu, head=layers[after]), after + 1
         return conv64.conv2d(x, layer, relu), after
-    if _frozen_gdn(layer, x[0] if isinstance(x, tuple) else x):
+    if _frozen_gdn(layer, _first(x)):
         return conv64.gdn(_whole(x), layer.gamma_eff, layer.beta_eff, layer.inverse), i + 1
     return None
 
