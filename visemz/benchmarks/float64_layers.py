@@ -8,9 +8,8 @@ output, g_s's IGDN layers after its two largest, and a hyper-synthesis convoluti
 says why).  Per layer: ATen's time (``architectures.native_forward``, what runs with ``implicit_gemm`` off) and
 conv64's under each tile configuration (BLOCK_M, BLOCK_K, BLOCK_N_MAX, warps, stages, then optionally: split,
 48 outputs as 32 + 16 or not; specialize; BLOCK_K_WIDE; channels last, input and output; TILE_W, 0 or a
-program's tile width), medians of --reps
-synchronised runs after one,
-with the speedup and the largest difference relative to the output's largest value.  Prints the device.
+program's tile width), medians of --reps synchronised runs after one, with the speedup and the largest
+difference relative to the output's largest value.  Prints the device.
 """
 
 from __future__ import annotations
@@ -90,7 +89,7 @@ def layer_rows(name: str, make, shape, relu: bool, configs, reps: int) -> list[d
 def main(argv=None) -> None:
     a = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--configs", nargs="+", default=[",".join(map(str, DEFAULT_CONFIG))],
-                   help="conv64 tile configurations BLOCK_M,BLOCK_K,BLOCK_N_MAX,WARPS,STAGES[,SPLIT_N]")
+                   help=f"conv64 configurations, the values of {','.join(KNOBS)} (those left out: the defaults)")
     a.add_argument("--layers", type=int, default=len(LAYERS), help="the first N layers of the list only")
     a.add_argument("--scale", type=int, default=1, help="divide the inputs' height and width by this (quick runs)")
     a.add_argument("--reps", type=int, default=5)

@@ -249,7 +249,7 @@ def native_forward(layers, x, implicit_gemm: bool = False) -> torch.Tensor:
     layer the kernel fails on (``conv64.KernelFailed``) and every one after it run on ATen: the same values up to
     float64 rounding.  ``x``: a tensor, or a tuple of two whose concatenation along the channels is the input
     (the kernel reads a first convolution's parts where they lie)."""
-    implicit_gemm = implicit_gemm and implicit_gemm_on(_first(x))
+    implicit_gemm = implicit_gemm and implicit_gemm_on(first_part(x))
     layers = list(layers)
     i = 0
     while i < len(layers):
@@ -262,17 +262,18 @@ def native_forward(layers, x, implicit_gemm: bool = False) -> torch.Tensor:
             if taken is not None:
                 x, i = taken
                 continue
-        x = _on_aten(layers[i], _whole(x))
+        x = _on_aten(layers[i], joined(x))
         i += 1
     return x
 
 
-def _whole(x) -> torch.Tensor:
-    """A layer's input, its parts (a tuple) concatenated."""
+def joined(x) -> torch.Tensor:
+    """A layer's input (a tensor, or a tuple of parts to concatenate along the channels) as one tensor."""
     return torch.cat(x, 1) if isinstance(x, tuple) else x
 
 
-def _first(x) -> torch.Tensor:
+def first_part(x) -> torch.Tensor:
+    """A layer's input's first part (the input itself where it is one tensor)."""
     return x[0] if isinstance(x, tuple) else x
 
 
@@ -298,12 +299,12 @@ def _on_kernel(layers: list, i: int, x) -> tuple[torch.Tensor, int] | None:
         relu = i + 1 < len(layers) and isinstance(layers[i + 1], torch.nn.ReLU)
         after = i + (2 if relu else 1)
         if transposed:
-            return conv64.conv_transpose2d(_whole(x), layer, relu), after
+            return conv64.conv_transpose2d(joined(x), layer, relu), after
         if after < len(layers) and conv64.fuses_head(layer, layers[after]):  # the residual prior's heads' last two
             return conv64.conv2d(x, layer, relu, head=layers[after]), after + 1
         return conv64.conv2d(x, layer, relu), after
-    if _frozen_gdn(layer, _first(x)):
-        return conv64.gdn(_whole(x), layer.gamma_eff, layer.beta_eff, layer.inverse), i + 1
+    if _frozen_gdn(layer, first_part(x)):
+        return conv64.gdn(joined(x), layer.gamma_eff, layer.beta_eff, layer.inverse), i + 1
     return None
 
 

@@ -212,11 +212,9 @@ def _launch(parts, weights, taps, bias, out, grid, stride, phase, relu: bool, no
 def _off_on_failure():
     """Triton's compile and resource errors -> KernelFailed, the kernel turned off with one warning.  Each class of
     shape compiles a variant of its own: one can fail where the probe's compiled."""
-    from triton.compiler.errors import CompilationError
-    from triton.runtime import errors
     try:
         yield
-    except (CompilationError, errors.OutOfResources, getattr(errors, "PTXASError", CompilationError)) as e:
+    except _triton_failures() as e:
         why = f"{type(e).__name__}: {e}"
         if not _TURNED_OFF:
             warnings.warn(f"visemz: the float64 implicit-GEMM convolution failed on a layer, ATen's convolutions serve "
@@ -224,6 +222,14 @@ def _off_on_failure():
         _TURNED_OFF.append(why)
         available.cache_clear()
         raise KernelFailed(why) from e
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_failures() -> tuple:
+    """Triton's compile and resource errors (PTXASError where this Triton has it)."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime import errors
+    return CompilationError, errors.OutOfResources, getattr(errors, "PTXASError", CompilationError)
 
 
 @functools.lru_cache(maxsize=64)

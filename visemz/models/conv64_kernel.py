@@ -66,7 +66,7 @@ def taps_kernel(x_ptr, x2_ptr, w_ptr, taps_ptr, b_ptr, out_ptr, positions, n_tap
         r = tl.arange(0, BLOCK_M)
         j = (pid % tiles_w) * TILE_W + r % TILE_W
         i = ((pid // tiles_w) % tiles_h) * (BLOCK_M // TILE_W) + r // TILE_W
-        img = pid // (tiles_w * tiles_h) + 0 * r
+        img = pid // (tiles_w * tiles_h)
         m_ok = (i < gh) & (j < gw)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float64)

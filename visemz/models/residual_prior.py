@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .architectures import native_forward
+from .architectures import first_part, joined, native_forward
 
 # sub-pixel (dy, dx) of each pass, in coding order
 PASSES = ((0, 0), (1, 1), (0, 1), (1, 0))
@@ -120,10 +120,10 @@ def _run(layers: nn.Sequential, x) -> torch.Tensor:
     """On a GPU in float64 (coding) on the implicit-GEMM kernel or cuBLAS's float64 GEMM rather than cuDNN's slow
     float64 convolutions.  ``x``: a tensor, or two to concatenate along the channels (which the kernel reads
     where they lie)."""
-    first = x[0] if isinstance(x, tuple) else x
+    first = first_part(x)
     if first.is_cuda and first.dtype == torch.float64:
         return native_forward(layers, x, implicit_gemm=True)
-    return layers(torch.cat(x, 1) if isinstance(x, tuple) else x)
+    return layers(joined(x))
 
 
 def _log_bin_prob(lo_edge: torch.Tensor, hi_edge: torch.Tensor) -> torch.Tensor:
