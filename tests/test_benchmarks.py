@@ -273,10 +273,12 @@ def test_float64_layers_on_the_gpu(tmp_path):
 
     out = tmp_path / "layers.json"
     float64_layers.main(["--layers", "5", "--scale", "16", "--reps", "1", "--configs", "128,16,64,4,2",
-                         "64,16,32,4,2,0", "--out", str(out)])
+                         "64,16,32,4,2,0", "--layouts", "first", "last", "--out", str(out)])
     rows = _report(out)["rows"]
-    assert [r["kernel"] for r in rows[:3]] == ["aten", "conv64 128,16,64,4,2", "conv64 64,16,32,4,2,0"]
-    assert len(rows) == 15 and rows[-1]["layer"].startswith("g_s IGDN 128")
+    assert [r["kernel"] for r in rows[:5]] == [
+        "aten", "conv64 128,16,64,4,2 channels first", "conv64 128,16,64,4,2 channels last",
+        "conv64 64,16,32,4,2,0 channels first", "conv64 64,16,32,4,2,0 channels last"]
+    assert len(rows) == 25 and rows[-1]["layer"].startswith("g_s IGDN 128")
     assert all(r["ms"] > 0 and r["rel_diff"] < 1e-12 for r in rows)
 
 

@@ -45,11 +45,11 @@ def close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 @torch.no_grad()
 def check_layers(device: str) -> None:
-    """Every layer kind against torch's, the inputs channels first and last, the outputs written both ways, a
+    """Every layer kind against torch's, the inputs channels first and last (the outputs laid out as the input), a
     convolution's input in two parts of different layouts (read where they lie), positions by rows and by tiles."""
     torch.manual_seed(0)
-    for channels_last, tile_w in ((False, 0), (True, 0), (False, 4)):
-        conv64.CHANNELS_LAST, conv64.TILE_W = channels_last, tile_w
+    for tile_w, tile_w_last in ((0, 0), (4, 8)):
+        conv64.TILE_W, conv64.TILE_W_LAST = tile_w, tile_w_last
         try:
             for make, shape, relu in LAYERS:
                 layer = make().double().to(device)
@@ -59,22 +59,22 @@ def check_layers(device: str) -> None:
                 for given in (x, x.contiguous(memory_format=torch.channels_last)):
                     got = run(given, layer, relu)
                     assert close(got, want), (layer, shape)
-                    assert got.is_contiguous(memory_format=torch.channels_last if channels_last else
-                                             torch.contiguous_format)
+                    assert got.is_contiguous(memory_format=conv64.layout_of(given))
                 if isinstance(layer, torch.nn.Conv2d) and shape[1] > 1:
                     c1 = shape[1] // 2
-                    parts = (x[:, :c1].contiguous(memory_format=torch.channels_last), x[:, c1:].contiguous())
-                    assert close(conv64.conv2d(parts, layer, relu), want), (layer, shape, "parts")
-                    head = torch.nn.Conv2d(layer.out_channels, 2, 1).double().to(device)
-                    assert conv64.fuses_head(layer, head)
-                    assert close(conv64.conv2d(parts, layer, relu, head=head), head(want)), (layer, shape, "head")
+                    for first in (x[:, :c1].contiguous(memory_format=torch.channels_last), x[:, :c1].contiguous()):
+                        parts = (first, x[:, c1:].contiguous())
+                        assert close(conv64.conv2d(parts, layer, relu), want), (layer, shape, "parts")
+                        head = torch.nn.Conv2d(layer.out_channels, 2, 1).double().to(device)
+                        assert conv64.fuses_head(layer, head)
+                        assert close(conv64.conv2d(parts, layer, relu, head=head), head(want)), (layer, shape, "head")
             for channels, inverse in ((20, True), (20, False), (48, True)):
                 g = frozen_gdn(channels, inverse, device)
                 x = torch.randn(2, channels, 5, 6, dtype=torch.float64, device=device)
                 for given in (x, x.contiguous(memory_format=torch.channels_last)):
                     assert close(conv64.gdn(given, g.gamma_eff, g.beta_eff, inverse), g(x)), (channels, inverse)
         finally:
-            conv64.CHANNELS_LAST, conv64.TILE_W = False, 0
+            conv64.TILE_W, conv64.TILE_W_LAST = 0, 32
 
 
 @pytest.mark.gpu

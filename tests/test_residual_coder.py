@@ -218,6 +218,19 @@ def test_blocks_give_the_whole_result(monkeypatch):
     torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
 
 
+def test_blocks_keep_the_windows_layout(monkeypatch):
+    """The residual prior's activations are channels last on conv64's path: the whole result of several blocks is laid
+    out as each window's was (the heads then read the trunk without a copy), and holds the same values."""
+    x = torch.randn(1, 6, 9, 7, dtype=torch.float64)
+    monkeypatch.setitem(blocks.WORK_BYTES, "cpu", 16)  # 16 positions a window
+    for layout in (torch.contiguous_format, torch.channels_last):
+        plan = blocks.plan(9, 7, 1, 1, 1, "cpu")
+        out, = blocks.run(lambda r, c: ((x[:, :, r[0]:r[1], c[0]:c[1]] * 2).contiguous(memory_format=layout),),
+                          plan, (1,))
+        assert len(plan) > 1 and out.is_contiguous(memory_format=layout)
+        torch.testing.assert_close(out, 2 * x, rtol=0, atol=0)
+
+
 def test_blocks_on_the_implicit_gemm_kernel_are_sized_without_im2col(monkeypatch):
     """Where conv64 runs the float64 networks no im2col buffer is made: a 2048 x 2048 image's synthesis and prior
     passes then fit one block of the GPU's budget, where ATen's im2col needs two (each block recomputing its halo)."""

@@ -55,3 +55,32 @@ def test_tiled_file_across_devices(gpu_cpu_codecs):
     buf = gpu.compress(img, quality=3, max_error=0, tile=128)
     np.testing.assert_array_equal(cpu.decompress(buf), img)
     np.testing.assert_array_equal(gpu.decompress(buf, region=(100, 220, 40, 200)), img[100:220, 40:200])
+
+
+def test_prior_runs_channels_last_on_the_kernel():
+    """On conv64's path the prior's activations are channels last (its tiles are faster there): the trunk comes out so,
+    the heads take it as it is, and both give the CPU's values up to float64 rounding."""
+    import torch
+
+    from visemz.models import architectures, residual_prior
+
+    from .helpers import optional
+
+    optional("triton")
+    torch.manual_seed(0)
+    prior = residual_prior.ResidualPrior(1, 16, 48, 8).double()
+    for head in prior.heads:
+        torch.nn.init.normal_(head[-1].weight, std=0.1)
+    reduced, x01 = torch.randn(1, 8, 40, 36, dtype=torch.float64), torch.rand(1, 1, 80, 72, dtype=torch.float64)
+    side = [torch.tensor([0.5], dtype=torch.float64)] * 2
+    context = torch.randn(1, 4, 40, 36, dtype=torch.float64)
+    with torch.no_grad():
+        want_trunk = prior.condition(reduced, x01, *side)
+        want = prior.head(2, want_trunk, context)
+        gpu = prior.cuda()
+        trunk = gpu.condition(reduced.cuda(), x01.cuda(), *(s.cuda() for s in side))
+        got = gpu.head(2, trunk, context.cuda())
+    assert architectures.implicit_gemm_on(trunk) and trunk.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(trunk.cpu(), want_trunk, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-12, atol=1e-12)

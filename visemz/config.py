@@ -108,10 +108,10 @@ class Defaults:
     #: Image codec on a GPU: 1 runs the float64 networks' wide convolutions (the residual prior's, and the layers
     #: of the float64 synthesis with 48 or more output channels) as one Triton implicit-GEMM kernel each
     #: (``models/conv64.py``), where Triton is installed; 0 on ATen's im2col + GEMM.  Measured on an H200 (float64,
-    #: the layers of a 2048 x 2048 image): 3 x 3 convolutions 1.6-2.0x, g_s's 5 x 5 transposed convolution of
-    #: 128 channels 2.5x, its IGDN 1.4-1.9x faster; a lossless 2048 x 2048 compress took 60-62 ms instead of
-    #: 89-97.  The same values up to float64 rounding, which the residual coder allows for (that X-ray's files
-    #: were byte for byte the same).
+    #: the layers of a 2048 x 2048 image): the prior's 3 x 3 convolutions 1.8-2.3x, g_s's 5 x 5 transposed
+    #: convolution of 128 channels 2.3x, its IGDN 1.3-1.8x faster; a lossless 2048 x 2048 compress took 60-67
+    #: ms instead of 89-97.  The same values up to float64 rounding, which the residual coder allows for (that
+    #: X-ray's files were byte for byte the same).
     implicit_gemm: int = 1  # VISEMZ_IMPLICIT_GEMM
     #: Image codec on a GPU: CUDA graphs of the networks' passes kept at most (``models/graphs.py``: one per
     #: model, pass, input shape and quality, captured at its first use; least recently used dropped); 0: none,

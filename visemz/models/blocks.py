@@ -16,6 +16,8 @@ from typing import Iterator
 
 import torch
 
+from .conv64 import layout_of
+
 # the working memory one window of a network may take (its largest intermediate buffers), by device type
 WORK_BYTES = {"cpu": 128 << 20, "cuda": 4 << 30}
 
@@ -53,7 +55,8 @@ def run(fn, plan_: list[tuple[Span, Span]], scales: tuple[int, ...]) -> tuple[to
         if len(plan_) == 1:
             return tuple(o[:, :, (a - w0) * s:(z - w0) * s, (c - v0) * s:(d - v0) * s] for o, s in zip(outs, scales))
         if not out:
-            out = tuple(o.new_empty((*o.shape[:2], h * s, w * s)) for o, s in zip(outs, scales))
+            out = tuple(torch.empty((*o.shape[:2], h * s, w * s), dtype=o.dtype, device=o.device,
+                                    memory_format=layout_of(o)) for o, s in zip(outs, scales))
         for whole, o, s in zip(out, outs, scales):
             whole[:, :, a * s:z * s, c * s:d * s] = o[:, :, (a - w0) * s:(z - w0) * s, (c - v0) * s:(d - v0) * s]
         del outs
