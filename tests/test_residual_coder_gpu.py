@@ -84,3 +84,21 @@ def test_prior_runs_channels_last_on_the_kernel():
     torch.testing.assert_close(trunk.cpu(), want_trunk, rtol=1e-12, atol=1e-12)
     for a, b in zip(got, want):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-12, atol=1e-12)
+
+
+def test_the_encoders_host_work_waits_for_its_step_only():
+    """Each step's host work runs on a stream of its own after the work its step queued (not before it: a snapshot
+    made on the current stream behind a long queue is read whole), in order, while later steps' work is queued."""
+    import torch
+
+    later = residual_coder._HostWork(torch.device("cuda"))
+    x = torch.zeros(1 << 24, device="cuda")
+    seen = []
+    for _ in range(3):
+        for _ in range(30):
+            x.add_(1)
+        snapshot = x.clone()
+        later.add(lambda s=snapshot: seen.append((float(s.min()), float(s.max()))))
+    assert not seen  # nothing ran yet: the host did not wait
+    later.run()
+    assert seen == [(30.0, 30.0), (60.0, 60.0), (90.0, 90.0)]

@@ -94,23 +94,65 @@ def encode(res: Residual, x: torch.Tensor, synthesis: list, meta: ImageMeta, e: 
     if palette is not None:
         levels = torch.searchsorted(palette, levels.contiguous()).to(torch.float64)
     fixes, streams = [], []
+    later = _HostWork(x01.device)
 
     def fix(k, m0, si, fi, amb, real):
-        pos = torch.nonzero((amb & real).reshape(-1)).reshape(-1)
-        fixes.append((pos, m0.reshape(-1)[pos], si.reshape(-1)[pos], fi.reshape(-1)[pos]))
+        def listed():
+            pos = torch.nonzero((amb & real).reshape(-1)).reshape(-1)
+            fixes.append((pos, m0.reshape(-1)[pos], si.reshape(-1)[pos], fi.reshape(-1)[pos]))
+        later.add(listed)
         return m0, si, fi
 
     def symbols(i, m0, shift, table, real):
         xs = space_to_depth(levels)[:, steps(x01.shape[1])[i][1]].to(torch.int64)
         q = torch.div(xs - m0 + e, 2 * e + 1, rounding_mode="floor")
         high = q >> shift
-        sym, idx = _stream_inputs(high, q - (high << shift), shift, table, real)
-        streams.append(encode_conditional(_coder_array(sym), _coder_array(idx), res.tables))
+        low = q - (high << shift)
+        later.add(lambda: streams.append(encode_conditional(
+            *(_coder_array(t) for t in _stream_inputs(high, low, shift, table, real)), res.tables)))
         return q
 
     _passes(res, synthesis, _Domain(meta, palette), e, fix, symbols)
+    later.run()
     return {PALETTE: _pack_palette(palette), FIXES: _pack_fixes(fixes), **dict(zip(step_sections(x01.shape[1]),
                                                                                     streams))}
+
+
+class _HostWork:
+    """The encoder's work of each coding step that waits on the host (listing its ambiguous pixels, the rANS coder's
+    reads of its plan and bytes).  On a GPU it runs once every step's GPU work is queued, on a stream of its own
+    that waits for its step's work only: the later steps do not depend on it (the encoder knows every pixel), so
+    the GPU runs their networks meanwhile instead of idling while the host waits and plans.  On the CPU at once
+    (nothing to overlap, and each step's tensors are freed before the next)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.jobs: list = []
+
+    def add(self, job) -> None:
+        """``job`` (no arguments), after the work queued so far on the device's current stream."""
+        if self.stream is None:
+            job()
+            return
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self.jobs.append((event, job))
+
+    def run(self) -> None:
+        """The queued jobs in order.  Each job's tensors (made on the current stream, read on this one) are released
+        only once this stream has finished with them, so that the allocator cannot hand their memory out meanwhile."""
+        if self.stream is None:
+            return
+        while self.jobs:
+            event, job = self.jobs.pop(0)
+            with torch.cuda.stream(self.stream):
+                self.stream.wait_event(event)
+                job()
+            self.stream.synchronize()
+            del event, job
+        # what the jobs made (the fixes' tensors) is read on the current stream next
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
 
 def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: int) -> torch.Tensor:
