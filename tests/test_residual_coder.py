@@ -74,19 +74,22 @@ def test_bound_on_adversarial_inputs(e):
         assert max_abs_error(out, img) <= e, (img.shape, img.dtype, e)
 
 
-def test_wide_distributions_take_the_low_bits_tables(monkeypatch):
-    """Full-range 16-bit noise needs scales beyond the logistic grid: q >> k plus k uniform low bits."""
+@pytest.mark.parametrize("shape", [(24, 30), (64, 64)])
+def test_wide_distributions_take_the_low_bits_tables(monkeypatch, shape):
+    """Full-range 16-bit noise needs scales beyond the logistic grid: q >> k plus k uniform low bits; in a tile with
+    padding (masked positions) and in one the image fills (no masks)."""
     seen = []
     inner = residual_coder._stream_inputs
 
-    def spy(high, low, shift, table, real):
-        seen.append(int(shift[real].max()))
-        return inner(high, low, shift, table, real)
+    def spy(high, low, shift, table, real, *n_wide):
+        seen.append((int((shift if real is None else shift[real]).max()), real is None))
+        return inner(high, low, shift, table, real, *n_wide)
 
     monkeypatch.setattr(residual_coder, "_stream_inputs", spy)
-    img = np.random.default_rng(3).integers(0, 65536, (24, 30), dtype=np.uint16)
+    img = np.random.default_rng(3).integers(0, 65536, shape, dtype=np.uint16)
     np.testing.assert_array_equal(visemz.decompress(visemz.compress(img, max_error=0, quality=1)), img)
-    assert max(seen) > 0
+    assert max(k for k, _ in seen) > 0
+    assert {whole for _, whole in seen} == {shape == (64, 64)}
 
 
 def test_tiles_and_regions():

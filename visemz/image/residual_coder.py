@@ -98,7 +98,7 @@ def encode(res: Residual, x: torch.Tensor, synthesis: list, meta: ImageMeta, e: 
 
     def fix(k, m0, si, fi, amb, real):
         def listed():
-            pos = torch.nonzero((amb & real).reshape(-1)).reshape(-1)
+            pos = torch.nonzero((amb if real is None else amb & real).reshape(-1)).reshape(-1)
             fixes.append((pos, m0.reshape(-1)[pos], si.reshape(-1)[pos], fi.reshape(-1)[pos]))
         later.add(listed)
         return m0, si, fi
@@ -168,24 +168,29 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
     def fix(i, m0, si, fi, amb, real):
         pos, m0_l, si_l, fi_l = listed[i]
         if pos.numel():
-            if not bool(real.reshape(-1)[pos].all()):
+            if real is not None and not bool(real.reshape(-1)[pos].all()):
                 raise CorruptStreamError("residual fixes list a position outside the image")
             m0, si, fi = (t.reshape(-1).clone() for t in (m0, si, fi))
             m0[pos], si[pos], fi[pos] = m0_l, si_l, fi_l
         return m0, si, fi
 
     def symbols(i, m0, shift, table, real):
-        n_low = int((real & (shift > 0)).sum())
-        _, idx = _stream_inputs(None, None, shift, table, real)
+        wide = _wide(shift, real)
+        n_low = int(wide.sum())  # the host waits here and in the coder: fewer waits, less idle GPU between passes
+        _, idx = _stream_inputs(None, None, shift, table, real, n_low)
         values = _as_torch(decode_conditional(sections[names[i]], _coder_array(idx), res.tables), m0.device)
         n = values.numel() - n_low
-        high, low = values[:n].to(torch.int64), values[n:].to(torch.int64)
-        low_shift = shift[real & (shift > 0)]
-        if low.numel() and bool(((low < 0) | (low >= (torch.ones_like(low_shift) << low_shift))).any()):
-            raise CorruptStreamError("residual pass stream holds a low-bits value outside its table's range")
-        q = torch.zeros_like(m0)
-        q[real] = high << shift[real]
-        q[real & (shift > 0)] += low
+        high = values[:n].to(torch.int64)
+        if real is None:
+            q = high.reshape(m0.shape) << shift
+        else:
+            q = torch.zeros_like(m0)
+            q[real] = high << shift[real]
+        if n_low:
+            low, low_shift = values[n:].to(torch.int64), shift[wide]
+            if bool(((low < 0) | (low >= (torch.ones_like(low_shift) << low_shift))).any()):
+                raise CorruptStreamError("residual pass stream holds a low-bits value outside its table's range")
+            q[wide] += low
         if bool((q.abs() > MAX_Q).any()):
             raise CorruptStreamError(f"residual pass stream decodes a value beyond {MAX_Q} bins")
         return q
@@ -221,7 +226,8 @@ class _Domain:
 def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, symbols):
     """Run the coding steps (``residual_prior.steps``); ``fix(i, m0, si, fi, ambiguous, real)`` gives the integers
     step i codes with and ``symbols(i, m0, shift, table, real)`` its q (the encoder codes them, the decoder
-    decodes them).  Returns the decoded pixels (planes, C, H, W) as float64 values of the domain."""
+    decodes them); ``real``: the step's positions in the image, None where all are.  Returns the decoded pixels
+    (planes, C, H, W) as float64 values of the domain."""
     prior = res.prior64
     x01, reduced = synthesis
     synthesis[1] = None  # the trunk below is all the passes need of the features
@@ -234,7 +240,9 @@ def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, symbol
                      reduced, TRUNK_HALO, width_in)
     reduced = None  # free it now (not del: the lambda above names it)
     pred = space_to_depth(domain.prediction(x01))
-    real = space_to_depth(_real_mask(domain.meta, x01).expand(-1, c, -1, -1)).expand_as(pred)
+    # the core's pixels in the image, None where they all are (the common case: no masks, fewer waits for the GPU)
+    whole = domain.meta.height >= x01.shape[2] and domain.meta.width >= x01.shape[3]
+    real = None if whole else space_to_depth(_real_mask(domain.meta, x01).expand(-1, c, -1, -1)).expand_as(pred)
     known = torch.zeros_like(pred)
     out = torch.zeros_like(pred)
     for i, (k, sl) in enumerate(steps(c)):
@@ -244,12 +252,14 @@ def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, symbol
         mu = pred[:, sl] + u * offset
         s = u * torch.exp(log_scale)
         m0, si, fi, amb = _integers(mu, s, b)
-        m0, si, fi = (t.reshape(mu.shape) for t in fix(i, m0, si, fi, amb, real[:, sl]))
+        real_step = None if real is None else real[:, sl]
+        m0, si, fi = (t.reshape(mu.shape) for t in fix(i, m0, si, fi, amb, real_step))
         shift = ((si - RT.TOP + RT.STEPS - 1) // RT.STEPS).clamp_min(0)
         table = (si - RT.STEPS * shift) * RT.CENTRES + fi
-        q = symbols(i, m0, shift, table, real[:, sl])
+        q = symbols(i, m0, shift, table, real_step)
         decoded = (m0 + q * b).clamp(lo, hi).to(torch.float64)
-        known[:, sl] = torch.where(real[:, sl], (decoded - pred[:, sl]) / (CONTEXT_SCALE * u), 0.0)
+        context = (decoded - pred[:, sl]) / (CONTEXT_SCALE * u)
+        known[:, sl] = context if real is None else torch.where(real_step, context, 0.0)
         out[:, sl] = decoded
     return depth_to_space(out, c)
 
@@ -272,14 +282,25 @@ def _near_integer(t: torch.Tensor) -> torch.Tensor:
     return (t - torch.round(t)).abs() < TOL
 
 
-def _stream_inputs(high, low, shift, table, real):
+def _stream_inputs(high, low, shift, table, real, n_wide: int | None = None):
     """A pass's symbols (None when ``high`` is None) and table indexes as the coder takes them: every real
-    position's q >> k under its table, then the low bits of those with k > 0 under the uniform tables."""
-    wide = real & (shift > 0)
-    idx = torch.cat([table[real], RT.UNIFORM + shift[wide] - 1]).to(torch.int32)
+    position's q >> k under its table, then the low bits of those with k > 0 under the uniform tables.  ``real``:
+    the positions in the image (None: all); ``n_wide``: how many have k > 0, where known (0: no masks at all)."""
+    def at_real(t):
+        return t.reshape(-1) if real is None else t[real]
+
+    if n_wide == 0:
+        return None if high is None else at_real(high).to(torch.int32), at_real(table).to(torch.int32)
+    wide = _wide(shift, real)
+    idx = torch.cat([at_real(table), RT.UNIFORM + shift[wide] - 1]).to(torch.int32)
     if high is None:
         return None, idx
-    return torch.cat([high[real], low[wide]]).to(torch.int32), idx
+    return torch.cat([at_real(high), low[wide]]).to(torch.int32), idx
+
+
+def _wide(shift: torch.Tensor, real) -> torch.Tensor:
+    """The real positions (``real``: None, all) whose q is coded as q >> k and k low bits (k = ``shift`` > 0)."""
+    return shift > 0 if real is None else real & (shift > 0)
 
 
 def _twice(s: slice) -> slice:
