@@ -168,7 +168,7 @@ def test_layers_equal_torchs_in_tritons_interpreter():
     """The taps of every layer kind, run by Triton's interpreter on the CPU (the kernel as written, no GPU)."""
     optional("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = "from tests.test_conv64 import check_layers; check_layers('cpu')"
+    code = "from tests.test_conv64 import check_layers, check_prepared_weights as w; check_layers('cpu'); w('cpu')"
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert run.returncode == 0, run.stderr[-3000:]
@@ -241,3 +241,25 @@ def test_a_layer_the_kernel_fails_on_runs_on_aten(monkeypatch):
         conv64._TURNED_OFF.clear()
         conv64.available.cache_clear()
 
+
+
+@torch.no_grad()
+def check_prepared_weights(device: str) -> None:
+    """A layer's weights are reshaped for the kernel once and reused; written in place, or replaced, they are made
+    again: the next call computes with the new weights."""
+    torch.manual_seed(0)
+    layer = torch.nn.Conv2d(5, 7, 3, padding=1).double().to(device)
+    x = torch.randn(1, 5, 6, 7, dtype=torch.float64, device=device)
+    assert close(conv64.conv2d(x, layer), layer(x))
+    made = conv64._PREPARED[layer.weight]["taps"][1]
+    assert close(conv64.conv2d(x, layer), layer(x)) and conv64._PREPARED[layer.weight]["taps"][1] is made
+    layer.weight.mul_(-2)
+    assert close(conv64.conv2d(x, layer), layer(x))
+    layer.weight = torch.nn.Parameter(torch.randn_like(layer.weight))
+    assert close(conv64.conv2d(x, layer), layer(x))
+
+
+@pytest.mark.gpu
+def test_prepared_weights_follow_changes_on_the_gpu():
+    optional("triton")
+    check_prepared_weights("cuda")

@@ -37,6 +37,7 @@ import functools
 import warnings
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 BLOCK_M, BLOCK_K = 128, 16  # output positions per program; input channels per tensor-core step
 BLOCK_K_WIDE, WIDE_INPUT = 32, 96  # the step over inputs of WIDE_INPUT channels or more (g_s's 128: faster)
@@ -108,7 +109,7 @@ def conv2d(x, layer: torch.nn.Conv2d, relu: bool = False, head: torch.nn.Conv2d 
     oh, ow = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
     out = _empty(first, (b, (head or layer).out_channels, oh, ow))
     taps = [(ky - ph, kx - pw) for ky in range(kh) for kx in range(kw)]
-    weights = layer.weight.permute(2, 3, 1, 0).reshape(kh * kw, layer.in_channels, layer.out_channels)
+    weights = _prepared(layer.weight, "taps", lambda w: w.permute(2, 3, 1, 0).reshape(kh * kw, *w.shape[1::-1]))
     _launch((first, second), weights, taps, layer.bias, out, (oh, ow), (1, 1), (0, 0), relu, head=head)
     return out
 
@@ -143,7 +144,8 @@ def conv_transpose2d(x: torch.Tensor, layer: torch.nn.ConvTranspose2d, relu: boo
                 out[:, :, py::sh, px::sw] = bias.view(1, -1, 1, 1).clamp_min(0) if relu else bias.view(1, -1, 1, 1)
                 continue
             taps = [(dy, dx) for _, dy in rows for _, dx in cols]
-            weights = torch.stack([layer.weight[:, :, ky, kx] for ky, _ in rows for kx, _ in cols])
+            weights = _prepared(layer.weight, ("phase", py, px), lambda w, rows=rows, cols=cols: torch.stack(
+                [w[:, :, ky, kx] for ky, _ in rows for kx, _ in cols]))
             _launch((x, None), weights, taps, layer.bias, out, grid, (sh, sw), (py, px), relu)
     return out
 
@@ -153,7 +155,7 @@ def gdn(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, inverse: bool)
     at every position; ``gamma`` (C, C) or (C, C, 1, 1), output channel first (``F.conv2d``'s weight)."""
     c = x.shape[1]
     out = _empty(x, x.shape)
-    weights = gamma.reshape(c, c).t().reshape(1, c, c)
+    weights = _prepared(gamma, "gdn", lambda g: g.reshape(c, c).t().reshape(1, c, c))
     _launch((x, None), weights, [(0, 0)], beta, out, tuple(x.shape[2:]), (1, 1), (0, 0), False,
             NORM_INVERSE if inverse else NORM_FORWARD)
     return out
@@ -199,7 +201,7 @@ def _launch(parts, weights, taps, bias, out, grid, stride, phase, relu: bool, no
     w = weights.to(x.dtype).contiguous()
     t = _taps_on(tuple(taps), x.device)
     h_out = head.out_channels if head is not None else 0
-    hw = head.weight.reshape(h_out, c_out).t().to(x.dtype).contiguous() if head is not None else w
+    hw = _prepared(head.weight, "head", lambda g: g.reshape(h_out, c_out).t()).to(x.dtype) if head is not None else w
     hb = w if head is None else head.bias if head.bias is not None else x.new_zeros(h_out)
     positions = x.shape[0] * grid[0] * grid[1]
     tile = TILE_W_LAST if layout_of(out) == torch.channels_last else TILE_W
@@ -239,6 +241,22 @@ def _triton_failures() -> tuple:
     from triton.compiler.errors import CompilationError
     from triton.runtime import errors
     return CompilationError, errors.OutOfResources, getattr(errors, "PTXASError", CompilationError)
+
+
+_PREPARED = WeakTensorKeyDictionary()  # by identity: a tensor's == is elementwise
+
+
+def _prepared(weight: torch.Tensor, key, make) -> torch.Tensor:
+    """``make(weight)`` (a layer's weights as the kernel reads them), contiguous, made once per weight tensor and
+    ``key`` and kept while the tensor lives and is unchanged (same storage, no in-place write since): a reshape and
+    copy at every launch were about thirty small device copies, and their host time, per image."""
+    stamp = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+    entries = _PREPARED.setdefault(weight, {})
+    hit = entries.get(key)
+    if hit is None or hit[0] != stamp:
+        with torch.no_grad():
+            hit = entries[key] = (stamp, make(weight).contiguous())
+    return hit[1]
 
 
 @functools.lru_cache(maxsize=64)
