@@ -364,14 +364,39 @@ def test_crafted_palettes_are_refused():
         visemz.decompress(with_tile_part(near, residual_coder.PALETTE, body))
 
 
+def _ladder_walk(sizes: list[int]) -> list[int]:
+    """The sizes quality="auto" codes: the first two, then each next while the last was smaller than the one before."""
+    walk = sizes[:2]
+    while len(walk) < len(sizes) and walk[-1] < walk[-2]:
+        walk.append(sizes[len(walk)])
+    return walk
+
+
 @pytest.mark.parametrize("variant", ["gray", "rgb"])
 def test_auto_quality_keeps_the_smallest_file(variant):
     img = _photo((40, 48)) if variant == "gray" else np.ascontiguousarray(data.astronaut()[100:140, 150:198])
     qualities = codec_module.AUTO_QUALITIES[variant]
-    sizes = {q: len(visemz.compress(img, max_error=1, quality=q)) for q in qualities}
+    sizes = [len(visemz.compress(img, max_error=1, quality=q)) for q in qualities]
     buf = visemz.compress(img, max_error=1, quality="auto")
-    assert len(buf) == min(sizes.values())
-    assert container.unpack(buf).meta["quality"] in qualities
+    walk = _ladder_walk(sizes)
+    assert len(buf) == min(walk)
+    assert container.unpack(buf).meta["quality"] == qualities[walk.index(min(walk))]
     assert max_abs_error(visemz.decompress(buf), img) <= 1
     with pytest.raises(visemz.InvalidArgumentError, match="max_error"):
         visemz.compress(img, quality="auto")
+
+
+@pytest.mark.parametrize("sizes", [[100, 90, 80, 85], [90, 95, 10, 10], [100, 90, 95, 10], [100, 90, 80, 70]])
+def test_auto_quality_climbs_the_ladder_while_it_pays(monkeypatch, sizes):
+    """Each next quality is coded only while the last file was smaller than the one before; the smallest is kept."""
+    qualities = codec_module.AUTO_QUALITIES["gray"]
+    coded = []
+
+    def fake(self, t, meta, q, e, **kw):
+        coded.append(q)
+        return bytes(sizes[qualities.index(q)])
+
+    monkeypatch.setattr(codec_module.ImageCodec, "_compress", fake)
+    buf = visemz.compress(_photo((40, 48)), max_error=1, quality="auto")
+    walk = _ladder_walk(sizes)
+    assert coded == list(qualities[:len(walk)]) and len(buf) == min(walk)
