@@ -242,7 +242,6 @@ def test_a_layer_the_kernel_fails_on_runs_on_aten(monkeypatch):
         conv64.available.cache_clear()
 
 
-
 @torch.no_grad()
 def check_prepared_weights(device: str) -> None:
     """A layer's weights are reshaped for the kernel once and reused; written in place, or replaced, they are made

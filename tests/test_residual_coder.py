@@ -81,9 +81,9 @@ def test_wide_distributions_take_the_low_bits_tables(monkeypatch, shape):
     seen = []
     inner = residual_coder._stream_inputs
 
-    def spy(high, low, shift, table, real, *n_wide):
+    def spy(high, low, shift, table, real, wide):
         seen.append((int((shift if real is None else shift[real]).max()), real is None))
-        return inner(high, low, shift, table, real, *n_wide)
+        return inner(high, low, shift, table, real, wide)
 
     monkeypatch.setattr(residual_coder, "_stream_inputs", spy)
     img = np.random.default_rng(3).integers(0, 65536, shape, dtype=np.uint16)

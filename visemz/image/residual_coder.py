@@ -109,7 +109,8 @@ def encode(res: Residual, x: torch.Tensor, synthesis: list, meta: ImageMeta, e: 
         high = q >> shift
         low = q - (high << shift)
         later.add(lambda: streams.append(encode_conditional(
-            *(_coder_array(t) for t in _stream_inputs(high, low, shift, table, real)), res.tables)))
+            *(_coder_array(t) for t in _stream_inputs(high, low, shift, table, real, _wide(shift, real))),
+            res.tables)))
         return q
 
     _passes(res, synthesis, _Domain(meta, palette), e, fix, symbols)
@@ -150,7 +151,6 @@ class _HostWork:
                 self.stream.wait_event(event)
                 job()
             self.stream.synchronize()
-            del event, job
         # what the jobs made (the fixes' tensors) is read on the current stream next
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
@@ -177,7 +177,7 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
     def symbols(i, m0, shift, table, real):
         wide = _wide(shift, real)
         n_low = int(wide.sum())  # the host waits here and in the coder: fewer waits, less idle GPU between passes
-        _, idx = _stream_inputs(None, None, shift, table, real, n_low)
+        _, idx = _stream_inputs(None, None, shift, table, real, wide if n_low else None)
         values = _as_torch(decode_conditional(sections[names[i]], _coder_array(idx), res.tables), m0.device)
         n = values.numel() - n_low
         high = values[:n].to(torch.int64)
@@ -282,16 +282,15 @@ def _near_integer(t: torch.Tensor) -> torch.Tensor:
     return (t - torch.round(t)).abs() < TOL
 
 
-def _stream_inputs(high, low, shift, table, real, n_wide: int | None = None):
+def _stream_inputs(high, low, shift, table, real, wide):
     """A pass's symbols (None when ``high`` is None) and table indexes as the coder takes them: every real
     position's q >> k under its table, then the low bits of those with k > 0 under the uniform tables.  ``real``:
-    the positions in the image (None: all); ``n_wide``: how many have k > 0, where known (0: no masks at all)."""
+    the positions in the image (None: all); ``wide``: those with k > 0 (``_wide``; None where none is)."""
     def at_real(t):
         return t.reshape(-1) if real is None else t[real]
 
-    if n_wide == 0:
+    if wide is None:
         return None if high is None else at_real(high).to(torch.int32), at_real(table).to(torch.int32)
-    wide = _wide(shift, real)
     idx = torch.cat([at_real(table), RT.UNIFORM + shift[wide] - 1]).to(torch.int32)
     if high is None:
         return None, idx
