@@ -256,9 +256,29 @@ def check_prepared_weights(device: str) -> None:
     assert close(conv64.conv2d(x, layer), layer(x))
     layer.weight = torch.nn.Parameter(torch.randn_like(layer.weight))
     assert close(conv64.conv2d(x, layer), layer(x))
+    with torch.inference_mode():  # the codec's mode: its model's weights are cached, a layer made here is not
+        assert close(conv64.conv2d(x, layer), layer(x)) and layer.weight in conv64._PREPARED
+        made_here = torch.nn.Conv2d(5, 7, 3, padding=1).double().to(device)
+        assert close(conv64.conv2d(x, made_here), made_here(x)) and made_here.weight not in conv64._PREPARED
+        made_here.weight.mul_(-2)
+        assert close(conv64.conv2d(x, made_here), made_here(x))
 
 
 @pytest.mark.gpu
 def test_prepared_weights_follow_changes_on_the_gpu():
     optional("triton")
     check_prepared_weights("cuda")
+
+
+@pytest.mark.gpu
+def test_the_probe_passes_under_inference_mode():
+    """The codec asks for the kernel inside ``torch.inference_mode``, where the probe's own layer is made."""
+    optional("triton")
+    conv64.available.cache_clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with torch.inference_mode():
+                assert conv64.available()
+    finally:
+        conv64.available.cache_clear()

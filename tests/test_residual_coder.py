@@ -202,6 +202,30 @@ def test_damaged_pass_stream_is_refused_or_stays_in_range():
         assert out.shape == img.shape and out.dtype == img.dtype  # damage that decodes still gives pixels in range
 
 
+@pytest.mark.parametrize("step", [0, 3])
+@pytest.mark.parametrize("where, why", [(0, "beyond"), (-1, "low-bits value outside")])
+def test_symbols_out_of_range_are_refused_after_the_passes(monkeypatch, step, where, why):
+    """A stream whose symbols decode to a residual beyond MAX_Q bins, or to low bits beyond their table (the last
+    value of a pass of wide distributions), is refused.  The check waits for the last pass; damage in an earlier
+    pass changes the later passes' distributions, whose streams then fail their own checks first."""
+    img = np.random.default_rng(3).integers(0, 65536, (24, 30), dtype=np.uint16)
+    buf = visemz.compress(img, max_error=0, quality=1)
+    inner, steps_run = residual_coder.decode_conditional, []
+
+    def tampered(stream, idx, tables):
+        values = np.array(inner(stream, idx, tables), copy=True)
+        if len(steps_run) == step:
+            values[where] = residual_coder.MAX_Q + 1 if where == 0 else 1 << 30
+        steps_run.append(step)
+        return values
+
+    monkeypatch.setattr(residual_coder, "decode_conditional", tampered)
+    last = step == len(residual_prior.PASSES) - 1
+    with pytest.raises(CorruptStreamError, match=why if last else None):
+        visemz.decompress(buf)
+    assert len(steps_run) == len(residual_prior.PASSES) or not last
+
+
 # ------------------------------------------------------------------ the pieces
 blocks_plan = blocks.plan
 

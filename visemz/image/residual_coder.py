@@ -164,6 +164,9 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
     names = step_sections(c)
     listed = _unpack_fixes(sections[FIXES], grid, len(names), x01.device)
     palette = _unpack_palette(sections[PALETTE], meta, e, x01.device)
+    # the passes' range checks, read once after the last pass: a check a pass would make the host wait for the
+    # GPU there; a pass after a damaged one still runs in range (its context pixels are clamped to the domain)
+    damage: list[tuple[str, torch.Tensor]] = []
 
     def fix(i, m0, si, fi, amb, real):
         pos, m0_l, si_l, fi_l = listed[i]
@@ -188,14 +191,16 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
             q[real] = high << shift[real]
         if n_low:
             low, low_shift = values[n:].to(torch.int64), shift[wide]
-            if bool(((low < 0) | (low >= (torch.ones_like(low_shift) << low_shift))).any()):
-                raise CorruptStreamError("residual pass stream holds a low-bits value outside its table's range")
+            damage.append(("residual pass stream holds a low-bits value outside its table's range",
+                           ((low < 0) | (low >= (torch.ones_like(low_shift) << low_shift))).any()))
             q[wide] += low
-        if bool((q.abs() > MAX_Q).any()):
-            raise CorruptStreamError(f"residual pass stream decodes a value beyond {MAX_Q} bins")
+        damage.append((f"residual pass stream decodes a value beyond {MAX_Q} bins", (q.abs() > MAX_Q).any()))
         return q
 
     out = _passes(res, synthesis, _Domain(meta, palette), e, fix, symbols)
+    found = torch.stack([flag for _, flag in damage])
+    if bool(found.any()):
+        raise CorruptStreamError(damage[int(found.to(torch.uint8).argmax())][0])
     if palette is not None:
         out = palette[out.to(torch.int64)]
     return _image_layout(out, meta)

@@ -249,7 +249,10 @@ _PREPARED = WeakTensorKeyDictionary()  # by identity: a tensor's == is elementwi
 def _prepared(weight: torch.Tensor, key, make) -> torch.Tensor:
     """``make(weight)`` (a layer's weights as the kernel reads them), contiguous, made once per weight tensor and
     ``key`` and kept while the tensor lives and is unchanged (same storage, no in-place write since): a reshape and
-    copy at every launch were about thirty small device copies, and their host time, per image."""
+    copy at every launch were about thirty small device copies, and their host time, per image.  An inference
+    tensor (made under ``torch.inference_mode``) has no version counter to see in-place writes by: made each time."""
+    if weight.is_inference():
+        return make(weight).contiguous()
     stamp = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
     entries = _PREPARED.setdefault(weight, {})
     hit = entries.get(key)
