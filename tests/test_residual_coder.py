@@ -359,6 +359,35 @@ def test_sparse_values_go_through_a_palette(monkeypatch):
     assert len(buf) < 0.75 * len(plain)
 
 
+def _crowded() -> np.ndarray:
+    """16-bit values that are sparse in their span but many: a palette would list nearly every pixel's value."""
+    return np.random.default_rng(5).normal(30000, 3000, (40, 48)).round().astype(np.uint16)
+
+
+@pytest.mark.parametrize("image, palette_kept", [(_stretched, True), (_crowded, False)])
+def test_sparse_values_are_coded_both_ways_and_the_smaller_kept(monkeypatch, image, palette_kept):
+    img = image()
+    assert codec_module._sparse_values(torch.from_numpy(img.astype(np.int32)), codec_module.describe(
+        torch.from_numpy(img)))
+    buf = visemz.compress(img, max_error=0, quality=2)
+    np.testing.assert_array_equal(visemz.decompress(buf), img)
+    assert (len(_tile_sections(buf)[residual_coder.PALETTE]) > 0) == palette_kept
+    inner = residual_coder.encode
+    monkeypatch.setattr(residual_coder, "encode", lambda *a: inner(*a[:5], levels_too=False))
+    palette_only = visemz.compress(img, max_error=0, quality=2)
+    monkeypatch.setattr(residual_coder, "SPARSE", 1 << 20)
+    levels_only = visemz.compress(img, max_error=0, quality=2)
+    assert buf == min(palette_only, levels_only, key=len) and len(palette_only) != len(levels_only)
+
+
+def test_near_lossless_tries_the_lossless_file_through_the_palette_only(monkeypatch):
+    coded = []
+    inner = residual_coder._encoded
+    monkeypatch.setattr(residual_coder, "_encoded", lambda *a: coded.append(a[5] is not None) or inner(*a))
+    visemz.compress(_stretched(), max_error=1, quality=2)
+    assert coded == [False, True]  # the bounded file in levels, the lossless one through its palette
+
+
 def test_near_lossless_and_dense_images_take_no_palette(monkeypatch):
     monkeypatch.setattr(codec_module, "_sparse_values", lambda t, meta: False)  # the bounded file
     for img, e in ((_stretched(), 1), (_photo((40, 48)), 0)):

@@ -159,8 +159,8 @@ class ImageCodec:
             before = None
             for q in qualities:
                 best = self._compress(t, meta, q, e, **kw)
-                if also_lossless:
-                    best = min(best, self._compress(t, meta, q, 0, **kw), key=len)
+                if also_lossless:  # through the palette only: in its levels the lossless file cannot win
+                    best = min(best, self._compress(t, meta, q, 0, levels_too=False, **kw), key=len)
                 yield best
                 if before is not None and len(best) >= len(before):
                     return  # the ladder stopped paying
@@ -174,8 +174,9 @@ class ImageCodec:
         return as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
 
     def _compress(self, t: torch.Tensor, meta: ImageMeta, q: float, e, *, model: str, image_format: int | None,
-                  tile: int | None, refine) -> bytes:
-        """One file of ``t`` at checked quality ``q`` and bound ``e`` (``check_max_error``'s: levels, or None)."""
+                  tile: int | None, refine, levels_too: bool = True) -> bytes:
+        """One file of ``t`` at checked quality ``q`` and bound ``e`` (``check_max_error``'s: levels, or None);
+        ``levels_too`` as ``residual_coder.encode``'s."""
         tile = defaults.get("tile") if tile is None else tiling.check_tile(tile)
         refining = settings_for(defaults.get("refine") if refine is None else refine)
         spec = registry.spec(model, meta.variant)
@@ -208,7 +209,7 @@ class ImageCodec:
                     x = t[box[0]:box[1], box[2]:box[3]].to(self.device)
                     tm = tiling.tile_meta(meta, box)
                     extra = residual.encode(x, x01, tm, e, **self.enc)[0] if res is None else \
-                        residual_coder.encode(res, x, x01, tm, e)
+                        residual_coder.encode(res, x, x01, tm, e, levels_too)
                     tiles[i][0].update(extra)
             for i in range(len(tiles), grid.count):  # without max_error: every tile, coded and dropped
                 symbols_of(i)

@@ -18,10 +18,11 @@ the encoder lists every pixel where one of those values lies within TOL of an in
 integers it used, and the decoder takes them from the list.  A pixel not listed was more than TOL
 from every boundary, so the decoder's value (off by less than 1e-8) floors alike.
 
-Sparse values (lossless only): where a tile uses at most half the levels of the image's range (16-bit
-data stretched from fewer levels, 8-bit data scaled by 256, ...), its sorted values are listed (the
+Sparse values (lossless only): where a tile uses at most half the levels of its values' span (16-bit
+data stretched from fewer levels, 8-bit data scaled by 256, ...), its sorted values may be listed (the
 palette) and the pixels coded as indexes into it, the prediction mapped to that index scale by
 interpolating between the palette's values; the prior then sees data as dense as the source's levels.
+The encoder codes such a tile both ways and keeps the smaller (``encode``).
 
 Sections of a tile: ``res_palette`` (empty bytes, or an ints stream of the first value and the gaps to
 the next ones), ``res_fixes`` (the list; empty bytes when nothing is listed, else an ints stream of
@@ -83,16 +84,32 @@ MAX_Q = 1 << 20  # |q| of any valid stream is below 2**18 (the largest image ran
 TRUNK_HALO = 3  # half-resolution positions the trunk sees around a position (the heads see HALO - 3 more)
 
 
-def encode(res: Residual, x: torch.Tensor, synthesis: list, meta: ImageMeta, e: int) -> dict[str, bytes]:
+def encode(res: Residual, x: torch.Tensor, synthesis: list, meta: ImageMeta, e: int,
+           levels_too: bool = True) -> dict[str, bytes]:
     """A tile's pixels ``x`` (its meta's layout, integers) -> its sections.  ``synthesis``: [the tile core's
     float64 reconstruction (planes, C, H, W), the prior's reduction of g_s's features (half resolution)]; the
     features are consumed (the list's entry dropped once the trunk has them, so that they do not sit beside
-    the passes)."""
+    the passes).  A lossless tile whose values are sparse is coded through its palette and, with ``levels_too``,
+    in its levels as well, and the smaller kept: the palette wins where the values are few in a wide span (data
+    stretched from fewer levels), the levels where many values crowd part of the span and a tail spreads the
+    rest (the palette's index scale bends the prediction there); measured both ways, not guessed."""
     x01 = synthesis[0]
     levels = _batch_levels(x, meta, x01)
     palette = _palette_of(levels, _real_mask(meta, x01), meta) if e == 0 else None
-    if palette is not None:
-        levels = torch.searchsorted(palette, levels.contiguous()).to(torch.float64)
+    if palette is None:
+        return _encoded(res, levels, synthesis, meta, e, None)
+    indexes = torch.searchsorted(palette, levels.contiguous()).to(torch.float64)
+    if not levels_too:
+        return _encoded(res, indexes, synthesis, meta, e, palette)
+    as_levels = _encoded(res, levels, list(synthesis), meta, e, None)  # a copy: the list's features stay for the next
+    return min(_encoded(res, indexes, synthesis, meta, e, palette), as_levels,
+               key=lambda sections: sum(map(len, sections.values())))
+
+
+def _encoded(res: Residual, levels: torch.Tensor, synthesis: list, meta: ImageMeta, e: int,
+             palette: torch.Tensor | None) -> dict[str, bytes]:
+    """The sections of a tile's ``levels`` in the domain of ``palette`` (its indexes) or of the image's levels."""
+    x01 = synthesis[0]
     fixes, streams = [], []
     later = _HostWork(x01.device)
 
