@@ -241,7 +241,8 @@ def test_profile_codec_summary(tmp_path, model_weights, device):
     summary = _report(tmp_path / "prof" / "summary.json")
     assert summary["image"] == "a.png" and summary["bytes"] > 0
     assert summary["compress_ms"] > 0 and summary["decompress_ms"] > 0
-    assert set(summary["threaded_images_per_s"]) == {"1", "2"}
+    assert set(summary["threaded_images_per_s"]) == set(summary["threaded_decompressions_per_s"]) == {"1", "2"}
+    assert all(rate > 0 for rate in summary["threaded_decompressions_per_s"].values())
     assert (summary["cuda_calls_per_compress"] == {}) == (device == "cpu")
 
 

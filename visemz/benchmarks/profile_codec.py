@@ -3,8 +3,8 @@
     python -m visemz.benchmarks.profile_codec --image DATA/eval/kodak/kodim01.png --out prof/ [--threads 1,2,4]
 
 Prints, after a warm-up: the median milliseconds of compress and of decompress (each bracketed
-by device synchronisation), and the images/s of the same compress run in 1, 2, 4... threads at
-once, each thread with its own CUDA stream (as the folder pipeline's lanes), which tells whether
+by device synchronisation), and the images/s of the same compress (and of its file's decompress) run in
+1, 2, 4... threads at once, each thread with its own CUDA stream (as the folder pipeline's lanes), which tells whether
 the per-image path is bound by the GPU or by the host, with how many ints-stream calls shared each
 nvCOMP launch meanwhile (the grouped entropy stage; ``VISEMZ_ENTROPY_BATCH=0`` gives the
 one-launch-per-stream path to compare with), and on a GPU the CUDA API calls per compress and per
@@ -63,17 +63,18 @@ def own_stream(device: str):
         s.synchronize()
 
 
-def threaded_rate(codec: ImageCodec, image, kwargs: dict, threads: int, per_thread: int) -> tuple[float, float | None]:
-    """Images/s of ``threads`` threads each compressing ``per_thread`` times on its own stream, and how many
-    ints-stream calls shared each nvCOMP launch on average (None without grouped launches)."""
+def threaded_rate(device: str, job, threads: int, per_thread: int) -> tuple[float, float | None]:
+    """Images/s of ``threads`` threads each running ``job`` (one compress, or one decompress) ``per_thread`` times
+    on its own stream, and how many ints-stream calls shared each nvCOMP launch on average (None without grouped
+    launches)."""
     barrier = threading.Barrier(threads + 1)
 
     def work():
-        with own_stream(codec.device):
-            codec.compress(image, **kwargs)  # warm this stream (workspaces, nvCOMP codec)
+        with own_stream(device):
+            job()  # warm this stream (workspaces, nvCOMP codec)
             barrier.wait()
             for _ in range(per_thread):
-                codec.compress(image, **kwargs)
+                job()
         barrier.wait()
 
     pool = [threading.Thread(target=work) for _ in range(threads)]
@@ -248,9 +249,12 @@ def main(argv=None) -> None:
               "compress_ms": median_ms(lambda: codec.compress(image, **kwargs), args.device, args.reps),
               "decompress_ms": median_ms(lambda: codec.decompress_tensor(buf), args.device, args.reps)}
     report["entropy_batch"] = defaults.get("entropy_batch")
-    rates = {n: threaded_rate(codec, image, kwargs, n, args.reps) for n in map(int, args.threads.split(","))}
+    threads = list(map(int, args.threads.split(",")))
+    rates = {n: threaded_rate(args.device, lambda: codec.compress(image, **kwargs), n, args.reps) for n in threads}
     report["threaded_images_per_s"] = {n: r for n, (r, _) in rates.items()}
     report["calls_per_nvcomp_launch"] = {n: c for n, (_, c) in rates.items()}
+    report["threaded_decompressions_per_s"] = {
+        n: threaded_rate(args.device, lambda: codec.decompress_tensor(buf), n, args.reps)[0] for n in threads}
     report["cuda_calls_per_compress"] = cuda_calls(lambda: codec.compress(image, **kwargs), args.device, 10)
     report["cuda_calls_per_decompress"] = cuda_calls(lambda: codec.decompress_tensor(buf), args.device, 10)
     if not args.summary_only:
