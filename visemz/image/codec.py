@@ -159,7 +159,8 @@ class ImageCodec:
             before = None
             for q in qualities:
                 best = self._compress(t, meta, q, e, **kw)
-                if also_lossless:  # through the palette only: in its levels the lossless file cannot win
+                # through the palette only: in the levels a lossless file codes the bounded one's bins and more
+                if also_lossless:
                     best = min(best, self._compress(t, meta, q, 0, levels_too=False, **kw), key=len)
                 yield best
                 if before is not None and len(best) >= len(before):
