@@ -18,8 +18,8 @@ def _images() -> dict[str, np.ndarray]:
     return {
         "camera": data.camera(),
         "astronaut RGB": np.ascontiguousarray(data.astronaut()[:96, :120]),
-        "camera 12-bit": data.camera().astype(np.uint16) * 16 + 3,  # sparse: coded through its palette
-        "16-bit crowded": rng.normal(30000, 3000, (60, 70)).round().astype(np.uint16),  # sparse, kept in levels
+        "camera 12-bit": data.camera().astype(np.uint16) * 16 + 3,  # sparse, few values
+        "16-bit crowded": rng.normal(30000, 3000, (60, 70)).round().astype(np.uint16),  # sparse, many values
         "16-bit noise": rng.integers(0, 65536, (130, 97), dtype=np.uint16),
         "uint8 noise, 2 planes": rng.integers(0, 256, (77, 64, 2), dtype=np.uint8),
         "checkerboard": (np.indices((64, 90)).sum(0) % 2 * 255).astype(np.uint8),
