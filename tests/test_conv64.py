@@ -48,6 +48,7 @@ def check_layers(device: str) -> None:
     """Every layer kind against torch's, the inputs channels first and last (the outputs laid out as the input), a
     convolution's input in two parts of different layouts (read where they lie), positions by rows and by tiles."""
     torch.manual_seed(0)
+    tiles = conv64.TILE_W, conv64.TILE_W_LAST
     for tile_w, tile_w_last in ((0, 0), (4, 8)):
         conv64.TILE_W, conv64.TILE_W_LAST = tile_w, tile_w_last
         try:
@@ -74,7 +75,7 @@ def check_layers(device: str) -> None:
                 for given in (x, x.contiguous(memory_format=torch.channels_last)):
                     assert close(conv64.gdn(given, g.gamma_eff, g.beta_eff, inverse), g(x)), (channels, inverse)
         finally:
-            conv64.TILE_W, conv64.TILE_W_LAST = 0, 32
+            conv64.TILE_W, conv64.TILE_W_LAST = tiles
 
 
 @pytest.mark.gpu

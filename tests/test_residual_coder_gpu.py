@@ -3,12 +3,14 @@ the other way round, adversarial inputs included, and both devices write the sam
 
 import numpy as np
 import pytest
+import torch
 from skimage import data
 
 from visemz import container
 from visemz.image import codec, residual_coder
+from visemz.models import architectures, residual_prior
 
-from .helpers import parity
+from .helpers import optional, parity
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("model_weights")]
 
@@ -61,12 +63,6 @@ def test_tiled_file_across_devices(gpu_cpu_codecs):
 def test_prior_runs_channels_last_on_the_kernel():
     """On conv64's path the prior's activations are channels last (its tiles are faster there): the trunk comes out so,
     the heads take it as it is, and both give the CPU's values up to float64 rounding."""
-    import torch
-
-    from visemz.models import architectures, residual_prior
-
-    from .helpers import optional
-
     optional("triton")
     torch.manual_seed(0)
     prior = residual_prior.ResidualPrior(1, 16, 48, 8).double()
@@ -90,8 +86,6 @@ def test_prior_runs_channels_last_on_the_kernel():
 def test_the_encoders_host_work_waits_for_its_step_only():
     """Each step's host work runs on a stream of its own after the work its step queued (not before it: a snapshot
     made on the current stream behind a long queue is read whole), in order, while later steps' work is queued."""
-    import torch
-
     later = residual_coder._HostWork(torch.device("cuda"))
     x = torch.zeros(1 << 24, device="cuda")
     seen = []
