@@ -174,8 +174,9 @@ def test_hostile_headers_with_valid_checksums():
         (dict(shape=[20, 31]), CorruptStreamError),
         (dict(dtype="float64"), UnsupportedFormatError),
         (dict(model_id="0000000000000000"), UnsupportedFormatError),
-        (dict(format=8), UnsupportedFormatError),
+        (dict(format=9), UnsupportedFormatError),
         (dict(format=7), CorruptStreamError),  # the channel-context models' format, not this model's
+        (dict(format=6), CorruptStreamError),  # a part format 6 has not: the scale calibration
         (dict(residual="int"), CorruptStreamError),  # a learned residual read as a block-coded one
         (dict(residual_id="0000000000000000"), UnsupportedFormatError),
         (dict(format=2), VisemzError),  # rANS sections read as ints streams: damage, not garbage

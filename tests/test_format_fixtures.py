@@ -234,6 +234,10 @@ def check_tiles(c: container.Container, arrays: dict, prefix: str) -> None:
             elif name in residual_coder.STEP_SECTIONS:  # the learned residual's passes: layout, checksum, count
                 count = [RL.parse(bytes(body), None, None).plan.n] if len(body) else []
                 assert count == list(want), name
+            elif name == residual_coder.SCALES:  # the scale calibration's shifts, a zstd frame of bytes
+                np.testing.assert_array_equal(residual_coder.unpack_scales(body), want, err_msg=name)
+                if zstandard.__version__ == WRITTEN_WITH["zstandard"]:
+                    assert residual_coder.pack_scales(want) == bytes(body), name
             elif len(body) or want.size:
                 check_section(f"tile {i} {name}", body, want)
 

@@ -1,4 +1,4 @@
-"""The learned residual (image format 6): lossless and near-lossless coding under the residual prior, on the CPU.
+"""The learned residual (image formats 6 and 8): lossless and near-lossless coding under the residual prior, on the CPU.
 
 What must hold whatever the prior's weights: every pixel within max_error (exact at 0), on adversarial
 inputs too; the same bytes decode to the same pixels when the float64 network's last bits differ (the
@@ -44,7 +44,7 @@ def test_bound_holds_and_learned_residual_is_used(dtype, e):
     img = _photo((40, 52), dtype)
     buf = visemz.compress(img, max_error=e, quality=2)
     out = visemz.decompress(buf)
-    assert _residual_of(buf) == "learned" and container.unpack(buf).meta["format"] == codec_module.LEARNED
+    assert _residual_of(buf) == "learned" and container.unpack(buf).meta["format"] == codec_module.FORMAT
     assert out.dtype == img.dtype and out.shape == img.shape
     assert max_abs_error(out, img) <= e
     if e == 0:
@@ -126,6 +126,72 @@ def test_older_format_still_written_on_request():
     buf = visemz.ImageCodec("cpu").compress(img, max_error=0, image_format=5)
     assert _residual_of(buf) == "int" and "residual_id" not in container.unpack(buf).meta
     np.testing.assert_array_equal(visemz.decompress(buf), img)
+    six = visemz.ImageCodec("cpu").compress(img, max_error=0, image_format=codec_module.LEARNED)
+    assert _residual_of(six) == "learned" and residual_coder.SCALES not in _tile_sections(six)
+    np.testing.assert_array_equal(visemz.decompress(six), img)
+
+
+# ------------------------------------------------------------------ scale calibration (format 8)
+def _noisy(shape, sigma: float, seed: int = 5) -> np.ndarray:
+    """The camera photo with strong noise: far wider residuals than the prior predicts from its reconstruction."""
+    img = data.camera()[100:100 + shape[0], 120:120 + shape[1]].astype(np.float64)
+    return np.clip(img + np.random.default_rng(seed).normal(0, sigma, shape), 0, 255).astype(np.uint8)
+
+
+def test_calibration_finds_the_scale_the_values_have():
+    """q drawn from a logistic five scale steps wider than the scale index says: the group of that index moves by
+    about five, the others (no values) stay."""
+    tables = residual_weights.load("gray").tables
+    si_true, said = 100, 95
+    scale = RT.SCALE_MIN * 2.0 ** (si_true / RT.STEPS)
+    u = np.random.default_rng(0).uniform(1e-9, 1 - 1e-9, 200_000)
+    q = torch.from_numpy(np.floor(scale * np.log(u / (1 - u)) + 0.5).astype(np.int64))
+    si = torch.full_like(q, said)
+    fi = torch.full_like(q, RT.CENTRES // 2)  # centre (8.5 / 16 - 0.5): next to 0, as the draws are
+    shifts = residual_coder._calibration(q, si, fi, None, tables)
+    assert shifts.shape == (residual_coder.GROUPS,)
+    assert 4 <= int(shifts[said // residual_coder.GROUP]) <= 6
+    assert int(shifts.abs().sum()) == int(shifts[said // residual_coder.GROUP].abs())
+
+
+@pytest.mark.parametrize("e", [0, 2])
+def test_calibrated_file_decodes_within_the_bound_and_is_smaller(e):
+    img = _noisy((96, 112), sigma=12.0)
+    cpu = visemz.ImageCodec("cpu")
+    calibrated = cpu.compress(img, max_error=e, quality=2)
+    plain = cpu.compress(img, max_error=e, quality=2, image_format=codec_module.LEARNED)
+    shifts = residual_coder.unpack_scales(_tile_sections(calibrated)[residual_coder.SCALES])
+    assert shifts.size == len(residual_prior.PASSES) * residual_coder.GROUPS and shifts.any()
+    assert len(calibrated) < len(plain)
+    out = visemz.decompress(calibrated)
+    assert max_abs_error(out, img) <= e
+    if e == 0:
+        np.testing.assert_array_equal(out, img)
+
+
+def test_small_tiles_calibrate_nothing():
+    """Where no step's shifts would pay for their share of the section, the section is empty."""
+    buf = visemz.compress(_photo((24, 20)), max_error=0, quality=2)
+    assert _tile_sections(buf)[residual_coder.SCALES] == b""
+
+
+def test_crafted_scale_sections_are_refused():
+    img = _noisy((96, 112), sigma=12.0)
+    buf = visemz.compress(img, max_error=1, quality=2)
+    n = len(residual_prior.PASSES) * residual_coder.GROUPS
+    frame = residual_coder.pack_scales
+    too_far = np.zeros(n, np.int64)
+    too_far[7] = residual_coder.MAX_DELTA + 1
+    bad = [
+        frame(too_far),  # a shift beyond the range
+        frame(np.ones(n - 1, np.int64)),  # not GROUPS per step
+        frame(np.ones(3 * n, np.int64)),  # a colour tile's count in a gray one
+        b"\x00\x01\x02\x03",  # not a zstd frame
+        frame(np.ones(n, np.int64))[:-3],  # a frame cut short
+    ]
+    for body in bad:
+        with pytest.raises(CorruptStreamError, match="scale calibration"):
+            visemz.decompress(with_tile_part(buf, residual_coder.SCALES, body))
 
 
 # ------------------------------------------------------------------ devices that differ in the last bits

@@ -1,5 +1,6 @@
 """The learned residual across devices (marker gpu): files written on a GPU decode bit-exactly on the CPU and
-the other way round, adversarial inputs included, and both devices write the same pass streams."""
+the other way round, adversarial inputs included, and both devices write the same pass streams and scale
+calibration."""
 
 import numpy as np
 import pytest
@@ -18,7 +19,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("model_weights")]
 def _images() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(5)
     return {
-        "camera": data.camera(),
+        "camera": data.camera(),  # 512 x 512: sampled for its scale calibration
+        "camera with noise": np.clip(data.camera()[:200, :240] + rng.normal(0, 12, (200, 240)), 0, 255).astype(
+            np.uint8),  # residuals wider than the prior predicts: calibrated
         "astronaut RGB": np.ascontiguousarray(data.astronaut()[:96, :120]),
         "camera 12-bit": data.camera().astype(np.uint16) * 16 + 3,  # sparse, few values
         "16-bit crowded": rng.normal(30000, 3000, (60, 70)).round().astype(np.uint16),  # sparse, many values
@@ -30,9 +33,10 @@ def _images() -> dict[str, np.ndarray]:
 
 
 def _pass_streams(buf: bytes) -> list[bytes]:
+    """Every tile's pass streams and scale calibration (the encoder's choice, from the same integers)."""
     f = codec.ImageCodec("cpu")._open(buf)
     return [bytes(body) for i in range(f.grid.count) for k, body in sorted(f.tile(i)[0].items())
-            if k in residual_coder.STEP_SECTIONS]
+            if k in residual_coder.STEP_SECTIONS or k == residual_coder.SCALES]
 
 
 @pytest.mark.parametrize("e", [0, 1, 4])

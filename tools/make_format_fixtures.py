@@ -154,6 +154,7 @@ def _tile_sections(buf: bytes, c: container.Container, prefix: str) -> dict:
             body = index.part(i, name)
             out[f"{prefix}tile{i}_section_{name}"] = held[name].numpy().reshape(-1) if coding.get(name) == "rans" \
                 else _pass_symbols(body) if name in residual_coder.STEP_SECTIONS \
+                else residual_coder.unpack_scales(body) if name == residual_coder.SCALES \
                 else decode_ints(body) if len(body) else np.zeros(0, np.int32)
     return out
 
@@ -188,6 +189,8 @@ IMAGES = (  # (model, dtype, shape, max_error): no residual, each residual mode,
     ("mbt2018-mean", "uint8", (40, 52), 0),
     ("mbt2018-mean", "uint8", (40, 52), 2),
     ("mbt2018-mean", "uint16", (32, 40), 0),
+    # from format 8, a tile whose scale calibration moves groups (the smaller ones above calibrate nothing)
+    ("mbt2018-mean", "uint8", (64, 64), 1),
 )
 
 

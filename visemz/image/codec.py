@@ -131,7 +131,7 @@ class ImageCodec:
         larger than one tile is compressed tile by tile, a batch of tiles at a time on the device, so
         a NumPy image stays in host memory.  ``image_format=2`` or ``3`` writes a previous format (one
         tile, block-coded or rANS-coded symbols), for comparisons and compatibility tests.
-        ``image_format`` None: the model's format (7 for a channel-context model, else 6).
+        ``image_format`` None: the model's format (7 for a channel-context model, else 8).
         ``refine``: steps of encoder-side latent refinement (0..10000; default ``VISEMZ_REFINE``, 0:
         none; or a ``refine.RefineSettings``): each step costs a forward and backward pass of the
         synthesis on the image, and the decoder and the format are unchanged (``refine.py``).  With
@@ -210,7 +210,8 @@ class ImageCodec:
                     x = t[box[0]:box[1], box[2]:box[3]].to(self.device)
                     tm = tiling.tile_meta(meta, box)
                     extra = residual.encode(x, x01, tm, e, **self.enc)[0] if res is None else \
-                        residual_coder.encode(res, x, x01, tm, e, levels_too)
+                        residual_coder.encode(res, x, x01, tm, e, levels_too,
+                                              image_format >= image_header.CALIBRATED)
                     tiles[i][0].update(extra)
             for i in range(len(tiles), grid.count):  # without max_error: every tile, coded and dropped
                 symbols_of(i)
@@ -235,7 +236,7 @@ class ImageCodec:
 
     def _residual_prior(self, spec: registry.ModelSpec, mode: str | None,
                         image_format: int) -> residual_weights.Residual | None:
-        """The residual prior that codes an integer image's max_error residual (format 6), or None: the
+        """The residual prior that codes an integer image's max_error residual (formats 6 to 8), or None: the
         block-coded residual of formats 2-5, for float32 images and where no prior fits the model."""
         if mode != "int" or image_format < LEARNED:
             return None

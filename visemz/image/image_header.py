@@ -35,12 +35,15 @@ KIND = "image"
 # 6: format 5 whose integer images' max_error residual may be coded under the residual prior
 #    (residual "learned", ``residual_coder.py``), the prior named by ``residual_id``;
 # 7: format 6 for channel-context models only (``models/channel_context.py``): y in slice sections
-#    y0, y1, ... (``latents.py``); written for them, never for the others.
+#    y0, y1, ... (``latents.py``); written for them, never for the others;
+# 8: format 6 whose learned residual's scale indexes may be calibrated per image (section res_scales,
+#    ``residual_coder.py``).
 TILED = 4
 LEARNED = 6
 CONTEXT = 7
-FORMAT = LEARNED  # what every model but the channel-context ones writes
-TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED, CONTEXT)
+CALIBRATED = 8
+FORMAT = CALIBRATED  # what every model but the channel-context ones writes
+TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED, CONTEXT, CALIBRATED)
 FORMATS_READ = (latents.BLOCK, latents.RANS, *TILED_FORMATS)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
 META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual",
@@ -49,7 +52,7 @@ TILED_KEYS = META_KEYS - {"symbols"} | {"tiles"}  # 4, 5: the grid and its parts
 META_KEYS_OF = {latents.BLOCK: META_KEYS,
                 latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
                 TILED: TILED_KEYS, tile_index.VARINT_FORMAT: TILED_KEYS, LEARNED: TILED_KEYS | {"residual_id"},
-                CONTEXT: TILED_KEYS | {"residual_id"}}
+                CONTEXT: TILED_KEYS | {"residual_id"}, CALIBRATED: TILED_KEYS | {"residual_id"}}
 TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
 RESIDUAL_MODES = ("int", "bits", "float", "learned")
 MODEL_ID = re.compile(r"[0-9a-f]{16}")  # xxh64 of the weights file, in hex: also a file name in the weights archive
@@ -100,7 +103,7 @@ def check(h: dict, sections: dict) -> dict:
     if not (isinstance(symbols, dict) and all(isinstance(v, list) and all(is_int(s) for s in v)
                                               for v in symbols.values())):
         raise _bad("symbols", symbols, "an object of symbol shapes")
-    need = residual_sections(h["residual"], meta)
+    need = residual_sections(h["residual"], meta, fmt)
     if not need <= set(sections):
         raise CorruptStreamError(f"image lacks sections {sorted(need - set(sections))}")
     coding = h.get("coding")
@@ -182,11 +185,11 @@ def _residual_id(residual_id, mode) -> None:
         raise _bad("residual_id", residual_id, f"null for residual {mode!r}")
 
 
-def residual_sections(mode: str | None, meta: ImageMeta) -> set[str]:
+def residual_sections(mode: str | None, meta: ImageMeta, fmt: int) -> set[str]:
     if mode is None:
         return set()
     if mode == "learned":
-        return set(residual_coder.sections(residual_coder.COLOUR if meta.variant == "rgb" else 1))
+        return set(residual_coder.sections(residual_coder.COLOUR if meta.variant == "rgb" else 1, fmt >= CALIBRATED))
     return {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
 
 
@@ -205,7 +208,8 @@ def check_tiles(h: dict, height: int, width: int, symbols: list[str]) -> tiling.
                                  f"padded image with tiles of {size}")
     if t["symbols"] != symbols:
         raise CorruptStreamError(f"image tile symbol sections {t['symbols']!r}: the model codes {symbols}")
-    parts = sorted(latents.section_names(latents.RANS, symbols) | residual_sections(h["residual"], image_meta(h)))
+    residual_parts = residual_sections(h["residual"], image_meta(h), h["format"])
+    parts = sorted(latents.section_names(latents.RANS, symbols) | residual_parts)
     if t["parts"] != parts:
         raise CorruptStreamError(f"image tile parts {t['parts']!r}: expected {parts}")
     return grid
@@ -236,6 +240,8 @@ def _check_section(name: str, body, coding: dict | None, shapes: dict, ints: dic
         n = RL.parse(body, None, None).plan.n
         if n > 2 * pixels:
             raise CorruptStreamError(f"its conditional rANS stream claims {n} symbols for {pixels} pixels")
+    elif name == residual_coder.SCALES:
+        residual_coder.check_scales(body)
     elif name in ints and len(body):  # an empty section (no scale listed) holds no stream
         count, most = ints[name]
         parsed = stream.parse(body, count if count is not None else most)

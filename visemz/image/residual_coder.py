@@ -24,10 +24,18 @@ palette) and the pixels coded as indexes into it, the prediction mapped to that 
 interpolating between the palette's values; the prior then sees data as dense as the source's levels.
 The encoder codes such a tile both ways and keeps the smaller (``encode``).
 
+Scale calibration (image format 8): the prior's scales are right on average over its training images, not on
+every image.  Per coding step the encoder may move the scale indexes of each group of GROUP consecutive ones
+(half an octave) by up to MAX_DELTA, an integer shift after the floors (and the fixes list) that the decoder
+applies alike: it picks the shift that codes a sample of the step's pixels in the fewest bits under the
+tables' integer code lengths (``_calibration``).  The context pixels do not depend on it, so neither does
+the network's work.
+
 Sections of a tile: ``res_palette`` (empty bytes, or an ints stream of the first value and the gaps to
 the next ones), ``res_fixes`` (the list; empty bytes when nothing is listed, else an ints stream of
-[count per step, position gaps, m0, scale indexes, centre indexes]) and ``res_p0`` .. ``res_p3``, one
-conditional rANS stream per pass (the pass's q >> k in position order, then its low bits).
+[count per step, position gaps, m0, scale indexes, centre indexes]), from format 8 ``res_scales`` (empty
+bytes when no group moves, else an ints stream of GROUPS shifts per step, step after step) and ``res_p0`` ..
+``res_p3``, one conditional rANS stream per pass (the pass's q >> k in position order, then its low bits).
 Positions are flat indexes into a step's (planes, 1, h, w) half-resolution grid; pixels of
 the padded tile outside the image are not coded and count as a residual of 0 in later passes' context.
 A colour tile's passes are coded a channel at a time (``residual_prior.steps``): one section per pass and
@@ -36,12 +44,15 @@ channel, ``res_p0c0`` .. ``res_p3c2``, and the fixes list's counts per step in t
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import torch
+import zstandard
 
 from ..encoders import decode_ints, encode_ints
+from ..encoders.cdf_tables import COST_UNIT
 from ..encoders.rans import decode_conditional, encode_conditional
 from ..errors import CorruptStreamError
 from ..models import architectures, blocks
@@ -50,7 +61,7 @@ from ..models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space,
 from ..models.residual_weights import Residual
 from .pixels import ImageMeta, from_batch, planes
 
-FIXES, PALETTE = "res_fixes", "res_palette"
+FIXES, PALETTE, SCALES = "res_fixes", "res_palette", "res_scales"
 COLOUR = 3  # the channels of the colour prior; any other image is coded plane by plane by the gray one
 
 
@@ -61,8 +72,9 @@ def step_sections(channels: int) -> tuple[str, ...]:
     return tuple(f"res_p{k}c{head_channels(k, sl, channels).start}" for k, sl in steps(channels))
 
 
-def sections(channels: int) -> tuple[str, ...]:
-    return (PALETTE, FIXES, *step_sections(channels))
+def sections(channels: int, calibrated: bool) -> tuple[str, ...]:
+    """A tile's residual sections; ``calibrated``: with the scale calibration (image format 8 on)."""
+    return (PALETTE, FIXES, *((SCALES,) if calibrated else ()), *step_sections(channels))
 
 
 STEP_SECTIONS = frozenset(step_sections(1) + step_sections(COLOUR))  # every name a pass section may have
@@ -79,39 +91,56 @@ def sparse(n_values: int, lo: int, hi: int) -> bool:
 def fixes_limit(pixels: int) -> int:
     """The most values a tile's fixes section may hold: the steps' counts, then 4 per listed pixel."""
     return MAX_STEPS + 4 * pixels
+GROUP = 8  # scale indexes per calibration group: half an octave
+GROUPS = RT.SI_MAX // GROUP + 1
+MAX_DELTA = 12  # a group's scale indexes move by at most three quarters of an octave (an octave gained no more)
+# the shifts the encoder tries, smallest first (of equal costs the first is taken)
+DELTAS = tuple(sorted(range(-MAX_DELTA, MAX_DELTA + 1), key=lambda d: (abs(d), d)))
+SAMPLE = 8  # the encoder prices every 8th position of a step (all of a step of fewer than 8 x 4096): as good a
+SAMPLED_FROM = SAMPLE * 4096  # choice as all of them, measured on 512 x 512 crops
+KEEP_BITS = 32  # a group's shift is kept where it saves this many bits or more (its share of the section)
+STEP_BITS = 512  # and a step's shifts where they save this many together (about the section's own size)
+ESCAPE_BITS = 16  # the price of a value beyond its table: its escape symbol and about two bytes of excess
 TOL = 1e-6
 MAX_Q = 1 << 20  # |q| of any valid stream is below 2**18 (the largest image range over the smallest bin)
 TRUNK_HALO = 3  # half-resolution positions the trunk sees around a position (the heads see HALO - 3 more)
 
 
 def encode(res: Residual, x: torch.Tensor, synthesis: list, meta: ImageMeta, e: int,
-           levels_too: bool = True) -> dict[str, bytes]:
+           levels_too: bool = True, calibrate: bool = True) -> dict[str, bytes]:
     """A tile's pixels ``x`` (its meta's layout, integers) -> its sections.  ``synthesis``: [the tile core's
     float64 reconstruction (planes, C, H, W), the prior's reduction of g_s's features (half resolution)]; the
     features are consumed (the list's entry dropped once the trunk has them, so that they do not sit beside
     the passes).  A lossless tile whose values are sparse is coded through its palette and, with ``levels_too``,
     in its levels as well, and the smaller kept: the palette wins where the values are few in a wide span (data
     stretched from fewer levels), the levels where many values crowd part of the span and a tail spreads the
-    rest (the palette's index scale bends the prediction there); measured both ways, not guessed."""
+    rest (the palette's index scale bends the prediction there); measured both ways, not guessed.
+    ``calibrate``: with the scale calibration and its section (image format 8; earlier formats have neither)."""
     x01 = synthesis[0]
     levels = _batch_levels(x, meta, x01)
     palette = _palette_of(levels, _real_mask(meta, x01), meta) if e == 0 else None
     if palette is None:
-        return _encoded(res, levels, synthesis, meta, e, None)
+        return _encoded(res, levels, synthesis, meta, e, None, calibrate)
     indexes = torch.searchsorted(palette, levels.contiguous()).to(torch.float64)
     if not levels_too:
-        return _encoded(res, indexes, synthesis, meta, e, palette)
-    as_levels = _encoded(res, levels, list(synthesis), meta, e, None)  # a copy: the list's features stay for the next
-    return min(_encoded(res, indexes, synthesis, meta, e, palette), as_levels,
+        return _encoded(res, indexes, synthesis, meta, e, palette, calibrate)
+    # a copy: the list's features stay for the next
+    as_levels = _encoded(res, levels, list(synthesis), meta, e, None, calibrate)
+    return min(_encoded(res, indexes, synthesis, meta, e, palette, calibrate), as_levels,
                key=lambda sections: sum(map(len, sections.values())))
 
 
 def _encoded(res: Residual, levels: torch.Tensor, synthesis: list, meta: ImageMeta, e: int,
-             palette: torch.Tensor | None) -> dict[str, bytes]:
+             palette: torch.Tensor | None, calibrate: bool) -> dict[str, bytes]:
     """The sections of a tile's ``levels`` in the domain of ``palette`` (its indexes) or of the image's levels."""
     x01 = synthesis[0]
-    fixes, streams = [], []
+    fixes, streams, shifts = [], [], []
     later = _HostWork(x01.device)
+    quotients: dict[int, torch.Tensor] = {}  # a step's q, made once for its calibration and its stream
+
+    def q_of(i, m0):
+        xs = space_to_depth(levels)[:, steps(x01.shape[1])[i][1]].to(torch.int64)
+        return torch.div(xs - m0 + e, 2 * e + 1, rounding_mode="floor")
 
     def fix(k, m0, si, fi, amb, real):
         def listed():
@@ -120,9 +149,15 @@ def _encoded(res: Residual, levels: torch.Tensor, synthesis: list, meta: ImageMe
         later.add(listed)
         return m0, si, fi
 
+    def scale(i, m0, si, fi, real):
+        if not calibrate:
+            return si
+        quotients[i] = q_of(i, m0)
+        shifts.append(_calibration(quotients[i], si, fi, real, res.tables))
+        return _calibrated(si, shifts[-1])
+
     def symbols(i, m0, shift, table, real):
-        xs = space_to_depth(levels)[:, steps(x01.shape[1])[i][1]].to(torch.int64)
-        q = torch.div(xs - m0 + e, 2 * e + 1, rounding_mode="floor")
+        q = quotients.pop(i) if i in quotients else q_of(i, m0)
         high = q >> shift
         low = q - (high << shift)
         later.add(lambda: streams.append(encode_conditional(
@@ -130,10 +165,12 @@ def _encoded(res: Residual, levels: torch.Tensor, synthesis: list, meta: ImageMe
             res.tables)))
         return q
 
-    _passes(res, synthesis, _Domain(meta, palette), e, fix, symbols)
+    _passes(res, synthesis, _Domain(meta, palette), e, fix, scale, symbols)
     later.run()
-    return {PALETTE: _pack_palette(palette), FIXES: _pack_fixes(fixes), **dict(zip(step_sections(x01.shape[1]),
-                                                                                    streams))}
+    out = {PALETTE: _pack_palette(palette), FIXES: _pack_fixes(fixes)}
+    if calibrate:
+        out[SCALES] = _pack_scales(shifts)
+    return {**out, **dict(zip(step_sections(x01.shape[1]), streams))}
 
 
 class _HostWork:
@@ -181,6 +218,7 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
     names = step_sections(c)
     listed = _unpack_fixes(sections[FIXES], grid, len(names), x01.device)
     palette = _unpack_palette(sections[PALETTE], meta, e, x01.device)
+    shifts = _unpack_scales(sections.get(SCALES, b""), len(names), x01.device)  # formats before 8: none
     # the passes' range checks, read once after the last pass: a check a pass would make the host wait for the
     # GPU there; a pass after a damaged one still runs in range (its context pixels are clamped to the domain)
     damage: list[tuple[str, torch.Tensor]] = []
@@ -193,6 +231,9 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
             m0, si, fi = (t.reshape(-1).clone() for t in (m0, si, fi))
             m0[pos], si[pos], fi[pos] = m0_l, si_l, fi_l
         return m0, si, fi
+
+    def scale(i, m0, si, fi, real):
+        return si if shifts is None else _calibrated(si, shifts[i])
 
     def symbols(i, m0, shift, table, real):
         wide = _wide(shift, real)
@@ -214,7 +255,7 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
         damage.append((f"residual pass stream decodes a value beyond {MAX_Q} bins", (q.abs() > MAX_Q).any()))
         return q
 
-    out = _passes(res, synthesis, _Domain(meta, palette), e, fix, symbols)
+    out = _passes(res, synthesis, _Domain(meta, palette), e, fix, scale, symbols)
     found = torch.stack([flag for _, flag in damage])
     if bool(found.any()):
         raise CorruptStreamError(damage[int(found.to(torch.uint8).argmax())][0])
@@ -245,10 +286,11 @@ class _Domain:
         return (i - 1) + ((levels - v0) / (v1 - v0)).clamp(0, 1)
 
 
-def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, symbols):
+def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, scale, symbols):
     """Run the coding steps (``residual_prior.steps``); ``fix(i, m0, si, fi, ambiguous, real)`` gives the integers
-    step i codes with and ``symbols(i, m0, shift, table, real)`` its q (the encoder codes them, the decoder
-    decodes them); ``real``: the step's positions in the image, None where all are.  Returns the decoded pixels
+    step i codes with, ``scale(i, m0, si, fi, real)`` its calibrated scale indexes and ``symbols(i, m0, shift,
+    table, real)`` its q (the encoder codes them, the decoder decodes them); ``real``: the step's positions in the
+    image, None where all are.  Returns the decoded pixels
     (planes, C, H, W) as float64 values of the domain."""
     prior = res.prior64
     x01, reduced = synthesis
@@ -276,6 +318,7 @@ def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, symbol
         m0, si, fi, amb = _integers(mu, s, b)
         real_step = None if real is None else real[:, sl]
         m0, si, fi = (t.reshape(mu.shape) for t in fix(i, m0, si, fi, amb, real_step))
+        si = scale(i, m0, si, fi, real_step)
         shift = ((si - RT.TOP + RT.STEPS - 1) // RT.STEPS).clamp_min(0)
         table = (si - RT.STEPS * shift) * RT.CENTRES + fi
         q = symbols(i, m0, shift, table, real_step)
@@ -302,6 +345,108 @@ def _integers(mu: torch.Tensor, s: torch.Tensor, b: int):
 
 def _near_integer(t: torch.Tensor) -> torch.Tensor:
     return (t - torch.round(t)).abs() < TOL
+
+
+# ------------------------------------------------------------------ scale calibration
+def _calibrated(si: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    """Scale indexes moved by their group's shift (``shifts``: GROUPS integers on si's device), kept in range."""
+    return (si + shifts[si // GROUP]).clamp(0, RT.SI_MAX)
+
+
+def _calibration(q: torch.Tensor, si: torch.Tensor, fi: torch.Tensor, real, tables) -> torch.Tensor:
+    """The encoder's shifts of a step (GROUPS int64 on q's device): for each group of scale indexes, the one of
+    DELTAS under which every SAMPLE-th real position's q costs the fewest bits by the tables' integer code
+    lengths (``CdfTables.cost``, what the rANS planner uses), where it saves at least KEEP_BITS on the step and
+    the step's shifts STEP_BITS together; else 0.  All of it on the device: no host wait."""
+    n = q.numel() if real is None else real.numel()  # a bound: the real ones are at most all (no host read)
+    stride = SAMPLE if n >= SAMPLED_FROM else 1
+
+    def sample(t):
+        return (t.reshape(-1) if real is None else t[real])[::stride]
+
+    q, si, fi = sample(q), sample(si), sample(fi)
+    start, offsets, n_symbols, cost, deltas = _priced(tables, q.device)
+    s = (si[None] + deltas[:, None]).clamp(0, RT.SI_MAX)
+    shift = ((s - RT.TOP + RT.STEPS - 1) // RT.STEPS).clamp_min(0)  # as the passes compute it
+    table = (s - RT.STEPS * shift) * RT.CENTRES + fi[None]
+    v = (q[None] >> shift) - offsets[table]
+    last = n_symbols[table] - 1  # the escape symbol
+    inside = (v >= 0) & (v < last)
+    bits = cost[start[table] + torch.where(inside, v, last)] \
+        + COST_UNIT * (shift + torch.where(inside, 0, ESCAPE_BITS))
+    sums = bits.new_zeros((len(DELTAS), GROUPS)).scatter_add_(1, (si // GROUP).expand_as(bits), bits)
+    best = sums.argmin(0)  # the first of equal sums: the smallest shift
+    saved = (sums[0] - sums.gather(0, best[None])[0]) * stride
+    kept = saved >= KEEP_BITS * COST_UNIT
+    kept &= (saved * kept).sum() >= STEP_BITS * COST_UNIT
+    return torch.where(kept, deltas[best], 0)
+
+
+@functools.lru_cache(maxsize=8)
+def _priced(tables, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The tables' (entry starts, offsets, symbol counts, code lengths) and DELTAS as int64 tensors on ``device``."""
+    arrays = (tables.cdf_start, tables.offsets, tables.n_symbols, tables.cost, np.asarray(DELTAS))
+    return tuple(torch.from_numpy(np.asarray(a, np.int64)).to(device) for a in arrays)
+
+
+def _pack_scales(shifts: list) -> bytes:
+    """The steps' shifts (each GROUPS integers) as the section holds them: ``pack_scales`` of them, step after step."""
+    return pack_scales(torch.stack(shifts).reshape(-1).cpu().numpy())
+
+
+def pack_scales(shifts: np.ndarray) -> bytes:
+    """A ``res_scales`` section: empty where no shift moves a group, else one zstd frame (magicless, its content size
+    written, no checksum: the container's covers it) of the shifts as signed bytes.  An ints stream's headers would
+    take twice the 40-50 bytes this takes."""
+    if not shifts.any():
+        return b""
+    return zstandard.ZstdCompressor(compression_params=_SCALES_FRAME).compress(shifts.astype(np.int8).tobytes())
+
+
+_SCALES_FRAME = zstandard.ZstdCompressionParameters.from_level(
+    19, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_checksum=0, write_content_size=1, write_dict_id=0)
+
+
+def check_scales(buf) -> int:
+    """A ``res_scales`` section's declared count of shifts (0 where empty), from its frame header alone: GROUPS
+    per step of a gray or a colour tile, else CorruptStreamError."""
+    if len(buf) == 0:
+        return 0
+    try:
+        size = zstandard.get_frame_parameters(bytes(buf), format=zstandard.FORMAT_ZSTD1_MAGICLESS).content_size
+    except zstandard.ZstdError as err:
+        raise CorruptStreamError(f"residual scale calibration is not a zstd frame: {err}") from None
+    if size not in {GROUPS * len(step_sections(c)) for c in (1, COLOUR)}:
+        raise CorruptStreamError(f"residual scale calibration declares {size} shifts: expected {GROUPS} per step")
+    return size
+
+
+def unpack_scales(buf) -> np.ndarray:
+    """A ``res_scales`` section -> its shifts (int64, step after step; none where empty), each checked."""
+    size = check_scales(buf)
+    if size == 0:
+        return np.zeros(0, np.int64)
+    try:
+        raw = zstandard.ZstdDecompressor(format=zstandard.FORMAT_ZSTD1_MAGICLESS).decompress(
+            bytes(buf), max_output_size=size, allow_extra_data=False)
+    except zstandard.ZstdError as err:
+        raise CorruptStreamError(f"residual scale calibration is not a zstd frame: {err}") from None
+    v = np.frombuffer(raw, np.int8).astype(np.int64)
+    if v.size != size or np.abs(v).max() > MAX_DELTA:
+        raise CorruptStreamError(f"residual scale calibration holds {v.size} shifts of up to {np.abs(v).max()}: "
+                                 f"expected {size} within -{MAX_DELTA}..{MAX_DELTA}")
+    return v
+
+
+def _unpack_scales(buf, n_steps: int, device) -> torch.Tensor | None:
+    """The ``res_scales`` section -> (steps, GROUPS) shifts on ``device``, or None where empty (no shift)."""
+    v = unpack_scales(buf)
+    if v.size == 0:
+        return None
+    if v.size != n_steps * GROUPS:
+        raise CorruptStreamError(f"residual scale calibration holds {v.size} shifts for a tile of {n_steps} steps: "
+                                 f"expected {n_steps * GROUPS}")
+    return torch.from_numpy(v).reshape(n_steps, GROUPS).to(device)
 
 
 def _stream_inputs(high, low, shift, table, real, wide):
