@@ -96,8 +96,8 @@ GROUPS = RT.SI_MAX // GROUP + 1
 MAX_DELTA = 12  # a group's scale indexes move by at most three quarters of an octave (an octave gained no more)
 # the shifts the encoder tries, smallest first (of equal costs the first is taken)
 DELTAS = tuple(sorted(range(-MAX_DELTA, MAX_DELTA + 1), key=lambda d: (abs(d), d)))
-SAMPLE = 8  # the encoder prices every 8th position of a step (all of a step of fewer than 8 x 4096): as good a
-SAMPLED_FROM = SAMPLE * 4096  # choice as all of them, measured on 512 x 512 crops
+SAMPLES = 1 << 16  # the encoder prices a step's real positions at a stride that leaves at most this many: all of
+# a 512 x 512 tile's, every 16th of a 2048 x 2048 one's (every 8th chose as well as all of them on 512 x 512 crops)
 KEEP_BITS = 32  # a group's shift is kept where it saves this many bits or more (its share of the section)
 STEP_BITS = 512  # and a step's shifts where they save this many together (about the section's own size)
 ESCAPE_BITS = 16  # the price of a value beyond its table: its escape symbol and about two bytes of excess
@@ -355,14 +355,15 @@ def _calibrated(si: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
 
 def _calibration(q: torch.Tensor, si: torch.Tensor, fi: torch.Tensor, real, tables) -> torch.Tensor:
     """The encoder's shifts of a step (GROUPS int64 on q's device): for each group of scale indexes, the one of
-    DELTAS under which every SAMPLE-th real position's q costs the fewest bits by the tables' integer code
-    lengths (``CdfTables.cost``, what the rANS planner uses), where it saves at least KEEP_BITS on the step and
-    the step's shifts STEP_BITS together; else 0.  All of it on the device: no host wait."""
+    DELTAS under which a sample of the step's real positions (at most SAMPLES) costs the fewest bits by the
+    tables' integer code lengths (``CdfTables.cost``, what the rANS planner uses), where it saves at least
+    KEEP_BITS on the step and the step's shifts STEP_BITS together; else 0.  On the device (no host wait), in
+    int32: a sum is at most SAMPLES values below 2**14."""
     n = q.numel() if real is None else real.numel()  # a bound: the real ones are at most all (no host read)
-    stride = SAMPLE if n >= SAMPLED_FROM else 1
+    stride = -(-n // SAMPLES)
 
     def sample(t):
-        return (t.reshape(-1) if real is None else t[real])[::stride]
+        return (t.reshape(-1) if real is None else t[real])[::stride].to(torch.int32)
 
     q, si, fi = sample(q), sample(si), sample(fi)
     start, offsets, n_symbols, cost, deltas = _priced(tables, q.device)
@@ -373,20 +374,21 @@ def _calibration(q: torch.Tensor, si: torch.Tensor, fi: torch.Tensor, real, tabl
     last = n_symbols[table] - 1  # the escape symbol
     inside = (v >= 0) & (v < last)
     bits = cost[start[table] + torch.where(inside, v, last)] \
-        + COST_UNIT * (shift + torch.where(inside, 0, ESCAPE_BITS))
-    sums = bits.new_zeros((len(DELTAS), GROUPS)).scatter_add_(1, (si // GROUP).expand_as(bits), bits)
+        + COST_UNIT * (shift + torch.where(inside, 0, ESCAPE_BITS).to(torch.int32))
+    group = (si // GROUP).to(torch.int64).expand_as(bits)
+    sums = bits.new_zeros((len(DELTAS), GROUPS)).scatter_add_(1, group, bits).to(torch.int64)
     best = sums.argmin(0)  # the first of equal sums: the smallest shift
     saved = (sums[0] - sums.gather(0, best[None])[0]) * stride
     kept = saved >= KEEP_BITS * COST_UNIT
     kept &= (saved * kept).sum() >= STEP_BITS * COST_UNIT
-    return torch.where(kept, deltas[best], 0)
+    return torch.where(kept, deltas[best].to(torch.int64), 0)
 
 
 @functools.lru_cache(maxsize=8)
 def _priced(tables, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """The tables' (entry starts, offsets, symbol counts, code lengths) and DELTAS as int64 tensors on ``device``."""
+    """The tables' (entry starts, offsets, symbol counts, code lengths) and DELTAS as int32 tensors on ``device``."""
     arrays = (tables.cdf_start, tables.offsets, tables.n_symbols, tables.cost, np.asarray(DELTAS))
-    return tuple(torch.from_numpy(np.asarray(a, np.int64)).to(device) for a in arrays)
+    return tuple(torch.from_numpy(np.array(a, np.int32)).to(device) for a in arrays)  # a copy: theirs are read-only
 
 
 def _pack_scales(shifts: list) -> bytes:
