@@ -34,7 +34,7 @@ the network's work.
 Sections of a tile: ``res_palette`` (empty bytes, or an ints stream of the first value and the gaps to
 the next ones), ``res_fixes`` (the list; empty bytes when nothing is listed, else an ints stream of
 [count per step, position gaps, m0, scale indexes, centre indexes]), from format 8 ``res_scales`` (empty
-bytes when no group moves, else an ints stream of GROUPS shifts per step, step after step) and ``res_p0`` ..
+bytes when no group moves, else a zstd frame of GROUPS signed bytes per step, step after step) and ``res_p0`` ..
 ``res_p3``, one conditional rANS stream per pass (the pass's q >> k in position order, then its low bits).
 Positions are flat indexes into a step's (planes, 1, h, w) half-resolution grid; pixels of
 the padded tile outside the image are not coded and count as a residual of 0 in later passes' context.
@@ -91,6 +91,8 @@ def sparse(n_values: int, lo: int, hi: int) -> bool:
 def fixes_limit(pixels: int) -> int:
     """The most values a tile's fixes section may hold: the steps' counts, then 4 per listed pixel."""
     return MAX_STEPS + 4 * pixels
+
+
 GROUP = 8  # scale indexes per calibration group: half an octave
 GROUPS = RT.SI_MAX // GROUP + 1
 MAX_DELTA = 12  # a group's scale indexes move by at most three quarters of an octave (an octave gained no more)
@@ -290,8 +292,7 @@ def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, scale,
     """Run the coding steps (``residual_prior.steps``); ``fix(i, m0, si, fi, ambiguous, real)`` gives the integers
     step i codes with, ``scale(i, m0, si, fi, real)`` its calibrated scale indexes and ``symbols(i, m0, shift,
     table, real)`` its q (the encoder codes them, the decoder decodes them); ``real``: the step's positions in the
-    image, None where all are.  Returns the decoded pixels
-    (planes, C, H, W) as float64 values of the domain."""
+    image, None where all are.  Returns the decoded pixels (planes, C, H, W) as float64 values of the domain."""
     prior = res.prior64
     x01, reduced = synthesis
     synthesis[1] = None  # the trunk below is all the passes need of the features
