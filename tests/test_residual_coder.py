@@ -169,6 +169,16 @@ def test_calibrated_file_decodes_within_the_bound_and_is_smaller(e):
         np.testing.assert_array_equal(out, img)
 
 
+def test_colour_tiles_calibrate_each_step():
+    """An RGB tile's twelve steps (a pass's channels in turn) each have their shifts."""
+    img = np.clip(data.astronaut()[100:196, 150:262].astype(np.float64)
+                  + np.random.default_rng(6).normal(0, 12, (96, 112, 3)), 0, 255).astype(np.uint8)
+    buf = visemz.compress(img, max_error=0, quality=6)
+    shifts = residual_coder.unpack_scales(_tile_sections(buf)[residual_coder.SCALES])
+    assert shifts.size == len(residual_prior.steps(3)) * residual_coder.GROUPS and shifts.any()
+    np.testing.assert_array_equal(visemz.decompress(buf), img)
+
+
 def test_small_tiles_calibrate_nothing():
     """Where no step's shifts would pay for their share of the section, the section is empty."""
     buf = visemz.compress(_photo((24, 20)), max_error=0, quality=2)
