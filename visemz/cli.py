@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -431,10 +432,18 @@ def ints_info(path: Path) -> None:
     typer.echo(json.dumps({"entropy": parsed.entropy, "raw_size": parsed.raw_size, "frames": len(parsed.frames)}))
 
 
+# CompressAI imports torch_geometric, whose import calls torch.jit.script: torch's deprecation warning of it would
+# print on every command that loads the codec, and in every worker process, about no code of the user's
+QUIET = "ignore:`torch.jit.script` is deprecated:FutureWarning"
+
+
 def main() -> None:
     """The console script: exit 0 when everything succeeded, 1 when some items failed, 2 on a
     usage error (typer's own for bad arguments, ``_Commands`` for a ``VisemzError``), 130 when
-    interrupted."""
+    interrupted.  The command owns its process, so it sets the warnings filters (QUIET, here and for the
+    processes it spawns); a library import leaves them to the caller."""
+    warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), QUIET]))
     try:
         app(prog_name="visemz")
     except KeyboardInterrupt:
