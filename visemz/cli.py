@@ -434,7 +434,8 @@ def ints_info(path: Path) -> None:
 
 # CompressAI imports torch_geometric, whose import calls torch.jit.script: torch's deprecation warning of it would
 # print on every command that loads the codec, and in every worker process, about no code of the user's
-QUIET = "ignore:`torch.jit.script` is deprecated:FutureWarning"
+DEPRECATED_JIT = "`torch.jit.script` is deprecated"
+QUIET = f"ignore:{DEPRECATED_JIT}:FutureWarning"
 
 
 def main() -> None:
@@ -442,7 +443,7 @@ def main() -> None:
     usage error (typer's own for bad arguments, ``_Commands`` for a ``VisemzError``), 130 when
     interrupted.  The command owns its process, so it sets the warnings filters (QUIET, here and for the
     processes it spawns); a library import leaves them to the caller."""
-    warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=DEPRECATED_JIT, category=FutureWarning)
     os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), QUIET]))
     try:
         app(prog_name="visemz")

@@ -356,15 +356,15 @@ def _calibrated(si: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
 
 def _calibration(q: torch.Tensor, si: torch.Tensor, fi: torch.Tensor, real, tables) -> torch.Tensor:
     """The encoder's shifts of a step (GROUPS int64 on q's device): for each group of scale indexes, the one of
-    DELTAS under which a sample of the step's real positions (at most SAMPLES) costs the fewest bits by the
+    DELTAS under which a sample of the step's positions (at most SAMPLES) costs the fewest bits by the
     tables' integer code lengths (``CdfTables.cost``, what the rANS planner uses), where it saves at least
-    KEEP_BITS on the step and the step's shifts STEP_BITS together; else 0.  On the device (no host wait), in
+    KEEP_BITS on the step and the step's shifts STEP_BITS together; else 0.  On the device (no host wait: the
+    positions beyond the image are priced at nothing rather than left out, which would read their count), in
     int32: a sum is at most SAMPLES values below 2**14."""
-    n = q.numel() if real is None else real.numel()  # a bound: the real ones are at most all (no host read)
-    stride = -(-n // SAMPLES)
+    stride = -(-q.numel() // SAMPLES)
 
     def sample(t):
-        return (t.reshape(-1) if real is None else t[real])[::stride].to(torch.int32)
+        return t.reshape(-1)[::stride].to(torch.int32)
 
     q, si, fi = sample(q), sample(si), sample(fi)
     start, offsets, n_symbols, cost, deltas = _priced(tables, q.device)
@@ -376,6 +376,8 @@ def _calibration(q: torch.Tensor, si: torch.Tensor, fi: torch.Tensor, real, tabl
     inside = (v >= 0) & (v < last)
     bits = cost[start[table] + torch.where(inside, v, last)] \
         + COST_UNIT * (shift + torch.where(inside, 0, ESCAPE_BITS).to(torch.int32))
+    if real is not None:
+        bits *= sample(real)
     group = (si // GROUP).to(torch.int64).expand_as(bits)
     sums = bits.new_zeros((len(DELTAS), GROUPS)).scatter_add_(1, group, bits).to(torch.int64)
     best = sums.argmin(0)  # the first of equal sums: the smallest shift
