@@ -96,6 +96,9 @@ def _worker(rank: int, world: int, store: str, device: str | None, settings: dic
             use_gpu(rank, share=True)
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=timedelta(minutes=30))
+        # every rank's connections made before any goes on: a rank whose quick job ends tears the group down, and a
+        # peer still handshaking (a loaded machine) then fails with "connection closed by peer"
+        dist.barrier()
         value = job(*args, rank=rank, world=world)
         results.put((rank, True, value if rank == 0 else None))
     except BaseException as e:  # noqa: BLE001 (reported to the parent, which raises it)
