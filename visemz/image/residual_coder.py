@@ -437,8 +437,9 @@ def unpack_scales(buf) -> np.ndarray:
     except zstandard.ZstdError as err:
         raise CorruptStreamError(f"residual scale calibration is not a zstd frame: {err}") from None
     v = np.frombuffer(raw, np.int8).astype(np.int64)
-    if v.size != size or np.abs(v).max() > MAX_DELTA:
-        raise CorruptStreamError(f"residual scale calibration holds {v.size} shifts of up to {np.abs(v).max()}: "
+    largest = int(np.abs(v).max()) if v.size else 0  # an empty array has no maximum
+    if v.size != size or largest > MAX_DELTA:
+        raise CorruptStreamError(f"residual scale calibration holds {v.size} shifts of up to {largest}: "
                                  f"expected {size} within -{MAX_DELTA}..{MAX_DELTA}")
     return v
 
