@@ -1,3 +1,4 @@
+import math
 import os
 
 import numpy as np
@@ -8,7 +9,7 @@ from typer.testing import CliRunner
 import visemz
 from visemz import cuda
 from visemz.cli import app
-from visemz.models import all_specs, architectures, registry, residual_prior, residual_weights
+from visemz.models import all_specs, architectures, integer_prior, registry, residual_prior, residual_weights
 from visemz.models import weights as W
 
 from .helpers import optional
@@ -68,7 +69,7 @@ def model_weights(tmp_path_factory):
     older = [s for s in all_specs() if not s.context]
     context = [s for s in all_specs() if s.context]
     shipped = all(W.weights_path(s).is_file() for s in older) and all(
-        residual_weights.path_of(v).is_file() for v in ("gray", "rgb"))
+        residual_weights.path_of(v, integer=i).is_file() for v in ("gray", "rgb") for i in (False, True))
     if shipped and all(W.weights_path(s).is_file() for s in context):
         yield W.weights_dir()
         return
@@ -105,9 +106,14 @@ def _random_weights(specs, folder) -> None:
         prior = residual_prior.ResidualPrior(lossy.channels, lossy.N)
         for head in prior.heads:  # away from the all-zero start, so that the predictions differ from pixel to pixel
             torch.nn.init.normal_(head[-1].weight, std=0.01)
-        residual_weights.save(prior, variant, {"lossy_model": lossy.name,
-                                               "lossy_model_id": W.file_id(folder / f"{lossy.name}.safetensors"),
-                                               "note": "random weights for tests"}, folder)
+        card = {"lossy_model": lossy.name, "lossy_model_id": W.file_id(folder / f"{lossy.name}.safetensors"),
+                "note": "random weights for tests"}
+        residual_weights.save(prior, variant, card, folder)
+        integer = integer_prior.IntegerPrior(lossy.channels, lossy.N)
+        integer.load_state_dict(prior.state_dict(), strict=False)
+        integer.log_act.data.fill_(math.log(0.05))  # activations of a few units over 0..127
+        integer.log_reduced.data.fill_(math.log(0.02))
+        residual_weights.save(integer.integers(), variant, card, folder)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import math
 import struct
 import types
 import weakref
@@ -303,3 +304,28 @@ def check_switch_setting(monkeypatch, env: str, field: str) -> None:
         monkeypatch.setenv(env, bad)
         with pytest.raises(InvalidArgumentError, match=env):
             config.from_env()
+
+
+def integer_prior_bits(net, reduced: torch.Tensor, x01: torch.Tensor, x: torch.Tensor, e: int) -> float:
+    """The bits of coding 8-bit ``x`` (1, C, H, W) with bound ``e`` under the integer prior's layers ``net``, its passes
+    in coding order (the reduced features and the prediction rounded as coding rounds them): the ideal code length
+    the coder's streams should be near."""
+    from visemz.models import integer_prior as IP
+    from visemz.models.residual_prior import MIN_LOG_PROB, _log_bin_prob, head_channels, space_to_depth, steps
+
+    b = 2 * e + 1
+    r = IP.round_half_up(reduced.double()).clamp(-IP.IN_MAX, IP.IN_MAX).to(torch.int64)
+    pred = space_to_depth(x01.double().clamp(0, 1) * 255)
+    p16 = IP.round_half_up(IP.SUB * pred).to(torch.int64)
+    trunk = net.condition(r, IP.recon_steps(p16, 0, 255), IP.side_steps(255, b))
+    known, bits, xs = torch.zeros_like(p16), 0.0, space_to_depth(x.double())
+    for k, sl in steps(net.channels):
+        own = head_channels(k, sl, net.channels)
+        offset, log_scale = (t[:, own] for t in net.head(k, trunk, known))
+        mu, s = pred[:, sl] + offset, torch.exp(log_scale)
+        m0 = torch.floor(mu + 0.5)
+        centre = m0 + torch.floor((xs[:, sl] - m0 + e) / b) * b
+        logp = _log_bin_prob((centre - e - 0.5 - mu) / s, (centre + e + 0.5 - mu) / s).clamp_min(MIN_LOG_PROB)
+        bits -= float(logp.sum()) / math.log(2.0)
+        known[:, sl] = IP.context_steps(centre.clamp(0, 255), p16[:, sl], 255)
+    return bits

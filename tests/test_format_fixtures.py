@@ -122,6 +122,11 @@ def test_every_format_version_written_today_has_a_fixture():
         f"no fixture for {missing}: run python tools/make_format_fixtures.py (it adds, never rewrites)"
 
 
+def test_the_integer_prior_format_has_fixtures():
+    """Format 9 (the integer residual prior) is written on request beside the current format."""
+    assert {f["version"] for f in MANIFEST["fixtures"] if f["kind"] == "image"} >= {image_codec.image_header.INTEGER}
+
+
 def test_the_channel_context_format_has_fixtures():
     """Format 7 is written beside the current format, for the channel-context models alone."""
     assert {f["version"] for f in MANIFEST["fixtures"] if f["kind"] == "image"} >= {image_codec.CONTEXT}

@@ -1,8 +1,9 @@
-"""The learned residual (image formats 6 and 8): lossless and near-lossless coding under the residual prior, on the CPU.
+"""The learned residual (image formats 6, 8 and 9): lossless and near-lossless coding under the residual prior (the
+float one, and from format 9 the integer one), on the CPU.
 
 What must hold whatever the prior's weights: every pixel within max_error (exact at 0), on adversarial
-inputs too; the same bytes decode to the same pixels when the float64 network's last bits differ (the
-fixes list); damage is refused; the training loss is what the coder spends.
+inputs too; the same bytes decode to the same pixels when the float64 values' last bits differ (the fixes list; the
+integer prior's inputs list); damage is refused; the training loss is what the coder spends.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import visemz
 from visemz import container
 from visemz.errors import CorruptStreamError
 from visemz.image import codec as codec_module
-from visemz.image import residual_coder, tiling
-from visemz.models import blocks, registry, residual_prior, residual_weights
+from visemz.image import image_header, residual_coder, tiling
+from visemz.models import blocks, integer_prior, registry, residual_prior, residual_weights
 from visemz.models import residual_tables as RT
 
-from .helpers import max_abs_error, with_tile_part
+from .helpers import integer_prior_bits, max_abs_error, with_tile_part
 
 pytestmark = pytest.mark.usefixtures("model_weights")
 
@@ -104,18 +105,20 @@ def test_tiles_and_regions():
 @pytest.mark.parametrize("e", [0, 2])
 def test_rgb_takes_the_rgb_prior(e):
     img = np.ascontiguousarray(data.astronaut()[100:140, 150:202])
-    buf = visemz.compress(img, max_error=e, quality=2)
-    assert _residual_of(buf) == "learned"
-    assert container.unpack(buf).meta["residual_id"] == residual_weights.load("rgb").model_id
-    out = visemz.decompress(buf)
-    assert out.shape == img.shape and max_abs_error(out, img) <= e
-    if e == 0:
-        np.testing.assert_array_equal(out, img)
+    for fmt in (image_header.CALIBRATED, image_header.INTEGER):
+        buf = visemz.ImageCodec("cpu").compress(img, max_error=e, quality=2, image_format=fmt)
+        assert _residual_of(buf) == "learned"
+        prior = residual_weights.load("rgb", integer=image_header.integer_prior(fmt))
+        assert container.unpack(buf).meta["residual_id"] == prior.model_id
+        out = visemz.decompress(buf)
+        assert out.shape == img.shape and max_abs_error(out, img) <= e
+        if e == 0:
+            np.testing.assert_array_equal(out, img)
 
 
 def test_without_a_prior_the_residual_stays_block_coded(monkeypatch):
     img = data.astronaut()[:24, :30]
-    monkeypatch.setattr(residual_weights, "load", lambda variant, device="cpu": None)
+    monkeypatch.setattr(residual_weights, "load", lambda variant, device="cpu", integer=False: None)
     buf = visemz.compress(img, max_error=0)
     assert _residual_of(buf) == "int"
     np.testing.assert_array_equal(visemz.decompress(buf), img)
@@ -129,6 +132,15 @@ def test_older_format_still_written_on_request():
     six = visemz.ImageCodec("cpu").compress(img, max_error=0, image_format=codec_module.LEARNED)
     assert _residual_of(six) == "learned" and residual_coder.SCALES not in _tile_sections(six)
     np.testing.assert_array_equal(visemz.decompress(six), img)
+    eight = visemz.ImageCodec("cpu").compress(img, max_error=1, image_format=image_header.CALIBRATED)
+    assert container.unpack(eight).meta["residual_id"] == residual_weights.load("gray").model_id
+    assert residual_coder.INPUTS not in _tile_sections(eight) and residual_coder.SCALES in _tile_sections(eight)
+    assert max_abs_error(visemz.decompress(eight), img) <= 1
+    nine = visemz.ImageCodec("cpu").compress(img, max_error=1, image_format=image_header.INTEGER)
+    assert container.unpack(nine).meta["format"] == image_header.INTEGER
+    assert max_abs_error(visemz.decompress(nine), img) <= 1
+    assert container.unpack(nine).meta["residual_id"] == residual_weights.load("gray", integer=True).model_id
+    assert residual_coder.INPUTS in _tile_sections(nine)
 
 
 # ------------------------------------------------------------------ scale calibration (format 8)
@@ -158,7 +170,7 @@ def test_calibration_finds_the_scale_the_values_have():
 def test_calibrated_file_decodes_within_the_bound_and_is_smaller(e):
     img = _noisy((96, 112), sigma=12.0)
     cpu = visemz.ImageCodec("cpu")
-    calibrated = cpu.compress(img, max_error=e, quality=2)
+    calibrated = cpu.compress(img, max_error=e, quality=2, image_format=image_header.CALIBRATED)
     plain = cpu.compress(img, max_error=e, quality=2, image_format=codec_module.LEARNED)
     shifts = residual_coder.unpack_scales(_tile_sections(calibrated)[residual_coder.SCALES])
     assert shifts.size == len(residual_prior.PASSES) * residual_coder.GROUPS and shifts.any()
@@ -205,37 +217,57 @@ def test_crafted_scale_sections_are_refused():
 
 
 # ------------------------------------------------------------------ devices that differ in the last bits
+def _moved(t: torch.Tensor, rel: float, gen) -> torch.Tensor:
+    return t * (1 + rel * (2 * torch.rand(t.shape, generator=gen, dtype=t.dtype) - 1)) + 1e-12
+
+
 def _perturbed_heads(monkeypatch, rel: float, seed: int):
-    """Every head's outputs moved by up to ``rel`` of themselves (and 1e-12 absolute): what another device's
-    float64 arithmetic could give."""
-    inner = residual_prior.ResidualPrior.head
+    """Every head's outputs (float and integer prior) moved by up to ``rel`` of themselves (and 1e-12 absolute): what
+    another device's float64 arithmetic could give."""
     gen = torch.Generator().manual_seed(seed)
+    for owner in (residual_prior.ResidualPrior, integer_prior.IntegerNet):
+        def head(self, k, trunk, context, inner=owner.head):
+            return tuple(_moved(t, rel, gen) for t in inner(self, k, trunk, context))
 
-    def head(self, k, trunk, context):
-        outs = inner(self, k, trunk, context)
-        return tuple(t * (1 + rel * (2 * torch.rand(t.shape, generator=gen, dtype=t.dtype) - 1)) + 1e-12 for t in outs)
-
-    monkeypatch.setattr(residual_prior.ResidualPrior, "head", head)
+        monkeypatch.setattr(owner, "head", head)
 
 
+def _perturbed_synthesis(monkeypatch, rel: float, seed: int):
+    """The decoder's float64 synthesis (reconstruction and reduced features) moved by up to ``rel`` of itself: what
+    another device's could give."""
+    gen, inner = torch.Generator().manual_seed(seed), residual_coder.decode
+
+    def decode(res, sections, synthesis, meta, e):
+        return inner(res, sections, [_moved(synthesis[0], rel, gen), _moved(synthesis[1], rel, gen)], meta, e)
+
+    monkeypatch.setattr(residual_coder, "decode", decode)
+
+
+@pytest.mark.parametrize("fmt", [image_header.CALIBRATED, image_header.INTEGER])
 @pytest.mark.parametrize("e", [0, 2])
-def test_decoder_with_other_last_bits_decodes_the_same(monkeypatch, e):
+def test_decoder_with_other_last_bits_decodes_the_same(monkeypatch, e, fmt):
     img = _photo((48, 56), "uint16")
-    buf = visemz.compress(img, max_error=e, quality=2)
+    buf = visemz.ImageCodec("cpu").compress(img, max_error=e, quality=2, image_format=fmt)
     want = visemz.decompress(buf)
+    assert max_abs_error(want, img) <= e
     _perturbed_heads(monkeypatch, 1e-12, seed=e)
+    _perturbed_synthesis(monkeypatch, 1e-12, seed=e)
     np.testing.assert_array_equal(visemz.decompress(buf), want)
 
 
-def test_every_position_listed_decodes_through_the_list(monkeypatch):
-    """With a tolerance of half a unit every position is listed: the decoder then codes with the encoder's
-    integers alone, whatever its own network says."""
+@pytest.mark.parametrize("fmt", [image_header.CALIBRATED, image_header.INTEGER])
+def test_every_position_listed_decodes_through_the_list(monkeypatch, fmt):
+    """With a tolerance of half a unit every position (and every input of the integer prior) is listed: the decoder
+    then codes with the encoder's integers alone, whatever its own network and synthesis say."""
     img = _photo((32, 40))
     monkeypatch.setattr(residual_coder, "TOL", 0.5)
-    buf = visemz.compress(img, max_error=1, quality=2)
+    buf = visemz.ImageCodec("cpu").compress(img, max_error=1, quality=2, image_format=fmt)
     sections = _tile_sections(buf)
     assert len(sections[residual_coder.FIXES]) > 0
-    _perturbed_heads(monkeypatch, 1e-3, seed=1)  # far beyond float64 noise: only the list can keep it right
+    _perturbed_heads(monkeypatch, 1e-3, seed=1)  # far beyond float64 noise: only the lists can keep it right
+    if fmt == image_header.INTEGER:
+        assert len(sections[residual_coder.INPUTS]) > 0
+        _perturbed_synthesis(monkeypatch, 1e-3, seed=2)
     assert max_abs_error(visemz.decompress(buf), img) <= 1
 
 
@@ -259,6 +291,29 @@ def test_crafted_fixes_are_refused():
         fixes = residual_coder.encode_ints(np.asarray(values, np.int32), policy="global", entropy="none")
         with pytest.raises(CorruptStreamError):
             visemz.decompress(with_tile_part(buf, residual_coder.FIXES, fixes))
+
+
+def test_crafted_inputs_lists_are_refused():
+    img = _photo((20, 24))
+    buf = visemz.ImageCodec("cpu").compress(img, max_error=0, quality=2, image_format=image_header.INTEGER)
+    n_reduced, n_pred = 32 * 32 * 32, 4 * 32 * 32  # the padded 64 x 64 core's reduced features and predictions
+    bad = [
+        [1, 0, n_reduced, 5],  # a position beyond the reduced features
+        [0, 1, n_pred, 5],  # beyond the predictions
+        [2, 0, 4, 0, 1, 1],  # positions not increasing
+        [1, 1, 0, 3],  # fewer values than the counts say
+        [-1, 0],
+        [5],
+    ]
+    for values in bad:
+        body = residual_coder.encode_ints(np.asarray(values, np.int32), policy="global", entropy="none")
+        with pytest.raises(CorruptStreamError, match="residual inputs"):
+            visemz.decompress(with_tile_part(buf, residual_coder.INPUTS, body))
+    listed = residual_coder.encode_ints(np.asarray([1, 1, 7, 0, 3, 200], np.int32), policy="global", entropy="none")
+    try:  # a valid list, if not the encoder's: other pixels in range, or damage found by the streams
+        assert visemz.decompress(with_tile_part(buf, residual_coder.INPUTS, listed)).shape == img.shape
+    except CorruptStreamError:
+        pass
 
 
 def test_damaged_pass_stream_is_refused_or_stays_in_range():
@@ -376,14 +431,21 @@ def test_blocked_synthesis_and_analysis_give_the_whole_result(monkeypatch):
 
 @pytest.mark.parametrize("variant", ["gray", "rgb"])
 def test_training_loss_is_what_the_coder_spends(variant):
-    """nll_bits (float32, the training objective) against the bytes of the step streams, on one image: the coder
-    codes in the order training assumes (a colour pass a channel at a time)."""
-    res = residual_weights.load(variant)
+    """nll_bits (the training objective) against the bytes of the step streams, on one image, for the float prior
+    (format 8) and the integer one (format 9, its layers run as coding runs them): the coder codes in the order
+    training assumes (a colour pass a channel at a time)."""
+    for fmt in (image_header.CALIBRATED, image_header.INTEGER):
+        _check_training_loss(variant, fmt)
+
+
+def _check_training_loss(variant: str, fmt: int) -> None:
+    res = residual_weights.load(variant, integer=image_header.integer_prior(fmt))
     img = _photo((96, 128)) if variant == "gray" else np.ascontiguousarray(data.astronaut()[100:196, 150:278])
     e = 0
-    buf = visemz.compress(img, max_error=e, quality=3)
+    buf = visemz.ImageCodec("cpu").compress(img, max_error=e, quality=3, image_format=fmt)
     sections = _tile_sections(buf)
-    coded = 8 * sum(len(sections[k]) for k in residual_coder.step_sections(res.prior64.channels))
+    channels = 3 if variant == "rgb" else 1
+    coded = 8 * sum(len(sections[k]) for k in residual_coder.step_sections(channels))
     f = codec_module.ImageCodec("cpu")._open(buf)
     with torch.inference_mode():
         _, _, (x01, reduced) = next(codec_module.ImageCodec("cpu")._tile_pixels(
@@ -391,9 +453,12 @@ def test_training_loss_is_what_the_coder_spends(variant):
         x = torch.from_numpy(np.atleast_3d(img).transpose(2, 0, 1).astype(np.float64))[None]
         one = torch.ones(1, dtype=torch.float64)
         h, w = img.shape[:2]  # the image's own pixels (the coder codes no padding)
-        bits = residual_prior.nll_bits(res.prior64, reduced[:, :, :h // 2, :w // 2], x01[:, :, :h, :w], x, 0 * one,
-                                       255 * one, e * one)
-    assert 0.95 < coded / float(bits) < 1.05, (coded, float(bits))
+        if res.integer is None:
+            bits = float(residual_prior.nll_bits(res.prior64, reduced[:, :, :h // 2, :w // 2], x01[:, :, :h, :w], x,
+                                                 0 * one, 255 * one, e * one))
+        else:
+            bits = integer_prior_bits(res.integer, reduced[:, :, :h // 2, :w // 2], x01[:, :, :h, :w], x, e)
+    assert 0.95 < coded / bits < 1.05, (fmt, coded, bits)
 
 
 def test_tables_family_is_shipped_with_the_prior():

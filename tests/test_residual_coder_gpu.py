@@ -8,7 +8,7 @@ import torch
 from skimage import data
 
 from visemz import container
-from visemz.image import codec, residual_coder
+from visemz.image import codec, image_header, residual_coder
 from visemz.models import architectures, residual_prior
 
 from .helpers import optional, parity
@@ -39,12 +39,14 @@ def _pass_streams(buf: bytes) -> list[bytes]:
             if k in residual_coder.STEP_SECTIONS or k == residual_coder.SCALES]
 
 
+@pytest.mark.parametrize("fmt", [image_header.CALIBRATED, image_header.INTEGER])
 @pytest.mark.parametrize("e", [0, 1, 4])
-def test_written_on_either_device_decodes_exactly_on_both(gpu_cpu_codecs, e):
+def test_written_on_either_device_decodes_exactly_on_both(gpu_cpu_codecs, e, fmt):
+    """The float prior (format 8) and the integer one (format 9, conv8's kernel on the GPU, float64 on the CPU)."""
     gpu, cpu = gpu_cpu_codecs
     with parity() as p:
         for label, img in _images().items():
-            bufs = {enc.device: enc.compress(img, quality=2, max_error=e) for enc in (gpu, cpu)}
+            bufs = {enc.device: enc.compress(img, quality=2, max_error=e, image_format=fmt) for enc in (gpu, cpu)}
             for where, buf in bufs.items():
                 p.same(f"{label} E={e} written on {where}: learned",
                        container.unpack(buf).meta["residual"] == "learned", container.unpack(buf).meta["residual"])
@@ -52,14 +54,15 @@ def test_written_on_either_device_decodes_exactly_on_both(gpu_cpu_codecs, e):
                 p.same_array(f"{label} E={e} written on {where}: CPU and GPU decodes", a, b)
                 p.same_array(f"{label} E={e} written on {where}: within the bound", a, img, atol=e)
             # the pixels' integers agree between devices (else the fixes list differs): then so do the streams
-            p.same(f"{label} E={e}: pass streams alike on both devices",
+            p.same(f"{label} E={e} format {fmt}: pass streams alike on both devices",
                    _pass_streams(bufs["cuda"]) == _pass_streams(bufs["cpu"]), "streams differ")
 
 
-def test_tiled_file_across_devices(gpu_cpu_codecs):
+@pytest.mark.parametrize("fmt", [image_header.CALIBRATED, image_header.INTEGER])
+def test_tiled_file_across_devices(gpu_cpu_codecs, fmt):
     gpu, cpu = gpu_cpu_codecs
     img = data.camera()[:300, :260]
-    buf = gpu.compress(img, quality=3, max_error=0, tile=128)
+    buf = gpu.compress(img, quality=3, max_error=0, tile=128, image_format=fmt)
     np.testing.assert_array_equal(cpu.decompress(buf), img)
     np.testing.assert_array_equal(gpu.decompress(buf, region=(100, 220, 40, 200)), img[100:220, 40:200])
 

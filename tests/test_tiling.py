@@ -310,7 +310,9 @@ def _camera_float():
 # decoded again from its sections), and held since; pinned again with image format 5, container version 2 and
 # conditional rANS stream version 2 (the framing changed, not their symbols or residuals), and with image format 6
 # (`residual_id` in the header; the gray uint8 case's residual coded under the residual prior), and with image format 8
-# (the format number in every header; the learned residual's scale calibration section); the mbt2018-mean
+# (the format number in every header; the learned residual's scale calibration section); the RGB case pinned with
+# its residual prior's id (it had been pinned without one, and skipped); image format 9 (the integer residual prior)
+# pinned when it came, written on request; the mbt2018-mean
 # cases pinned again with each update of their weights (the balle2016 case's digest held through every change).
 # They hold for these weights (model_id, and the residual prior's id where it codes the residual), the default
 # coder settings and the float32 analysis of the machine they were taken on (torch 2.14 on an AVX512 CPU: another
@@ -323,7 +325,11 @@ WRITTEN_BEFORE = {
     "float32-float": (_camera_float, dict(model="balle2016", quality=3, max_error=0.02), ("f14f2366b618726b", None),
                       "aa619de7396644f79a4f016af32e479a6474ebdc4e7259cf338f0b738ffc9f10"),
     "rgb-lossless": (lambda: np.ascontiguousarray(data.astronaut()[:90, :130]), dict(quality=4, max_error=0),
-                     ("f7e0896ee6d1e37d", None), "2710a7ce5724294b40caae7e2565206a5ecd5fdc3d69e420fef061b8887f7378"),
+                     ("f7e0896ee6d1e37d", "35ed6120d0f359a7"),
+                     "671963cbba7c7ebdafe0a4441f321137ca7b4da7e4ea49a7abcdd697d36c8979"),
+    "uint8-integer": (lambda: np.ascontiguousarray(data.camera()[:150, :200]),
+                      dict(quality=2, max_error=2, image_format=9), ("8d0c0e8eae2a035a", "b04ad8e58053ddd9"),
+                      "4ae8cd333a02c79f94a4a7c2d82b040ce804dcaf82c8458b07a092dc15750c05"),
 }
 CODER_SETTINGS = ("zstd_level", "entropy_chunk", "rans_lane_bytes", "rans_lane_symbols", "tile_batch")
 

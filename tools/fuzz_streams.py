@@ -167,6 +167,8 @@ def _image_files(add) -> None:
         f"{now}-mbt-u16-e3": codec.compress(smooth_image("uint16", (64, 48), 4), model="mbt2018-mean", max_error=3),
         f"{now}-tiled-e1": codec.compress(smooth_image("uint8", (96, 64), 5), max_error=1, tile=64),
         f"{now}-u8-e1-scales": codec.compress(smooth_image("uint8", (64, 64), 2), quality=1, max_error=1),  # calibrated
+        "image-v9-u8-e1-integer": codec.compress(smooth_image("uint8", (64, 64), 2), quality=1, max_error=1,
+                                                 image_format=9),  # the integer prior
         "image-v6-u8-e2": codec.compress(gray, max_error=2, image_format=6),
         "image-v5-tiled-e1": codec.compress(smooth_image("uint8", (96, 64), 5), max_error=1, tile=64, image_format=5),
         "image-v4-tiled-mbt": codec.compress(smooth_image("uint8", (64, 96), 6), model="mbt2018-mean", tile=64,

@@ -206,6 +206,15 @@ CONTEXT_IMAGES = (  # image format 7: (model, dtype, shape, max_error, tile); tw
 )
 
 
+INTEGER_IMAGES = (  # image format 9, on request: the learned residual under the integer prior (model, dtype, shape,
+    # max_error, tile): gray lossless and near-lossless, a sparse 16-bit tile, a calibrated one, tiles, RGB
+    ("mbt2018-mean", "uint8", (40, 52), 0, None),
+    ("mbt2018-mean", "uint8", (40, 52), 2, None),
+    ("mbt2018-mean", "uint16", (32, 40), 0, None),
+    ("mbt2018-mean", "uint8", (64, 64), 1, None),
+    ("mbt2018-mean", "uint16", (150, 70), 3, 64),
+    ("mbt2018-mean", "uint8", (24, 30, 3), 0, None),
+)
 SKIPPED_IMAGES = ("mbt2018-mean",)  # also written with skipped symbols (conditional rANS stream version 3)
 SKIP_FREQ = 65531
 
@@ -229,12 +238,18 @@ def context_images(w: Writer) -> None:
     _write_images(w, list(CONTEXT_IMAGES))
 
 
-def _write_images(w: Writer, cases: list) -> None:
+def integer_images(w: Writer) -> None:
+    """Format 9 (the integer residual prior), written on request beside the current format."""
+    _write_images(w, list(INTEGER_IMAGES), image_codec.image_header.INTEGER)
+
+
+def _write_images(w: Writer, cases: list, image_format: int | None = None) -> None:
+    codec = image_codec.ImageCodec("cpu")
     for model, dtype, shape, e, tile in cases:
         img = smooth_image(dtype, shape, seed=len(shape))
         for skip in (0, SKIP_FREQ) if model in SKIPPED_IMAGES else (0,):
             with _rans_skip(skip):
-                buf = visemz.compress(img, model=model, quality=1, max_error=e, device="cpu", tile=tile)
+                buf = codec.compress(img, model=model, quality=1, max_error=e, tile=tile, image_format=image_format)
             fmt = container.unpack(buf).meta["format"]
             name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "") \
                 + _container_suffix() + (f"-skip{skip}" if skip else "")
@@ -334,8 +349,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     w = Writer(args.out)
-    for part in (block_streams, ints_streams, images, context_images, page_stack, residuals, float_codecs,
-                 numcodecs_chunks):
+    for part in (block_streams, ints_streams, images, context_images, integer_images, page_stack, residuals,
+                 float_codecs, numcodecs_chunks):
         part(w)
     w.save()
     print(f"{len(w.added)} fixtures added to {args.out}: {', '.join(w.added) or 'none'}")

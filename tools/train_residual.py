@@ -5,6 +5,8 @@
     python tools/train_residual.py --data DATA --variant rgb --out runs/rgb \
         --init visemz/models/weights/residual-rgb.safetensors   # fine-tune a shipped prior
     python tools/train_residual.py --export runs/res --variant gray   # -> visemz/models/weights/
+    python tools/train_residual.py --data DATA --variant gray --out runs/int8 --integer \
+        --init visemz/models/weights/residual-gray.safetensors   # the integer prior, from the float one
 
 DATA holds train/gray, train2/gray/*, train2/gray16 (gray) or train/rgb, train2/rgb/* (rgb), as the
 lossy models' training reads them; nothing under eval/ is read.  Images keep their own values: 8-bit
@@ -22,6 +24,10 @@ a decoder has them; the loss is the residual's bits per pixel under the prior, p
 A head's inputs for its own pass's context are zeroed: a prior trained when a pass coded its channels
 side by side never saw them other than zero (their weights are still their random start), and zero
 weights there make the start code exactly as that prior did; training then learns them.
+
+--integer trains the integer prior (``visemz/models/integer_prior.py``: 8-bit weights and activations, rounding's
+gradient passed straight through); from --init (a float prior's weights) its steps start at the float network's
+99.99th percentiles on the first batch.  Its files are named residual-int8-VARIANT.
 
 Checkpoints (every --checkpoint-every seconds and at the end, atomically): --out/residual-VARIANT.ckpt.safetensors,
 float32 parameters and Adam's moments, step and seconds in the metadata; --resume takes it.  A log row
@@ -47,7 +53,7 @@ from safetensors.torch import save_file
 
 from train import GRAY_GROUPS, CropSampler, Image, _files, draw_weights, parse_mix
 from visemz.io.writers import atomic_file
-from visemz.models import registry, residual_prior, residual_weights, training
+from visemz.models import integer_prior, registry, residual_prior, residual_weights, training
 from visemz.models import weights as W
 
 # kept out of training for the lossless evaluation: 16-bit fluorescence and astronomy images (and their
@@ -133,6 +139,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.add_argument("--patch", type=int, default=128)
     a.add_argument("--lr", type=float, default=1e-3)
     a.add_argument("--width", type=int, default=48)
+    a.add_argument("--integer", action="store_true", help="train (or export) the integer prior")
     a.add_argument("--lossless-share", type=float, default=0.5)
     a.add_argument("--bounds", default="1,2,3,4,6,8", help="near-lossless bounds E drawn for the other samples")
     a.add_argument("--mix", help="GROUP=SHARE,... (default by variant)")
@@ -155,8 +162,8 @@ def zero_own_pass_inputs(prior: residual_prior.ResidualPrior) -> None:
             head[0].weight[:, width + k * c:width + (k + 1) * c] = 0
 
 
-def ckpt_path(folder: Path, variant: str) -> Path:
-    return folder / f"residual-{variant}.ckpt.safetensors"
+def ckpt_path(folder: Path, variant: str, integer: bool = False) -> Path:
+    return folder / f"{residual_weights.file_stem(variant, integer)}.ckpt.safetensors"
 
 
 class Trainer:
@@ -167,9 +174,13 @@ class Trainer:
         self.spec = registry.spec(registry.DEFAULT_MODEL, args.variant)
         self.lossy, self.lossy_id = W.load(self.spec, device)
         channels = self.spec.channels
-        self.prior = residual_prior.ResidualPrior(channels, self.spec.N, args.width).to(device)
+        kind = integer_prior.IntegerPrior if args.integer else residual_prior.ResidualPrior
+        self.prior = kind(channels, self.spec.N, args.width).to(device)
+        self.loss_bits = integer_prior.nll_bits if args.integer else residual_prior.nll_bits
+        self.needs_steps = False  # the integer prior's steps, set from the first batch after --init
         self.opt = torch.optim.Adam(self.prior.parameters(), lr=args.lr)
         self.step, self.seconds, self.fresh_moments = 0, 0.0, True
+        self.init_id = ""  # the id of the weights file --init started from
         self.bounds = torch.tensor([float(b) for b in args.bounds.split(",")], device=device)
 
     def save(self, path: Path) -> None:
@@ -181,7 +192,7 @@ class Trainer:
                 tensors[f"m/{n}"] = st["exp_avg"].cpu().contiguous()
                 tensors[f"v/{n}"] = st["exp_avg_sq"].cpu().contiguous()
         meta = {"step": str(self.step), "seconds": f"{self.seconds:.1f}", "config": json.dumps(self.prior.config),
-                "lossy_model": self.spec.name, "lossy_model_id": self.lossy_id}
+                "lossy_model": self.spec.name, "lossy_model_id": self.lossy_id, "init_id": self.init_id}
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(path) as (_, tmp):
             save_file(tensors, str(tmp), metadata=meta)
@@ -191,6 +202,7 @@ class Trainer:
             meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
         self.prior.load_state_dict({k[2:]: v for k, v in tensors.items() if k.startswith("p/")})
         self.step, self.seconds = int(meta["step"]), float(meta["seconds"])
+        self.init_id = meta.get("init_id", "")
         moments = [k for k in tensors if k.startswith("m/")]
         if moments:
             names = dict(self.prior.named_parameters())
@@ -204,9 +216,30 @@ class Trainer:
     def init_from(self, path: Path) -> None:
         """Start from a prior's weights file."""
         tensors, _ = W.read_tensors(path)
+        self.init_id = W.file_id(path)
         self.prior.load_state_dict({k[len(residual_weights.PREFIX):]: v for k, v in tensors.items()
-                                    if k.startswith(residual_weights.PREFIX)})
-        zero_own_pass_inputs(self.prior)
+                                    if k.startswith(residual_weights.PREFIX)}, strict=not self.args.integer)
+        if self.args.integer:  # from a prior that already codes a pass a channel at a time
+            self.needs_steps = True
+        else:
+            zero_own_pass_inputs(self.prior)
+
+    def set_steps(self, sampler: CropSampler, ranges: torch.Tensor) -> None:
+        """The integer prior's steps from the float network's values on a batch (the context: the true residuals)."""
+        raw, k = sampler.sample(self.args.batch)
+        x = raw.float()
+        lo, hi = ranges[k, 0], ranges[k, 1]
+        x01 = (x - lo.view(-1, 1, 1, 1)) / (hi - lo).clamp_min(1).view(-1, 1, 1, 1)
+        quality, bound = self.batch_settings(x.shape[0])
+        features, x_hat = training.reconstruct(self.lossy, x01, quality, amp=True)
+        with torch.no_grad():
+            reduced = self.prior.reduce(features)
+        view = lambda v: v.view(-1, 1, 1, 1)  # noqa: E731
+        span = (hi - lo).clamp_min(1.0)
+        pred = view(lo) + x_hat.clamp(0, 1) * view(span)
+        context = residual_prior.space_to_depth((x - pred) / (residual_prior.CONTEXT_SCALE * view(span) / 255.0))
+        self.prior.init_steps(reduced.detach(), x_hat, torch.log2(span / 255.0), torch.log2(2 * bound + 1), context)
+        self.needs_steps = False
 
     def batch_settings(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         quality = training.batch_qualities(n, self.device)
@@ -222,7 +255,7 @@ class Trainer:
         quality, bound = self.batch_settings(x.shape[0])
         features, x_hat = training.reconstruct(self.lossy, x01, quality, amp=True)
         reduced = self.prior.reduce(features)
-        bits = residual_prior.nll_bits(self.prior, reduced, x_hat, x, lo, hi, bound)
+        bits = self.loss_bits(self.prior, reduced, x_hat, x, lo, hi, bound)
         pixels = x.shape[1] * x.shape[2] * x.shape[3]
         loss = bits.mean() / pixels
         for g in self.opt.param_groups:
@@ -251,7 +284,7 @@ def train(args) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
     t = Trainer(args, device)
-    resume = ckpt_path(args.resume, args.variant) if args.resume else None
+    resume = ckpt_path(args.resume, args.variant, args.integer) if args.resume else None
     if resume is not None and resume.is_file():
         t.load(resume)
         print(f"resumed {resume} at step {t.step}")
@@ -262,9 +295,11 @@ def train(args) -> None:
     mix = parse_mix(args.mix or DEFAULT_MIX[args.variant])
     sampler = CropSampler(images, draw_weights(images, mix), args.patch, device)
     ranges_t = torch.from_numpy(ranges).to(device)
+    if t.needs_steps:
+        t.set_steps(sampler, ranges_t)
     print(f"{len(images)} images; groups {sorted({im.group for im in images})}; device {device}"
           f" {torch.cuda.get_device_name() if device == 'cuda' else ''}", flush=True)
-    log_path = args.out / f"residual-{args.variant}.csv"
+    log_path = args.out / f"{residual_weights.file_stem(args.variant, args.integer)}.csv"
     args.out.mkdir(parents=True, exist_ok=True)
     new_log = not log_path.exists()
     with open(log_path, "a", newline="") as f:
@@ -291,24 +326,27 @@ def train(args) -> None:
                 acc = []
             if time.time() - last_ckpt >= args.checkpoint_every:
                 t.seconds = base_seconds + time.time() - t0
-                t.save(ckpt_path(args.out, args.variant))
+                t.save(ckpt_path(args.out, args.variant, args.integer))
                 last_ckpt = time.time()
         t.seconds = base_seconds + time.time() - t0
-        t.save(ckpt_path(args.out, args.variant))
+        t.save(ckpt_path(args.out, args.variant, args.integer))
     print(f"done: step {t.step}, {t.seconds:.0f} s", flush=True)
 
 
 def export(args) -> None:
-    path = ckpt_path(args.export, args.variant)
+    path = ckpt_path(args.export, args.variant, args.integer)
     with safe_open(str(path), framework="pt") as f:
         meta, tensors = f.metadata(), {k[2:]: f.get_tensor(k) for k in f.keys() if k.startswith("p/")}
     config = json.loads(meta["config"])
-    prior = residual_prior.ResidualPrior(**config)
+    prior = (integer_prior.IntegerPrior if args.integer else residual_prior.ResidualPrior)(**config)
     prior.load_state_dict(tensors)
     card = {"steps": int(meta["step"]), "train_seconds": float(meta["seconds"]), "lossy_model": meta["lossy_model"],
             "lossy_model_id": meta["lossy_model_id"], "holdout": list(HOLDOUT)}
-    model_id = residual_weights.save(prior, args.variant, card, args.weights_dir)
-    print(f"exported residual-{args.variant}: id {model_id}")
+    if meta.get("init_id"):
+        card["init_id"] = meta["init_id"]  # the prior it started from (for --integer with no steps: quantised from)
+    model_id = residual_weights.save(prior.integers() if args.integer else prior, args.variant, card,
+                                     args.weights_dir)
+    print(f"exported {residual_weights.file_stem(args.variant, args.integer)}: id {model_id}")
 
 
 def main(argv=None) -> None:

@@ -64,6 +64,8 @@ def main(argv=None) -> None:
     a.add_argument("--bounds", default="0,2")
     a.add_argument("--quality", type=float, default=None,
                    help="visemz's lossy quality (default: the codec's for max_error)")
+    a.add_argument("--formats", default="", help="image formats of visemz to run side by side, e.g. 9,8 (default: "
+                   "the codec's own)")
     a.add_argument("--reps", type=int, default=5)
     a.add_argument("--warmup", type=int, default=2)
     a.add_argument("--out", type=Path, required=True)
@@ -76,16 +78,19 @@ def main(argv=None) -> None:
     print(f"device: {device_name} ({args.device}); {threads} CPU threads", flush=True)
     codec = visemz.ImageCodec(args.device)
     kw = {} if args.quality is None else {"quality": args.quality}
+    formats = [int(f) for f in args.formats.split(",") if f] or [None]
     rows = []
     for path in (args.image8, args.image16):
         img = square(cv2.imread(str(path), cv2.IMREAD_UNCHANGED), args.size)
         for e in (int(v) for v in args.bounds.split(",")):
-            rows.append(row(f"visemz ({args.device})", img, e, lambda x: codec.compress(x, max_error=e, **kw),
-                            codec.decompress, args.reps, args.warmup, sync))
+            for fmt in formats:
+                name = f"visemz ({args.device})" if fmt is None else f"visemz format {fmt} ({args.device})"
+                rows.append(row(name, img, e, lambda x: codec.compress(x, max_error=e, image_format=fmt, **kw),
+                                codec.decompress, args.reps, args.warmup, sync))
             for name, (enc, dec) in classical(e, threads).items():
                 rows.append(row(f"{name} (cpu, {threads} threads)", img, e, enc, dec, args.reps, args.warmup,
                                 lambda: None))
-            for r in rows[-1 - len(classical(e, threads)):]:
+            for r in rows[-len(formats) - len(classical(e, threads)):]:
                 r["image"] = path.name
                 print(f"{path.name} {r['dtype']} E={e} {r['codec']:32s} {r['bpp']:.3f} bpp  enc "
                       f"{r['encode_mp_s']:8.1f} MP/s  dec {r['decode_mp_s']:8.1f} MP/s  max err "

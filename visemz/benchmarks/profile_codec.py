@@ -228,6 +228,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default="balle2016")
     ap.add_argument("--quality", type=float, default=4.0)
     ap.add_argument("--max-error", type=float, default=None)
+    ap.add_argument("--image-format", type=int, default=None, help="the image format written (default: the model's)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--threads", default="1,2,4", help="thread counts for the concurrent compress rate")
@@ -237,7 +238,8 @@ def main(argv=None) -> None:
 
     image = loaders.load_image(args.image)
     codec = ImageCodec(args.device)
-    kwargs = {"model": args.model, "quality": args.quality, "max_error": args.max_error}
+    kwargs = {"model": args.model, "quality": args.quality, "max_error": args.max_error,
+              "image_format": args.image_format}
     buf = codec.compress(image, **kwargs)
     for _ in range(3):  # warm-up: kernels compiled, nvCOMP codecs made, cuDNN chose its algorithms
         codec.decompress_tensor(codec.compress(image, **kwargs))

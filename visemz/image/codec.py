@@ -131,7 +131,8 @@ class ImageCodec:
         larger than one tile is compressed tile by tile, a batch of tiles at a time on the device, so
         a NumPy image stays in host memory.  ``image_format=2`` or ``3`` writes a previous format (one
         tile, block-coded or rANS-coded symbols), for comparisons and compatibility tests.
-        ``image_format`` None: the model's format (7 for a channel-context model, else 8).
+        ``image_format`` None: the model's format (7 for a channel-context model, else 8; 9, the integer residual
+        prior, on request).
         ``refine``: steps of encoder-side latent refinement (0..10000; default ``VISEMZ_REFINE``, 0:
         none; or a ``refine.RefineSettings``): each step costs a forward and backward pass of the
         synthesis on the image, and the decoder and the format are unchanged (``refine.py``).  With
@@ -210,8 +211,7 @@ class ImageCodec:
                     x = t[box[0]:box[1], box[2]:box[3]].to(self.device)
                     tm = tiling.tile_meta(meta, box)
                     extra = residual.encode(x, x01, tm, e, **self.enc)[0] if res is None else \
-                        residual_coder.encode(res, x, x01, tm, e, levels_too,
-                                              image_format >= image_header.CALIBRATED)
+                        residual_coder.encode(res, x, x01, tm, e, levels_too, image_header.calibrated(image_format))
                     tiles[i][0].update(extra)
             for i in range(len(tiles), grid.count):  # without max_error: every tile, coded and dropped
                 symbols_of(i)
@@ -236,12 +236,12 @@ class ImageCodec:
 
     def _residual_prior(self, spec: registry.ModelSpec, mode: str | None,
                         image_format: int) -> residual_weights.Residual | None:
-        """The residual prior that codes an integer image's max_error residual (formats 6 to 8), or None: the
-        block-coded residual of formats 2-5, for float32 images and where no prior fits the model."""
+        """The residual prior that codes an integer image's max_error residual (formats 6 to 9: the integer one from
+        9), or None: the block-coded residual of formats 2-5, for float32 images and where no prior fits the model."""
         if mode != "int" or image_format < LEARNED:
             return None
-        res = residual_weights.load(spec.variant, self.device)
-        return res if res is not None and res.lossy_model == spec.name and res.prior64.features == spec.N else None
+        res = residual_weights.load(spec.variant, self.device, image_header.integer_prior(image_format))
+        return res if res is not None and res.lossy_model == spec.name and res.features == spec.N else None
 
     # ---------------------------------------------------------------- decompress
     def decode_symbols(self, buf) -> dict[str, torch.Tensor]:
@@ -319,7 +319,7 @@ class ImageCodec:
         batch layout, what ``residual_coder`` takes."""
         model, dtype = (net64, torch.float64) if f64 else (net, torch.float32)
         latent_of = _dequantiser(model, symbols_of, q, dtype)
-        reduce = None if res is None else res.prior64.reduce
+        reduce = None if res is None else res.reduce
         for i, x in tiling.synthesise(model, grid, list(tiles), latent_of, defaults.get("tile_batch"), reduce=reduce):
             box = tiling.pixel_box(grid, i, meta)
             out = list(x) if res is not None else from_batch(x, tiling.tile_meta(meta, box))
@@ -427,7 +427,7 @@ def _learned_prior(h: dict, spec: registry.ModelSpec, device: str) -> residual_w
     """The residual prior a file's "learned" residual names (None for other files), or UnsupportedFormatError."""
     if h["residual"] != "learned":
         return None
-    res = residual_weights.load(spec.variant, device)
+    res = residual_weights.load(spec.variant, device, image_header.integer_prior(h["format"]))
     if res is None or res.model_id != h["residual_id"]:
         have = "none" if res is None else res.model_id
         raise UnsupportedFormatError(f"file's residual was coded with residual prior {h['residual_id']} of "

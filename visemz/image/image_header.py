@@ -37,13 +37,18 @@ KIND = "image"
 # 7: format 6 for channel-context models only (``models/channel_context.py``): y in slice sections
 #    y0, y1, ... (``latents.py``); written for them, never for the others;
 # 8: format 6 whose learned residual's scale indexes may be calibrated per image (section res_scales,
-#    ``residual_coder.py``).
+#    ``residual_coder.py``);
+# 9: format 8 whose learned residual is coded under the integer prior (``models/integer_prior.py``), its
+#    inputs' borderline roundings listed (section res_inputs).
 TILED = 4
 LEARNED = 6
 CONTEXT = 7
 CALIBRATED = 8
-FORMAT = CALIBRATED  # what every model but the channel-context ones writes
-TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED, CONTEXT, CALIBRATED)
+INTEGER = 9
+# what every model but the channel-context ones writes: the integer prior's format 9 is written on request while its
+# files are still larger than the float prior's (docs/benchmarks.md)
+FORMAT = CALIBRATED
+TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED, CONTEXT, CALIBRATED, INTEGER)
 FORMATS_READ = (latents.BLOCK, latents.RANS, *TILED_FORMATS)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
 META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual",
@@ -52,7 +57,8 @@ TILED_KEYS = META_KEYS - {"symbols"} | {"tiles"}  # 4, 5: the grid and its parts
 META_KEYS_OF = {latents.BLOCK: META_KEYS,
                 latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
                 TILED: TILED_KEYS, tile_index.VARINT_FORMAT: TILED_KEYS, LEARNED: TILED_KEYS | {"residual_id"},
-                CONTEXT: TILED_KEYS | {"residual_id"}, CALIBRATED: TILED_KEYS | {"residual_id"}}
+                CONTEXT: TILED_KEYS | {"residual_id"}, CALIBRATED: TILED_KEYS | {"residual_id"},
+                INTEGER: TILED_KEYS | {"residual_id"}}
 TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
 RESIDUAL_MODES = ("int", "bits", "float", "learned")
 MODEL_ID = re.compile(r"[0-9a-f]{16}")  # xxh64 of the weights file, in hex: also a file name in the weights archive
@@ -185,11 +191,22 @@ def _residual_id(residual_id, mode) -> None:
         raise _bad("residual_id", residual_id, f"null for residual {mode!r}")
 
 
+def integer_prior(fmt: int) -> bool:
+    """Whether a file of format ``fmt`` codes its learned residual under the integer prior (else the float one)."""
+    return fmt >= INTEGER
+
+
+def calibrated(fmt: int) -> bool:
+    """Whether a file of format ``fmt`` may calibrate its learned residual's scales (section res_scales)."""
+    return fmt >= CALIBRATED
+
+
 def residual_sections(mode: str | None, meta: ImageMeta, fmt: int) -> set[str]:
     if mode is None:
         return set()
     if mode == "learned":
-        return set(residual_coder.sections(residual_coder.COLOUR if meta.variant == "rgb" else 1, fmt >= CALIBRATED))
+        return set(residual_coder.sections(residual_coder.COLOUR if meta.variant == "rgb" else 1, calibrated(fmt),
+                                           integer_prior(fmt)))
     return {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
 
 
@@ -223,6 +240,7 @@ def check_sections(sections: dict, coding: dict | None, shapes: dict[str, tuple]
     ints = {name: (math.prod(shape), None) for name, shape in shapes.items() if (coding or {}).get(name) != "rans"}
     ints.update({"residual": (pixels, None), "mask": (None, pixels), "exceptions": (None, pixels),
                  "exception_bits": (None, pixels), residual_coder.FIXES: (None, residual_coder.fixes_limit(pixels)),
+                 residual_coder.INPUTS: (None, residual_coder.inputs_limit(_padded_pixels(shapes, pixels))),
                  residual_coder.PALETTE: (None, residual_coder.PALETTE_MAX)})
     if "y" in shapes:
         ints[latents.SCALES] = (None, 2 * math.prod(shapes["y"]))  # positions and indexes of listed scales
@@ -231,6 +249,15 @@ def check_sections(sections: dict, coding: dict | None, shapes: dict[str, tuple]
             _check_section(name, body, coding, shapes, ints, pixels)
         except CorruptStreamError as e:
             raise CorruptStreamError(f"{what} section {name!r}: {e}") from None
+
+
+def _padded_pixels(shapes: dict[str, tuple], pixels: int) -> int:
+    """At most the pixels of a tile's padded core (what the integer prior's inputs cover), from y's shape (planes,
+    M, h / 16, w / 16) and up to three channels a plane; ``pixels`` where there is no y."""
+    if "y" not in shapes:
+        return pixels
+    planes, _, h, w = shapes["y"]
+    return 3 * planes * (16 * h) * (16 * w)
 
 
 def _check_section(name: str, body, coding: dict | None, shapes: dict, ints: dict, pixels: int) -> None:

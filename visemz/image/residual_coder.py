@@ -18,6 +18,12 @@ the encoder lists every pixel where one of those values lies within TOL of an in
 integers it used, and the decoder takes them from the list.  A pixel not listed was more than TOL
 from every boundary, so the decoder's value (off by less than 1e-8) floors alike.
 
+The integer prior (image format 9, ``models/integer_prior.py``) computes the same kind of distribution with a
+network in integers, exact on every device; only its two inputs come from float64 values, each by one rounding
+(g_s's reduced features, and the prediction in sixteenths of a level), and the encoder lists those within TOL
+of a rounding boundary (``res_inputs``) as it lists the pixels above.  Its outputs then go through the same
+floors and fixes (their float64 arithmetic, exp and log2, may still differ in a last bit).
+
 Sparse values (lossless only): where a tile uses at most half the levels of its values' span (16-bit
 data stretched from fewer levels, 8-bit data scaled by 256, ...), its sorted values may be listed (the
 palette) and the pixels coded as indexes into it, the prediction mapped to that index scale by
@@ -34,7 +40,9 @@ the network's work.
 Sections of a tile: ``res_palette`` (empty bytes, or an ints stream of the first value and the gaps to
 the next ones), ``res_fixes`` (the list; empty bytes when nothing is listed, else an ints stream of
 [count per step, position gaps, m0, scale indexes, centre indexes]), from format 8 ``res_scales`` (empty
-bytes when no group moves, else a zstd frame of GROUPS signed bytes per step, step after step) and ``res_p0`` ..
+bytes when no group moves, else a zstd frame of GROUPS signed bytes per step, step after step), from format 9
+``res_inputs`` (empty bytes when nothing is listed, else an ints stream of [the two counts, the reduced features'
+position gaps and values, the predictions' position gaps and values]) and ``res_p0`` ..
 ``res_p3``, one conditional rANS stream per pass (the pass's q >> k in position order, then its low bits).
 Positions are flat indexes into a step's (planes, 1, h, w) half-resolution grid; pixels of
 the padded tile outside the image are not coded and count as a residual of 0 in later passes' context.
@@ -55,13 +63,14 @@ from ..encoders import decode_ints, encode_ints
 from ..encoders.cdf_tables import COST_UNIT
 from ..encoders.rans import decode_conditional, encode_conditional
 from ..errors import CorruptStreamError
-from ..models import architectures, blocks
+from ..models import architectures, blocks, conv8
+from ..models import integer_prior as IP
 from ..models import residual_tables as RT
 from ..models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, head_channels, space_to_depth, steps
 from ..models.residual_weights import Residual
 from .pixels import ImageMeta, from_batch, planes
 
-FIXES, PALETTE, SCALES = "res_fixes", "res_palette", "res_scales"
+FIXES, PALETTE, SCALES, INPUTS = "res_fixes", "res_palette", "res_scales", "res_inputs"
 COLOUR = 3  # the channels of the colour prior; any other image is coded plane by plane by the gray one
 
 
@@ -72,9 +81,11 @@ def step_sections(channels: int) -> tuple[str, ...]:
     return tuple(f"res_p{k}c{head_channels(k, sl, channels).start}" for k, sl in steps(channels))
 
 
-def sections(channels: int, calibrated: bool) -> tuple[str, ...]:
-    """A tile's residual sections; ``calibrated``: with the scale calibration (image format 8 on)."""
-    return (PALETTE, FIXES, *((SCALES,) if calibrated else ()), *step_sections(channels))
+def sections(channels: int, calibrated: bool, integer: bool = False) -> tuple[str, ...]:
+    """A tile's residual sections; ``calibrated``: with the scale calibration (image format 8 on); ``integer``: coded
+    under the integer prior, with its inputs list (image format 9)."""
+    return (PALETTE, FIXES, *((SCALES,) if calibrated else ()), *((INPUTS,) if integer else ()),
+            *step_sections(channels))
 
 
 STEP_SECTIONS = frozenset(step_sections(1) + step_sections(COLOUR))  # every name a pass section may have
@@ -91,6 +102,12 @@ def sparse(n_values: int, lo: int, hi: int) -> bool:
 def fixes_limit(pixels: int) -> int:
     """The most values a tile's fixes section may hold: the steps' counts, then 4 per listed pixel."""
     return MAX_STEPS + 4 * pixels
+
+
+def inputs_limit(pixels: int) -> int:
+    """The most values a tile's inputs section may hold: two counts, then a position and a value per listed input
+    (at most conv8.C reduced features per half-resolution position, and one prediction per pixel)."""
+    return 2 + 2 * (conv8.C // 4 + 1) * pixels
 
 
 GROUP = 8  # scale indexes per calibration group: half an octave
@@ -136,7 +153,7 @@ def _encoded(res: Residual, levels: torch.Tensor, synthesis: list, meta: ImageMe
              palette: torch.Tensor | None, calibrate: bool) -> dict[str, bytes]:
     """The sections of a tile's ``levels`` in the domain of ``palette`` (its indexes) or of the image's levels."""
     x01 = synthesis[0]
-    fixes, streams, shifts = [], [], []
+    fixes, streams, shifts, listed_inputs = [], [], [], []
     later = _HostWork(x01.device)
     quotients: dict[int, torch.Tensor] = {}  # a step's q, made once for its calibration and its stream
 
@@ -167,11 +184,21 @@ def _encoded(res: Residual, levels: torch.Tensor, synthesis: list, meta: ImageMe
             res.tables)))
         return q
 
-    _passes(res, synthesis, _Domain(meta, palette), e, fix, scale, symbols)
+    def inputs(r, amb_r, p16, amb_p):
+        def listed():
+            for t, amb in ((r, amb_r), (p16, amb_p)):
+                pos = torch.nonzero(amb.reshape(-1)).reshape(-1)
+                listed_inputs.append((pos, t.reshape(-1)[pos]))
+        later.add(listed)
+        return r, p16
+
+    _passes(res, synthesis, _Domain(meta, palette), e, fix, scale, symbols, inputs)
     later.run()
     out = {PALETTE: _pack_palette(palette), FIXES: _pack_fixes(fixes)}
     if calibrate:
         out[SCALES] = _pack_scales(shifts)
+    if res.integer is not None:
+        out[INPUTS] = _pack_inputs(listed_inputs)
     return {**out, **dict(zip(step_sections(x01.shape[1]), streams))}
 
 
@@ -237,6 +264,12 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
     def scale(i, m0, si, fi, real):
         return si if shifts is None else _calibrated(si, shifts[i])
 
+    def inputs(r, amb_r, p16, amb_p):
+        listed_r, listed_p = _unpack_inputs(sections.get(INPUTS, b""), r.numel(), p16.numel(), r.device)
+        for t, (pos, values) in ((r, listed_r), (p16, listed_p)):
+            t.view(-1)[pos] = values
+        return r, p16
+
     def symbols(i, m0, shift, table, real):
         wide = _wide(shift, real)
         n_low = int(wide.sum())  # the host waits here and in the coder: fewer waits, less idle GPU between passes
@@ -257,7 +290,7 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
         damage.append((f"residual pass stream decodes a value beyond {MAX_Q} bins", (q.abs() > MAX_Q).any()))
         return q
 
-    out = _passes(res, synthesis, _Domain(meta, palette), e, fix, scale, symbols)
+    out = _passes(res, synthesis, _Domain(meta, palette), e, fix, scale, symbols, inputs)
     found = torch.stack([flag for _, flag in damage])
     if bool(found.any()):
         raise CorruptStreamError(damage[int(found.to(torch.uint8).argmax())][0])
@@ -288,32 +321,28 @@ class _Domain:
         return (i - 1) + ((levels - v0) / (v1 - v0)).clamp(0, 1)
 
 
-def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, scale, symbols):
+def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, scale, symbols, inputs=None):
     """Run the coding steps (``residual_prior.steps``); ``fix(i, m0, si, fi, ambiguous, real)`` gives the integers
     step i codes with, ``scale(i, m0, si, fi, real)`` its calibrated scale indexes and ``symbols(i, m0, shift,
     table, real)`` its q (the encoder codes them, the decoder decodes them); ``real``: the step's positions in the
-    image, None where all are.  Returns the decoded pixels (planes, C, H, W) as float64 values of the domain."""
-    prior = res.prior64
-    x01, reduced = synthesis
-    synthesis[1] = None  # the trunk below is all the passes need of the features
+    image, None where all are; ``inputs`` (the integer prior's) as ``_IntegerNetwork`` takes it.  Returns the decoded
+    pixels (planes, C, H, W) as float64 values of the domain."""
+    x01 = synthesis[0]
     lo, hi = domain.lo, domain.hi
     u, b = max(hi - lo, 1) / 255.0, 2 * e + 1
-    planes, c = x01.shape[0], x01.shape[1]
-    side = [torch.full((planes,), v, dtype=torch.float64, device=x01.device) for v in (math.log2(u), math.log2(b))]
-    width_in = prior.width + 4 * c
-    trunk = _blocked(lambda r, q: prior.condition(reduced[:, :, r, q], x01[:, :, _twice(r), _twice(q)], *side),
-                     reduced, TRUNK_HALO, width_in)
-    reduced = None  # free it now (not del: the lambda above names it)
+    c = x01.shape[1]
     pred = space_to_depth(domain.prediction(x01))
+    if res.integer is not None:
+        network = _IntegerNetwork(res.integer, synthesis, pred, domain, b, inputs)
+    else:
+        network = _FloatNetwork(res.prior64, synthesis, pred, u, b)
     # the core's pixels in the image, None where they all are (the common case: no masks, fewer waits for the GPU)
     whole = domain.meta.height >= x01.shape[2] and domain.meta.width >= x01.shape[3]
     real = None if whole else space_to_depth(_real_mask(domain.meta, x01).expand(-1, c, -1, -1)).expand_as(pred)
-    known = torch.zeros_like(pred)
+    known = network.no_context()
     out = torch.zeros_like(pred)
     for i, (k, sl) in enumerate(steps(c)):
-        own = head_channels(k, sl, c)
-        offset, log_scale = _blocked(lambda r, q: torch.cat([t[:, own] for t in prior.head(
-            k, trunk[:, :, r, q], known[:, :, r, q])], 1), trunk, HALO - TRUNK_HALO, width_in).chunk(2, 1)
+        offset, log_scale = network.head(k, head_channels(k, sl, c), known)
         mu = pred[:, sl] + u * offset
         s = u * torch.exp(log_scale)
         m0, si, fi, amb = _integers(mu, s, b)
@@ -324,10 +353,75 @@ def _passes(res: Residual, synthesis: list, domain: _Domain, e: int, fix, scale,
         table = (si - RT.STEPS * shift) * RT.CENTRES + fi
         q = symbols(i, m0, shift, table, real_step)
         decoded = (m0 + q * b).clamp(lo, hi).to(torch.float64)
-        context = (decoded - pred[:, sl]) / (CONTEXT_SCALE * u)
-        known[:, sl] = context if real is None else torch.where(real_step, context, 0.0)
+        context = network.context(decoded, sl)
+        known[:, sl] = context if real is None else torch.where(real_step, context, 0)
         out[:, sl] = decoded
     return depth_to_space(out, c)
+
+
+class _FloatNetwork:
+    """The float prior's side of the passes (formats 6 to 8): its trunk once, in float64, block by block."""
+
+    def __init__(self, prior, synthesis: list, pred: torch.Tensor, u: float, b: int):
+        x01, reduced = synthesis
+        synthesis[1] = None  # the trunk below is all the passes need of the features
+        planes = x01.shape[0]
+        side = [torch.full((planes,), v, dtype=torch.float64, device=x01.device) for v in (math.log2(u), math.log2(b))]
+        self.prior, self.pred, self.u = prior, pred, u
+        self.width_in = prior.width + 4 * x01.shape[1]
+        self.trunk = _blocked(lambda r, q: prior.condition(reduced[:, :, r, q], x01[:, :, _twice(r), _twice(q)],
+                                                           *side), reduced, TRUNK_HALO, self.width_in)
+
+    def no_context(self) -> torch.Tensor:
+        return torch.zeros_like(self.pred)
+
+    def head(self, k: int, own: slice, known: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _blocked(lambda r, q: torch.cat([t[:, own] for t in self.prior.head(
+            k, self.trunk[:, :, r, q], known[:, :, r, q])], 1), self.trunk, HALO - TRUNK_HALO,
+            self.width_in).chunk(2, 1)
+
+    def context(self, decoded: torch.Tensor, sl: slice) -> torch.Tensor:
+        return (decoded - self.pred[:, sl]) / (CONTEXT_SCALE * self.u)
+
+
+class _IntegerNetwork:
+    """The integer prior's side of the passes (format 9): its two float64 inputs rounded to integers, the reduced
+    features ``floor(r + 1/2)`` and the prediction in sixteenths ``floor(16 pred + 1/2)``, where ``inputs(r, r
+    ambiguous, p16, p16 ambiguous)`` gives the integers used (the encoder lists the values within TOL of a rounding
+    boundary, the decoder takes them from the list); then integers only (``models/integer_prior.py``): on a GPU
+    conv8's kernel over the whole tile, else float64 convolutions block by block."""
+
+    def __init__(self, net: IP.IntegerNet, synthesis: list, pred: torch.Tensor, domain: _Domain, b: int, inputs):
+        reduced = synthesis[1]
+        synthesis[1] = None
+        t_r, t_p = reduced + 0.5, IP.SUB * pred + 0.5
+        r, p16 = inputs(torch.floor(t_r).to(torch.int64), _near_integer(t_r),
+                        torch.floor(t_p).to(torch.int64), _near_integer(t_p))
+        del reduced, t_r, t_p
+        self.net, self.span, self.p16 = net, max(domain.hi - domain.lo, 1), p16
+        r = r.clamp(-IP.IN_MAX, IP.IN_MAX)
+        recon = IP.recon_steps(p16, domain.lo, self.span)
+        side = IP.side_steps(self.span, b)
+        self.width_in = net.width + 4 * net.channels
+        self.like = pred.new_empty((pred.shape[0], 1, *pred.shape[2:]))  # what sizes a block: float64 per position
+        if IP.on_kernel(net, r):
+            self.trunk = net.condition(r, recon, side)
+        else:
+            self.trunk = _blocked(lambda y, x: net.condition(r[:, :, y, x], recon[:, :, y, x], side), self.like,
+                                  TRUNK_HALO, self.width_in)
+
+    def no_context(self) -> torch.Tensor:
+        return torch.zeros_like(self.p16)
+
+    def head(self, k: int, own: slice, known: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(self.trunk, conv8.Trunk):
+            return tuple(t[:, own] for t in self.net.head(k, self.trunk, known))
+        return _blocked(lambda y, x: torch.cat([t[:, own] for t in self.net.head(
+            k, self.trunk[:, :, y, x], known[:, :, y, x])], 1), self.like, HALO - TRUNK_HALO,
+            self.width_in).chunk(2, 1)
+
+    def context(self, decoded: torch.Tensor, sl: slice) -> torch.Tensor:
+        return IP.context_steps(decoded.to(torch.int64), self.p16[:, sl], self.span)
 
 
 def _integers(mu: torch.Tensor, s: torch.Tensor, b: int):
@@ -558,6 +652,40 @@ def _pack_fixes(fixes: list) -> bytes:
     parts = [torch.tensor(counts)] + [p.cpu() for p in pos] + [torch.cat([f[i] for f in fixes]).cpu()
                                                                for i in (1, 2, 3)]
     return encode_ints(torch.cat(parts).to(torch.int32).numpy(), policy="global", entropy="none")
+
+
+def _pack_inputs(listed: list) -> bytes:
+    """The integer prior's listed inputs (positions and values of the reduced features, then of the prediction)
+    as the ``res_inputs`` section: empty where none is listed, else an ints stream of [the two counts, each list's
+    position gaps and values]."""
+    counts = [int(pos.numel()) for pos, _ in listed]
+    if not any(counts):
+        return b""
+    parts = [torch.tensor(counts)]
+    for pos, values in listed:
+        parts += [torch.diff(pos, prepend=pos.new_zeros(1)).cpu(), values.cpu()]
+    return encode_ints(torch.cat(parts).to(torch.int32).numpy(), policy="global", entropy="none")
+
+
+def _unpack_inputs(buf, n_reduced: int, n_pred: int, device) -> tuple[tuple, tuple]:
+    """The ``res_inputs`` section -> ((positions, values) of the reduced features, the same of the prediction),
+    each list's positions increasing within its tensor (``n_reduced``, ``n_pred`` values), else CorruptStreamError."""
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    if len(buf) == 0:
+        return (empty, empty), (empty, empty)
+    v = torch.from_numpy(decode_ints(bytes(buf), max_count=2 + 2 * (n_reduced + n_pred)).astype(np.int64))
+    counts = v[:2].tolist() if v.numel() >= 2 else [-1, -1]
+    if min(counts) < 0 or v.numel() != 2 + 2 * sum(counts):
+        raise CorruptStreamError("residual inputs section does not hold its counts' worth of values")
+    out, start = [], 2
+    for n, size in zip(counts, (n_reduced, n_pred)):
+        gaps, values = v[start:start + n], v[start + n:start + 2 * n]
+        pos = torch.cumsum(gaps, 0)
+        if n and (bool((gaps[1:] <= 0).any()) or int(pos[0]) < 0 or int(pos[-1]) >= size):
+            raise CorruptStreamError("residual inputs positions are not increasing within their tensor")
+        out.append((pos.to(device), values.to(device)))
+        start += 2 * n
+    return out[0], out[1]
 
 
 def _unpack_fixes(buf, grid: int, n_steps: int, device) -> list[tuple]:
