@@ -6,7 +6,7 @@ of a lossless compress's GPU work (float64 tensor cores run at a small fraction 
 has the same layers (a trunk once, a head per pass, at half resolution) with integers throughout:
 
 - every convolution multiplies 8-bit inputs by 8-bit weights and sums in 32 bits (at most 9 x 64 x 127 x 127,
-  below 2**23), which any device computes exactly: the GPU's 8-bit tensor cores, a CPU's float64 convolutions
+  below 2**24), which any device computes exactly: the GPU's 8-bit tensor cores, a CPU's float64 convolutions
   (every partial sum an integer below 2**53);
 - a hidden layer adds its 32-bit bias and requantises with an integer multiplier per output channel,
   ``y = clamp((acc * mult + 2**(SHIFT - 1)) >> SHIFT, 0, ACT_MAX)`` (the ReLU is the clamp at 0), in 64 bits;
@@ -284,7 +284,8 @@ class IntegerLayer:
         if step_out is None:
             return IntegerLayer(wq, bq, None, s_w)
         mult = round_half_up(s_w / step_out * 2.0 ** SHIFT).to(torch.int64)
-        if int(mult.max()) >= 2 ** 38:  # acc (< 2**23) times it must stay far inside int64
+        # a sum (|products| < 2**24, plus the bias) times its multiplier must stay inside int64 on every device
+        if int(((2 ** 24 + bq.abs().to(torch.int64)) * mult).max()).bit_length() > 62:
             raise ValueError("an activation step is too small for the requantisation's fixed point")
         return IntegerLayer(wq, bq, mult, None)
 
