@@ -226,12 +226,7 @@ class Trainer:
 
     def set_steps(self, sampler: CropSampler, ranges: torch.Tensor) -> None:
         """The integer prior's steps from the float network's values on a batch (the context: the true residuals)."""
-        raw, k = sampler.sample(self.args.batch)
-        x = raw.float()
-        lo, hi = ranges[k, 0], ranges[k, 1]
-        x01 = (x - lo.view(-1, 1, 1, 1)) / (hi - lo).clamp_min(1).view(-1, 1, 1, 1)
-        quality, bound = self.batch_settings(x.shape[0])
-        features, x_hat = training.reconstruct(self.lossy, x01, quality, amp=True)
+        x, lo, hi, bound, features, x_hat = self.batch(sampler, ranges)
         with torch.no_grad():
             reduced = self.prior.reduce(features)
         view = lambda v: v.view(-1, 1, 1, 1)  # noqa: E731
@@ -247,13 +242,19 @@ class Trainer:
         lossless = torch.rand(n, device=self.device) < self.args.lossless_share
         return quality, torch.where(lossless, torch.zeros_like(draw, dtype=torch.float32), self.bounds[draw])
 
-    def train_step(self, sampler: CropSampler, ranges: torch.Tensor, lr: float) -> tuple[float, float]:
+    def batch(self, sampler: CropSampler, ranges: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A batch of crops with their settings and what the lossy decoder gives: (x, lo, hi, bound, g_s's
+        features, x_hat)."""
         raw, k = sampler.sample(self.args.batch)
         x = raw.float()
         lo, hi = ranges[k, 0], ranges[k, 1]
         x01 = (x - lo.view(-1, 1, 1, 1)) / (hi - lo).clamp_min(1).view(-1, 1, 1, 1)
         quality, bound = self.batch_settings(x.shape[0])
         features, x_hat = training.reconstruct(self.lossy, x01, quality, amp=True)
+        return x, lo, hi, bound, features, x_hat
+
+    def train_step(self, sampler: CropSampler, ranges: torch.Tensor, lr: float) -> tuple[float, float]:
+        x, lo, hi, bound, features, x_hat = self.batch(sampler, ranges)
         reduced = self.prior.reduce(features)
         bits = self.loss_bits(self.prior, reduced, x_hat, x, lo, hi, bound)
         pixels = x.shape[1] * x.shape[2] * x.shape[3]

@@ -39,6 +39,8 @@ import warnings
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from . import triton_probe
+
 BLOCK_M, BLOCK_K = 128, 16  # output positions per program; input channels per tensor-core step
 BLOCK_K_WIDE, WIDE_INPUT = 32, 96  # the step over inputs of WIDE_INPUT channels or more (g_s's 128: faster)
 BLOCK_N_MAX = 64  # output channels per program (at least 16, the tensor cores' smallest)
@@ -71,19 +73,8 @@ def available() -> bool:
     convolutions serve instead."""
     if _TURNED_OFF:
         return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    try:
-        _probe()
-    except KernelFailed:  # warned about where it failed
-        return False
-    except Exception as e:  # noqa: BLE001 (whatever stops the kernel, ATen's path gives the same values)
-        warnings.warn(f"visemz: the float64 implicit-GEMM convolution cannot run here, ATen's convolutions serve "
-                      f"instead: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
-        return False
-    return True
+    return triton_probe.runs(_probe, "the float64 implicit-GEMM convolution", "ATen's convolutions serve instead",
+                             quiet=(KernelFailed,))  # a KernelFailed was warned about where it failed
 
 
 def _probe() -> None:

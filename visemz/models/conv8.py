@@ -15,12 +15,12 @@ is fused into the layer before it, its 32-bit sums stored channels first.
 from __future__ import annotations
 
 import functools
-import warnings
 import weakref
 from dataclasses import dataclass
 
 import torch
 
+from . import triton_probe
 from .integer_prior import SHIFT, IntegerLayer, IntegerNet, requantised, run_layer
 
 C = 64  # channels of every activation buffer
@@ -38,17 +38,7 @@ def fits(net: IntegerNet) -> bool:
 def available() -> bool:
     """Whether the kernel runs here: Triton installed and a first small layer on the current GPU equal to
     ``run_layer``'s.  Otherwise (warned about once) the float64 path serves, with the same values."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    try:
-        _probe()
-    except Exception as e:  # noqa: BLE001 (whatever stops the kernel, the float64 path gives the same values)
-        warnings.warn(f"visemz: the 8-bit convolution kernel cannot run here, float64 convolutions serve instead: "
-                      f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
-        return False
-    return True
+    return triton_probe.runs(_probe, "the 8-bit convolution kernel", "float64 convolutions serve instead")
 
 
 def _probe() -> None:

@@ -65,8 +65,9 @@ def path_of(variant: str, folder: Path | None = None, integer: bool = False) -> 
 
 
 def save(prior: ResidualPrior | IntegerNet, variant: str, card: dict, folder: Path | None = None) -> str:
-    """Write a prior (the float one's float32 parameters, or the integer one's integer layers) with the coder's
-    tables, and its card, each atomically; returns its id."""
+    """Write a prior and its card, each atomically; returns its id.  The float prior's file holds its float32
+    parameters and the coder's tables; the integer one's its integer layers and the digest of the tables of the
+    float prior already in ``folder``."""
     integer = isinstance(prior, IntegerNet)
     path = path_of(variant, folder, integer)
     state = prior.tensors() if integer else {k: v.detach().float() for k, v in prior.state_dict().items()}
