@@ -1,5 +1,5 @@
 """The integer residual prior (models/integer_prior.py): its exact integer inputs, its training form against the
-integer layers coding runs, the float64 path's exactness, its weights file."""
+integer layers coding runs, the layers' exactness (8-bit products, float64), its weights file."""
 
 import math
 from fractions import Fraction
@@ -91,20 +91,51 @@ def test_the_integer_layers_compute_what_the_training_form_does():
         assert float((g_off - w_off).abs().max()) < 0.05 and float((g_log - w_log).abs().max()) < 0.05
 
 
-def test_float64_layers_are_exact_integers():
-    """``run_layer`` through float64 convolutions equals the integer sums made in int64, requantised by hand."""
+@pytest.mark.parametrize("path", ["int8 products", "float64"])
+def test_layers_are_exact_integers(path, monkeypatch):
+    """``run_layer`` on the CPU's 8-bit matrix products and through float64 convolutions equals the integer sums made
+    in int64, requantised by hand: a 3 x 3 layer of 64 inputs with sums at their largest, and a 1 x 1 head layer."""
+    if path == "float64":
+        monkeypatch.setattr(IP, "int8_products_run", lambda: False)
+    else:
+        assert IP.int8_products_run()
     g = torch.Generator().manual_seed(2)
     w = torch.randint(-127, 128, (6, 64, 3, 3), generator=g).to(torch.int8)
+    w[0], w[1] = 127, -127  # every product at its largest: sums of +-9 x 64 x 127 x 127
     b = torch.randint(-1000, 1000, (6,), generator=g).to(torch.int32)
     mult = torch.randint(1 << 20, 1 << 22, (6,), generator=g)
-    x = torch.randint(-127, 128, (1, 64, 7, 9), generator=g).to(torch.int8)
-    cols = torch.nn.functional.unfold(torch.nn.functional.pad(x.double(), (1, 1, 1, 1)), 3).to(torch.int64)[0]
-    acc = (w.reshape(6, -1).to(torch.int64) @ cols).reshape(1, 6, 7, 9) + b.view(1, -1, 1, 1)
+    x = torch.randint(-127, 128, (2, 64, 7, 9), generator=g).to(torch.int8)
+    x[1] = 127
+    cols = torch.nn.functional.unfold(torch.nn.functional.pad(x.double(), (1, 1, 1, 1)), 3).to(torch.int64)
+    sums = (w.reshape(6, -1).to(torch.int64) @ cols).reshape(2, 6, 7, 9)
+    assert int(sums.abs().max()) == 9 * 64 * 127 * 127
+    acc = sums + b.view(1, -1, 1, 1)
     want = ((acc * mult.view(1, -1, 1, 1) + (1 << 31)) >> 32).clamp(0, 127)
     got = IP.run_layer(IP.IntegerLayer(w, b, mult, None), x)
-    assert torch.equal(got.to(torch.int64), want) and int(want.max()) == 127
+    assert torch.equal(got.to(torch.int64), want) and int(want.max()) == 127 and int(want.min()) == 0
     step = torch.rand(6, generator=g, dtype=torch.float64)
     assert torch.equal(IP.run_layer(IP.IntegerLayer(w, b, None, step), x), acc.double() * step.view(1, -1, 1, 1))
+    head = torch.randint(-127, 128, (2, 6, 1, 1), generator=g).to(torch.int8)
+    want = torch.einsum("oc,bchw->bohw", head[:, :, 0, 0].to(torch.int64), got.to(torch.int64))
+    assert torch.equal(IP.layer_sums(head, got, 0), want)
+
+
+def test_without_int8_products_float64_serves(monkeypatch):
+    """Where the CPU's 8-bit products fail, one warning names it and the float64 path gives the same sums."""
+    def fails(*_):
+        raise RuntimeError("no int8 matrix products here")
+
+    IP.int8_products_run.cache_clear()
+    monkeypatch.setattr(torch, "_int_mm", fails)
+    try:
+        with pytest.warns(RuntimeWarning, match="8-bit matrix products cannot serve.*no int8 matrix products"):
+            assert not IP.int8_products_run()
+        x = torch.randint(-127, 128, (1, 5, 4, 4), dtype=torch.int8)
+        w = torch.randint(-127, 128, (3, 5, 3, 3), dtype=torch.int8)
+        want = torch.round(torch.nn.functional.conv2d(x.double(), w.double(), padding=1)).to(torch.int64)
+        assert torch.equal(IP.layer_sums(w, x, 1), want)
+    finally:
+        IP.int8_products_run.cache_clear()
 
 
 def test_weights_file_round_trip(tmp_path):

@@ -389,7 +389,7 @@ class _IntegerNetwork:
     features ``floor(r + 1/2)`` and the prediction in sixteenths ``floor(16 pred + 1/2)``, where ``inputs(r, r
     ambiguous, p16, p16 ambiguous)`` gives the integers used (the encoder lists the values within TOL of a rounding
     boundary, the decoder takes them from the list); then integers only (``models/integer_prior.py``): on a GPU
-    conv8's kernel over the whole tile, else float64 convolutions block by block."""
+    conv8's kernel over the whole tile, else ``integer_prior.run_layer`` block by block."""
 
     def __init__(self, net: IP.IntegerNet, synthesis: list, pred: torch.Tensor, domain: _Domain, b: int, inputs):
         reduced = synthesis[1]

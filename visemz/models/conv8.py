@@ -1,9 +1,9 @@
 """The integer residual prior's layers on a GPU's 8-bit tensor cores: one Triton kernel (``conv8_kernel.py``).
 
-``integer_prior.run_layer`` computes a layer exactly anywhere through float64 convolutions; on a GPU those run on
-the float64 units.  This kernel multiplies the same int8 values on the 8-bit tensor cores into 32-bit sums, which
-are exact by construction, then adds the bias and requantises in 64-bit integers: its outputs equal
-``run_layer``'s bit for bit (tests/test_conv8.py; the GPU tests compare them).
+``integer_prior.run_layer`` computes a layer exactly anywhere (on a CPU as 8-bit matrix products, elsewhere through
+float64 convolutions, which on a GPU run on the float64 units).  This kernel multiplies the same int8 values on the
+8-bit tensor cores into 32-bit sums, which are exact by construction, then adds the bias and requantises in 64-bit
+integers: its outputs equal ``run_layer``'s bit for bit (tests/test_conv8.py; the GPU tests compare them).
 
 Activations travel as (images, h, w, C) int8 with C = 64 channels: every layer of the prior has at most 64 inputs
 (the trunk's: the reduced features, the reconstruction and the side channels; a head's: the trunk's output and the
