@@ -394,7 +394,8 @@ def run_layer(layer: IntegerLayer, x: torch.Tensor) -> torch.Tensor:
 
 def layer_sums(weight: torch.Tensor, x: torch.Tensor, padding: int) -> torch.Tensor:
     """The convolution's integer sums of int8 ``x`` and ``weight`` (int64, (B, out, h, w)), exactly.  On a CPU as
-    8-bit matrix products in 32 bits (``_tap_products``: four to nine times faster than float64 convolutions);
+    8-bit matrix products in 32 bits (``_tap_products``; a 3 x 3 layer of the prior at a 512 x 512 image's half
+    resolution: 28 ms at one thread against float64's 232);
     elsewhere (a GPU without conv8's kernel), or where those products do not run, through float64 convolutions:
     every partial sum an integer far below 2**53, and the rounding absorbs any algorithm's error (far below 1/2)."""
     if x.device.type == "cpu" and int8_products_run():
@@ -407,7 +408,7 @@ def _tap_products(weight: torch.Tensor, x: torch.Tensor, padding: int) -> torch.
     9 x 64 x 127 x 127 per sum, far below 2**31): int32 (B, out, h, w), channels last in memory."""
     b, _, h, w = x.shape
     k = weight.shape[-1]
-    rows = F.pad(x, (padding,) * 4).permute(0, 2, 3, 1).contiguous()  # (B, h + 2p, w + 2p, in): a tap's a window
+    rows = F.pad(x, (padding,) * 4).permute(0, 2, 3, 1).contiguous()  # (B, h + 2p, w + 2p, in): each tap reads a window
     taps = weight.permute(2, 3, 1, 0).contiguous()  # (k, k, in, out)
     acc = None
     for dy in range(k):
