@@ -118,6 +118,7 @@ def test_layers_are_exact_integers(path, monkeypatch):
     head = torch.randint(-127, 128, (2, 6, 1, 1), generator=g).to(torch.int8)
     want = torch.einsum("oc,bchw->bohw", head[:, :, 0, 0].to(torch.int64), got.to(torch.int64))
     assert torch.equal(IP.layer_sums(head, got, 0), want)
+    assert IP.layer_sums(w, torch.zeros(0, 64, 7, 9, dtype=torch.int8), 1).shape == (0, 6, 7, 9)  # no images
 
 
 def test_without_int8_products_float64_serves(monkeypatch):

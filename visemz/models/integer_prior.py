@@ -406,16 +406,16 @@ def layer_sums(weight: torch.Tensor, x: torch.Tensor, padding: int) -> torch.Ten
 def _tap_products(weight: torch.Tensor, x: torch.Tensor, padding: int) -> torch.Tensor:
     """The sums as one 8-bit matrix product per tap of the kernel, (B h w, in) @ (in, out), added up in int32 (at most
     9 x 64 x 127 x 127 per sum, far below 2**31): int32 (B, out, h, w), channels last in memory."""
-    b, _, h, w = x.shape
-    k = weight.shape[-1]
+    b, c, h, w = x.shape
+    out, k = weight.shape[0], weight.shape[-1]
     rows = F.pad(x, (padding,) * 4).permute(0, 2, 3, 1).contiguous()  # (B, h + 2p, w + 2p, in): each tap reads a window
     taps = weight.permute(2, 3, 1, 0).contiguous()  # (k, k, in, out)
     acc = None
     for dy in range(k):
         for dx in range(k):
-            part = torch._int_mm(rows[:, dy:dy + h, dx:dx + w].reshape(b * h * w, -1), taps[dy, dx])
+            part = torch._int_mm(rows[:, dy:dy + h, dx:dx + w].reshape(b * h * w, c), taps[dy, dx])
             acc = part if acc is None else acc.add_(part)
-    return acc.view(b, h, w, -1).permute(0, 3, 1, 2)
+    return acc.view(b, h, w, out).permute(0, 3, 1, 2)
 
 
 @functools.lru_cache(maxsize=None)
