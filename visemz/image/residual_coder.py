@@ -648,9 +648,26 @@ def _pack_fixes(fixes: list) -> bytes:
     counts = [int(f[0].numel()) for f in fixes]
     if not any(counts):
         return b""
-    pos = [torch.diff(f[0], prepend=f[0].new_zeros(1)) for f in fixes]
-    parts = [torch.tensor(counts)] + [p.cpu() for p in pos] + [torch.cat([f[i] for f in fixes]).cpu()
-                                                               for i in (1, 2, 3)]
+    parts = [torch.tensor(counts)] + [_gaps(f[0]) for f in fixes] + [torch.cat([f[i] for f in fixes]).cpu()
+                                                                     for i in (1, 2, 3)]
+    return _ints_section(parts)
+
+
+def _gaps(pos: torch.Tensor) -> torch.Tensor:
+    """Increasing positions as a list section holds them: the first, then the gaps (on the host)."""
+    return torch.diff(pos, prepend=pos.new_zeros(1)).cpu()
+
+
+def _positions(gaps: torch.Tensor, size: int, what: str) -> torch.Tensor:
+    """A list section's gaps -> its positions, checked to increase within a tensor of ``size`` values."""
+    pos = torch.cumsum(gaps, 0)
+    if gaps.numel() and (bool((gaps[1:] <= 0).any()) or int(pos[0]) < 0 or int(pos[-1]) >= size):
+        raise CorruptStreamError(f"residual {what} positions are not increasing within their tensor")
+    return pos
+
+
+def _ints_section(parts: list) -> bytes:
+    """Integers (host tensors, each below 2**31 in magnitude) as one ints stream, uncompressed past its packing."""
     return encode_ints(torch.cat(parts).to(torch.int32).numpy(), policy="global", entropy="none")
 
 
@@ -663,8 +680,8 @@ def _pack_inputs(listed: list) -> bytes:
         return b""
     parts = [torch.tensor(counts)]
     for pos, values in listed:
-        parts += [torch.diff(pos, prepend=pos.new_zeros(1)).cpu(), values.cpu()]
-    return encode_ints(torch.cat(parts).to(torch.int32).numpy(), policy="global", entropy="none")
+        parts += [_gaps(pos), values.cpu()]
+    return _ints_section(parts)
 
 
 def _unpack_inputs(buf, n_reduced: int, n_pred: int, device) -> tuple[tuple, tuple]:
@@ -679,11 +696,8 @@ def _unpack_inputs(buf, n_reduced: int, n_pred: int, device) -> tuple[tuple, tup
         raise CorruptStreamError("residual inputs section does not hold its counts' worth of values")
     out, start = [], 2
     for n, size in zip(counts, (n_reduced, n_pred)):
-        gaps, values = v[start:start + n], v[start + n:start + 2 * n]
-        pos = torch.cumsum(gaps, 0)
-        if n and (bool((gaps[1:] <= 0).any()) or int(pos[0]) < 0 or int(pos[-1]) >= size):
-            raise CorruptStreamError("residual inputs positions are not increasing within their tensor")
-        out.append((pos.to(device), values.to(device)))
+        pos = _positions(v[start:start + n], size, "inputs")
+        out.append((pos.to(device), v[start + n:start + 2 * n].to(device)))
         start += 2 * n
     return out[0], out[1]
 
@@ -704,10 +718,7 @@ def _unpack_fixes(buf, grid: int, n_steps: int, device) -> list[tuple]:
         raise CorruptStreamError("residual fixes section holds a scale or centre index outside the table grid")
     out, start = [], 0
     for n in counts.tolist():
-        g = gaps[start:start + n]
-        pos = torch.cumsum(g, 0)
-        if n and (bool((g[1:] <= 0).any()) or int(pos[0]) < 0 or int(pos[-1]) >= grid):
-            raise CorruptStreamError("residual fixes positions are not increasing within the tile")
+        pos = _positions(gaps[start:start + n], grid, "fixes")
         out.append((pos.to(device), *(t[start:start + n].to(device) for t in (m0, si, fi))))
         start += n
     return out

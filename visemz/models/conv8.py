@@ -108,14 +108,10 @@ def _launch(x: torch.Tensor, layer: IntegerLayer, out: torch.Tensor, c_store: in
     hw, hb = _prepared(head_layer, HN)[:2] if head_layer is not None else (weight, bias)
     n_head = head_layer.weight.shape[0] if head_layer is not None else 0
     k = layer.weight.shape[-1]
-    grid = (b * _cdiv(h, BLOCK_M // TILE_W) * _cdiv(w, TILE_W),)
+    grid = (b * -(-h // (BLOCK_M // TILE_W)) * -(-w // TILE_W),)  # ceiling divisions, as conv64 writes them
     conv8_kernel[grid](x, weight, bias, mult, out, hw, hb, h, w, c_store, n_head, 1 << (SHIFT - 1), SHIFT,
                        KSIZE=k, HEAD=head_layer is not None, C=C, HN=HN, BLOCK_M=BLOCK_M, TILE_W=TILE_W,
                        num_warps=WARPS)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> {n_out: its tensors for the kernel}

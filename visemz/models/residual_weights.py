@@ -110,7 +110,8 @@ def _load(path: Path, device: str, integer: bool = False) -> Residual:
         state = {k[len(PREFIX):]: v for k, v in tensors.items() if k.startswith(PREFIX)}
         if integer:
             net, prior = IntegerNet.from_tensors(config, state), None
-            tables = _read_tables(path.with_name(path.name.replace("-int8-", "-")))
+            variant = path.stem.removeprefix(file_stem("", integer=True))  # the float prior of its variant, beside it
+            tables = _read_tables(path_of(variant, path.parent))
             if tables_digest(tables) != meta["tables_digest"]:
                 raise ValueError("the float prior beside it holds other tables than it was written with")
         else:
