@@ -558,11 +558,17 @@ def test_crafted_palettes_are_refused():
         visemz.decompress(with_tile_part(near, residual_coder.PALETTE, body))
 
 
-def _ladder_walk(sizes: list[int]) -> list[int]:
-    """The sizes quality="auto" codes: the first two, then each next while the last was smaller than the one before."""
-    walk = sizes[:2]
-    while len(walk) < len(sizes) and walk[-1] < walk[-2]:
-        walk.append(sizes[len(walk)])
+def _ladder_walk(sizes: list[int], start: int) -> list[int]:
+    """The rungs quality="auto" codes, as indexes into the ladder: ``start`` and the one above, then on up while each
+    next file is smaller than the smallest so far; where the one above was not smaller, down from ``start`` alike."""
+    walk = [start, start + 1]
+    step = 1 if sizes[start + 1] < sizes[start] else -1
+    j = max(walk) if step == 1 else start
+    while 0 <= j + step < len(sizes):
+        j += step
+        walk.append(j)
+        if sizes[j] >= min(sizes[k] for k in walk[:-1]):
+            break
     return walk
 
 
@@ -572,18 +578,27 @@ def test_auto_quality_keeps_the_smallest_file(variant):
     qualities = codec_module.AUTO_QUALITIES[variant]
     sizes = [len(visemz.compress(img, max_error=1, quality=q)) for q in qualities]
     buf = visemz.compress(img, max_error=1, quality="auto")
-    walk = _ladder_walk(sizes)
-    assert len(buf) == min(walk)
-    assert container.unpack(buf).meta["quality"] == qualities[walk.index(min(walk))]
+    walk = _ladder_walk(sizes, qualities.index(codec_module.AUTO_START[variant]))
+    smallest = min(walk, key=lambda k: (sizes[k], walk.index(k)))
+    assert len(buf) == sizes[smallest]
+    assert container.unpack(buf).meta["quality"] == qualities[smallest]
     assert max_abs_error(visemz.decompress(buf), img) <= 1
     with pytest.raises(visemz.InvalidArgumentError, match="max_error"):
         visemz.compress(img, quality="auto")
 
 
-@pytest.mark.parametrize("sizes", [[100, 90, 80, 85], [90, 95, 10, 10], [100, 90, 95, 10], [100, 90, 80, 70]])
-def test_auto_quality_climbs_the_ladder_while_it_pays(monkeypatch, sizes):
-    """Each next quality is coded only while the last file was smaller than the one before; the smallest is kept."""
+@pytest.mark.parametrize("sizes, walk", [
+    ([99, 100, 90, 80, 85], [1, 2, 3, 4]),  # up, until a file is larger
+    ([99, 90, 95, 10, 10], [1, 2, 0]),  # the rung above not smaller: down
+    ([80, 90, 95, 10, 10], [1, 2, 0]),  # ... where the rung below is smaller
+    ([99, 100, 90, 80, 70], [1, 2, 3, 4]),  # up to the top
+    ([99, 100, 100, 10, 10], [1, 2, 0]),  # a tie is no gain
+])
+def test_auto_quality_walks_the_ladder_while_it_pays(monkeypatch, sizes, walk):
+    """From the start rung (gray: quality 2) the walk codes the rung above, then goes on up while each next file is
+    smaller, or down where the rung above was not smaller; the smallest file is kept, the first of a tie."""
     qualities = codec_module.AUTO_QUALITIES["gray"]
+    assert qualities.index(codec_module.AUTO_START["gray"]) == 1
     coded = []
 
     def fake(self, t, meta, q, e, **kw):
@@ -592,5 +607,5 @@ def test_auto_quality_climbs_the_ladder_while_it_pays(monkeypatch, sizes):
 
     monkeypatch.setattr(codec_module.ImageCodec, "_compress", fake)
     buf = visemz.compress(_photo((40, 48)), max_error=1, quality="auto")
-    walk = _ladder_walk(sizes)
-    assert coded == list(qualities[:len(walk)]) and len(buf) == min(walk)
+    assert _ladder_walk(sizes, 1) == walk
+    assert coded == [qualities[k] for k in walk] and len(buf) == min(sizes[k] for k in walk)
