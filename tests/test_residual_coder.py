@@ -314,6 +314,15 @@ def test_crafted_inputs_lists_are_refused():
         assert visemz.decompress(with_tile_part(buf, residual_coder.INPUTS, listed)).shape == img.shape
     except CorruptStreamError:
         pass
+    # a reduced feature listed far beyond the clamp (as an older writer could list it) is the clamp's value
+    outcomes = []
+    for value in (127, 40000, 2 ** 31 - 1):
+        body = residual_coder.encode_ints(np.asarray([1, 0, 7, value], np.int32), policy="global", entropy="none")
+        try:
+            outcomes.append(visemz.decompress(with_tile_part(buf, residual_coder.INPUTS, body)).tobytes())
+        except CorruptStreamError as e:
+            outcomes.append(str(e))
+    assert outcomes[1] == outcomes[0] and outcomes[2] == outcomes[0]
 
 
 def test_damaged_pass_stream_is_refused_or_stays_in_range():

@@ -265,9 +265,10 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
         return si if shifts is None else _calibrated(si, shifts[i])
 
     def inputs(r, amb_r, p16, amb_p):
-        listed_r, listed_p = _unpack_inputs(sections.get(INPUTS, b""), r.numel(), p16.numel(), r.device)
-        for t, (pos, values) in ((r, listed_r), (p16, listed_p)):
-            t.view(-1)[pos] = values
+        (pos_r, values_r), (pos_p, values_p) = _unpack_inputs(sections.get(INPUTS, b""), r.numel(), p16.numel(),
+                                                              r.device)
+        r.view(-1)[pos_r] = values_r.clamp(-IP.IN_MAX - 1, IP.IN_MAX + 1).to(r.dtype)  # as r is held
+        p16.view(-1)[pos_p] = values_p
         return r, p16
 
     def symbols(i, m0, shift, table, real):
@@ -392,12 +393,16 @@ class _IntegerNetwork:
     conv8's kernel over the whole tile, else ``integer_prior.run_layer`` block by block."""
 
     def __init__(self, net: IP.IntegerNet, synthesis: list, pred: torch.Tensor, domain: _Domain, b: int, inputs):
-        reduced = synthesis[1]
-        synthesis[1] = None
-        t_r, t_p = reduced + 0.5, IP.SUB * pred + 0.5
-        r, p16 = inputs(torch.floor(t_r).to(torch.int64), _near_integer(t_r),
-                        torch.floor(t_p).to(torch.int64), _near_integer(t_p))
-        del reduced, t_r, t_p
+        t_r = synthesis[1] + 0.5
+        synthesis[1] = None  # the float64 features go as soon as they are rounded (a 4096 tile's: 1 GiB)
+        # a value rounded otherwise elsewhere changes the clamped integer only where -IN_MAX < t_r < IN_MAX + 1, so
+        # only those are ambiguous, and r is held clamped one beyond the range, in 16 bits
+        amb_r = _near_integer(t_r) & (t_r > -IP.IN_MAX) & (t_r < IP.IN_MAX + 1)
+        r = torch.floor_(t_r).clamp_(-IP.IN_MAX - 1, IP.IN_MAX + 1).to(torch.int16)
+        del t_r
+        t_p = IP.SUB * pred + 0.5
+        r, p16 = inputs(r, amb_r, torch.floor(t_p).to(torch.int64), _near_integer(t_p))
+        del t_p
         self.net, self.span, self.p16 = net, max(domain.hi - domain.lo, 1), p16
         r = r.clamp(-IP.IN_MAX, IP.IN_MAX)
         recon = IP.recon_steps(p16, domain.lo, self.span)
