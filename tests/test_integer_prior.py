@@ -129,7 +129,7 @@ def test_without_int8_products_float64_serves(monkeypatch):
     IP.int8_products_run.cache_clear()
     monkeypatch.setattr(torch, "_int_mm", fails)
     try:
-        with pytest.warns(RuntimeWarning, match="8-bit matrix products cannot serve.*no int8 matrix products"):
+        with pytest.warns(RuntimeWarning, match="8-bit matrix products cannot run here.*no int8 matrix products"):
             assert not IP.int8_products_run()
         x = torch.randint(-127, 128, (1, 5, 4, 4), dtype=torch.int8)
         w = torch.randint(-127, 128, (3, 5, 3, 3), dtype=torch.int8)

@@ -39,7 +39,7 @@ import warnings
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import triton_probe
+from . import probes
 
 BLOCK_M, BLOCK_K = 128, 16  # output positions per program; input channels per tensor-core step
 BLOCK_K_WIDE, WIDE_INPUT = 32, 96  # the step over inputs of WIDE_INPUT channels or more (g_s's 128: faster)
@@ -73,8 +73,8 @@ def available() -> bool:
     convolutions serve instead."""
     if _TURNED_OFF:
         return False
-    return triton_probe.runs(_probe, "the float64 implicit-GEMM convolution", "ATen's convolutions serve instead",
-                             quiet=(KernelFailed,))  # a KernelFailed was warned about where it failed
+    return probes.runs(_probe, "the float64 implicit-GEMM convolution", "ATen's convolutions serve instead",
+                       quiet=(KernelFailed,))  # a KernelFailed was warned about where it failed
 
 
 def _probe() -> None:

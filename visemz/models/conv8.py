@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import triton_probe
+from . import probes
 from .integer_prior import SHIFT, IntegerLayer, IntegerNet, requantised, run_layer
 
 C = 64  # channels of every activation buffer
@@ -38,7 +38,7 @@ def fits(net: IntegerNet) -> bool:
 def available() -> bool:
     """Whether the kernel runs here: Triton installed and a first small layer on the current GPU equal to
     ``run_layer``'s.  Otherwise (warned about once) the float64 path serves, with the same values."""
-    return triton_probe.runs(_probe, "the 8-bit convolution kernel", "float64 convolutions serve instead")
+    return probes.runs(_probe, "the 8-bit convolution kernel", "float64 convolutions serve instead")
 
 
 def _probe() -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import defaults
+from . import probes
 from .residual_prior import (
     LOG_SCALE_RANGE,
     MIN_LOG_PROB,
@@ -422,6 +422,11 @@ def _tap_products(weight: torch.Tensor, x: torch.Tensor, padding: int) -> torch.
 def int8_products_run() -> bool:
     """Whether the CPU's 8-bit matrix products run here and give the integer sums (checked once on a small layer
     against int64 arithmetic); else, warned about once, float64 convolutions serve, with the same values."""
+    return probes.runs(_int8_products_probe, "the CPU's 8-bit matrix products", "float64 convolutions serve the "
+                       "integer prior instead", needs=None)
+
+
+def _int8_products_probe() -> None:
     g = torch.Generator().manual_seed(0)
     weight = torch.randint(-W_MAX, W_MAX + 1, (5, 11, 3, 3), generator=g).to(torch.int8)
     weight[0] = W_MAX  # a sum at its largest
@@ -429,16 +434,8 @@ def int8_products_run() -> bool:
     x[0] = IN_MAX
     cols = F.unfold(F.pad(x.double(), (1,) * 4), 3).to(torch.int64)  # (B, in 9, h w)
     want = (weight.reshape(5, -1).to(torch.int64) @ cols).view(2, 5, 4, 6)
-    try:
-        same = torch.equal(_tap_products(weight, x, 1).to(torch.int64), want)
-    except (RuntimeError, AttributeError, NotImplementedError) as e:
-        same, why = False, f"{type(e).__name__}: {e}"
-    else:
-        why = "their sums differ from int64 arithmetic's"
-    if not same:
-        warnings.warn(f"visemz: the CPU's 8-bit matrix products cannot serve the integer prior here, float64 "
-                      f"convolutions serve instead: {why}", RuntimeWarning, stacklevel=3)
-    return same
+    if not torch.equal(_tap_products(weight, x, 1).to(torch.int64), want):
+        raise RuntimeError("their sums differ from int64 arithmetic's")
 
 
 def requantised(acc: torch.Tensor, layer: IntegerLayer) -> torch.Tensor:
