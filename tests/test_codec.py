@@ -174,8 +174,9 @@ def test_hostile_headers_with_valid_checksums():
         (dict(shape=[20, 31]), CorruptStreamError),
         (dict(dtype="float64"), UnsupportedFormatError),
         (dict(model_id="0000000000000000"), UnsupportedFormatError),
-        (dict(format=10), UnsupportedFormatError),
+        (dict(format=11), UnsupportedFormatError),
         (dict(format=9), CorruptStreamError),  # the integer prior's format: a part this file has not (res_inputs)
+        (dict(format=8), CorruptStreamError),  # parts format 8 has not: the differences
         (dict(format=7), CorruptStreamError),  # the channel-context models' format, not this model's
         (dict(format=6), CorruptStreamError),  # a part format 6 has not: the scale calibration
         (dict(residual="int"), CorruptStreamError),  # a learned residual read as a block-coded one

@@ -38,7 +38,7 @@ from visemz.floats import ErrorBounded, Lossless
 from visemz.floats.error_bounded import EB_VERSION
 from visemz.floats.lossless import LL_VERSION
 from visemz.image import codec as image_codec
-from visemz.image import image_header, latents, pages, residual, residual_coder, tile_index
+from visemz.image import differences, image_header, latents, pages, residual, residual_coder, tile_index
 from visemz.image.pixels import ImageMeta
 from visemz.measure import psnr
 
@@ -236,7 +236,7 @@ def check_tiles(c: container.Container, arrays: dict, prefix: str) -> None:
             body, want = index.part(i, name), stored[f"tile{i}_section_{name}"]
             if coding.get(name) == "rans":
                 check_rans_section(f"tile {i} {name}", body, want)
-            elif name in residual_coder.STEP_SECTIONS:  # the learned residual's passes: layout, checksum, count
+            elif name in residual_coder.STEP_SECTIONS or name == differences.DIFFS:  # layout, checksum, count
                 count = [RL.parse(bytes(body), None, None).plan.n] if len(body) else []
                 assert count == list(want), name
             elif name == residual_coder.SCALES:  # the scale calibration's shifts, a zstd frame of bytes

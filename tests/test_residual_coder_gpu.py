@@ -8,10 +8,10 @@ import torch
 from skimage import data
 
 from visemz import container, defaults
-from visemz.image import codec, image_header, residual_coder
+from visemz.image import codec, differences, image_header, residual_coder
 from visemz.models import architectures, residual_prior
 
-from .helpers import optional, parity
+from .helpers import optional, parity, resampled
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("model_weights")]
 
@@ -72,6 +72,27 @@ def test_written_on_either_device_decodes_exactly_on_both(gpu_cpu_codecs, e, fmt
             # the pixels' integers agree between devices (else the fixes list differs): then so do the streams
             p.same(f"{label} E={e} format {fmt}: pass streams alike on both devices",
                    _pass_streams(bufs["cuda"]) == _pass_streams(bufs["cpu"]), "streams differ")
+
+
+@pytest.mark.parametrize("e", [0, 2])
+def test_differences_alike_on_both_devices(gpu_cpu_codecs, e):
+    """Image format 10's differences (``image/differences.py``): integers only, so both devices write the same
+    sections, which decode alike on both; a tiled image's tiles each choose."""
+    gpu, cpu = gpu_cpu_codecs
+    images = {"resampled": resampled(), "resampled, tiled": resampled(300, 260),
+              "camera 12-bit": data.camera().astype(np.uint16) * 16 + 3}
+    with parity() as p, defaults.set(tf32=0):
+        for label, img in images.items():
+            bufs = {enc.device: enc.compress(img, quality=2, max_error=e, tile=128 if "tiled" in label else None)
+                    for enc in (gpu, cpu)}
+            for where, buf in bufs.items():
+                a, b = cpu.decompress(buf), gpu.decompress(buf)
+                p.same_array(f"{label} E={e} written on {where}: CPU and GPU decodes", a, b)
+                p.same_array(f"{label} E={e} written on {where}: within the bound", a, img, atol=e)
+            diffs = {where: _sections(buf, lambda k: k in differences.SECTIONS) for where, buf in bufs.items()}
+            p.same(f"{label} E={e}: differences alike on both devices", diffs["cuda"] == diffs["cpu"], "they differ")
+            if label.startswith("resampled"):
+                p.same(f"{label} E={e}: coded as differences", any(diffs["cpu"]), "no tile is")
 
 
 @pytest.mark.parametrize("fmt", [image_header.CALIBRATED, image_header.INTEGER])

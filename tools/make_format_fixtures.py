@@ -26,9 +26,11 @@ import io
 import json
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 import zstandard
+from skimage import data
 
 import visemz
 from visemz import container, defaults, zarr_codecs
@@ -40,7 +42,7 @@ from visemz.floats import ErrorBounded, Lossless
 from visemz.floats.lossless import LL_VERSION
 from visemz.floats.prediction import PREDICTORS
 from visemz.image import codec as image_codec
-from visemz.image import latents, pages, residual, residual_coder, tile_index
+from visemz.image import differences, latents, pages, residual, residual_coder, tile_index
 from visemz.image.pixels import ImageMeta
 from visemz.io.writers import write_atomic
 from visemz.models import all_specs, parse
@@ -153,15 +155,15 @@ def _tile_sections(buf: bytes, c: container.Container, prefix: str) -> dict:
         for name in t["parts"]:
             body = index.part(i, name)
             out[f"{prefix}tile{i}_section_{name}"] = held[name].numpy().reshape(-1) if coding.get(name) == "rans" \
-                else _pass_symbols(body) if name in residual_coder.STEP_SECTIONS \
+                else _pass_symbols(body) if name in residual_coder.STEP_SECTIONS or name == differences.DIFFS \
                 else residual_coder.unpack_scales(body) if name == residual_coder.SCALES \
                 else decode_ints(body) if len(body) else np.zeros(0, np.int32)
     return out
 
 
 def _pass_symbols(body) -> np.ndarray:
-    """A learned residual's pass section as the symbol count its conditional rANS stream declares (its symbols
-    need the residual prior's float64 distributions, which the pixel decode checks)."""
+    """A learned residual's pass section (or its differences' stream) as the symbol count its conditional rANS stream
+    declares (a pass's symbols need the residual prior's float64 distributions; the pixel decode checks them)."""
     return np.array([RL.parse(bytes(body), None, None).plan.n] if len(body) else [], np.int64)
 
 
@@ -215,6 +217,9 @@ INTEGER_IMAGES = (  # image format 9, on request: the learned residual under the
     ("mbt2018-mean", "uint16", (150, 70), 3, 64),
     ("mbt2018-mean", "uint8", (24, 30, 3), 0, None),
 )
+RESAMPLED_IMAGES = (  # from image format 10: a sparse 16-bit tile coded as its neighbours' differences
+    ("mbt2018-mean", "uint16", (40, 48), 0, None),
+)
 SKIPPED_IMAGES = ("mbt2018-mean",)  # also written with skipped symbols (conditional rANS stream version 3)
 SKIP_FREQ = 65531
 
@@ -243,15 +248,29 @@ def integer_images(w: Writer) -> None:
     _write_images(w, list(INTEGER_IMAGES), image_codec.image_header.INTEGER)
 
 
-def _write_images(w: Writer, cases: list, image_format: int | None = None) -> None:
+def resampled_images(w: Writer) -> None:
+    """Resampled stretched data, which the current format codes as differences (``image/differences.py``)."""
+    _write_images(w, list(RESAMPLED_IMAGES), image_of=resampled_image, tag="-resampled")
+
+
+def resampled_image(dtype: str, shape: tuple, seed: int) -> np.ndarray:
+    """A photo stretched from 32 levels to 16 bits, then resampled to twice its size (linear): values on no lattice
+    whose neighbours' differences take few values."""
+    coarse = (data.camera()[100 + seed:100 + seed + shape[0], 150:150 + shape[1]] // 8).astype(np.float64) * 2113
+    fine = cv2.resize(coarse, None, fx=2, fy=2, interpolation=cv2.INTER_LINEAR)
+    return np.ascontiguousarray(fine[:shape[0], :shape[1]].round().astype(np.dtype(dtype)))
+
+
+def _write_images(w: Writer, cases: list, image_format: int | None = None, image_of=None, tag: str = "") -> None:
     codec = image_codec.ImageCodec("cpu")
     for model, dtype, shape, e, tile in cases:
-        img = smooth_image(dtype, shape, seed=len(shape))
+        img = (image_of or smooth_image)(dtype, shape, seed=len(shape))
         for skip in (0, SKIP_FREQ) if model in SKIPPED_IMAGES else (0,):
             with _rans_skip(skip):
                 buf = codec.compress(img, model=model, quality=1, max_error=e, tile=tile, image_format=image_format)
             fmt = container.unpack(buf).meta["format"]
-            name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}-e{e}" + (f"-tile{tile}" if tile else "") \
+            name = f"image-v{fmt}-{model}-{dtype}-{'x'.join(map(str, shape))}{tag}-e{e}" \
+                + (f"-tile{tile}" if tile else "") \
                 + _container_suffix() + (f"-skip{skip}" if skip else "")
             decoded = visemz.decompress(buf, device="cpu")
             w.add(name, "image", fmt, buf, ".vsz", {"image": img, "decoded": decoded, **_sections(buf)}, model=model,
@@ -349,7 +368,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     w = Writer(args.out)
-    for part in (block_streams, ints_streams, images, context_images, integer_images, page_stack, residuals,
+    for part in (block_streams, ints_streams, images, context_images, integer_images, resampled_images, page_stack,
+                 residuals,
                  float_codecs, numcodecs_chunks):
         part(w)
     w.save()

@@ -208,7 +208,8 @@ class ImageCodec:
                     x = t[box[0]:box[1], box[2]:box[3]].to(self.device)
                     tm = tiling.tile_meta(meta, box)
                     extra = residual.encode(x, x01, tm, e, **self.enc)[0] if res is None else \
-                        residual_coder.encode(res, x, x01, tm, e, levels_too, image_header.calibrated(image_format))
+                        residual_coder.encode(res, x, x01, tm, e, levels_too, image_header.calibrated(image_format),
+                                              image_header.differences(image_format))
                     tiles[i][0].update(extra)
             for i in range(len(tiles), grid.count):  # without max_error: every tile, coded and dropped
                 symbols_of(i)

@@ -21,6 +21,7 @@ from ..encoders import layout as L
 from ..encoders import rans_layout as RL
 from ..errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
 from ..models import registry
+from . import differences as differences_coder
 from . import latents, residual, residual_coder, tile_index, tiling
 from .pixels import DTYPES, MAX_CHANNELS, ImageMeta, check_pixels, max_error_limit
 
@@ -39,16 +40,19 @@ KIND = "image"
 # 8: format 6 whose learned residual's scale indexes may be calibrated per image (section res_scales,
 #    ``residual_coder.py``);
 # 9: format 8 whose learned residual is coded under the integer prior (``models/integer_prior.py``), its
-#    inputs' borderline roundings listed (section res_inputs).
+#    inputs' borderline roundings listed (section res_inputs);
+# 10: format 8 (the float prior) whose sparse lossless tiles may be coded as their neighbours' differences
+#    instead (sections res_diff_table, res_diffs: ``differences.py``).
 TILED = 4
 LEARNED = 6
 CONTEXT = 7
 CALIBRATED = 8
 INTEGER = 9
+DIFFERENCES = 10
 # what every model but the channel-context ones writes: the integer prior's format 9 is written on request while its
 # files are still larger than the float prior's (docs/benchmarks.md)
-FORMAT = CALIBRATED
-TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED, CONTEXT, CALIBRATED, INTEGER)
+FORMAT = DIFFERENCES
+TILED_FORMATS = (TILED, tile_index.VARINT_FORMAT, LEARNED, CONTEXT, CALIBRATED, INTEGER, DIFFERENCES)
 FORMATS_READ = (latents.BLOCK, latents.RANS, *TILED_FORMATS)
 FORMATS_NOT_READ = {1: "fixed-rate models of visemz 0.1 (quality 1-4), whose weights are no longer shipped"}
 META_KEYS = {"format", "model", "model_id", "quality", "dtype", "shape", "range", "symbols", "max_error", "residual",
@@ -58,7 +62,7 @@ META_KEYS_OF = {latents.BLOCK: META_KEYS,
                 latents.RANS: META_KEYS | {"coding"},  # format 3: each symbol section's coding
                 TILED: TILED_KEYS, tile_index.VARINT_FORMAT: TILED_KEYS, LEARNED: TILED_KEYS | {"residual_id"},
                 CONTEXT: TILED_KEYS | {"residual_id"}, CALIBRATED: TILED_KEYS | {"residual_id"},
-                INTEGER: TILED_KEYS | {"residual_id"}}
+                INTEGER: TILED_KEYS | {"residual_id"}, DIFFERENCES: TILED_KEYS | {"residual_id"}}
 TILE_KEYS = {"size", "halo", "grid", "parts", "symbols"}
 RESIDUAL_MODES = ("int", "bits", "float", "learned")
 MODEL_ID = re.compile(r"[0-9a-f]{16}")  # xxh64 of the weights file, in hex: also a file name in the weights archive
@@ -193,7 +197,12 @@ def _residual_id(residual_id, mode) -> None:
 
 def integer_prior(fmt: int) -> bool:
     """Whether a file of format ``fmt`` codes its learned residual under the integer prior (else the float one)."""
-    return fmt >= INTEGER
+    return fmt == INTEGER
+
+
+def differences(fmt: int) -> bool:
+    """Whether a file of format ``fmt`` may code its sparse lossless tiles as differences (``differences.py``)."""
+    return fmt >= DIFFERENCES
 
 
 def calibrated(fmt: int) -> bool:
@@ -206,7 +215,7 @@ def residual_sections(mode: str | None, meta: ImageMeta, fmt: int) -> set[str]:
         return set()
     if mode == "learned":
         return set(residual_coder.sections(residual_coder.COLOUR if meta.variant == "rgb" else 1, calibrated(fmt),
-                                           integer_prior(fmt)))
+                                           integer_prior(fmt), differences(fmt)))
     return {"mask", "residual"} | ({"exceptions", "exception_bits"} if mode == "float" else set())
 
 
@@ -241,7 +250,8 @@ def check_sections(sections: dict, coding: dict | None, shapes: dict[str, tuple]
     ints.update({"residual": (pixels, None), "mask": (None, pixels), "exceptions": (None, pixels),
                  "exception_bits": (None, pixels), residual_coder.FIXES: (None, residual_coder.fixes_limit(pixels)),
                  residual_coder.INPUTS: (None, residual_coder.inputs_limit(_padded_pixels(shapes, pixels))),
-                 residual_coder.PALETTE: (None, residual_coder.PALETTE_MAX)})
+                 residual_coder.PALETTE: (None, residual_coder.PALETTE_MAX),
+                 differences_coder.TABLE: (None, differences_coder.table_limit())})
     if "y" in shapes:
         ints[latents.SCALES] = (None, 2 * math.prod(shapes["y"]))  # positions and indexes of listed scales
     for name, body in sections.items():
@@ -263,9 +273,10 @@ def _padded_pixels(shapes: dict[str, tuple], pixels: int) -> int:
 def _check_section(name: str, body, coding: dict | None, shapes: dict, ints: dict, pixels: int) -> None:
     if (coding or {}).get(name) == "rans":
         RL.parse(body, math.prod(shapes[name]), None)
-    elif name in residual_coder.STEP_SECTIONS:  # a pixel's q >> k and, for a wide distribution, its low bits
-        n = RL.parse(body, None, None).plan.n
-        if n > 2 * pixels:
+    elif name in residual_coder.STEP_SECTIONS or name == differences_coder.DIFFS:
+        n = RL.parse(body, None, None).plan.n if len(body) else 0  # a differences' stream is empty where unused
+        most = pixels if name == differences_coder.DIFFS else 2 * pixels  # a pass's q >> k, and low bits where wide
+        if n > most:
             raise CorruptStreamError(f"its conditional rANS stream claims {n} symbols for {pixels} pixels")
     elif name == residual_coder.SCALES:
         residual_coder.check_scales(body)

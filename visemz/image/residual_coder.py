@@ -28,7 +28,9 @@ Sparse values (lossless only): where a tile uses at most half the levels of its 
 data stretched from fewer levels, 8-bit data scaled by 256, ...), its sorted values may be listed (the
 palette) and the pixels coded as indexes into it, the prediction mapped to that index scale by
 interpolating between the palette's values; the prior then sees data as dense as the source's levels.
-The encoder codes such a tile both ways and keeps the smaller (``encode``).
+The encoder codes such a tile both ways and keeps the smaller (``encode``); from image format 10 also as its
+neighbours' differences under a table of their own (``differences.py``: resampled stretched data), its residual
+sections then empty but that coding's two.
 
 Scale calibration (image format 8): the prior's scales are right on average over its training images, not on
 every image.  Per coding step the encoder may move the scale indexes of each group of GROUP consecutive ones
@@ -43,7 +45,8 @@ the next ones), ``res_fixes`` (the list; empty bytes when nothing is listed, els
 bytes when no group moves, else a zstd frame of GROUPS signed bytes per step, step after step), from format 9
 ``res_inputs`` (empty bytes when nothing is listed, else an ints stream of [the two counts, the reduced features'
 position gaps and values, the predictions' position gaps and values]) and ``res_p0`` ..
-``res_p3``, one conditional rANS stream per pass (the pass's q >> k in position order, then its low bits).
+``res_p3``, one conditional rANS stream per pass (the pass's q >> k in position order, then its low bits); from
+format 10 ``res_diff_table`` and ``res_diffs`` (``differences.py``), empty in a tile the prior codes.
 Positions are flat indexes into a step's (planes, 1, h, w) half-resolution grid; pixels of
 the padded tile outside the image are not coded and count as a residual of 0 in later passes' context.
 A colour tile's passes are coded a channel at a time (``residual_prior.steps``): one section per pass and
@@ -68,6 +71,7 @@ from ..models import integer_prior as IP
 from ..models import residual_tables as RT
 from ..models.residual_prior import CONTEXT_SCALE, HALO, PASSES, depth_to_space, head_channels, space_to_depth, steps
 from ..models.residual_weights import Residual
+from . import differences as D
 from .pixels import ImageMeta, from_batch, planes
 
 FIXES, PALETTE, SCALES, INPUTS = "res_fixes", "res_palette", "res_scales", "res_inputs"
@@ -81,11 +85,12 @@ def step_sections(channels: int) -> tuple[str, ...]:
     return tuple(f"res_p{k}c{head_channels(k, sl, channels).start}" for k, sl in steps(channels))
 
 
-def sections(channels: int, calibrated: bool, integer: bool = False) -> tuple[str, ...]:
+def sections(channels: int, calibrated: bool, integer: bool = False, differences: bool = False) -> tuple[str, ...]:
     """A tile's residual sections; ``calibrated``: with the scale calibration (image format 8 on); ``integer``: coded
-    under the integer prior, with its inputs list (image format 9)."""
+    under the integer prior, with its inputs list (image format 9); ``differences``: a sparse lossless tile may be
+    coded as differences instead (image format 10)."""
     return (PALETTE, FIXES, *((SCALES,) if calibrated else ()), *((INPUTS,) if integer else ()),
-            *step_sections(channels))
+            *step_sections(channels), *(D.SECTIONS if differences else ()))
 
 
 STEP_SECTIONS = frozenset(step_sections(1) + step_sections(COLOUR))  # every name a pass section may have
@@ -126,27 +131,36 @@ TRUNK_HALO = 3  # half-resolution positions the trunk sees around a position (th
 
 
 def encode(res: Residual, x: torch.Tensor, synthesis: list, meta: ImageMeta, e: int,
-           levels_too: bool = True, calibrate: bool = True) -> dict[str, bytes]:
+           levels_too: bool = True, calibrate: bool = True, differences: bool = False) -> dict[str, bytes]:
     """A tile's pixels ``x`` (its meta's layout, integers) -> its sections.  ``synthesis``: [the tile core's
     float64 reconstruction (planes, C, H, W), the prior's reduction of g_s's features (half resolution)]; the
     features are consumed (the list's entry dropped once the trunk has them, so that they do not sit beside
     the passes).  A lossless tile whose values are sparse is coded through its palette and, with ``levels_too``,
     in its levels as well, and the smaller kept: the palette wins where the values are few in a wide span (data
     stretched from fewer levels), the levels where many values crowd part of the span and a tail spreads the
-    rest (the palette's index scale bends the prediction there); measured both ways, not guessed.
+    rest (the palette's index scale bends the prediction there); measured both ways, not guessed.  With
+    ``differences`` (image format 10) such a tile is also coded as its neighbours' differences (``differences.py``,
+    the winner where stretched data was resampled), its sections then empty but the two of that coding.
     ``calibrate``: with the scale calibration and its section (image format 8; earlier formats have neither)."""
     x01 = synthesis[0]
     levels = _batch_levels(x, meta, x01)
     palette = _palette_of(levels, _real_mask(meta, x01), meta) if e == 0 else None
     if palette is None:
-        return _encoded(res, levels, synthesis, meta, e, None, calibrate)
+        return _with_differences(_encoded(res, levels, synthesis, meta, e, None, calibrate), differences)
+    by_differences = D.encode(x, meta) if differences else None
     indexes = torch.searchsorted(palette, levels.contiguous()).to(torch.float64)
-    if not levels_too:
-        return _encoded(res, indexes, synthesis, meta, e, palette, calibrate)
-    # a copy: the list's features stay for the next
-    as_levels = _encoded(res, levels, list(synthesis), meta, e, None, calibrate)
-    return min(_encoded(res, indexes, synthesis, meta, e, palette, calibrate), as_levels,
-               key=lambda sections: sum(map(len, sections.values())))
+    # a copy: the list's features stay for the palette's coding
+    as_levels = [_encoded(res, levels, list(synthesis), meta, e, None, calibrate)] if levels_too else []
+    codings = [_with_differences(c, differences)
+               for c in (_encoded(res, indexes, synthesis, meta, e, palette, calibrate), *as_levels)]
+    if by_differences is not None:
+        codings.append({**{name: b"" for name in codings[0]}, **by_differences})
+    return min(codings, key=lambda sections: sum(map(len, sections.values())))
+
+
+def _with_differences(sections: dict[str, bytes], differences: bool) -> dict[str, bytes]:
+    """A prior-coded tile's sections, with the differences' two empty where the format has them."""
+    return {**sections, **dict.fromkeys(D.SECTIONS, b"")} if differences else sections
 
 
 def _encoded(res: Residual, levels: torch.Tensor, synthesis: list, meta: ImageMeta, e: int,
@@ -243,6 +257,8 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
     ``synthesis`` as for ``encode`` (consumed alike)."""
     x01 = synthesis[0]
     planes, c = x01.shape[0], x01.shape[1]
+    if len(sections.get(D.DIFFS, b"")) or len(sections.get(D.TABLE, b"")):
+        return _by_differences(sections, meta, e, c, x01.device, synthesis)
     grid = planes * (x01.shape[2] // 2) * (x01.shape[3] // 2)  # a step codes one channel's positions
     names = step_sections(c)
     listed = _unpack_fixes(sections[FIXES], grid, len(names), x01.device)
@@ -298,6 +314,16 @@ def decode(res: Residual, sections: dict, synthesis: list, meta: ImageMeta, e: i
     if palette is not None:
         out = palette[out.to(torch.int64)]
     return _image_layout(out, meta)
+
+
+def _by_differences(sections: dict, meta: ImageMeta, e: int, channels: int, device, synthesis: list) -> torch.Tensor:
+    """A tile coded as its neighbours' differences: every other residual section must be empty, the tile lossless."""
+    synthesis[1] = None  # the prior does not run: its features go
+    others = [n for n in (PALETTE, FIXES, SCALES, INPUTS, *step_sections(channels)) if len(sections.get(n, b""))]
+    if e != 0 or others or not (len(sections[D.DIFFS]) and len(sections[D.TABLE])):
+        raise CorruptStreamError("residual differences need a lossless tile with both their sections and no other "
+                                 f"residual section (max_error {e}, other sections {others})")
+    return D.decode(sections, meta, device)
 
 
 # ------------------------------------------------------------------ the passes, alike for both sides
