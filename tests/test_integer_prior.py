@@ -97,8 +97,8 @@ def test_layers_are_exact_integers(path, monkeypatch):
     in int64, requantised by hand: a 3 x 3 layer of 64 inputs with sums at their largest, and a 1 x 1 head layer."""
     if path == "float64":
         monkeypatch.setattr(IP, "int8_products_run", lambda: False)
-    else:
-        assert IP.int8_products_run()
+    elif not IP.int8_products_run():  # a CPU without them: the probe warned, the float64 path serves (tested above)
+        pytest.skip("this CPU's torch has no 8-bit matrix products")
     g = torch.Generator().manual_seed(2)
     w = torch.randint(-127, 128, (6, 64, 3, 3), generator=g).to(torch.int8)
     w[0], w[1] = 127, -127  # every product at its largest: sums of +-9 x 64 x 127 x 127
