@@ -210,7 +210,7 @@ def test_format_arguments_are_checked(cpu):
     img = astronaut_image("uint8", (20, 20))
     with pytest.raises(InvalidArgumentError, match="writes format 7"):
         cpu.compress(img, model=MODEL, image_format=6)
-    with pytest.raises(InvalidArgumentError, match="writes format 8"):
+    with pytest.raises(InvalidArgumentError, match="writes format 10"):
         cpu.compress(img, model="mbt2018-mean", image_format=7)
     with pytest.raises(InvalidArgumentError, match="refine"):
         cpu.compress(img, model=MODEL, refine=2)

@@ -19,7 +19,8 @@ def test_a_few_hundred_variants_of_every_kind_find_nothing(tmp_path, model_weigh
     report = fuzz_streams.main([str(tmp_path), "420", "--seed", "1", "--report-every", "200"])
     assert report["variants_run"] >= 380
     kinds = {"block", "ints", "rans", "image-v2", "image-v3", "image-v4", "image-v5", "image-v6",
-             f"image-v{image_header.FORMAT}", f"image-v{image_header.INTEGER}", "pages", "eb", "ll", "zarr", "legacy"}
+             f"image-v{image_header.FORMAT}", f"image-v{image_header.INTEGER}", f"image-v{image_header.CALIBRATED}",
+             "pages", "eb", "ll", "zarr", "legacy"}
     assert set(report["by_kind"]) == kinds
     assert report["by_mode"]["raw"] > 100 and report["by_mode"]["resealed"] > 100
     # resealed variants reach the parsers behind the checksums, not only the checksums

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 import visemz
-from make_format_fixtures import smooth_image  # a script beside this one, as tools are run
+from make_format_fixtures import resampled_image, smooth_image  # a script beside this one, as tools are run
 from visemz import container, defaults
 from visemz.encoders import decode_ints, encode_ints, entropy, rans, reference, stream
 from visemz.encoders import layout as L
@@ -167,6 +167,10 @@ def _image_files(add) -> None:
         f"{now}-mbt-u16-e3": codec.compress(smooth_image("uint16", (64, 48), 4), model="mbt2018-mean", max_error=3),
         f"{now}-tiled-e1": codec.compress(smooth_image("uint8", (96, 64), 5), max_error=1, tile=64),
         f"{now}-u8-e1-scales": codec.compress(smooth_image("uint8", (64, 64), 2), quality=1, max_error=1),  # calibrated
+        f"{now}-u16-e0-differences": codec.compress(resampled_image("uint16", (48, 64), 2), model="mbt2018-mean",
+                                                    quality=1, max_error=0),  # coded as neighbours' differences
+        "image-v8-u8-e1-scales": codec.compress(smooth_image("uint8", (64, 64), 2), quality=1, max_error=1,
+                                                image_format=8),  # the float prior without differences
         "image-v9-u8-e1-integer": codec.compress(smooth_image("uint8", (64, 64), 2), quality=1, max_error=1,
                                                  image_format=9),  # the integer prior
         "image-v6-u8-e2": codec.compress(gray, max_error=2, image_format=6),
