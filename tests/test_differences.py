@@ -110,6 +110,9 @@ def test_near_lossless_keeps_the_lossless_differences_file():
     assert chosen == lossless and container.unpack(chosen).meta["max_error"] == 0
     assert _residual_sections(chosen)[D.DIFFS]
     assert max_abs_error(visemz.decompress(chosen), img) == 0
+    # the format asked for by its number is the default's file
+    assert codec_module.ImageCodec("cpu").compress(img, max_error=2, quality=2, image_format=image_header.FORMAT) \
+        == chosen
 
 
 def test_dense_and_near_lossless_tiles_take_no_differences(monkeypatch):

@@ -153,9 +153,10 @@ class ImageCodec:
         e = check_max_error(max_error, meta.dtype)
         q = registry.check_quality(AUTO_START[meta.variant] if quality == "auto" else quality)
         rungs = AUTO_QUALITIES[meta.variant] if quality == "auto" else (q,)
-        # a sparse image's lossless file codes indexes into its values (residual_coder's palette), which a bounded
-        # error cannot use: it is often the smaller file, and it keeps any bound
-        also_lossless = bool(e) and image_format is None and _sparse_values(t, meta)
+        # a sparse image's lossless file codes indexes into its values (residual_coder's palette) or its differences,
+        # which a bounded error cannot use: it is often the smaller file, and it keeps any bound (formats from 6: the
+        # block-coded residual of earlier ones has neither)
+        also_lossless = bool(e) and (image_format is None or image_format >= LEARNED) and _sparse_values(t, meta)
         kw = dict(model=model, image_format=image_format, tile=tile, refine=refine)
 
         def file_at(q: float) -> bytes:
