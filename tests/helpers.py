@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import struct
+import sys
 import types
 import weakref
 from contextlib import contextmanager
@@ -40,13 +41,12 @@ def trained(folder: Path, model: str) -> bool:
 
 
 def resampled(h: int = 40, w: int = 48) -> np.ndarray:
-    """16-bit data stretched from 32 levels, then resampled (twice the size, linear): values on no lattice, whose
-    neighbours' differences take few values (quarter and half steps); the recipe of the format fixtures' such image
-    (``tools/make_format_fixtures.resampled_image``, which a test cannot import where numcodecs is missing)."""
-    import cv2
+    """16-bit data stretched from 32 levels, then resampled: the format fixtures' and the fuzzer's image of that kind
+    (``tools/make_format_fixtures.resampled_image``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from make_format_fixtures import resampled_image
 
-    src = (data.camera()[100:100 + h, 150:150 + w] // 8).astype(np.float64) * 2113
-    return cv2.resize(src, None, fx=2, fy=2, interpolation=cv2.INTER_LINEAR)[:h, :w].round().astype(np.uint16)
+    return resampled_image("uint16", (h, w), 0)
 
 
 def make_ints(dist: str, n: int, seed: int, scale: float = 0.5) -> np.ndarray:
