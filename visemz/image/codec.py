@@ -423,15 +423,11 @@ def _tile_shapes(net, meta: ImageMeta, grid: tiling.Grid, i: int) -> dict[str, t
 
 
 def _learned_prior(h: dict, spec: registry.ModelSpec, device: str) -> residual_weights.Residual | None:
-    """The residual prior a file's "learned" residual names (None for other files), or UnsupportedFormatError."""
+    """The residual prior a file's "learned" residual names (None for other files), installed or archived, or
+    UnsupportedFormatError."""
     if h["residual"] != "learned":
         return None
-    res = residual_weights.load(spec.variant, device, image_header.integer_prior(h["format"]))
-    if res is None or res.model_id != h["residual_id"]:
-        have = "none" if res is None else res.model_id
-        raise UnsupportedFormatError(f"file's residual was coded with residual prior {h['residual_id']} of "
-                                     f"{spec.variant} images; this install has {have}")
-    return res
+    return residual_weights.load(spec.variant, device, image_header.integer_prior(h["format"]), h["residual_id"])
 
 
 def _smallest_on_ladder(file_at, rungs: tuple[float, ...], start: float) -> bytes:

@@ -28,9 +28,10 @@ from ..io.writers import atomic_file
 from . import residual_tables
 from .integer_prior import IntegerNet
 from .residual_prior import ResidualPrior
-from .weights import file_id, read_tensors, weights_dir
+from .weights import archive, file_id, read_archived, read_tensors, tensors_of, weights_dir
 
 PREFIX = "prior/"
+CHANNELS = {"gray": 1, "rgb": 3}  # the image channels of each variant's prior
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,7 +66,8 @@ def path_of(variant: str, folder: Path | None = None, integer: bool = False) -> 
 
 
 def save(prior: ResidualPrior | IntegerNet, variant: str, card: dict, folder: Path | None = None) -> str:
-    """Write a prior and its card, each atomically; returns its id.  The float prior's file holds its float32
+    """Write a prior and its card, each atomically (a file it replaces goes into the archive beside it, so that the
+    images coded with that prior still decode); returns its id.  The float prior's file holds its float32
     parameters and the coder's tables; the integer one's its integer layers and the digest of the tables of the
     float prior already in ``folder``."""
     integer = isinstance(prior, IntegerNet)
@@ -79,6 +81,8 @@ def save(prior: ResidualPrior | IntegerNet, variant: str, card: dict, folder: Pa
     else:
         tensors.update({residual_tables.PREFIX + k: torch.from_numpy(v)
                         for k, v in residual_tables.build().to_dict().items()})
+    if path.is_file():  # the files already written with it keep their prior
+        archive(path)
     with atomic_file(path) as (_, tmp):
         save_file(tensors, str(tmp), metadata=meta)
     model_id = file_id(path)
@@ -92,26 +96,47 @@ _LOCK = threading.Lock()
 _LOADED: dict[tuple, Residual | None] = {}
 
 
-def load(variant: str, device: str = "cpu", integer: bool = False) -> Residual | None:
+def load(variant: str, device: str = "cpu", integer: bool = False, model_id: str | None = None) -> Residual | None:
     """The shipped prior of a variant (the float one, or with ``integer`` the integer one) on ``device`` (cached), or
-    None where none is shipped."""
+    None where none is shipped.  ``model_id`` (the id a file names): that prior, the shipped one where it has that
+    id, else the archived one (``weights.archive``), else ``UnsupportedFormatError``."""
     key = (variant, str(device), integer)
     with _LOCK, torch.inference_mode(False):
         if key not in _LOADED:
             path = path_of(variant, integer=integer)
             _LOADED[key] = _load(path, device, integer) if path.is_file() else None
-        return _LOADED[key]
+        installed = _LOADED[key]
+        if model_id is None or (installed is not None and installed.model_id == model_id):
+            return installed
+        if key + (model_id,) not in _LOADED:
+            _LOADED[key + (model_id,)] = _load_archived(variant, device, integer, model_id, installed)
+        return _LOADED[key + (model_id,)]
 
 
 def _load(path: Path, device: str, integer: bool = False) -> Residual:
-    tensors, meta = read_tensors(path)
+    variant = path.stem.removeprefix(file_stem("", integer))
+    return _built(*read_tensors(path), file_id(path), path.name, variant, device, integer, path.parent)
+
+
+def _load_archived(variant: str, device: str, integer: bool, model_id: str, installed: Residual | None) -> Residual:
+    have = "none" if installed is None else installed.model_id
+    data = read_archived(model_id, f"the {'integer ' if integer else ''}residual prior of {variant} images "
+                                   f"(installed: {have})")
+    return _built(*tensors_of(data), model_id, f"{model_id} (archived)", variant, device, integer, weights_dir())
+
+
+def _built(tensors: dict, meta: dict, model_id: str, name: str, variant: str, device: str, integer: bool,
+           folder: Path) -> Residual:
+    """A prior of ``variant`` from its file's tensors and metadata; an integer prior takes the tables of the float
+    prior of its variant in ``folder``, which must be the ones it was written with."""
     try:
         config = json.loads(meta["config"])
+        if config["channels"] != CHANNELS[variant]:
+            raise ValueError(f"a prior of {config['channels']} channels, not of {variant} images")
         state = {k[len(PREFIX):]: v for k, v in tensors.items() if k.startswith(PREFIX)}
         if integer:
             net, prior = IntegerNet.from_tensors(config, state), None
-            variant = path.stem.removeprefix(file_stem("", integer=True))  # the float prior of its variant, beside it
-            tables = _read_tables(path_of(variant, path.parent))
+            tables = _read_tables(path_of(variant, folder))
             if tables_digest(tables) != meta["tables_digest"]:
                 raise ValueError("the float prior beside it holds other tables than it was written with")
         else:
@@ -119,10 +144,9 @@ def _load(path: Path, device: str, integer: bool = False) -> Residual:
             prior.load_state_dict(state)
             tables = _tables_of(tensors)
     except (KeyError, TypeError, ValueError, RuntimeError, OSError) as e:
-        raise UnsupportedFormatError(f"residual prior {path.name} is not readable: {e}") from None
+        raise UnsupportedFormatError(f"residual prior {name} is not readable: {e}") from None
     prior64 = None if integer else prior.double().eval().requires_grad_(False).to(device)
-    return Residual(prior64, tables, meta.get("lossy_model", ""), file_id(path),
-                    None if net is None else net.to(device))
+    return Residual(prior64, tables, meta.get("lossy_model", ""), model_id, None if net is None else net.to(device))
 
 
 def _tables_of(tensors: dict) -> CdfTables:

@@ -8,8 +8,9 @@ weights is refused instead of decoded into garbage.
 
 Weights are kept loadable by id after an update: a file names the weights it was written with
 (``model_id``), and ``load`` takes that id.  The installed weights answer for their own id; older
-ones are in the archive (``weights/archive/<id>.safetensors``, the file whose xxh64 is its name), so
-a weights update never makes a file already written unreadable.
+ones are in the archive (``weights/archive/<id>.safetensors.zst``: the file whose xxh64 is its name, as one zstd
+frame, so that the package's weights budget holds more of them; ``archive`` writes one), so a weights update never
+makes a file already written unreadable.  Residual priors are archived alike (``residual_weights.py``).
 
 The same file holds the integer CDF tables the codec's rANS coder uses (``tables/...``,
 ``entropy_tables.py``), computed from the model when it is saved and attached to the
@@ -26,7 +27,9 @@ from pathlib import Path
 
 import torch
 import xxhash
+import zstandard
 from safetensors import safe_open
+from safetensors.torch import load as load_bytes
 from safetensors.torch import save_file
 
 from ..errors import UnsupportedFormatError
@@ -48,11 +51,47 @@ def weights_path(spec: ModelSpec) -> Path:
 
 
 ARCHIVE = "archive"  # a sub-folder of the weights folder: older weights, each named by its id
+ARCHIVED_MAX = 1 << 28  # bytes an archived weights file may declare (the largest shipped file is 7.5 MB)
 
 
 def archive_path(model_id: str) -> Path:
     """Where archived weights of id ``model_id`` (16 hex digits, checked by the caller) are."""
-    return weights_dir() / ARCHIVE / f"{model_id}.safetensors"
+    return weights_dir() / ARCHIVE / f"{model_id}.safetensors.zst"
+
+
+def archive(path: Path) -> str:
+    """Put the weights file ``path`` into the archive beside it (``ARCHIVE/<id>.safetensors.zst``, one zstd frame,
+    written atomically), as a save does before it replaces a file; returns its id."""
+    data = path.read_bytes()
+    model_id = xxhash.xxh64(data).hexdigest()
+    target = path.parent / ARCHIVE / f"{model_id}.safetensors.zst"
+    target.parent.mkdir(exist_ok=True)
+    with atomic_file(target) as (f, _):
+        f.write(zstandard.ZstdCompressor(level=19, write_checksum=True).compress(data))
+    return model_id
+
+
+def read_archived(model_id: str, what: str) -> bytes:
+    """The bytes of the archived weights file of id ``model_id``; ``UnsupportedFormatError`` (naming ``what`` the
+    file would be) where there is none, it does not decompress or its bytes have another id."""
+    path = archive_path(model_id)
+    if not path.is_file():
+        raise UnsupportedFormatError(f"file was written with weights {model_id} of {what}; this install has no such "
+                                     "weights, installed or archived")
+    frame = path.read_bytes()
+    try:
+        # the declared size is checked first: a frame that declares its size is decompressed into that much memory
+        size = zstandard.get_frame_parameters(frame).content_size
+        if not 0 < size <= ARCHIVED_MAX:
+            raise zstandard.ZstdError(f"declares {size} bytes, expected 1..{ARCHIVED_MAX}")
+        data = zstandard.ZstdDecompressor().decompress(frame, max_output_size=ARCHIVED_MAX)
+    except zstandard.ZstdError as e:
+        raise UnsupportedFormatError(f"archived weights {path.name} do not decompress: {e}") from None
+    got = xxhash.xxh64(data).hexdigest()
+    if got != model_id:
+        raise UnsupportedFormatError(f"archived weights {path.name} have the id {got}, not the {model_id} of their "
+                                     "name")
+    return data
 
 
 STORAGES = ("int8", "float32")
@@ -93,7 +132,7 @@ def dequantize_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 def save(model: torch.nn.Module, spec: ModelSpec, path: Path, card: dict, storage: str = "int8") -> str:
     """Write weights with their entropy coding tables (and the model card beside them), each
-    atomically; returns the model id."""
+    atomically (a file they replace goes into the archive beside it); returns the model id."""
     meta = {"spec": json.dumps({"arch": spec.arch, "variant": spec.variant, "N": spec.N, "M": spec.M,
                                 "variable_rate": "gain-units",
                                 **({"slices": list(spec.slices)} if spec.context else {})})}
@@ -114,6 +153,8 @@ def add_tables(spec: ModelSpec, path: Path) -> str:
 
 
 def _write(path: Path, network: dict, meta: dict, tables, card: dict, spec: ModelSpec) -> str:
+    if path.is_file():  # the files already written with it keep their weights
+        archive(path)
     with atomic_file(path) as (_, tmp):
         save_file(dict(network, **entropy_tables.to_tensors(tables)), str(tmp), metadata=meta)
     model_id = file_id(path)
@@ -130,6 +171,17 @@ def file_id(path: Path) -> str:
 def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     with safe_open(str(path), framework="pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
+
+
+def tensors_of(data: bytes) -> tuple[dict[str, torch.Tensor], dict]:
+    """A weights file's tensors and metadata from its bytes (an archived file's); the metadata is the
+    ``__metadata__`` entry of the safetensors header (a little-endian u64 length, then that much JSON)."""
+    try:
+        n = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8:8 + n]).get("__metadata__") or {}
+        return load_bytes(data), meta
+    except (ValueError, AttributeError, RuntimeError) as e:  # a header that is no safetensors header
+        raise UnsupportedFormatError(f"archived weights are not a safetensors file: {e}") from None
 
 
 _LOAD_LOCK = threading.Lock()
@@ -174,41 +226,39 @@ def _cache_clear() -> None:
 
 
 def _load_archived(spec: ModelSpec, device: str, model_id: str, installed: str) -> tuple[torch.nn.Module, str]:
-    path = archive_path(model_id)
-    if not path.is_file():
-        raise UnsupportedFormatError(f"file was written with weights {model_id} of {spec.name}; this install has "
-                                     f"{installed} and no archived weights of that id")
-    model, got = _load(spec, device, path)
-    if got != model_id:
-        raise UnsupportedFormatError(f"archived weights {path.name} have the id {got}, not the {model_id} of their "
-                                     "name")
-    return model, got
+    data = read_archived(model_id, f"{spec.name} (installed: {installed})")
+    return _built(spec, device, *tensors_of(data), archive_path(model_id).name), model_id
 
 
 def _load(spec: ModelSpec, device: str, path: Path) -> tuple[torch.nn.Module, str]:
     if not path.is_file():
         raise UnsupportedFormatError(f"no weights for model {spec.name!r} at {path}")
-    tensors, meta = read_tensors(path)
+    return _built(spec, device, *read_tensors(path), path.name), file_id(path)
+
+
+def _built(spec: ModelSpec, device: str, tensors: dict, meta: dict, name: str) -> torch.nn.Module:
+    """The model of ``spec`` on ``device`` from a weights file's tensors and metadata (``name``: the file's, for
+    errors)."""
     stored = json.loads(meta.get("spec", "{}"))
     if (stored.get("arch"), stored.get("variant"), stored.get("N"), stored.get("M"), stored.get("variable_rate")) != \
             (spec.arch, spec.variant, spec.N, spec.M, "gain-units"):
-        raise UnsupportedFormatError(f"weights {path.name} are {stored.get('arch')}-{stored.get('variant')} "
+        raise UnsupportedFormatError(f"weights {name} are {stored.get('arch')}-{stored.get('variant')} "
                                      f"N={stored.get('N')}, M={stored.get('M')}, variable rate "
                                      f"{stored.get('variable_rate')!r}; expected {spec.name} {spec.N}/{spec.M} with "
                                      "gain units")
     if stored.get("slices", []) != list(spec.slices):
-        raise UnsupportedFormatError(f"weights {path.name} code their latent in slices {stored.get('slices')}; "
+        raise UnsupportedFormatError(f"weights {name} code their latent in slices {stored.get('slices')}; "
                                      f"{spec.name} expects {list(spec.slices) or 'none'}")
     model = architectures.build(spec)
     missing, unexpected = model.load_state_dict(dequantize_state(tensors), strict=False)
     if missing or unexpected:
-        raise UnsupportedFormatError(f"weights {path.name} do not match {spec.name}: missing {missing[:3]}, unexpected "
+        raise UnsupportedFormatError(f"weights {name} do not match {spec.name}: missing {missing[:3]}, unexpected "
                                      f"{unexpected[:3]}")
-    model.visemz_tables = entropy_tables.from_tensors(tensors, architectures.has_hyperprior(model), path.name)
+    model.visemz_tables = entropy_tables.from_tensors(tensors, architectures.has_hyperprior(model), name)
     architectures.freeze_gdn(model.eval().requires_grad_(False).to(device))
     if torch.device(device).type == "cuda":
         graphs.synchronize(device)  # copied on this thread's stream; other streams use it next
-    return model, file_id(path)
+    return model
 
 
 load.cache_clear = _cache_clear  # type: ignore[attr-defined]
