@@ -67,12 +67,13 @@ def test_an_archived_file_is_checked_when_read(weights_folder, monkeypatch):
     with pytest.raises(UnsupportedFormatError, match=model_id):
         W.read_archived(model_id, "a test")
     W.archive_path(model_id).write_bytes(frame)
+    for junk in (b"no weights at all", _weights_file(weights_folder / "b.safetensors")[:-8]):  # tensors cut short
+        (weights_folder / "junk.safetensors").write_bytes(junk)
+        with pytest.raises(UnsupportedFormatError, match="not a safetensors file"):
+            W.tensors_of(W.read_archived(W.archive(weights_folder / "junk.safetensors"), "a test"))
     monkeypatch.setattr(W, "ARCHIVED_MAX", 64)  # a frame declaring more than a weights file may hold
     with pytest.raises(UnsupportedFormatError, match="do not decompress"):
         W.read_archived(model_id, "a test")
-    (weights_folder / "junk.safetensors").write_bytes(b"no weights at all")
-    with pytest.raises(UnsupportedFormatError, match="not a safetensors file"):
-        W.tensors_of(W.read_archived(W.archive(weights_folder / "junk.safetensors"), "a test"))
 
 
 def _changed_prior(path, integer: bool) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import xxhash
 import zstandard
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save_file
 
@@ -78,14 +78,14 @@ def read_archived(model_id: str, what: str) -> bytes:
     if not path.is_file():
         raise UnsupportedFormatError(f"file was written with weights {model_id} of {what}; this install has no such "
                                      "weights, installed or archived")
-    frame = path.read_bytes()
     try:
+        frame = path.read_bytes()
         # the declared size is checked first: a frame that declares its size is decompressed into that much memory
         size = zstandard.get_frame_parameters(frame).content_size
         if not 0 < size <= ARCHIVED_MAX:
             raise zstandard.ZstdError(f"declares {size} bytes, expected 1..{ARCHIVED_MAX}")
         data = zstandard.ZstdDecompressor().decompress(frame, max_output_size=ARCHIVED_MAX)
-    except zstandard.ZstdError as e:
+    except (zstandard.ZstdError, OSError) as e:
         raise UnsupportedFormatError(f"archived weights {path.name} do not decompress: {e}") from None
     got = xxhash.xxh64(data).hexdigest()
     if got != model_id:
@@ -180,7 +180,7 @@ def tensors_of(data: bytes) -> tuple[dict[str, torch.Tensor], dict]:
         n = int.from_bytes(data[:8], "little")
         meta = json.loads(data[8:8 + n]).get("__metadata__") or {}
         return load_bytes(data), meta
-    except (ValueError, AttributeError, RuntimeError) as e:  # a header that is no safetensors header
+    except (ValueError, AttributeError, RuntimeError, SafetensorError) as e:  # no safetensors header or tensors
         raise UnsupportedFormatError(f"archived weights are not a safetensors file: {e}") from None
 
 
