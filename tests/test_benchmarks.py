@@ -196,7 +196,9 @@ def test_pipeline_arguments():
     full = bench_pipeline.parse_args(["--data", "DATA", "--streams", "2,8", "--repeat-to", "600"])
     assert (full.repeat, full.streams, full.repeat_to) == (3, [2, 8], 600)
     assert bench_pipeline.parse_args(["--data", "DATA", "--no-dali"]).loader == "cpu"
-    for bad in (["--streams", "2,x"], ["--streams", "0"], ["--torchrun"], ["--repeat", "0"]):
+    lossless = bench_pipeline.parse_args(["--data", "DATA", "--max-error", "0"])
+    assert (lossless.max_error, lossless.no_compressai, lossless.no_jpeg) == (0, True, True)
+    for bad in (["--streams", "2,x"], ["--streams", "0"], ["--torchrun"], ["--repeat", "0"], ["--max-error", "-1"]):
         with pytest.raises(SystemExit) as e:
             bench_pipeline.parse_args(["--data", "DATA", *bad])
         assert e.value.code == 2
@@ -225,6 +227,22 @@ def test_pipeline_runs_every_part_on_the_cpu(tmp_path, model_weights):
     assert q["nvjpeg"]["psnr"] >= q["visemz"]["psnr"] or q["nvjpeg"]["jpeg_quality"] == 100
     assert set(report["ratios"]) >= {"multi_over_single", "compress_over_decompress", "multi_over_compressai",
                                      "multi_over_nvjpeg", "bits_saved_vs_jpeg"}
+
+
+def test_pipeline_lossless_folder_on_the_cpu(tmp_path, model_weights):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    cv2.imwrite(str(data_dir / "0.png"), _smooth((64, 80), seed=3))
+    cv2.imwrite(str(data_dir / "1.png"), _smooth((48, 64, 3), seed=4))
+    out = tmp_path / "bench.json"
+    bench_pipeline.main(["--data", str(data_dir), "--work", str(tmp_path / "work"), "--out", str(out),
+                         "--device", "cpu", "--quick", "--repeat-to", "2", "--streams", "2", "--max-error", "0"])
+    report = _report(out)
+    labels = [r["label"] for r in report["runs"]]
+    assert labels == ["b: visemz 1 stream", "c: visemz 2 streams", "b: decompress 1 stream", "c: decompress 2 streams"]
+    assert all(r["done"] == r["files"] == 2 and r["Mpx_per_s"] > 0 for r in report["runs"])
+    assert report["quality"]["visemz"]["psnr"] is None and report["quality"]["visemz"]["max_error"] == 0
+    assert report["settings"]["max_error"] == 0
 
 
 # ------------------------------------------------------------------ profile_codec, profile_collectives

@@ -3,6 +3,7 @@ compress() loop with the same weights and against nvJPEG behind the same loader.
 
     python -m visemz.benchmarks.pipeline --data DATA/eval --repeat-to 500 --out bench_pipeline.json
     python -m visemz.benchmarks.pipeline ... --quick            # one repeat, one multi-stream setting
+    python -m visemz.benchmarks.pipeline ... --max-error 0      # lossless (or near-lossless) folders
     torchrun --nproc-per-node 2 -m visemz.benchmarks.pipeline --torchrun --data ... --out bench_2gpu.json
 
 The folder is built under --work from every image under --data, repeated (hard links, else
@@ -21,9 +22,11 @@ Every run compresses the whole folder from files to files (load, compress, atomi
 Each compress row says how many ints-stream calls shared an nvCOMP launch on average (the grouped
 entropy stage; run again with VISEMZ_ENTROPY_BATCH=0 for one launch per stream).
 
-Each setting is warmed up on the distinct images first; times are medians of --repeat runs with
-torch.cuda.synchronize() around each.  images/s counts files, MB/s the decoded input bytes, bpp
-is bits per pixel of the outputs, PSNR (dB) is the mean over the distinct images.  Ratios
+With --max-error E every visemz run codes with that bound and (a) and (d) are left out: they compare lossy
+files at matched quality.  Each setting is warmed up on the distinct images first; times are medians of
+--repeat runs with torch.cuda.synchronize() around each.  images/s counts files, MB/s the decoded input
+bytes, bpp is bits per pixel of the outputs, Mpx/s the images' pixels (megapixels) a second, PSNR (dB) is
+the mean over the distinct images (null where they decode exactly) beside their largest error.  Ratios
 compare settings measured in the same run.  The device name is printed and stored in the JSON.
 """
 
@@ -75,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--streams", type=_int_list, default=None, help="multi-stream settings, e.g. 2,4,8 (--quick: 4)")
     ap.add_argument("--model", default="balle2016")
     ap.add_argument("--quality", type=float, default=4.0)
+    ap.add_argument("--max-error", type=float, default=None,
+                    help="code every image with this bound (0: lossless), in the images' own levels")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--loader", default="auto", help="loader of the visemz and nvJPEG runs (auto, dali, kvikio, cpu)")
     ap.add_argument("--quick", action="store_true", help="one repeat, one multi-stream setting, 8-image subsets")
@@ -93,6 +98,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--repeat-to, --repeat and --streams must be positive")
     if args.torchrun and args.work is None:
         ap.error("--torchrun needs --work: a folder every rank sees")
+    if args.max_error is not None:
+        if args.max_error < 0:
+            ap.error(f"--max-error {args.max_error}: a bound is 0 or more")
+        args.no_compressai = args.no_jpeg = True  # their rows match lossy files' quality
     return args
 
 
@@ -153,8 +162,10 @@ def timed(run, reset, repeat: int, device: str) -> tuple[float, Summary]:
 def row(label: str, seconds: float, summary: Summary, decoded: str = "bytes_in", **extra) -> dict:
     """One line of results; MB/s counts decoded image bytes (``bytes_out`` for decompression)."""
     d = summary.to_dict()
+    pixels = sum(r.pixels for r in summary.results if r.status == "done")
     r = {"label": label, "seconds": round(seconds, 4), "files": d["items"], "done": d["done"], "failed": d["failed"],
          "images_per_s": round(d["done"] / seconds, 2), "MB_per_s": round(d[decoded] / 1e6 / seconds, 2),
+         "Mpx_per_s": round(pixels / 1e6 / seconds, 2),
          "bpp": d["bpp"] if decoded == "bytes_in" else None, "loaders": d["loaders"], "fallbacks": len(d["fallbacks"]),
          **extra}
     if d["errors"]:
@@ -291,14 +302,17 @@ def subset(images: list, n: int | None) -> list:
     return [images[int(k)] for k in np.linspace(0, len(images) - 1, n).round()]
 
 
-def quality_of(images: list, per_file: dict) -> tuple[float, float]:
-    """visemz's mean PSNR and bpp over ``images`` from verify()'s rows."""
+def quality_of(images: list, per_file: dict) -> tuple[float | None, float, float]:
+    """visemz's mean PSNR (None where an image decodes exactly), bpp and largest error over ``images`` from
+    verify()'s rows."""
     rows = [per_file[rel] for rel, _ in images]
     bad = [r for r in rows if "psnr" not in r]
     if bad:
         raise RuntimeError(f"visemz outputs failed to verify: {bad[:3]}")
     pixels = sum(img.shape[0] * img.shape[1] for _, img in images)
-    return float(np.mean([r["psnr"] for r in rows])), 8 * sum(r["bytes"] for r in rows) / pixels
+    psnr = float(np.mean([float(r["psnr"]) for r in rows]))  # verify() writes an exact image's as "inf"
+    return (psnr if math.isfinite(psnr) else None), 8 * sum(r["bytes"] for r in rows) / pixels, \
+        max(float(r["max_error"]) for r in rows)
 
 
 def single_gpu(args, work: Path) -> dict:
@@ -313,8 +327,8 @@ def single_gpu(args, work: Path) -> dict:
     if plan.kvikio:
         report["kvikio_mode"] = kvikio_io.mode()
     runs = report["runs"]
-    cfg = lambda streams, loader=args.loader: CompressConfig(args.model, args.quality, None, "zstd", device, streams,
-                                                             False, loader)
+    cfg = lambda streams, loader=args.loader: CompressConfig(args.model, args.quality, args.max_error, "zstd", device,
+                                                             streams, False, loader)
     single, single_dst = compress_row("b: visemz 1 stream", folder.src, folder.distinct, out, cfg(1), args.repeat)
     runs.append(single)
     multi = {}
@@ -332,8 +346,9 @@ def single_gpu(args, work: Path) -> dict:
 
     per_file = {r["file"]: r for r in verify(folder.distinct, out / f"warm-{slug(best['label'])}", device)}
     measured = subset(folder.images, 8 if args.quick else None)  # the images PSNR and bpp are compared on
-    vz_psnr, vz_bpp = quality_of(measured, per_file)
-    report["quality"] = {"images": len(measured), "visemz": {"psnr": round(vz_psnr, 3), "bpp": round(vz_bpp, 4)}}
+    vz_psnr, vz_bpp, vz_error = quality_of(measured, per_file)
+    report["quality"] = {"images": len(measured), "visemz": {"psnr": vz_psnr and round(vz_psnr, 3),
+                                                             "bpp": round(vz_bpp, 4), "max_error": vz_error}}
 
     ratios = report.setdefault("ratios", {})
     ratios["multi_over_single"] = round(best["images_per_s"] / single["images_per_s"], 3)
@@ -400,7 +415,7 @@ def multi_gpu(args, work: Path) -> dict | None:
     dist.barrier()
     src = work / "src"
     n = max(args.streams)
-    cfg = CompressConfig(args.model, args.quality, None, "zstd", "cuda", n, False, args.loader)
+    cfg = CompressConfig(args.model, args.quality, args.max_error, "zstd", "cuda", n, False, args.loader)
     out = work / "out"
     compress_folder(src / "rep000", out / f"warm-{rank}", cfg)  # every rank warms up its own GPU
     dist.barrier()
