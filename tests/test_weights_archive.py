@@ -3,6 +3,8 @@ file names loaded from it after an update (the installed prior then has another 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ from safetensors.torch import save_file
 from visemz import container
 from visemz.errors import UnsupportedFormatError
 from visemz.image.codec import ImageCodec
-from visemz.models import residual_weights
+from visemz.models import architectures, registry, residual_weights
 from visemz.models import weights as W
 from visemz.models.residual_prior import ResidualPrior
 
@@ -125,9 +127,29 @@ def test_a_saved_prior_archives_the_one_it_replaces(tmp_path):
     torch.manual_seed(0)
     first = residual_weights.save(ResidualPrior(1, 8, 8, 4), "gray", card, tmp_path)
     data = residual_weights.path_of("gray", tmp_path).read_bytes()
+    (tmp_path / "copy").write_bytes(data)
+    W.archive_replaced(residual_weights.path_of("gray", tmp_path), tmp_path / "copy")  # the same bytes: kept as is
     assert not (tmp_path / W.ARCHIVE).exists()
     second = residual_weights.save(ResidualPrior(1, 8, 8, 4), "gray", card, tmp_path)
     assert second != first
     assert [p.name for p in (tmp_path / W.ARCHIVE).iterdir()] == [f"{first}.safetensors.zst"]
     frame = (tmp_path / W.ARCHIVE / f"{first}.safetensors.zst").read_bytes()
     assert zstandard.ZstdDecompressor().decompress(frame) == data
+
+
+def test_saved_weights_archive_the_ones_they_replace_and_load_by_id(tmp_path, monkeypatch):
+    spec = registry.parse("balle2016-gray")
+    path = tmp_path / f"{spec.name}.safetensors"
+    ids = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        ids.append(W.save(architectures.build(spec), spec, path, {"note": "a test"}))
+    assert [p.name for p in (tmp_path / W.ARCHIVE).iterdir()] == [f"{ids[0]}.safetensors.zst"]
+    assert json.loads(path.with_suffix(".json").read_text())["model_id"] == ids[1]
+    assert W.write_card(path, {"note": "another card"}, spec) == ids[1]  # a card alone: the same weights
+    monkeypatch.setenv("VISEMZ_WEIGHTS_DIR", str(tmp_path))
+    W.load.cache_clear()
+    try:
+        assert W.load(spec)[1] == ids[1] and W.load(spec, "cpu", ids[0])[1] == ids[0]
+    finally:
+        W.load.cache_clear()

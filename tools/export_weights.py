@@ -140,8 +140,7 @@ def export(codec, name: str, args, checks: list[float]) -> None:
     if checks:
         int8 = evaluate(codec, spec, args.data, args.limit, checks, main_set(spec))
         card["int8_storage_loss"] = storage_loss(codec, model, spec, args, checks, int8)
-        W.save(model, spec, args.out / f"{spec.name}.safetensors", card)
-        W.load.cache_clear()
+        W.write_card(args.out / f"{spec.name}.safetensors", dict(card, storage="int8"), spec)
     print(name, json.dumps({k: card.get(k) for k in ("steps", "int8_storage_loss")}), flush=True)
 
 

@@ -28,7 +28,7 @@ from ..io.writers import atomic_file
 from . import residual_tables
 from .integer_prior import IntegerNet
 from .residual_prior import ResidualPrior
-from .weights import archive, file_id, read_archived, read_tensors, tensors_of, weights_dir
+from .weights import archive_replaced, file_id, read_archived, read_tensors, tensors_of, weights_dir
 
 PREFIX = "prior/"
 CHANNELS = {"gray": 1, "rgb": 3}  # the image channels of each variant's prior
@@ -66,10 +66,10 @@ def path_of(variant: str, folder: Path | None = None, integer: bool = False) -> 
 
 
 def save(prior: ResidualPrior | IntegerNet, variant: str, card: dict, folder: Path | None = None) -> str:
-    """Write a prior and its card, each atomically (a file it replaces goes into the archive beside it, so that the
-    images coded with that prior still decode); returns its id.  The float prior's file holds its float32
-    parameters and the coder's tables; the integer one's its integer layers and the digest of the tables of the
-    float prior already in ``folder``."""
+    """Write a prior and its card, each atomically (a file of other bytes it replaces goes into the archive beside
+    it, so that the images coded with that prior still decode); returns its id.  The float prior's file holds its
+    float32 parameters and the coder's tables; the integer one's its integer layers and the digest of the tables of
+    the float prior already in ``folder``."""
     integer = isinstance(prior, IntegerNet)
     path = path_of(variant, folder, integer)
     state = prior.tensors() if integer else {k: v.detach().float() for k, v in prior.state_dict().items()}
@@ -81,10 +81,9 @@ def save(prior: ResidualPrior | IntegerNet, variant: str, card: dict, folder: Pa
     else:
         tensors.update({residual_tables.PREFIX + k: torch.from_numpy(v)
                         for k, v in residual_tables.build().to_dict().items()})
-    if path.is_file():  # the files already written with it keep their prior
-        archive(path)
     with atomic_file(path) as (_, tmp):
         save_file(tensors, str(tmp), metadata=meta)
+        archive_replaced(path, Path(tmp))
     model_id = file_id(path)
     card = dict(card, model=file_stem(variant, integer), model_id=model_id, weights=path.name)
     with atomic_file(path.with_suffix(".json")) as (f, _):

@@ -71,6 +71,13 @@ def archive(path: Path) -> str:
     return model_id
 
 
+def archive_replaced(path: Path, new: Path) -> None:
+    """Archive the weights file ``path`` before ``new`` (written to replace it) takes its place, unless they are the
+    same bytes: the files already written with the old weights keep them."""
+    if path.is_file() and file_id(path) != file_id(new):
+        archive(path)
+
+
 def read_archived(model_id: str, what: str) -> bytes:
     """The bytes of the archived weights file of id ``model_id``; ``UnsupportedFormatError`` (naming ``what`` the
     file would be) where there is none, it does not decompress or its bytes have another id."""
@@ -132,7 +139,7 @@ def dequantize_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 def save(model: torch.nn.Module, spec: ModelSpec, path: Path, card: dict, storage: str = "int8") -> str:
     """Write weights with their entropy coding tables (and the model card beside them), each
-    atomically (a file they replace goes into the archive beside it); returns the model id."""
+    atomically (a file of other bytes they replace goes into the archive beside it); returns the model id."""
     meta = {"spec": json.dumps({"arch": spec.arch, "variant": spec.variant, "N": spec.N, "M": spec.M,
                                 "variable_rate": "gain-units",
                                 **({"slices": list(spec.slices)} if spec.context else {})})}
@@ -153,10 +160,15 @@ def add_tables(spec: ModelSpec, path: Path) -> str:
 
 
 def _write(path: Path, network: dict, meta: dict, tables, card: dict, spec: ModelSpec) -> str:
-    if path.is_file():  # the files already written with it keep their weights
-        archive(path)
     with atomic_file(path) as (_, tmp):
         save_file(dict(network, **entropy_tables.to_tensors(tables)), str(tmp), metadata=meta)
+        archive_replaced(path, Path(tmp))
+    return write_card(path, card, spec)
+
+
+def write_card(path: Path, card: dict, spec: ModelSpec) -> str:
+    """Write the card of the weights file ``path`` beside it (atomically), with its model name and id; returns the
+    id.  A card changes without its weights (and their id) changing."""
     model_id = file_id(path)
     card = dict(card, model=spec.name, model_id=model_id, weights=path.name)
     with atomic_file(path.with_suffix(".json")) as (f, _):
