@@ -3,13 +3,13 @@ CPU-GPU parity for the tests."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
 import json
 import math
 import struct
-import sys
 import types
 import weakref
 from contextlib import contextmanager
@@ -43,10 +43,12 @@ def trained(folder: Path, model: str) -> bool:
 def resampled(h: int = 40, w: int = 48) -> np.ndarray:
     """16-bit data stretched from 32 levels, then resampled: the format fixtures' and the fuzzer's image of that kind
     (``tools/make_format_fixtures.resampled_image``)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    from make_format_fixtures import resampled_image
+    return _fixtures_tool().resampled_image("uint16", (h, w), 0)
 
-    return resampled_image("uint16", (h, w), 0)
+
+@functools.cache
+def _fixtures_tool():
+    return load_tool("make_format_fixtures")
 
 
 def make_ints(dist: str, n: int, seed: int, scale: float = 0.5) -> np.ndarray:

@@ -69,20 +69,21 @@ def encode(x: torch.Tensor, meta: ImageMeta) -> dict[str, bytes] | None:
     px = planes(x.to(torch.int64), meta)
     best = None
     for kind in KINDS:
-        lo, bins = _histogram(differences(px, kind))
+        d = differences(px, kind)
+        lo, bins = _histogram(d)
         c = bins[bins > 0].cpu().numpy()
         if c.size > MAX_VALUES:
             continue
         bits = float((c * np.log2(c.sum() / c)).sum()) + TABLE_BITS * c.size  # the same on every device
         if best is None or bits < best[0]:
-            best = (bits, kind, lo, bins, c)
+            best = (bits, kind, d, lo, bins, c)
     if best is None:
         return None
-    _, kind, lo, bins, counts = best
+    _, kind, d, lo, bins, counts = best
     freqs = quantize_pmf(np.append(counts, 0.0))[:-1]  # the escape keeps the rest (at least 1)
     present = bins > 0
     rank = torch.cumsum(present, 0) - 1  # a difference's index into the sorted distinct ones
-    index = rank[differences(px, kind).reshape(-1) - lo].to(torch.int32)
+    index = rank[d.reshape(-1) - lo].to(torch.int32)
     v = (torch.nonzero(present).reshape(-1) + lo).cpu().numpy()
     table = np.concatenate([[kind, v[0]], np.diff(v), freqs]).astype(np.int32)
     stream = encode_conditional(index, torch.zeros_like(index), _tables(freqs))

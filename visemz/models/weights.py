@@ -54,28 +54,34 @@ ARCHIVE = "archive"  # a sub-folder of the weights folder: older weights, each n
 ARCHIVED_MAX = 1 << 28  # bytes an archived weights file may declare (the largest shipped file is 7.5 MB)
 
 
-def archive_path(model_id: str) -> Path:
-    """Where archived weights of id ``model_id`` (16 hex digits, checked by the caller) are."""
-    return weights_dir() / ARCHIVE / f"{model_id}.safetensors.zst"
+def archive_path(model_id: str, folder: Path | None = None) -> Path:
+    """Where archived weights of id ``model_id`` (16 hex digits, checked by the caller) are: in the archive of
+    ``folder``, by default the weights folder's."""
+    return (folder or weights_dir()) / ARCHIVE / f"{model_id}.safetensors.zst"
 
 
 def archive(path: Path) -> str:
-    """Put the weights file ``path`` into the archive beside it (``ARCHIVE/<id>.safetensors.zst``, one zstd frame,
-    written atomically), as a save does before it replaces a file; returns its id."""
-    data = path.read_bytes()
-    model_id = xxhash.xxh64(data).hexdigest()
-    target = path.parent / ARCHIVE / f"{model_id}.safetensors.zst"
-    target.parent.mkdir(exist_ok=True)
-    with atomic_file(target) as (f, _):
-        f.write(zstandard.ZstdCompressor(level=19, write_checksum=True).compress(data))
-    return model_id
+    """Put the weights file ``path`` into the archive beside it (one zstd frame, written atomically), as a save does
+    before it replaces a file; returns its id."""
+    return _archived(path.read_bytes(), path.parent)
 
 
 def archive_replaced(path: Path, new: Path) -> None:
     """Archive the weights file ``path`` before ``new`` (written to replace it) takes its place, unless they are the
     same bytes: the files already written with the old weights keep them."""
-    if path.is_file() and file_id(path) != file_id(new):
-        archive(path)
+    if path.is_file():
+        old = path.read_bytes()
+        if xxhash.xxh64(old).hexdigest() != file_id(new):
+            _archived(old, path.parent)
+
+
+def _archived(data: bytes, folder: Path) -> str:
+    model_id = xxhash.xxh64(data).hexdigest()
+    target = archive_path(model_id, folder)
+    target.parent.mkdir(exist_ok=True)
+    with atomic_file(target) as (f, _):
+        f.write(zstandard.ZstdCompressor(level=19, write_checksum=True).compress(data))
+    return model_id
 
 
 def read_archived(model_id: str, what: str) -> bytes:
