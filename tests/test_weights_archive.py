@@ -127,14 +127,28 @@ def test_a_saved_prior_archives_the_one_it_replaces(tmp_path):
     torch.manual_seed(0)
     first = residual_weights.save(ResidualPrior(1, 8, 8, 4), "gray", card, tmp_path)
     data = residual_weights.path_of("gray", tmp_path).read_bytes()
-    (tmp_path / "copy").write_bytes(data)
-    W.archive_replaced(residual_weights.path_of("gray", tmp_path), tmp_path / "copy")  # the same bytes: kept as is
+    for _ in range(3):  # the same prior saved again: the same bytes (its metadata's keys in one order), kept as is
+        torch.manual_seed(0)
+        assert residual_weights.save(ResidualPrior(1, 8, 8, 4), "gray", card, tmp_path) == first
+    assert residual_weights.path_of("gray", tmp_path).read_bytes() == data
     assert not (tmp_path / W.ARCHIVE).exists()
     second = residual_weights.save(ResidualPrior(1, 8, 8, 4), "gray", card, tmp_path)
     assert second != first
     assert [p.name for p in (tmp_path / W.ARCHIVE).iterdir()] == [f"{first}.safetensors.zst"]
     frame = (tmp_path / W.ARCHIVE / f"{first}.safetensors.zst").read_bytes()
     assert zstandard.ZstdDecompressor().decompress(frame) == data
+
+
+def test_weights_bytes_hold_their_metadata_in_sorted_order(tmp_path):
+    meta = {k: f"value of {k}" for k in ("zeta", "config", "alpha", "lossy_model_id", "tables_digest")}
+    tensors = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(5, dtype=torch.int32)}
+    data = W.safetensors_bytes(tensors, meta)
+    n = int.from_bytes(data[:8], "little")
+    assert n % 8 == 0 and list(json.loads(data[8:8 + n])["__metadata__"]) == sorted(meta)
+    (tmp_path / "w.safetensors").write_bytes(data)
+    read, read_meta = W.read_tensors(tmp_path / "w.safetensors")
+    assert read_meta == meta and sorted(read) == ["a", "b"]
+    assert all(torch.equal(read[k], tensors[k]) for k in tensors)
 
 
 def test_saved_weights_archive_the_ones_they_replace_and_load_by_id(tmp_path, monkeypatch):

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ..encoders.cdf_tables import CdfTables
 from ..errors import UnsupportedFormatError
@@ -28,7 +27,7 @@ from ..io.writers import atomic_file
 from . import residual_tables
 from .integer_prior import IntegerNet
 from .residual_prior import ResidualPrior
-from .weights import archive_replaced, file_id, read_archived, read_tensors, tensors_of, weights_dir
+from .weights import file_id, read_archived, read_tensors, tensors_of, weights_dir, write_weights
 
 PREFIX = "prior/"
 CHANNELS = {"gray": 1, "rgb": 3}  # the image channels of each variant's prior
@@ -81,10 +80,7 @@ def save(prior: ResidualPrior | IntegerNet, variant: str, card: dict, folder: Pa
     else:
         tensors.update({residual_tables.PREFIX + k: torch.from_numpy(v)
                         for k, v in residual_tables.build().to_dict().items()})
-    with atomic_file(path) as (_, tmp):
-        save_file(tensors, str(tmp), metadata=meta)
-        archive_replaced(path, Path(tmp))
-    model_id = file_id(path)
+    model_id = write_weights(path, tensors, meta)
     card = dict(card, model=file_stem(variant, integer), model_id=model_id, weights=path.name)
     with atomic_file(path.with_suffix(".json")) as (f, _):
         f.write((json.dumps(card, indent=1) + "\n").encode())

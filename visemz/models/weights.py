@@ -30,7 +30,7 @@ import xxhash
 import zstandard
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_bytes
-from safetensors.torch import save_file
+from safetensors.torch import save as save_bytes
 
 from ..errors import UnsupportedFormatError
 from ..io.writers import atomic_file
@@ -66,13 +66,30 @@ def archive(path: Path) -> str:
     return _archived(path.read_bytes(), path.parent)
 
 
-def archive_replaced(path: Path, new: Path) -> None:
-    """Archive the weights file ``path`` before ``new`` (written to replace it) takes its place, unless they are the
-    same bytes: the files already written with the old weights keep them."""
+def write_weights(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
+    """Write a weights file atomically, archiving the file of other bytes it replaces (the files already written with
+    the old weights keep them); returns its id.  The same tensors and metadata make the same bytes, and so the same
+    id: safetensors writes the metadata's keys in no fixed order, so the header is written again with them sorted."""
+    data = safetensors_bytes(tensors, metadata)
     if path.is_file():
         old = path.read_bytes()
-        if xxhash.xxh64(old).hexdigest() != file_id(new):
+        if old != data:
             _archived(old, path.parent)
+    with atomic_file(path) as (f, _):
+        f.write(data)
+    return xxhash.xxh64(data).hexdigest()
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """A safetensors file's bytes with its metadata's keys in sorted order: the header (a little-endian u64 length,
+    then that much JSON, padded with spaces to a multiple of 8 bytes) re-written, the tensors' bytes as they were."""
+    data = save_bytes(tensors, metadata=metadata)
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    header["__metadata__"] = dict(sorted(header.get("__metadata__", {}).items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + n:]
 
 
 def _archived(data: bytes, folder: Path) -> str:
@@ -166,9 +183,7 @@ def add_tables(spec: ModelSpec, path: Path) -> str:
 
 
 def _write(path: Path, network: dict, meta: dict, tables, card: dict, spec: ModelSpec) -> str:
-    with atomic_file(path) as (_, tmp):
-        save_file(dict(network, **entropy_tables.to_tensors(tables)), str(tmp), metadata=meta)
-        archive_replaced(path, Path(tmp))
+    write_weights(path, dict(network, **entropy_tables.to_tensors(tables)), meta)
     return write_card(path, card, spec)
 
 
