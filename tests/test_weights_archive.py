@@ -53,6 +53,18 @@ def test_an_archived_file_reads_back_as_written(weights_folder):
     assert torch.equal(tensors["w"], torch.ones(4, 4)) and meta == {"note": "a test"}
 
 
+@pytest.mark.parametrize("name", ["mbt2018-mean-gray", "residual-gray"])
+def test_damaged_installed_weights_are_refused_by_name(weights_folder, name):
+    """An installed weights file cut short (a failed copy, a full disk): UnsupportedFormatError naming it, not the
+    safetensors library's own error."""
+    path = weights_folder / f"{name}.safetensors"
+    data = path.read_bytes()
+    path.unlink()
+    path.write_bytes(data[:1000])
+    with pytest.raises(UnsupportedFormatError, match=f"{name}.safetensors are not a safetensors file"):
+        ImageCodec("cpu").compress(np.zeros((32, 32), np.uint8), max_error=0)
+
+
 def test_an_archived_file_is_checked_when_read(weights_folder, monkeypatch):
     _weights_file(weights_folder / "a.safetensors")
     model_id = W.archive(weights_folder / "a.safetensors")

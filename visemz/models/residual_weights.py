@@ -27,7 +27,7 @@ from ..io.writers import atomic_file
 from . import residual_tables
 from .integer_prior import IntegerNet
 from .residual_prior import ResidualPrior
-from .weights import file_id, read_archived, read_tensors, tensors_of, weights_dir, write_weights
+from .weights import read_archived, read_tensors, read_weights, tensors_of, weights_dir, write_weights
 
 PREFIX = "prior/"
 CHANNELS = {"gray": 1, "rgb": 3}  # the image channels of each variant's prior
@@ -110,7 +110,7 @@ def load(variant: str, device: str = "cpu", integer: bool = False, model_id: str
 
 def _load(path: Path, device: str, integer: bool = False) -> Residual:
     variant = path.stem.removeprefix(file_stem("", integer))
-    return _built(*read_tensors(path), file_id(path), path.name, variant, device, integer, path.parent)
+    return _built(*read_weights(path), path.name, variant, device, integer, path.parent)
 
 
 def _load_archived(variant: str, device: str, integer: bool, model_id: str, installed: Residual | None) -> Residual:

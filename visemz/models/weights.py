@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import xxhash
 import zstandard
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
@@ -202,19 +202,29 @@ def file_id(path: Path) -> str:
 
 
 def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    with safe_open(str(path), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
+    """A weights file's tensors and metadata; ``UnsupportedFormatError`` where it is not readable."""
+    return read_weights(path)[:2]
 
 
-def tensors_of(data: bytes) -> tuple[dict[str, torch.Tensor], dict]:
-    """A weights file's tensors and metadata from its bytes (an archived file's); the metadata is the
-    ``__metadata__`` entry of the safetensors header (a little-endian u64 length, then that much JSON)."""
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict, str]:
+    """A weights file's tensors, metadata and id, from one read of its bytes (so that the id is the tensors', even
+    where the file is replaced meanwhile); ``UnsupportedFormatError`` where it is not readable."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UnsupportedFormatError(f"weights {path.name} are not readable: {e.strerror}") from None
+    return (*tensors_of(data, f"weights {path.name}"), xxhash.xxh64(data).hexdigest())
+
+
+def tensors_of(data: bytes, name: str = "archived weights") -> tuple[dict[str, torch.Tensor], dict]:
+    """A weights file's tensors and metadata from its bytes; the metadata is the ``__metadata__`` entry of the
+    safetensors header (a little-endian u64 length, then that much JSON).  ``name``: the file's, for errors."""
     try:
         n = int.from_bytes(data[:8], "little")
         meta = json.loads(data[8:8 + n]).get("__metadata__") or {}
         return load_bytes(data), meta
     except (ValueError, AttributeError, RuntimeError, SafetensorError) as e:  # no safetensors header or tensors
-        raise UnsupportedFormatError(f"archived weights are not a safetensors file: {e}") from None
+        raise UnsupportedFormatError(f"{name} are not a safetensors file: {e}") from None
 
 
 _LOAD_LOCK = threading.Lock()
@@ -266,7 +276,8 @@ def _load_archived(spec: ModelSpec, device: str, model_id: str, installed: str) 
 def _load(spec: ModelSpec, device: str, path: Path) -> tuple[torch.nn.Module, str]:
     if not path.is_file():
         raise UnsupportedFormatError(f"no weights for model {spec.name!r} at {path}")
-    return _built(spec, device, *read_tensors(path), path.name), file_id(path)
+    tensors, meta, model_id = read_weights(path)
+    return _built(spec, device, tensors, meta, path.name), model_id
 
 
 def _built(spec: ModelSpec, device: str, tensors: dict, meta: dict, name: str) -> torch.nn.Module:
