@@ -377,6 +377,26 @@ def test_progress_bar_on_a_terminal_shows_total_and_eta():
         assert p._bar is not None and p._bar.tasks[0].total == 4 and p._bar.tasks[0].completed == 4
 
 
+@pytest.mark.parametrize("var, value", [("VISEMZ_STREAMS", "-1"), ("VISEMZ_STREAMS", "65"), ("VISEMZ_DEVICE", "gpu"),
+                                        ("VISEMZ_ZSTD_LEVEL", "99"), ("VISEMZ_MAX_PIXELS", "0")])
+def test_a_bad_setting_in_the_environment_is_a_usage_error(tmp_path, var, value):
+    """A VISEMZ_* variable out of its rule: the command says which and exits 2, no traceback (the settings are read
+    when a command first needs one, not when visemz is imported)."""
+    _write(tmp_path / "src/a.png", _array("uint8", (16, 16), 0))
+    env = dict(os.environ, **{var: value})
+    r = subprocess.run([sys.executable, "-m", "visemz", "compress", str(tmp_path / "src"), str(tmp_path / "dst"),
+                        "--device", "cpu"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and f"{var}=" in r.stderr and value in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "dst").exists()
+
+
+def test_streams_beyond_the_bound_are_refused(cli, tmp_path):
+    _write(tmp_path / "src/a.png", _array("uint8", (16, 16), 0))
+    for command in (("compress", tmp_path / "src", tmp_path / "dst"), ("decompress", tmp_path / "src", tmp_path / "o")):
+        r = cli(*command, "--streams", "65")
+        assert r.exit_code == 2 and "--streams" in r.stderr and not (tmp_path / command[2]).exists()
+
+
 def test_user_errors_of_other_commands_print_no_traceback(cli, tmp_path):
     r = cli("ints-info", tmp_path / "nonexistent")
     assert r.exit_code == 2 and "cannot read" in r.stderr and "Traceback" not in r.stderr
@@ -395,3 +415,19 @@ def test_user_errors_of_other_commands_print_no_traceback(cli, tmp_path):
     assert r.exit_code == 0 and report["ranks"] == 1 and "one rank" in report["note"]
     assert r.stderr.strip().startswith("stacked 2 frames on 1 rank(s) with plain: max error")
     assert strict_json((tmp_path / "stack.tif.json").read_text()) == report
+    before = {p: p.read_bytes() for p in frames.iterdir()}
+    for out, said in ((frames / "a.png", "name it .tif or .tiff"), (tmp_path / "stack.tif", "exists"),
+                      (tmp_path / "stack.txt", ".tif or .tiff")):
+        r = cli("stack", frames, "--out", out, "--device", "cpu")  # a frame, the last stack, not a TIFF: refused
+        assert r.exit_code == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    (frames / "a.tif").write_bytes(b"")  # a frame of the stack named as its output
+    r = cli("stack", frames, "--out", frames / "a.tif", "--device", "cpu")
+    assert r.exit_code == 2 and "exists" in r.stderr
+    (frames / "a.tif").unlink()
+    assert {p: p.read_bytes() for p in frames.iterdir()} == before
+    for bound in ("0", "-1", "nan", "inf"):
+        r = cli("stack", frames, "--out", tmp_path / "other.tif", "--device", "cpu", "--error-bound", bound)
+        assert r.exit_code == 2 and f"error_bound={float(bound)!r}" in r.stderr, r.stderr
+    tifffile.imwrite(frames / "c.tif", np.full((16, 16), np.nan, np.float32))
+    r = cli("stack", frames, "--out", tmp_path / "other.tif", "--device", "cpu")
+    assert r.exit_code == 2 and "'c.tif' holds NaN" in r.stderr and not (tmp_path / "other.tif").exists()

@@ -26,7 +26,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import __version__, defaults
-from .config import MAX_REFINE, check_steps
+from .config import MAX_REFINE, MAX_STREAMS, check_steps
 from .errors import InvalidArgumentError, VisemzError
 from .io import files
 from .io.writers import to_json
@@ -110,8 +110,9 @@ def compress(
                                               help="guaranteed max error in levels of the input dtype (absolute for "
                                               "float32; 0: lossless); without it the error is not bounded"),
     entropy: str = typer.Option("zstd", help="zstd, ans (GPU only) or none"),
-    streams: int = typer.Option(0, min=0, help="parallel workers, each with its own CUDA stream on a GPU "
-                                               "(0: automatic; on a CPU as many as the memory there is holds)"),
+    streams: int = typer.Option(0, min=0, max=MAX_STREAMS,
+                                help="parallel workers, each with its own CUDA stream on a GPU (0: automatic; on a CPU "
+                                     "as many as the memory there is holds)"),
     processes: int = typer.Option(0, min=0, max=64, help="worker processes, each a shard of the folder and its own "
                                                           "streams, on GPU rank mod count (0: VISEMZ_PROCESSES, "
                                                           "else 1)"),
@@ -186,7 +187,7 @@ def decompress(
     format: str = typer.Option("auto", "--format", help="auto (each file back in its source's type: PNG, TIFF or "
                                                         ".npy, PNG for any other), png, tiff or npy"),
     device: Optional[str] = typer.Option(None),
-    streams: int = typer.Option(0, min=0,
+    streams: int = typer.Option(0, min=0, max=MAX_STREAMS,
                                 help="parallel workers, each with its own CUDA stream on a GPU (0: automatic)"),
     writer: str = typer.Option("auto", help="auto, kvikio (.npy straight from GPU memory) or posix"),
     region: Optional[str] = typer.Option(None, "--region", help="y0:y1,x0:x1: write only that window of each "

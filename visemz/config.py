@@ -159,6 +159,10 @@ def _within(lo: int, hi: int | None = None) -> Callable[[int], bool]:
     return lambda v: lo <= v and (hi is None or v <= hi)
 
 
+MAX_STREAMS = 64  # a folder job's workers in one process (each a thread and, on a GPU, a CUDA stream of its own)
+MAX_WORKERS = 1024  # threads, and items waiting between a job's stages: each holds memory, so a bound up front
+
+
 # setting -> (whether a value is allowed, what is): the rule a value must meet, from the environment or a
 # program alike.  A setting that is not here takes any value of its type, except ``tile``, whose rule is the
 # writers' and readers' own (``tiling.check_tile``, applied to VISEMZ_TILE when tiling is imported and to a
@@ -168,11 +172,11 @@ RULES: dict[str, tuple[Callable, str]] = {
     "entropy_chunk": (_within(4096, 16 << 20), "4096..16777216"),
     "entropy_batch": (_within(0, 1), "0 or 1"),
     "zstd_level": (_within(-(1 << 17), 22), "-131072..22 (zstd's levels; negative: its fast ones)"),
-    "threads": (_within(0), ">= 0 (0: os.cpu_count())"),
-    "streams": (_within(0), ">= 0 (0: automatic)"),
+    "threads": (_within(0, MAX_WORKERS), f"0..{MAX_WORKERS} (0: os.cpu_count())"),
+    "streams": (_within(0, MAX_STREAMS), f"0..{MAX_STREAMS} (0: automatic)"),
     "processes": (_within(1, 64), "1..64"),
     "loader": (lambda v: v in LOADERS, "auto, dali, kvikio or cpu"),
-    "queue_depth": (_within(0), ">= 0 (0: twice the streams)"),
+    "queue_depth": (_within(0, MAX_WORKERS), f"0..{MAX_WORKERS} (0: twice the streams)"),
     "dali_batch": (_within(1), ">= 1"),
     "collective_calibration_kib": (lambda v: calibration_kib(v) is not None,
                                    "two sizes in KiB, the smaller first (e.g. 1024,262144)"),

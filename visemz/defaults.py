@@ -23,17 +23,20 @@ from . import config
 from .errors import InvalidArgumentError
 
 _LOCK = threading.Lock()  # one change at a time: each builds on the values the one before left
-_current = config.from_env()  # replaced whole on each change, so a reader never sees half of one
+# read from the environment on first use (a bad VISEMZ_* value is then an InvalidArgumentError of that use, which
+# the command line reports as a usage error, not a failure to import), then replaced whole on each change, so a
+# reader never sees half of one
+_current: config.Defaults | None = None
 
 
 def current() -> config.Defaults:
     """Every setting in force, as one frozen snapshot."""
-    return _current
+    return _current if _current is not None else _from_env()
 
 
 def get(name: str):
     """The value in force of setting ``name``."""
-    return getattr(_current, _known(name))
+    return getattr(current(), _known(name))
 
 
 def set(**values) -> _Restore:  # kvikio.defaults.set's name; this module needs no builtin set
@@ -78,10 +81,20 @@ def _checked(name: str, value):
     return value
 
 
+def _from_env() -> config.Defaults:
+    global _current
+    with _LOCK:
+        if _current is None:
+            _current = config.from_env()
+        return _current
+
+
 def _replace(values: dict) -> dict:
     """Put ``values`` in force; the values they replace."""
     global _current
+    now = current()
     with _LOCK:
-        before = {name: getattr(_current, name) for name in values}
-        _current = dataclasses.replace(_current, **values)
+        now = _current or now
+        before = {name: getattr(now, name) for name in values}
+        _current = dataclasses.replace(now, **values)
     return before

@@ -22,6 +22,7 @@ connections, auto's calibration) out of it.
 from __future__ import annotations
 
 import io
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,25 @@ class StackConfig:
     algorithm: str = "auto"
     device: str = "cpu"
 
+    def __post_init__(self):
+        bound = self.error_bound
+        if not (isinstance(bound, (int, float)) and not isinstance(bound, bool) and math.isfinite(bound) and bound > 0):
+            raise InvalidArgumentError(f"error_bound={self.error_bound!r}: expected a finite number > 0 (relative to "
+                                       "the partial sums' value range)")
+
+
+OUT_SUFFIXES = (".tif", ".tiff")  # the stack is written as a float32 TIFF
+
+
+def _check_out(out: Path) -> None:
+    report = out.with_suffix(out.suffix + ".json")
+    if out.suffix.lower() not in OUT_SUFFIXES:
+        raise InvalidArgumentError(f"out '{files.shown(out)}': the stack is a float32 TIFF, name it .tif or .tiff")
+    for path in (out, report):
+        if path.exists() or path.is_symlink():
+            raise InvalidArgumentError(f"out: '{files.shown(path)}' exists; a stack writes new files only (remove "
+                                       "it, or name another)")
+
 
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
@@ -53,7 +73,9 @@ def _sync(device: str) -> None:
 
 
 def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None) -> dict | None:
-    """Run on every rank of an initialised process group; returns the report on rank 0."""
+    """Run on every rank of an initialised process group; returns the report on rank 0.  ``out`` must be a new
+    .tif or .tiff path (its .json report goes beside it): a stack never replaces a file, the frames least of all."""
+    _check_out(out)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     frames = files.discover(folder, files.IMAGE_EXTENSIONS)
     if not frames:
@@ -71,6 +93,9 @@ def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None)
         if partial is not None and tuple(img.shape) != tuple(partial.shape):
             problem = f"frame '{files.shown(path.name)}' is {img.shape}, the frames before it " \
                       f"{tuple(partial.shape)}: the frames of a stack must share one shape"
+            break
+        if img.dtype.kind == "f" and not np.isfinite(img).all():
+            problem = f"frame '{files.shown(path.name)}' holds NaN or infinite values: a stack sums finite frames"
             break
         t0 = time.perf_counter()
         x = torch.from_numpy(img.astype(np.float32)).to(cfg.device)

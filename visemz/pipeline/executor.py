@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .. import cuda, defaults
+from .. import config, cuda, defaults
 from ..defaults import cpu_threads
 from ..errors import InvalidArgumentError, VisemzError
 from .results import ItemResult
@@ -47,10 +47,10 @@ class ExecutorConfig:
     writers: int = 4  # writer threads (fsync-bound)
 
     def __post_init__(self):
-        if self.streams < 0 or self.queue_depth < 0 or self.writers < 1:
-            raise InvalidArgumentError(
-                f"streams={self.streams}, queue_depth={self.queue_depth}, writers={self.writers}: "
-                "expected streams >= 0, queue_depth >= 0, writers >= 1")
+        config.check("streams", self.streams)  # the settings' bounds: a thread each, items waiting hold memory
+        config.check("queue_depth", self.queue_depth)
+        if self.writers < 1:
+            raise InvalidArgumentError(f"writers={self.writers}: expected >= 1")
 
 
 def auto_streams(device: str) -> int:

@@ -10,7 +10,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from .. import cuda
+from .. import config, cuda
 from ..config import LOADERS
 from ..encoders import entropy
 from ..errors import DeviceUnavailableError, InvalidArgumentError
@@ -63,7 +63,7 @@ def check_compress(cfg: CompressConfig) -> str:
         raise InvalidArgumentError(f"entropy {cfg.entropy!r}: expected one of {', '.join(sorted(entropy.KINDS))}")
     if cfg.loader and cfg.loader not in LOADERS:
         raise InvalidArgumentError(f"loader {cfg.loader!r}: expected one of {', '.join(LOADERS)}")
-    check_count(cfg.streams, "streams")
+    config.check("streams", cfg.streams)
     device = cuda.resolve(cfg.device)
     if cfg.entropy == "ans" and device != "cuda":
         raise DeviceUnavailableError("entropy 'ans' is coded by nvCOMP on a GPU: use zstd on the CPU")
@@ -72,7 +72,7 @@ def check_compress(cfg: CompressConfig) -> str:
 
 def check_decompress(cfg: DecompressConfig) -> str:
     """Check a decompression's settings; returns the device."""
-    check_count(cfg.streams, "streams")
+    config.check("streams", cfg.streams)
     return cuda.resolve(cfg.device)
 
 
@@ -85,6 +85,3 @@ def check_max_error(max_error) -> None:
         raise InvalidArgumentError(f"max_error={max_error!r}: expected a finite number >= 0 (0: lossless)")
 
 
-def check_count(n, name: str) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise InvalidArgumentError(f"{name}={n!r}: expected a whole number >= 0 (0: automatic)")
