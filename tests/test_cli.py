@@ -7,13 +7,16 @@ Commands run in-process through typer's runner (the ``cli`` fixture); one test s
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import cv2
 import numpy as np
+import PIL.Image
 import pytest
 import tifffile
 from skimage import data
@@ -395,6 +398,47 @@ def test_streams_beyond_the_bound_are_refused(cli, tmp_path):
     for command in (("compress", tmp_path / "src", tmp_path / "dst"), ("decompress", tmp_path / "src", tmp_path / "o")):
         r = cli(*command, "--streams", "65")
         assert r.exit_code == 2 and "--streams" in r.stderr and not (tmp_path / command[2]).exists()
+
+
+def _gray_alpha_png(img: np.ndarray) -> bytes:
+    """A gray and alpha PNG (colour type 4) of 8- or 16-bit samples, chunk by chunk (neither OpenCV nor Pillow
+    writes the 16-bit one)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    h, w, _ = img.shape
+    rows = b"".join(b"\x00" + img[y].astype(img.dtype.newbyteorder(">")).tobytes() for y in range(h))
+    ihdr = struct.pack(">IIBBBBB", w, h, img.dtype.itemsize * 8, 4, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16"])
+def test_gray_and_alpha_pngs_keep_their_two_channels(cli, tmp_path, dtype):
+    """OpenCV reads a gray and alpha PNG as four channels (the gray three times): it is compressed as the two it
+    holds, and restored as a PNG of them where one can be written (8 bits), else refused by name."""
+    img = _array(dtype, (24, 20, 2), 3)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src/la.png").write_bytes(_gray_alpha_png(img))
+    assert cli("compress", tmp_path / "src", tmp_path / "c", "--max-error", "0").exit_code == 0
+    info = strict_json(cli("info", tmp_path / "c/la.png.vsz", "--json").stdout)
+    assert json.dumps(info).count("[24, 20, 2]") >= 1, info
+    r = cli("decompress", tmp_path / "c", tmp_path / "o")
+    if dtype == "uint8":
+        assert r.exit_code == 0, r.stderr
+        restored = np.asarray(PIL.Image.open(tmp_path / "o/la.png"))
+        np.testing.assert_array_equal(restored, img)
+    else:
+        assert r.exit_code == 1 and "2-channel uint16 image cannot be written as PNG" in r.stderr, r.stderr
+        assert cli("decompress", tmp_path / "c", tmp_path / "t", "--format", "tiff").exit_code == 0
+        np.testing.assert_array_equal(tifffile.imread(tmp_path / "t/la.png.tif"), img)
+
+
+def test_images_of_other_channel_counts_are_not_written_as_png(cli, tmp_path):
+    _write(tmp_path / "src/five.npy", _array("uint8", (16, 16, 5), 0))
+    assert cli("compress", tmp_path / "src", tmp_path / "c", "--max-error", "0").exit_code == 0
+    r = cli("decompress", tmp_path / "c", tmp_path / "o", "--format", "png")
+    assert r.exit_code == 1 and "5-channel uint8 image cannot be written as PNG here" in r.stderr, r.stderr
+    assert "OpenCV" not in r.stderr
 
 
 def test_user_errors_of_other_commands_print_no_traceback(cli, tmp_path):

@@ -23,6 +23,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import PIL.Image
 import tifffile
 
 try:
@@ -123,15 +124,26 @@ def load_image(path: Path) -> np.ndarray:
     return pic.pixels
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_GRAY_ALPHA = 4  # the IHDR chunk's colour type of a gray and alpha PNG
+
+
 def _opencv(data: bytes) -> np.ndarray:
     img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     if img is None:
         raise InputError("not an image OpenCV can decode")
+    if img.ndim == 3 and img.shape[2] == 4 and _gray_alpha_png(data):
+        return np.ascontiguousarray(img[..., [0, 3]])  # OpenCV spreads the gray over B, G and R: back to 2 channels
     if img.ndim == 3 and img.shape[2] == 3:
         img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
     elif img.ndim == 3 and img.shape[2] == 4:
         img = cv2.cvtColor(img, cv2.COLOR_BGRA2RGBA)
     return img
+
+
+def _gray_alpha_png(data: bytes) -> bool:
+    """Whether the bytes are a PNG whose header (the IHDR chunk, first) says gray and alpha."""
+    return data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) > 25 and data[25] == PNG_GRAY_ALPHA
 
 
 def _tiff(data: bytes) -> tuple[np.ndarray, bool]:
@@ -185,6 +197,14 @@ def save_image(path: Path, img: np.ndarray, fmt: str, paged: bool = False) -> by
         raise InputError(f"{path.name}: a multi-page image cannot be PNG; use --format tiff or npy")
     if img.dtype == np.float32:
         raise InputError(f"{path.name}: float32 images cannot be PNG; use --format tiff or npy")
+    channels = img.shape[2] if img.ndim == 3 else 1
+    if channels not in (1, 2, 3, 4) or (channels == 2 and img.dtype != np.uint8):
+        raise InputError(f"{path.name}: a {channels}-channel {img.dtype} image cannot be written as PNG here; use "
+                         "--format tiff or npy")
+    if channels == 2:  # gray and alpha, which OpenCV does not write
+        buf = io.BytesIO()
+        PIL.Image.fromarray(img).save(buf, format="PNG")
+        return buf.getvalue()
     if img.ndim == 3 and img.shape[2] in (3, 4):
         img = cv2.cvtColor(img, cv2.COLOR_RGB2BGR if img.shape[2] == 3 else cv2.COLOR_RGBA2BGRA)
     ok, enc = cv2.imencode(".png", img)
