@@ -433,6 +433,19 @@ def test_gray_and_alpha_pngs_keep_their_two_channels(cli, tmp_path, dtype):
         np.testing.assert_array_equal(tifffile.imread(tmp_path / "t/la.png.tif"), img)
 
 
+def test_a_volume_with_a_short_last_axis_is_a_page_stack(cli, tmp_path):
+    """A (3, 64, 48) .npy is three pages of 64 x 48, not a 3 x 64 image of 48 channels; (16, 16, 5) is an image."""
+    vol, img = _array("uint8", (3, 64, 48), 1), _array("uint8", (16, 16, 5), 2)
+    _write(tmp_path / "src/vol.npy", vol)
+    _write(tmp_path / "src/img.npy", img)
+    assert cli("compress", tmp_path / "src", tmp_path / "c", "--max-error", "0").exit_code == 0
+    assert container.unpack((tmp_path / "c/vol.npy.vsz").read_bytes()).kind == pages.KIND
+    assert container.unpack((tmp_path / "c/img.npy.vsz").read_bytes()).kind != pages.KIND
+    assert cli("decompress", tmp_path / "c", tmp_path / "o").exit_code == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "o/vol.npy"), vol)
+    np.testing.assert_array_equal(np.load(tmp_path / "o/img.npy"), img)
+
+
 def test_images_of_other_channel_counts_are_not_written_as_png(cli, tmp_path):
     _write(tmp_path / "src/five.npy", _array("uint8", (16, 16, 5), 0))
     assert cli("compress", tmp_path / "src", tmp_path / "c", "--max-error", "0").exit_code == 0

@@ -100,6 +100,9 @@ def test_torch_input():
         (np.zeros((0, 8), np.uint8), InvalidArgumentError, "empty"),
         (np.array([[np.nan, 1.0]], np.float32), InvalidArgumentError, "NaN"),
         ([[1, 2], [3, 4]], UnsupportedFormatError, "list"),
+        (np.zeros((8, 8), object), UnsupportedFormatError, "dtype object"),  # refused before torch sees them
+        (np.zeros((8, 8), [("a", "u1")]), UnsupportedFormatError, "not numbers"),
+        (torch.zeros(8, 8, device="meta"), UnsupportedFormatError, "meta device"),
     ],
 )
 def test_bad_images_are_named(bad, exc, word):
@@ -118,6 +121,11 @@ def test_bad_arguments_are_named():
         visemz.compress(img, max_error=-1)
     with pytest.raises(InvalidArgumentError, match="1.5"):
         visemz.compress(img, max_error=1.5)
+    for bad in ("2", True, [2]):  # as quality: numbers only
+        with pytest.raises(InvalidArgumentError, match="max_error="):
+            visemz.compress(img, max_error=bad)
+    buf = visemz.compress(img, max_error=np.int64(2))  # NumPy's numbers are numbers
+    assert np.abs(visemz.decompress(buf, region=(np.int64(0), np.int64(8), 0, 8)).astype(int) - img[:8, :8]).max() <= 2
     with pytest.raises(UnsupportedFormatError, match="'lz4'"):
         visemz.ImageCodec(entropy="lz4")
 

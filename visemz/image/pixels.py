@@ -8,6 +8,7 @@ channel count is coded as a batch of grayscale planes.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ DTYPES = ("uint8", "uint16", "float32")
 PAD = 64  # the models downsample by 64 (hyperprior); pad to a multiple of it
 MAX_PIXELS = 1 << 30  # the format's ceiling on an image's values; VISEMZ_MAX_PIXELS sets the limit in force
 MAX_CHANNELS = 64
+NUMERIC_KINDS = "biufc"  # the NumPy dtype kinds torch holds (the others are refused by name before any copy)
 # The largest error bound per dtype: an integer image's whole range (a larger bound allows nothing more),
 # a float32 image's largest float32 (the bound must be one, so a decoder can hold the file to it).
 MAX_ERROR = {"uint8": 255, "uint16": 65535, "float32": float(np.finfo(np.float32).max)}
@@ -68,10 +70,14 @@ class ImageMeta:
 def as_tensor(image, device: str) -> torch.Tensor:
     """NumPy, cupy or torch -> torch tensor on ``device`` (no copy when already there)."""
     if isinstance(image, torch.Tensor):
+        if image.device.type == "meta":
+            raise UnsupportedFormatError("a tensor on the meta device has no values to compress")
         return image.to(device)
     if hasattr(image, "__cuda_array_interface__"):
         return torch.as_tensor(image, device="cuda").to(device)
     if isinstance(image, np.ndarray):
+        if image.dtype.kind not in NUMERIC_KINDS:  # objects, records, strings, dates: no pixels torch holds
+            raise UnsupportedFormatError(f"image dtype {image.dtype}: not numbers; use one of {list(DTYPES)}")
         if not image.dtype.isnative:  # big-endian data (e.g. '>u2' from a FITS file): torch takes native order only
             image = image.astype(image.dtype.newbyteorder("="))
         return torch.from_numpy(np.ascontiguousarray(image)).to(device)
@@ -81,10 +87,9 @@ def as_tensor(image, device: str) -> torch.Tensor:
 def check_max_error(max_error, dtype: str):
     if max_error is None:
         return None
-    try:
-        e = float(max_error)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"max_error={max_error!r} is not a number") from None
+    if isinstance(max_error, (bool, np.bool_)) or not isinstance(max_error, numbers.Real):  # not '2', not True
+        raise InvalidArgumentError(f"max_error={max_error!r} is not a number")
+    e = float(max_error)
     if not np.isfinite(e) or e < 0:
         raise InvalidArgumentError(f"max_error={max_error!r} must be a finite number >= 0")
     if dtype in MAX_ERROR and e > MAX_ERROR[dtype]:

@@ -7,9 +7,9 @@ are opened read-only and read whole into memory first: every decoder works on th
 the file's identity (``files.Identity``) that a job records.
 
 A multi-page TIFF is read as one stack of pages, (P, H, W) or (P, H, W, C); its pages must
-share one shape and dtype; so is a .npy volume, (Z, H, W) when its last axis is longer than
-an image's channels can be (``pixels.MAX_CHANNELS``), or any 4-D .npy.  Folder jobs compress
-such a stack into one "pages" file (``visemz/image/pages.py``) and restore it whole.
+share one shape and dtype; so is a .npy volume, (Z, H, W) unless its last axis is short enough for
+an image's channels (at most ``pixels.MAX_CHANNELS`` and shorter than both others), or any 4-D .npy.
+Folder jobs compress such a stack into one "pages" file (``visemz/image/pages.py``) and restore it whole.
 """
 
 from __future__ import annotations
@@ -106,13 +106,18 @@ def decode(data: bytes, ext: str) -> tuple[np.ndarray, bool]:
     """(pixels, paged) of a file's bytes, by its extension (lower case, with the dot)."""
     if ext == ".npy":
         img = np.load(io.BytesIO(data), allow_pickle=False)
-        # a volume: (Z, H, W) when the last axis is too long for channels, or (Z, H, W, C)
-        return img, img.ndim == 4 or (img.ndim == 3 and img.shape[2] > MAX_CHANNELS)
+        return img, img.ndim == 4 or (img.ndim == 3 and not _channels_last(img.shape))
     if ext in (".tif", ".tiff"):
         return _tiff(data)
     if ext == ".dcm":
         return _dicom(data), False
     return _opencv(data), False
+
+
+def _channels_last(shape: tuple[int, int, int]) -> bool:
+    """Whether a 3-D array is an image's H x W x C, not a volume's Z x H x W: its last axis few enough for channels
+    and shorter than both others (a (3, 64, 64) volume is not a 3 x 64 image of 64 channels)."""
+    return shape[2] <= MAX_CHANNELS and shape[2] < min(shape[0], shape[1])
 
 
 def load_image(path: Path) -> np.ndarray:
