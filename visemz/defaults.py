@@ -92,9 +92,8 @@ def _from_env() -> config.Defaults:
 def _replace(values: dict) -> dict:
     """Put ``values`` in force; the values they replace."""
     global _current
-    now = current()
+    current()  # the environment's values first (reading them takes the lock)
     with _LOCK:
-        now = _current or now
-        before = {name: getattr(now, name) for name in values}
-        _current = dataclasses.replace(now, **values)
+        before = {name: getattr(_current, name) for name in values}
+        _current = dataclasses.replace(_current, **values)
     return before

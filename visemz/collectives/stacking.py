@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import math
+import numbers
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ class StackConfig:
 
     def __post_init__(self):
         bound = self.error_bound
-        if not (isinstance(bound, (int, float)) and not isinstance(bound, bool) and math.isfinite(bound) and bound > 0):
+        if isinstance(bound, bool) or not isinstance(bound, numbers.Real) or not (math.isfinite(bound) and bound > 0):
             raise InvalidArgumentError(f"error_bound={self.error_bound!r}: expected a finite number > 0 (relative to "
                                        "the partial sums' value range)")
 
