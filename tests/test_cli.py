@@ -245,6 +245,9 @@ def test_large_tiff_and_volume_tiled_and_a_region_decoded(cli, tmp_path):
         assert got.dtype == img.dtype and np.array_equal(got, window), name
     r = cli("decompress", dst, out, "--region", "10:60;20:120")
     assert r.exit_code == 2 and "10:60;20:120" in r.stderr
+    for empty in ("10:0,0:10", "-5:10,0:10", "5:5,0:10"):  # refused before any file is opened
+        r = cli("decompress", dst, tmp_path / "none", "--region", empty)
+        assert r.exit_code == 2 and "0 <= y0 < y1" in r.stderr and not (tmp_path / "none").exists(), r.stderr
     r = cli("compress", src, dst, "--tile", "100")
     assert r.exit_code == 2 and "tile=100" in r.stderr
 

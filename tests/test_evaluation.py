@@ -295,6 +295,11 @@ def test_cli_eval_with_refinement_and_ladders(folder, tmp_path, cli):
         ("visemz-mbt2018-mean-refine2", "q=1"), ("visemz-mbt2018-mean-refine2", "q=4.5")]
     assert "gray visemz-mbt2018-mean-refine2: " in r.stderr
     assert "| visemz-mbt2018-mean-refine2 | 2 | 2 |" in (out / "summary.md").read_text()
+    for out, said in ((folder, "lies in the images' folder"), (folder / "gray/report", "lies in the images' folder"),
+                      (folder / "gray/c.png", "is a file")):  # refused before any point runs
+        r = cli("eval", folder, "--out", out, "--device", "cpu", "--codecs", "jpeg")
+        assert r.exit_code == 2 and said in r.stderr and not (folder / "points.csv").exists(), r.stderr
+    assert sorted(p.name for p in (folder / "gray").iterdir()) == ["c.png", "z_broken.png"]
     bad = cli("eval", folder, "--out", tmp_path / "o", "--device", "cpu", "--ladder", "jpeg=4,x")
     assert bad.exit_code == 2 and "'jpeg=4,x'" in bad.stderr
     assert parse_ladder("webp=5,50") == ("webp", (5, 50)) and parse_ladder("jpeg=1.5") == ("jpeg", (1.5,))

@@ -128,6 +128,16 @@ def _format(v) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
+def check_out(folder: Path, out: Path) -> None:
+    """The report folder, before any point runs: a folder (or a new path) outside the images' folder, whose images a
+    later run would otherwise evaluate with the report's figures among them."""
+    if out.exists() and not out.is_dir():
+        raise InvalidArgumentError(f"out '{out}' is a file: the report is a folder")
+    where, images = out.resolve(), folder.resolve()
+    if where == images or images in where.parents:
+        raise InvalidArgumentError(f"out '{out}' lies in the images' folder '{folder}': name a folder outside it")
+
+
 def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], None] = print) -> RunResult:
     """Compute every missing point; return what was computed, skipped and failed."""
     datasets = find_datasets(folder, cfg.datasets, cfg.limit, cfg.view)
@@ -190,6 +200,7 @@ def run_points(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], No
 
 def evaluate(folder: Path, out: Path, cfg: EvalConfig, log: Callable[[str], None] = print) -> RunResult:
     """Run (or resume) the points, then write the BD tables, plots and summary into ``out``."""
+    check_out(folder, out)
     result = run_points(folder, out, cfg, log)
     report.write_report(folder, out, cfg, read_points(result.csv), result.failures, log)
     return result

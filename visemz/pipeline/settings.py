@@ -49,6 +49,10 @@ class DecompressConfig:
             raise InvalidArgumentError(f"format {self.fmt!r}: expected auto, png, tiff or npy")
         if self.writer not in WRITERS:
             raise InvalidArgumentError(f"writer {self.writer!r}: expected one of {', '.join(WRITERS)}")
+        r = self.region  # what needs no file: whole numbers, each window's start before its end (files: their size)
+        if r is not None and not (len(r) == 4 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+                                  and 0 <= r[0] < r[1] and 0 <= r[2] < r[3]):
+            raise InvalidArgumentError(f"region {r!r}: expected y0:y1,x0:x1 with 0 <= y0 < y1 and 0 <= x0 < x1")
 
 
 def check_compress(cfg: CompressConfig) -> str:
