@@ -50,8 +50,9 @@ class DecompressConfig:
         if self.writer not in WRITERS:
             raise InvalidArgumentError(f"writer {self.writer!r}: expected one of {', '.join(WRITERS)}")
         r = self.region  # what needs no file: whole numbers, each window's start before its end (files: their size)
-        if r is not None and not (len(r) == 4 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
-                                  and 0 <= r[0] < r[1] and 0 <= r[2] < r[3]):
+        whole = r is not None and len(r) == 4 and all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                                                      for v in r)
+        if r is not None and not (whole and 0 <= r[0] < r[1] and 0 <= r[2] < r[3]):
             raise InvalidArgumentError(f"region {r!r}: expected y0:y1,x0:x1 with 0 <= y0 < y1 and 0 <= x0 < x1")
 
 
