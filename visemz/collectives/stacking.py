@@ -58,11 +58,14 @@ class StackConfig:
 OUT_SUFFIXES = (".tif", ".tiff")  # the stack is written as a float32 TIFF
 
 
+def _report_path(out: Path) -> Path:
+    return out.with_suffix(out.suffix + ".json")
+
+
 def _check_out(out: Path) -> None:
-    report = out.with_suffix(out.suffix + ".json")
     if out.suffix.lower() not in OUT_SUFFIXES:
         raise InvalidArgumentError(f"out '{files.shown(out)}': the stack is a float32 TIFF, name it .tif or .tiff")
-    for path in (out, report):
+    for path in (out, _report_path(out)):
         if path.exists() or path.is_symlink():
             raise InvalidArgumentError(f"out: '{files.shown(path)}' exists; a stack writes new files only (remove "
                                        "it, or name another)")
@@ -171,5 +174,5 @@ def stack(folder: Path, out: Path, cfg: StackConfig = StackConfig(), group=None)
     buf = io.BytesIO()
     tifffile.imwrite(buf, stacked.numpy().astype(np.float32))
     writers.write_atomic(out, buf.getvalue())
-    writers.write_atomic(out.with_suffix(out.suffix + ".json"), writers.to_json(report).encode())
+    writers.write_atomic(_report_path(out), writers.to_json(report).encode())
     return report

@@ -77,7 +77,7 @@ def write_weights(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[s
             _archived(old, path.parent)
     with atomic_file(path) as (f, _):
         f.write(data)
-    return xxhash.xxh64(data).hexdigest()
+    return id_of(data)
 
 
 def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
@@ -93,7 +93,7 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]
 
 
 def _archived(data: bytes, folder: Path) -> str:
-    model_id = xxhash.xxh64(data).hexdigest()
+    model_id = id_of(data)
     target = archive_path(model_id, folder)
     target.parent.mkdir(exist_ok=True)
     with atomic_file(target) as (f, _):
@@ -117,7 +117,7 @@ def read_archived(model_id: str, what: str) -> bytes:
         data = zstandard.ZstdDecompressor().decompress(frame, max_output_size=ARCHIVED_MAX)
     except (zstandard.ZstdError, OSError) as e:
         raise UnsupportedFormatError(f"archived weights {path.name} do not decompress: {e}") from None
-    got = xxhash.xxh64(data).hexdigest()
+    got = id_of(data)
     if got != model_id:
         raise UnsupportedFormatError(f"archived weights {path.name} have the id {got}, not the {model_id} of their "
                                      "name")
@@ -198,7 +198,12 @@ def write_card(path: Path, card: dict, spec: ModelSpec) -> str:
 
 
 def file_id(path: Path) -> str:
-    return xxhash.xxh64(path.read_bytes()).hexdigest()
+    return id_of(path.read_bytes())
+
+
+def id_of(data: bytes) -> str:
+    """A weights file's id: the xxh64 of its bytes, in hex (what an image file records, and its archived name)."""
+    return xxhash.xxh64(data).hexdigest()
 
 
 def read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -213,7 +218,7 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict, str]:
         data = path.read_bytes()
     except OSError as e:
         raise UnsupportedFormatError(f"weights {path.name} are not readable: {e.strerror}") from None
-    return (*tensors_of(data, f"weights {path.name}"), xxhash.xxh64(data).hexdigest())
+    return (*tensors_of(data, f"weights {path.name}"), id_of(data))
 
 
 def tensors_of(data: bytes, name: str = "archived weights") -> tuple[dict[str, torch.Tensor], dict]:
