@@ -8,6 +8,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 import torch
 from skimage import data
 
@@ -35,6 +36,31 @@ def test_a_start_from_a_side_by_side_prior_ignores_the_pass_own_channels():
             torch.testing.assert_close(a, b)
         moved = prior.head(k, trunk, before + torch.randn(1, 12, 6, 5) * (torch.arange(12) < 3 * k).view(1, -1, 1, 1))
         assert k == 0 or not torch.equal(moved[0], prior.head(k, trunk, before)[0])  # earlier passes still count
+
+
+def test_a_widened_prior_codes_as_the_narrow_one_and_its_new_channels_learn():
+    """--init into a wider prior: every pass's (offset, log_scale) equal the narrow prior's, and a step of
+    training reaches the new channels (their weights into old channels and the output get gradients)."""
+    torch.manual_seed(1)
+    narrow = residual_prior.ResidualPrior(channels=3, features=16, width=8, reduced=4)
+    for head in narrow.heads:
+        torch.nn.init.normal_(head[-1].weight)
+    wide = residual_prior.ResidualPrior(channels=3, features=16, width=13, reduced=4)
+    wide.load_state_dict(train_residual.widened(narrow.state_dict(), wide))
+    reduced, x01 = torch.randn(2, 4, 6, 5), torch.rand(2, 3, 12, 10)
+    sides = torch.tensor([0.0, 3.0]), torch.tensor([0.0, 1.6])
+    context = torch.randn(2, 12, 6, 5)
+    trunk_n, trunk_w = narrow.condition(reduced, x01, *sides), wide.condition(reduced, x01, *sides)
+    torch.testing.assert_close(trunk_w[:, :8], trunk_n)
+    for k in range(len(residual_prior.PASSES)):
+        for a, b in zip(narrow.head(k, trunk_n, context), wide.head(k, trunk_w, context)):
+            torch.testing.assert_close(a, b)
+    wide.head(1, trunk_w, context)[1].square().sum().backward()
+    assert wide.heads[1][-1].weight.grad[:, 8:].abs().sum() > 0
+    state = narrow.state_dict()
+    assert train_residual.widened(state, narrow) is state
+    with pytest.raises(SystemExit, match="narrower"):
+        train_residual.widened(wide.state_dict(), narrow)
 
 
 def test_the_tool_fine_tunes_and_exports_a_colour_prior(tmp_path):

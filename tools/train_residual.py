@@ -21,8 +21,10 @@ a decoder has them; the loss is the residual's bits per pixel under the prior, p
 (``residual_prior.nll_bits``).  Adam with a warm-up, then --final-decay as in tools/train.py.
 
 --init starts from a prior's weights file (fresh Adam moments, a warm-up) where --resume finds no checkpoint.
-A head's inputs for its own pass's context are zeroed: a prior trained when a pass coded its channels
-side by side never saw them other than zero (their weights are still their random start), and zero
+A --width wider than the file's widens it so that the start codes exactly as the file does: the new hidden
+channels start at random, and every weight from a new channel into an old one, or into the output, at zero.
+--zero-own-pass zeroes a head's inputs for its own pass's context: a prior trained when a pass coded its
+channels side by side never saw them other than zero (their weights are still their random start), and zero
 weights there make the start code exactly as that prior did; training then learns them.
 
 --integer trains the integer prior (``visemz/models/integer_prior.py``: 8-bit weights and activations, rounding's
@@ -132,13 +134,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.add_argument("--init", type=Path, help="a residual prior weights file to start from (no checkpoint yet)")
     a.add_argument("--export", type=Path, help="write the shipped weights from this folder's checkpoint, then stop")
     a.add_argument("--weights-dir", type=Path, help="where --export writes (default: the package's weights folder)")
-    a.add_argument("--time-limit", type=float, default=1200.0, help="seconds of training")
+    a.add_argument("--time-limit", type=float, default=1200.0, help="seconds of training (a resumed run's "
+                   "earlier seconds count)")
     a.add_argument("--final-decay", type=float, default=0.0, help="share of --time-limit at the end with a "
                    "half-cosine LR decay to x0.05")
     a.add_argument("--batch", type=int, default=16)
     a.add_argument("--patch", type=int, default=128)
     a.add_argument("--lr", type=float, default=1e-3)
-    a.add_argument("--width", type=int, default=48)
+    a.add_argument("--width", type=int, default=48, help="hidden channels (wider than --init's widens it)")
+    a.add_argument("--zero-own-pass", action="store_true", help="with --init from a prior that coded a pass's "
+                   "channels side by side: zero the heads' inputs for their own pass")
     a.add_argument("--integer", action="store_true", help="train (or export) the integer prior")
     a.add_argument("--lossless-share", type=float, default=0.5)
     a.add_argument("--bounds", default="1,2,3,4,6,8", help="near-lossless bounds E drawn for the other samples")
@@ -160,6 +165,37 @@ def zero_own_pass_inputs(prior: residual_prior.ResidualPrior) -> None:
     with torch.no_grad():
         for k, head in enumerate(prior.heads):
             head[0].weight[:, width + k * c:width + (k + 1) * c] = 0
+
+
+def widened(state: dict[str, torch.Tensor], prior: residual_prior.ResidualPrior) -> dict[str, torch.Tensor]:
+    """``state`` (a float prior's parameters) placed into ``prior``'s wider layers so that ``prior`` computes what
+    ``state`` does: each old weight at its place (a head's context inputs move up past the new trunk channels), the
+    new channels' own weights from ``prior``'s random start, every weight from a new channel into an old channel
+    or into an output zero.  The same widths give ``state`` back."""
+    old = state["trunk.0.weight"].shape[0]
+    new = prior.width
+    if new == old:
+        return state
+    if new < old:
+        raise SystemExit(f"--width {new} is narrower than the --init prior's {old}")
+    out = {}
+    for name, start in prior.state_dict().items():
+        w = state[name].to(start.device)
+        if w.shape == start.shape:
+            out[name] = w
+            continue
+        grown = start.clone()
+        rows = w.shape[0]
+        if w.ndim == 1:  # a bias
+            grown[:rows] = w
+        else:
+            grown[:rows] = 0  # old rows see nothing of the new channels
+            columns = list(range(w.shape[1]))
+            if name.startswith("heads.") and name.endswith(".0.weight"):  # [trunk | context]: context moves up
+                columns = [c if c < old else c + new - old for c in columns]
+            grown[:rows, columns] = w
+        out[name] = grown
+    return out
 
 
 def ckpt_path(folder: Path, variant: str, integer: bool = False) -> Path:
@@ -217,11 +253,14 @@ class Trainer:
         """Start from a prior's weights file."""
         tensors, _ = W.read_tensors(path)
         self.init_id = W.file_id(path)
-        self.prior.load_state_dict({k[len(residual_weights.PREFIX):]: v for k, v in tensors.items()
-                                    if k.startswith(residual_weights.PREFIX)}, strict=not self.args.integer)
+        prefix = residual_weights.PREFIX
+        state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if not self.args.integer:
+            state = widened(state, self.prior)
+        self.prior.load_state_dict(state, strict=not self.args.integer)
         if self.args.integer:  # from a prior that already codes a pass a channel at a time
             self.needs_steps = True
-        else:
+        elif self.args.zero_own_pass:
             zero_own_pass_inputs(self.prior)
 
     def set_steps(self, sampler: CropSampler, ranges: torch.Tensor) -> None:
@@ -312,7 +351,7 @@ def train(args) -> None:
         stop = []  # SIGTERM (a GPU job ending) stops after the step in hand, with a checkpoint
         signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
         while not stop:
-            elapsed = time.time() - t0
+            elapsed = base_seconds + time.time() - t0  # a resumed run goes on with its schedule
             if elapsed >= args.time_limit:
                 break
             acc.append(t.train_step(sampler, ranges_t, lr_at(t, elapsed, args)))
