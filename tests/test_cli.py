@@ -25,6 +25,8 @@ import visemz
 from visemz import container
 from visemz.image import pages
 from visemz.image.codec import FORMAT
+from visemz.models import registry
+from visemz.models import weights as W
 from visemz.pipeline import dali_source
 from visemz.pipeline.jobs import is_complete
 
@@ -284,6 +286,7 @@ def test_help_usage_errors_version_and_info_load_no_torch(tmp_path, model_weight
              (["compress", src, tmp_path / "d", "--entropy", "lz4"], 2, "lz4"),
              (["compress", src, tmp_path / "d", "--entropy", "ans", "--device", "cpu"], 2, "entropy 'ans'"),
              (["compress", src, tmp_path / "d", "--quality", "9"], 2, "--quality"),
+             (["compress", src, tmp_path / "d", "--quality", "nan"], 2, "quality=nan"),
              (["compress", src, src], 2, "is the source"), (["compress", empty, tmp_path / "d"], 2, "no images"),
              (["decompress", src, tmp_path / "d", "--format", "gif"], 2, "gif"),
              (["compress", src, tmp_path / "d", "--refine", "-1"], 2, "--refine"),
@@ -400,6 +403,20 @@ def test_streams_beyond_the_bound_are_refused(cli, tmp_path):
     for command in (("compress", tmp_path / "src", tmp_path / "dst"), ("decompress", tmp_path / "src", tmp_path / "o")):
         r = cli(*command, "--streams", "65")
         assert r.exit_code == 2 and "--streams" in r.stderr and not (tmp_path / command[2]).exists()
+
+
+def test_a_model_without_installed_weights_is_refused_before_any_file(cli, tmp_path, monkeypatch):
+    _write(tmp_path / "src/a.png", _array("uint8", (16, 16), 0))
+    weights = tmp_path / "weights"  # the gray mbt2018-mean weights only
+    weights.mkdir()
+    gray = W.weights_path(registry.spec("mbt2018-mean", "gray"))
+    (weights / gray.name).symlink_to(gray.resolve())
+    monkeypatch.setenv("VISEMZ_WEIGHTS_DIR", str(weights))
+    r = cli("compress", tmp_path / "src", tmp_path / "dst", "--model", "balle2016", "--device", "cpu")
+    assert r.exit_code == 2 and "'balle2016': no weights are installed" in r.stderr
+    assert not (tmp_path / "dst").exists()
+    r = cli("compress", tmp_path / "src", tmp_path / "dst", "--model", "mbt2018-mean", "--device", "cpu")
+    assert r.exit_code == 0, r.stderr
 
 
 def _gray_alpha_png(img: np.ndarray) -> bytes:

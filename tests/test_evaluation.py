@@ -302,10 +302,25 @@ def test_cli_eval_with_refinement_and_ladders(folder, tmp_path, cli):
     assert sorted(p.name for p in (folder / "gray").iterdir()) == ["c.png", "z_broken.png"]
     bad = cli("eval", folder, "--out", tmp_path / "o", "--device", "cpu", "--ladder", "jpeg=4,x")
     assert bad.exit_code == 2 and "'jpeg=4,x'" in bad.stderr
+    for ladder, said in (("visemz-mbt2018-mean-maxerr=1,-3", "-3 is not a setting"), ("jpeg=101", "101 is not"),
+                         ("visemz-mbt2018-mean=9", "quality=9"), ("visemz-mbt2018-mean-maxerr=1.5", "1.5 is not")):
+        bad = cli("eval", folder, "--out", tmp_path / "o", "--device", "cpu", "--codecs", ladder.split("=")[0],
+                  "--ladder", ladder)  # refused before any point
+        assert bad.exit_code == 2 and said in bad.stderr and not (tmp_path / "o" / "points.csv").exists(), bad.stderr
     assert parse_ladder("webp=5,50") == ("webp", (5, 50)) and parse_ladder("jpeg=1.5") == ("jpeg", (1.5,))
     for text in ("webp", "webp=", "=5", "webp=5,x"):
         with pytest.raises(InvalidArgumentError, match=repr(text)):
             parse_ladder(text)
+
+
+def test_codecs_leave_images_the_metrics_cannot_score():
+    """Four channels (RGBA) are neither gray nor RGB: every codec says so before a point runs, the error-bounded
+    ones too (they would code them, and the metrics then fail at each point)."""
+    from visemz.evaluation.codecs import scientific
+
+    rgba = Layout((8, 8, 4), "uint8")
+    for name in ("visemz-mbt2018-mean", "visemz-mbt2018-mean-maxerr", "jpeg", *sorted(scientific.installed())):
+        assert "gray or RGB" in build(name, "cpu").supports(rgba), name
 
 
 def test_report_tables(folder, tmp_path):

@@ -250,6 +250,34 @@ def test_every_bad_file_fails_alone_with_its_reason(cli, tmp_path, monkeypatch):
     assert r.exit_code == 1 and rows["\\xff-odd.png"]["max_error"] <= 255 and "error" in rows["zero.png"]
 
 
+def test_an_image_over_the_pixel_limit_is_refused_from_its_header(tmp_path, monkeypatch):
+    """A PNG, TIFF or .npy whose header declares more values than the limit is refused before it is decoded (a
+    PNG of zeros holds a huge image in a few bytes); a file within the limit, or of another format, decodes."""
+    from visemz import defaults
+    from visemz.errors import LimitExceededError
+
+    img = np.zeros((40, 30, 3), np.uint8)
+    paths = {"png": tmp_path / "a.png", "tif": tmp_path / "b.tif", "npy": tmp_path / "c.npy"}
+    cv2.imwrite(str(paths["png"]), img)
+    tifffile.imwrite(paths["tif"], np.zeros((2, 40, 30), np.uint16))  # two pages: 2,400 values
+    np.save(paths["npy"], img)
+    assert [loaders.declared_values(p.read_bytes(), p.suffix) for p in paths.values()] == [3600, 2400, 3600]
+    assert loaders.declared_values(b"\x89PNG\r\n\x1a\n", ".png") is None  # no header: the decoder reports it
+
+    def no_decode(data, ext):
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(loaders, "decode", no_decode)
+    with defaults.set(max_pixels=2399):
+        for p in paths.values():
+            with pytest.raises(LimitExceededError, match=f"{p.name}.*VISEMZ_MAX_PIXELS"):
+                loaders.load(p)
+    monkeypatch.undo()
+    with defaults.set(max_pixels=3600):
+        assert loaders.load(paths["png"]).pixels.shape == (40, 30, 3)
+        assert loaders.load(paths["tif"]).paged
+
+
 # ------------------------------------------------------------------ memory
 def test_available_memory_reads_meminfo_and_the_cgroup(tmp_path, monkeypatch):
     (tmp_path / "meminfo").write_text("MemTotal: 24000000 kB\nMemAvailable: 20000000 kB\n")

@@ -2,6 +2,9 @@
 the other way round, adversarial inputs included, and both devices write the same pass streams and scale
 calibration."""
 
+from importlib import resources
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +12,7 @@ from skimage import data
 
 from visemz import container, defaults
 from visemz.image import codec, differences, image_header, residual_coder
-from visemz.models import architectures, residual_prior
+from visemz.models import architectures, registry, residual_prior
 
 from .helpers import optional, parity, resampled
 
@@ -32,6 +35,13 @@ def _images() -> dict[str, np.ndarray]:
     }
 
 
+def _shipped(folder) -> bool:
+    """Whether the tests run with the shipped lossy weights (``model_weights`` may seed random ones)."""
+    name = f"{registry.DEFAULT_MODEL}-gray.safetensors"
+    package = Path(str(resources.files("visemz.models").joinpath("weights")))
+    return (Path(folder) / name).resolve() == (package / name).resolve()
+
+
 def _sections(buf: bytes, names) -> list[bytes]:
     f = codec.ImageCodec("cpu")._open(buf)
     return [bytes(body) for i in range(f.grid.count) for k, body in sorted(f.tile(i)[0].items()) if names(k)]
@@ -49,10 +59,11 @@ def _pass_streams(buf: bytes) -> list[bytes]:
 
 @pytest.mark.parametrize("fmt", [image_header.CALIBRATED, image_header.INTEGER])
 @pytest.mark.parametrize("e", [0, 1, 4])
-def test_written_on_either_device_decodes_exactly_on_both(gpu_cpu_codecs, e, fmt):
+def test_written_on_either_device_decodes_exactly_on_both(gpu_cpu_codecs, model_weights, e, fmt):
     """The float prior (format 8) and the integer one (format 9, conv8's kernel on the GPU, float64 on the CPU): the
     files of both devices decode alike on both, and the GPU's with its default TF32 analysis too."""
     gpu, cpu = gpu_cpu_codecs
+    shipped = _shipped(model_weights)
     with parity() as p:
         for label, img in _images().items():
             bufs = {"cuda with TF32": gpu.compress(img, quality=2, max_error=e, image_format=fmt)}
@@ -67,11 +78,14 @@ def test_written_on_either_device_decodes_exactly_on_both(gpu_cpu_codecs, e, fmt
                 a, b = cpu.decompress(buf), gpu.decompress(buf)
                 p.same_array(f"{label} E={e} written on {where}: CPU and GPU decodes", a, b)
                 p.same_array(f"{label} E={e} written on {where}: within the bound", a, img, atol=e)
-            p.same(f"{label} E={e}: latents alike on both devices",
-                   _latents(bufs["cuda"]) == _latents(bufs["cpu"]), "latents differ")
-            # the pixels' integers agree between devices (else the fixes list differs): then so do the streams
-            p.same(f"{label} E={e} format {fmt}: pass streams alike on both devices",
-                   _pass_streams(bufs["cuda"]) == _pass_streams(bufs["cpu"]), "streams differ")
+            same_latents = _latents(bufs["cuda"]) == _latents(bufs["cpu"])
+            # float32 analyses round a latent alike unless it lies at a boundary, where none lies with the shipped
+            # weights; seeded ones may put one there
+            if shipped:
+                p.same(f"{label} E={e}: latents alike on both devices", same_latents, "latents differ")
+            if same_latents:  # the pixels' integers agree between devices (else the fixes differ): so do the streams
+                p.same(f"{label} E={e} format {fmt}: pass streams alike on both devices",
+                       _pass_streams(bufs["cuda"]) == _pass_streams(bufs["cpu"]), "streams differ")
 
 
 @pytest.mark.parametrize("e", [0, 2])

@@ -30,7 +30,7 @@ from .config import MAX_REFINE, MAX_STREAMS, check_steps
 from .errors import InvalidArgumentError, VisemzError
 from .io import files
 from .io.writers import to_json
-from .models.registry import DEFAULT_MODEL, DEFAULT_QUALITY, QUALITY_MAX, QUALITY_MIN
+from .models.registry import DEFAULT_MODEL, DEFAULT_QUALITY, QUALITY_MAX, QUALITY_MIN, check_quality
 
 
 class _Commands(TyperGroup):
@@ -55,6 +55,14 @@ def _refine_steps(value: Optional[int]) -> Optional[int]:
     """--refine's range, checked while parsing (a usage error naming the value, before torch loads)."""
     try:
         return None if value is None else check_steps(value)
+    except InvalidArgumentError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _quality(value: float) -> float:
+    """--quality's range, checked while parsing (a usage error naming the value, NaN included)."""
+    try:
+        return check_quality(value)
     except InvalidArgumentError as e:
         raise typer.BadParameter(str(e)) from None
 
@@ -104,8 +112,9 @@ def compress(
     src: Path = typer.Argument(..., help="an image file or a folder (walked recursively)"),
     dst: Path = typer.Argument(..., help="output folder, outside SRC; a/b/c.tif becomes DST/a/b/c.tif.vsz"),
     model: str = typer.Option(DEFAULT_MODEL, help="balle2016 or mbt2018-mean"),
-    quality: float = typer.Option(DEFAULT_QUALITY, min=QUALITY_MIN, max=QUALITY_MAX,
-                                  help="1-8 on CompressAI's lambda ladder; fractions lie between"),
+    quality: float = typer.Option(DEFAULT_QUALITY, callback=_quality,
+                                  help=f"{QUALITY_MIN:g}-{QUALITY_MAX:g} on CompressAI's lambda ladder; fractions "
+                                       "lie between"),
     max_error: Optional[float] = typer.Option(None, "--max-error",
                                               help="guaranteed max error in levels of the input dtype (absolute for "
                                               "float32; 0: lossless); without it the error is not bounded"),

@@ -15,6 +15,7 @@ Folder jobs compress such a stack into one "pages" file (``visemz/image/pages.py
 from __future__ import annotations
 
 import io
+import math
 import os
 import stat
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ except ImportError:  # optional: DICOM files are read when it is installed
     pydicom = None
 
 from ..errors import VisemzError
-from ..image.pixels import MAX_CHANNELS
+from ..image.pixels import MAX_CHANNELS, check_pixels
 from .files import Identity, shown
 
 
@@ -85,6 +86,9 @@ def read_file(path: Path) -> tuple[bytes, Identity]:
 def load(path: Path) -> Picture:
     """Read an image, or the page stack of a multi-page TIFF, in the file's own dtype (RGB order)."""
     data, source = read_file(path)
+    declared = declared_values(data, path.suffix.lower())
+    if declared is not None:  # before decoding: a small file can hold a huge image (a PNG of zeros)
+        check_pixels(declared, f"'{shown(path)}'")
     try:
         img, paged = decode(data, path.suffix.lower())
     except InputError as e:
@@ -114,6 +118,26 @@ def decode(data: bytes, ext: str) -> tuple[np.ndarray, bool]:
     return _opencv(data), False
 
 
+def declared_values(data: bytes, ext: str) -> int | None:
+    """The number of values a file's header declares (a PNG's IHDR, a TIFF's pages, a .npy's shape), read without
+    decoding; None for other formats or a header that cannot be read (decoding then reports it)."""
+    try:
+        if data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) > 25:
+            width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+            return width * height * PNG_CHANNELS.get(data[25], 4)
+        if ext == ".npy":
+            f = io.BytesIO(data)
+            major, _ = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            return math.prod(read_header(f)[0])
+        if ext in (".tif", ".tiff"):
+            with tifffile.TiffFile(io.BytesIO(data)) as tif:
+                return sum(math.prod(page.shape) for page in tif.pages)
+    except Exception:  # noqa: BLE001 - a damaged header: the decoder names what is wrong
+        return None
+    return None
+
+
 def _channels_last(shape: tuple[int, int, int]) -> bool:
     """Whether a 3-D array is an image's H x W x C, not a volume's Z x H x W: its last axis few enough for channels
     and shorter than both others (a (3, 64, 64) volume is not a 3 x 64 image of 64 channels)."""
@@ -131,6 +155,7 @@ def load_image(path: Path) -> np.ndarray:
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_GRAY_ALPHA = 4  # the IHDR chunk's colour type of a gray and alpha PNG
+PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}  # channels by IHDR colour type (a palette PNG decodes to RGB)
 
 
 def _opencv(data: bytes) -> np.ndarray:

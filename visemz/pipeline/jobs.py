@@ -44,7 +44,15 @@ from ..models import weights as W
 from . import checks, destination, executor, kvikio_io, memory, sources
 from .manifest import MANIFEST
 from .results import ItemResult, Summary
-from .settings import AUTO, FORMATS, CompressConfig, DecompressConfig, check_compress, check_decompress
+from .settings import (
+    AUTO,
+    FORMATS,
+    CompressConfig,
+    DecompressConfig,
+    check_compress,
+    check_decompress,
+    check_weights_installed,
+)
 
 __all__ = ["CompressConfig", "DecompressConfig", "ItemResult", "Summary", "compress_folder", "decompress_folder",
            "verify", "is_complete", "MANIFEST"]
@@ -181,6 +189,7 @@ def shaping(cfg: CompressConfig) -> dict:
 def check_settings(cfg: CompressConfig) -> str:
     """Every compression setting, checked before any file; returns the device."""
     device = check_compress(cfg)
+    check_weights_installed(cfg.model)
     if cfg.tile:
         check_tile(cfg.tile, "--tile")
     if cfg.refine is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .. import config, cuda
 from ..config import LOADERS
 from ..encoders import entropy
-from ..errors import DeviceUnavailableError, InvalidArgumentError
+from ..errors import DeviceUnavailableError, InvalidArgumentError, UnsupportedFormatError
 from ..models import registry
 
 FORMATS = {"png": ".png", "tiff": ".tif", "npy": ".npy"}
@@ -73,6 +73,16 @@ def check_compress(cfg: CompressConfig) -> str:
     if cfg.entropy == "ans" and device != "cuda":
         raise DeviceUnavailableError("entropy 'ans' is coded by nvCOMP on a GPU: use zstd on the CPU")
     return device
+
+
+def check_weights_installed(model: str) -> None:
+    """A model with weights for gray or RGB images (else every file would fail alike).  It loads torch: the command
+    line checks its other settings and its folders first."""
+    from ..models import weights as W
+
+    if not any(W.weights_path(registry.spec(model, v)).is_file() for v in ("gray", "rgb")):
+        raise UnsupportedFormatError(f"model {model!r}: no weights are installed for it (gray or RGB) in "
+                                     f"{W.weights_dir()}")
 
 
 def check_decompress(cfg: DecompressConfig) -> str:

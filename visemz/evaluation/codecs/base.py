@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
+
+from ...errors import InvalidArgumentError
+
+# the settings each unit takes (NaN fails every test)
+SETTINGS = {"q": lambda v: 0 <= v <= 100, "e": lambda v: v >= 0 and math.isfinite(v) and v.is_integer(),
+            "eb": lambda v: 0 < v < math.inf, "bpp": lambda v: 0 < v < math.inf, "d": lambda v: 0 <= v < math.inf}
+SETTING_TEXT = {"q": "a quality of 0-100", "e": "a whole number >= 0", "eb": "a finite number > 0",
+                "bpp": "a finite number > 0", "d": "a finite number >= 0"}
 
 
 @dataclass(frozen=True)
@@ -81,8 +91,19 @@ class Codec(ABC):
         """Wait for queued device work, so timings include it (no-op on the CPU)."""
 
     def with_ladder(self, ladder) -> "Codec":
+        """This codec over ``ladder`` (``visemz eval --ladder``), each setting checked before any point."""
+        for setting in ladder:
+            self.check_setting(setting)
         self.ladder = tuple(ladder)
         return self
+
+    def check_setting(self, setting) -> None:
+        """InvalidArgumentError unless ``setting`` is one this codec takes, by its unit: a quality of 0-100, a
+        whole bound E >= 0, an error bound or a bit rate > 0, a JPEG XL distance >= 0."""
+        ok = SETTINGS.get(self.unit, math.isfinite)
+        if isinstance(setting, bool) or not isinstance(setting, numbers.Real) or not ok(float(setting)):
+            raise InvalidArgumentError(f"--ladder {self.name}: {setting!r} is not a setting it takes "
+                                       f"({self.unit}: {SETTING_TEXT[self.unit]})")
 
 
 def module_version(name: str) -> str:

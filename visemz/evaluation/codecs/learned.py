@@ -6,10 +6,10 @@ import struct
 
 import numpy as np
 
-from ...errors import CorruptStreamError
+from ...errors import CorruptStreamError, InvalidArgumentError
 from ...models import registry
 from .base import Codec, Layout
-from .lossless import NEAR_LOSSLESS
+from .lossless import NEAR_LOSSLESS, gray_or_rgb
 
 QUALITIES = (1, 2, 3, 4, 5, 6, 7, 8)  # CompressAI's ladder; the variable-rate models take any float in [1, 8]
 #: the model quality under visemz's error-bounded ladder unless a codec name says another
@@ -49,6 +49,14 @@ class LearnedCodec(Codec):
     def __init__(self, arch: str, device: str):
         self.arch, self.device = arch, device
 
+    def check_setting(self, setting) -> None:
+        if self.unit != "q":  # a bound E
+            return super().check_setting(setting)
+        try:
+            registry.check_quality(setting)  # the model's qualities
+        except InvalidArgumentError as e:
+            raise InvalidArgumentError(f"--ladder {self.name}: {e}") from None
+
     def identity(self, layout) -> str:
         """The libraries' versions and the id of the weights that code images of ``layout``."""
         from ...models import weights as W
@@ -57,11 +65,7 @@ class LearnedCodec(Codec):
         return f"{super().identity(layout)}; weights {_file_id(path)}"
 
     def supports(self, layout):
-        if layout.dtype not in ("uint8", "uint16"):
-            return f"{self.name} is evaluated on 8- and 16-bit images"
-        if layout.channels not in (1, 3):
-            return f"{self.name} codes gray or RGB images only"
-        return None
+        return gray_or_rgb(layout, self.name)
 
     def sync(self) -> None:
         if self.device == "cuda":

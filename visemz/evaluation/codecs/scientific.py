@@ -14,6 +14,7 @@ import numpy as np
 from ...errors import VisemzError
 from ...measure import integer_peak
 from .base import Codec, Layout
+from .lossless import gray_or_rgb
 
 try:  # the 'eval' extra
     from pysz import sz, szConfig, szErrorBoundMode
@@ -37,9 +38,7 @@ class ErrorBoundedCodec(Codec):
     ladder = EB_LADDER
 
     def supports(self, layout):
-        if layout.dtype not in ("uint8", "uint16"):
-            return f"{self.name} is evaluated on 8- and 16-bit images"
-        return None
+        return gray_or_rgb(layout, self.name)  # the evaluation's metrics take gray or RGB images
 
 
 def installed() -> set[str]:
