@@ -146,7 +146,7 @@ def dead_rank_worker(rank: int, world: int, init_file: str, queue, timeout_s: fl
             queue.join_thread()  # the result is out before the process is
             if how == "dies":
                 os._exit(3)
-            time.sleep(timeout_s + 10)  # alive, connections open, silent, until the others have timed out
+            time.sleep(timeout_s + 3)  # alive, connections open, silent, until the others have timed out
             os._exit(0)
         time.sleep(0.5)
         try:

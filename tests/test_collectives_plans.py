@@ -40,7 +40,7 @@ def test_a_dead_or_stalled_rank_makes_the_others_raise_peer_failed_error(how, tm
         assert (raised, cause) == ("PeerFailedError", "RuntimeError"), by_rank[r]
         assert "another rank of the group failed" in message, message
     # the transport's own report inside: a closed connection, or the group's timeout running out (a stalled
-    # rank exits 10 s after that timeout; on a loaded machine its closed connection may be seen first)
+    # rank exits 3 s after that timeout; on a loaded machine its closed connection may be seen first)
     said = [by_rank[r][3].lower() for r in range(world - 1)]
     expected = ("closed by peer",) if how == "dies" else ("timed out", "closed by peer")
     assert any(e in m for m in said for e in expected), said

@@ -149,9 +149,9 @@ def test_weights_file_round_trip(tmp_path):
     path = residual_weights.path_of("gray", tmp_path, integer=True)
     assert path.name == "residual-int8-gray.safetensors" and len(model_id) == 16
     assert not any(k.startswith("tables/") for k in read_tensors(path)[0])  # they stay in the float prior's file
-    back = residual_weights._load(path, "cpu", integer=True)
+    back = residual_weights._load(path, "gray", "cpu", integer=True)
     assert back.model_id == model_id and back.prior64 is None and back.features == 16
-    float_prior = residual_weights._load(residual_weights.path_of("gray", tmp_path), "cpu")
+    float_prior = residual_weights._load(residual_weights.path_of("gray", tmp_path), "gray", "cpu")
     assert residual_weights.tables_digest(back.tables) == residual_weights.tables_digest(float_prior.tables)
     r, recon = torch.zeros(1, 8, 5, 6, dtype=torch.int64), torch.full((1, 4, 5, 6), 60)
     assert torch.equal(back.integer.condition(r, recon, (1, 2)), net.condition(r, recon, (1, 2)))
@@ -161,7 +161,7 @@ def test_weights_file_round_trip(tmp_path):
     tensors["tables/residual/offsets"][0] -= 1  # valid tables, other than those it was written with
     save_file(tensors, str(residual_weights.path_of("gray", tmp_path)), metadata=meta)
     with pytest.raises(UnsupportedFormatError, match="other tables"):
-        residual_weights._load(path, "cpu", integer=True)
+        residual_weights._load(path, "gray", "cpu", integer=True)
 
 
 def test_nll_bits_is_what_the_integer_layers_code():

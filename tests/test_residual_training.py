@@ -80,5 +80,5 @@ def test_the_tool_fine_tunes_and_exports_a_colour_prior(tmp_path):
     r = subprocess.run([*tool, "--export", str(tmp_path / "run"), "--weights-dir", str(tmp_path / "w")],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    exported = residual_weights._load(tmp_path / "w" / "residual-rgb.safetensors", "cpu")
+    exported = residual_weights._load(tmp_path / "w" / "residual-rgb.safetensors", "rgb", "cpu")
     assert exported.prior64.channels == 3 and exported.lossy_model == "mbt2018-mean-rgb"

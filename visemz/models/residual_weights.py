@@ -99,7 +99,7 @@ def load(variant: str, device: str = "cpu", integer: bool = False, model_id: str
     with _LOCK, torch.inference_mode(False):
         if key not in _LOADED:
             path = path_of(variant, integer=integer)
-            _LOADED[key] = _load(path, device, integer) if path.is_file() else None
+            _LOADED[key] = _load(path, variant, device, integer) if path.is_file() else None
         installed = _LOADED[key]
         if model_id is None or (installed is not None and installed.model_id == model_id):
             return installed
@@ -108,8 +108,7 @@ def load(variant: str, device: str = "cpu", integer: bool = False, model_id: str
         return _LOADED[key + (model_id,)]
 
 
-def _load(path: Path, device: str, integer: bool = False) -> Residual:
-    variant = path.stem.removeprefix(file_stem("", integer))
+def _load(path: Path, variant: str, device: str, integer: bool = False) -> Residual:
     return _built(*read_weights(path), path.name, variant, device, integer, path.parent)
 
 
