@@ -185,7 +185,7 @@ def _mosaic() -> np.ndarray:
 @pytest.mark.slow
 @pytest.mark.parametrize("max_error", [0, None], ids=["exact", "lossy"])
 def test_zarr_array_with_visemz_codec(tmp_path, max_error):
-    m = _mosaic()[:256, 128:512]  # both images of the mosaic, six chunks
+    m = _mosaic()[:256, 384:768]  # both images of the mosaic, six chunks
     path = str(tmp_path / "mosaic.zarr")
     z = zarr.open(path, mode="w", shape=m.shape, chunks=(128, 128), dtype="uint16",
                   compressor=Visemz(quality=6, max_error=max_error))
@@ -198,7 +198,7 @@ def test_zarr_array_with_visemz_codec(tmp_path, max_error):
     if max_error == 0:
         assert np.array_equal(region, m[50:200, 100:350]) and np.array_equal(r[:], m)
     else:
-        assert _psnr(region, m[50:200, 100:350], 65535) >= 36  # measured 42.3 dB (CPU)
+        assert _psnr(region, m[50:200, 100:350], 65535) >= 36  # measured 45.7 dB (CPU)
 
 
 def test_chunks_larger_than_a_tile_go_tile_by_tile(tmp_path):
