@@ -103,7 +103,7 @@ class Codec(ABC):
         ok = SETTINGS.get(self.unit, math.isfinite)
         if isinstance(setting, bool) or not isinstance(setting, numbers.Real) or not ok(float(setting)):
             raise InvalidArgumentError(f"--ladder {self.name}: {setting!r} is not a setting it takes "
-                                       f"({self.unit}: {SETTING_TEXT[self.unit]})")
+                                       f"({self.unit}: {SETTING_TEXT.get(self.unit, 'a finite number')})")
 
 
 def module_version(name: str) -> str:
