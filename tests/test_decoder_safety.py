@@ -9,8 +9,6 @@ import json
 import re
 import struct
 import tracemalloc
-from importlib import resources
-from pathlib import Path
 
 import numcodecs
 import numpy as np
@@ -387,6 +385,6 @@ def test_weights_load_by_the_id_a_file_names(model_weights):
 def test_the_weights_stay_within_their_budget():
     """Installed and archived weights together: the package's budget is 64 MB (the package's own folder: the
     tests' weights folder may hold random weights of a model that ships none)."""
-    folder = Path(str(resources.files("visemz.models").joinpath("weights")))
+    folder = W.package_dir()
     total = sum(p.stat().st_size for p in folder.rglob("*") if p.name.endswith((".safetensors", ".safetensors.zst")))
     assert total <= 64 * 10**6, f"{total / 1e6:.1f} MB of weights"

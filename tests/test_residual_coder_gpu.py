@@ -2,7 +2,6 @@
 the other way round, adversarial inputs included, and both devices write the same pass streams and scale
 calibration."""
 
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ from skimage import data
 from visemz import container, defaults
 from visemz.image import codec, differences, image_header, residual_coder
 from visemz.models import architectures, registry, residual_prior
+from visemz.models import weights as W
 
 from .helpers import optional, parity, resampled
 
@@ -38,7 +38,7 @@ def _images() -> dict[str, np.ndarray]:
 def _shipped(folder) -> bool:
     """Whether the tests run with the shipped lossy weights (``model_weights`` may seed random ones)."""
     name = f"{registry.DEFAULT_MODEL}-gray.safetensors"
-    package = Path(str(resources.files("visemz.models").joinpath("weights")))
+    package = W.package_dir()
     return (Path(folder) / name).resolve() == (package / name).resolve()
 
 

@@ -134,6 +134,27 @@ MAX_LANE_SYMBOLS = 1 << 20  # rans_layout.MAX_LANE_SYMBOLS: keeps a lane's steps
 MAX_PIXELS = 1 << 30  # pixels.MAX_PIXELS, the format's ceiling on an image's values
 
 
+def real_number(value) -> bool:
+    """Whether ``value`` is a real number, an int or a float (NumPy's too): not a bool (nor NumPy's), a string, None."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_region(region, shape: tuple[int, ...] | None = None) -> tuple[int, int, int, int]:
+    """A region (y0, y1, x0, x1) as four ints: integers (NumPy's too), each window's start before its end and, given
+    an image's ``shape`` (H, W, ...), within it; else InvalidArgumentError naming the region.  Here, without torch,
+    so that a command checks it before it opens a file."""
+    if not isinstance(region, (tuple, list)) or len(region) != 4 or \
+            not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in region):
+        raise InvalidArgumentError(f"region={region!r}: expected four integers (y0, y1, x0, x1)")
+    y0, y1, x0, x1 = (int(v) for v in region)
+    if not (0 <= y0 < y1 and 0 <= x0 < x1):
+        raise InvalidArgumentError(f"region={tuple(region)!r} is empty or starts before 0: expected 0 <= y0 < y1 "
+                                   "and 0 <= x0 < x1")
+    if shape is not None and not (y1 <= shape[0] and x1 <= shape[1]):
+        raise InvalidArgumentError(f"region={tuple(region)!r} is outside the {shape[0]} x {shape[1]} image")
+    return (y0, y1, x0, x1)
+
+
 def check_steps(refine) -> int:
     """A refinement step count as an int in 0..MAX_REFINE, or InvalidArgumentError naming the bad value (here,
     beside its limit, so that the CLI checks it before torch loads)."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import math
-import numbers
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ import tifffile
 import torch
 import torch.distributed as dist
 
-from .. import measure
+from .. import config, measure
 from ..errors import InvalidArgumentError, VisemzError
 from ..floats import ErrorBounded
 from ..io import files, loaders, writers
@@ -50,7 +49,7 @@ class StackConfig:
 
     def __post_init__(self):
         bound = self.error_bound
-        if isinstance(bound, bool) or not isinstance(bound, numbers.Real) or not (math.isfinite(bound) and bound > 0):
+        if not config.real_number(bound) or not (math.isfinite(bound) and bound > 0):
             raise InvalidArgumentError(f"error_bound={self.error_bound!r}: expected a finite number > 0 (relative to "
                                        "the partial sums' value range)")
 

@@ -8,14 +8,13 @@ channel count is coded as a batch of grayscale planes.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import defaults
+from .. import config, defaults
 from ..errors import InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 
 DTYPES = ("uint8", "uint16", "float32")
@@ -87,7 +86,7 @@ def as_tensor(image, device: str) -> torch.Tensor:
 def check_max_error(max_error, dtype: str):
     if max_error is None:
         return None
-    if isinstance(max_error, (bool, np.bool_)) or not isinstance(max_error, numbers.Real):  # not '2', not True
+    if not config.real_number(max_error):  # not '2', not True
         raise InvalidArgumentError(f"max_error={max_error!r} is not a number")
     e = float(max_error)
     if not np.isfinite(e) or e < 0:

@@ -20,14 +20,12 @@ shorter (still multiples of 64).  One tile of the padded image's size is the unt
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-import numpy as np
 import torch
 
-from .. import defaults
+from .. import config, defaults
 from ..errors import InvalidArgumentError, VisemzError
 from ..models import architectures, blocks, graphs
 from .pixels import PAD, ImageMeta, to_batch
@@ -116,13 +114,7 @@ check_tile(defaults.get("tile"), "VISEMZ_TILE")
 
 def check_region(region, shape: tuple[int, ...]) -> Box:
     """A region (y0, y1, x0, x1) of an image of ``shape``, checked: non-empty, within the image."""
-    if not isinstance(region, (tuple, list)) or len(region) != 4 or \
-            not all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in region):
-        raise InvalidArgumentError(f"region={region!r}: expected four integers (y0, y1, x0, x1)")
-    y0, y1, x0, x1 = (int(v) for v in region)  # NumPy's integers too
-    if not (0 <= y0 < y1 <= shape[0] and 0 <= x0 < x1 <= shape[1]):
-        raise InvalidArgumentError(f"region={tuple(region)!r} is empty or outside the {shape[0]} x {shape[1]} image")
-    return (y0, y1, x0, x1)
+    return config.check_region(region, shape)
 
 
 def _batches(tiles: list[int], key: Callable[[int], object], size: int) -> list[list[int]]:

@@ -121,10 +121,11 @@ def decode(data: bytes, ext: str) -> tuple[np.ndarray, bool]:
 def declared_values(data: bytes, ext: str) -> int | None:
     """The number of values a file's header declares (a PNG's IHDR, a TIFF's pages, a .npy's shape), read without
     decoding; None for other formats or a header that cannot be read (decoding then reports it)."""
+    png = _png_header(data)
+    if png is not None:
+        width, height, colour = png
+        return width * height * PNG_CHANNELS.get(colour, 4)
     try:
-        if data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) > 25:
-            width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-            return width * height * PNG_CHANNELS.get(data[25], 4)
         if ext == ".npy":
             f = io.BytesIO(data)
             major, _ = np.lib.format.read_magic(f)
@@ -172,8 +173,16 @@ def _opencv(data: bytes) -> np.ndarray:
 
 
 def _gray_alpha_png(data: bytes) -> bool:
-    """Whether the bytes are a PNG whose header (the IHDR chunk, first) says gray and alpha."""
-    return data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) > 25 and data[25] == PNG_GRAY_ALPHA
+    """Whether the bytes are a PNG whose header says gray and alpha."""
+    png = _png_header(data)
+    return png is not None and png[2] == PNG_GRAY_ALPHA
+
+
+def _png_header(data: bytes) -> tuple[int, int, int] | None:
+    """(width, height, colour type) from a PNG's IHDR chunk (the first after the signature); None for other bytes."""
+    if data[:8] != PNG_SIGNATURE or data[12:16] != b"IHDR" or len(data) <= 25:
+        return None
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big"), data[25]
 
 
 def _tiff(data: bytes) -> tuple[np.ndarray, bool]:

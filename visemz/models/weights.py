@@ -43,7 +43,12 @@ INT8_SUFFIX, SCALE_SUFFIX = ".int8", ".scale"
 def weights_dir() -> Path:
     """Where weights are looked up: $VISEMZ_WEIGHTS_DIR, else the package's own folder."""
     env = os.environ.get("VISEMZ_WEIGHTS_DIR")
-    return Path(env) if env else Path(str(resources.files("visemz.models").joinpath("weights")))
+    return Path(env) if env else package_dir()
+
+
+def package_dir() -> Path:
+    """The package's own weights folder (the shipped files and their archive)."""
+    return Path(str(resources.files("visemz.models").joinpath("weights")))
 
 
 def weights_path(spec: ModelSpec) -> Path:

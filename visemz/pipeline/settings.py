@@ -7,7 +7,6 @@ raised before the destination is created, never a failure repeated for every fil
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 from .. import config, cuda
@@ -49,11 +48,8 @@ class DecompressConfig:
             raise InvalidArgumentError(f"format {self.fmt!r}: expected auto, png, tiff or npy")
         if self.writer not in WRITERS:
             raise InvalidArgumentError(f"writer {self.writer!r}: expected one of {', '.join(WRITERS)}")
-        r = self.region  # what needs no file: whole numbers, each window's start before its end (files: their size)
-        whole = r is not None and len(r) == 4 and all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                                                      for v in r)
-        if r is not None and not (whole and 0 <= r[0] < r[1] and 0 <= r[2] < r[3]):
-            raise InvalidArgumentError(f"region {r!r}: expected y0:y1,x0:x1 with 0 <= y0 < y1 and 0 <= x0 < x1")
+        if self.region is not None:  # what needs no file (each file checks the region against its size)
+            config.check_region(self.region)
 
 
 def check_compress(cfg: CompressConfig) -> str:
@@ -95,8 +91,7 @@ def check_max_error(max_error) -> None:
     """None, or a finite number >= 0 (whether it must be whole depends on each image's dtype)."""
     if max_error is None:
         return
-    if isinstance(max_error, bool) or not isinstance(max_error, numbers.Real) \
-            or not math.isfinite(max_error) or max_error < 0:
+    if not config.real_number(max_error) or not math.isfinite(max_error) or max_error < 0:
         raise InvalidArgumentError(f"max_error={max_error!r}: expected a finite number >= 0 (0: lossless)")
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib
 import math
-import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
 
+from ... import config
 from ...errors import InvalidArgumentError
 
 # the settings each unit takes (NaN fails every test)
@@ -101,7 +101,7 @@ class Codec(ABC):
         """InvalidArgumentError unless ``setting`` is one this codec takes, by its unit: a quality of 0-100, a
         whole bound E >= 0, an error bound or a bit rate > 0, a JPEG XL distance >= 0."""
         ok = SETTINGS.get(self.unit, math.isfinite)
-        if isinstance(setting, bool) or not isinstance(setting, numbers.Real) or not ok(float(setting)):
+        if not config.real_number(setting) or not ok(float(setting)):
             raise InvalidArgumentError(f"--ladder {self.name}: {setting!r} is not a setting it takes "
                                        f"({self.unit}: {SETTING_TEXT.get(self.unit, 'a finite number')})")
 
