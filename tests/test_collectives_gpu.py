@@ -11,6 +11,7 @@ from visemz.floats.error_bounded import EB_FRONT
 from visemz.floats.lossless import LL_HEAD
 
 from .helpers import parity
+from .test_float_codecs import extremes
 
 pytestmark = pytest.mark.gpu
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -190,6 +191,20 @@ def test_fused_encode_and_decode_equal_cpu(cp, dtype, predictor):
                 if p.same(f"{case}: decoded itemsize", dec.dtype.itemsize == cpu_values.dtype.itemsize):
                     p.same_array(f"{case}: decode to {name} (bit patterns)", dec.view(wide), cpu_values.view(wide))
                 p.same_array(f"{case}: decode to float64", codec.decode_device(s), codec.decode(want, exact=True))
+
+
+@pytest.mark.parametrize("predictor", ["none", "lorenzo"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_decode_clamps_to_the_format_s_finite_range_as_the_cpu(cp, dtype, predictor):
+    """eb near the format's largest value: 2 eb q lies beyond it, and both decoders give the largest finite value."""
+    name, wide = _NAME[dtype], np.uint32 if dtype == torch.float32 else np.uint16
+    x = extremes(dtype)
+    codec = ErrorBounded(0.9 * torch.finfo(dtype).max, predictor)
+    want = codec.encode(x)
+    s, _ = codec.encode_device(x.cuda())
+    assert codec.frame(gpu.stream_bytes(s), name) == want
+    np.testing.assert_array_equal(codec.decode_device(s, name).get().view(wide), codec.decode(want).view(wide))
+    np.testing.assert_array_equal(codec.decode(want).view(wide)[:2], _bits(x)[:2])  # +-max: the nearest finite values
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

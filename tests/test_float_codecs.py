@@ -55,6 +55,23 @@ def test_error_bound(dtype, eb):
                                           eb, _f64(x))
 
 
+def extremes(dtype) -> torch.Tensor:
+    """The format's largest finite values and some smaller ones: with eb near the largest, 2 eb q lies beyond it."""
+    top = torch.finfo(dtype).max
+    return torch.tensor([top, -top, 0.0, top / 2, -top / 3, 1.0], dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_error_bound_holds_at_the_format_s_largest_values(dtype):
+    x = extremes(dtype)
+    for eb in (0.9 * torch.finfo(dtype).max, 0.3 * torch.finfo(dtype).max):
+        codec = ErrorBounded(eb)
+        out = codec.decode(codec.encode(x))
+        back = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16) if dtype == torch.bfloat16 else torch.from_numpy(out)
+        assert torch.isfinite(back).all(), (eb, back)  # rounding 2 eb q gave inf before the clamp
+        assert within(np.abs(_f64(back) - _f64(x)), eb, _f64(x))
+
+
 def test_the_collectives_name_the_float_codecs():
     """``visemz.collectives`` is where users meet the float codecs: the same objects as ``visemz.floats``'s."""
     import visemz.collectives as vc

@@ -10,6 +10,9 @@ from ..errors import UnsupportedFormatError
 # dtype -> (bits, exponent bits, mantissa bits, unsigned view); a stream's dtype code is the index here
 FLOATS = {"float32": (32, 8, 23, np.uint32), "float16": (16, 5, 10, np.uint16), "bfloat16": (16, 8, 7, np.uint16)}
 CODES = {name: i for i, name in enumerate(FLOATS)}
+# the largest finite value of each format (bf16's: 0x7F7F); decoding clamps to it (``from_float64``)
+FINITE_MAX = {"float32": float(np.finfo(np.float32).max), "float16": float(np.finfo(np.float16).max),
+              "bfloat16": 3.3895313892515355e38}
 
 
 def as_array(x) -> tuple[np.ndarray, str]:
@@ -39,7 +42,11 @@ def to_float64(a: np.ndarray, name: str) -> np.ndarray:
 
 
 def from_float64(v: np.ndarray, name: str) -> np.ndarray:
-    """float64 -> ``name`` by NumPy's rounding (bf16: to nearest even through float32, as uint16 bit patterns)."""
+    """float64 -> ``name`` by NumPy's rounding (bf16: to nearest even through float32, as uint16 bit patterns),
+    clamped first to the format's finite range: a step 2 eb q beyond it (eb near the format's largest value)
+    would round to inf, while its largest finite value lies as near to any finite input."""
+    top = FINITE_MAX[name]
+    v = np.clip(v, -top, top)
     if name != "bfloat16":
         return v.astype(name)
     bits = v.astype(np.float32).view(np.uint32)

@@ -5,13 +5,17 @@
 #include "block.cuh"
 
 // A float format by its bit pattern: `value` widens it exactly to float; `from_double` narrows a
-// float64 the way dtypes.from_float64 does (NumPy astype: round to nearest even; bf16 through
-// float32, then the same integer rounding the NumPy code applies to the float32 bits).
+// float64 the way dtypes.from_float64 does (clamped to the format's finite range, then NumPy astype:
+// round to nearest even; bf16 through float32, then the same integer rounding the NumPy code applies
+// to the float32 bits).  fmin/fmax keep a NaN's other operand, as NumPy's clip does not; no step is NaN.
+__device__ __forceinline__ double clamp_finite(double v, double top) { return fmin(fmax(v, -top), top); }
 struct F32 {
     typedef u32 bits;
     enum { EBITS = 8, MBITS = 23 };
     __device__ static __forceinline__ float value(u32 b) { return __uint_as_float(b); }
-    __device__ static __forceinline__ u32 from_double(double v) { return __float_as_uint(__double2float_rn(v)); }
+    __device__ static __forceinline__ u32 from_double(double v) {
+        return __float_as_uint(__double2float_rn(clamp_finite(v, 3.4028234663852886e38)));
+    }
 };
 struct F16 {
     typedef unsigned short bits;
@@ -23,6 +27,7 @@ struct F16 {
     }
     __device__ static __forceinline__ unsigned short from_double(double v) {  // one rounding, like NumPy's
         unsigned short h;
+        v = clamp_finite(v, 65504.0);
         asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(v));
         return h;
     }
@@ -32,7 +37,7 @@ struct BF16 {
     enum { EBITS = 8, MBITS = 7 };
     __device__ static __forceinline__ float value(unsigned short b) { return __uint_as_float((u32)b << 16); }
     __device__ static __forceinline__ unsigned short from_double(double v) {
-        u32 f = __float_as_uint(__double2float_rn(v));
+        u32 f = __float_as_uint(__double2float_rn(clamp_finite(v, 3.3895313892515355e38)));
         return (unsigned short)((f + 0x7FFFu + ((f >> 16) & 1u)) >> 16);
     }
 };
