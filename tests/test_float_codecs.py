@@ -67,7 +67,8 @@ def test_error_bound_holds_at_the_format_s_largest_values(dtype):
     for eb in (0.9 * torch.finfo(dtype).max, 0.3 * torch.finfo(dtype).max):
         codec = ErrorBounded(eb)
         out = codec.decode(codec.encode(x))
-        back = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16) if dtype == torch.bfloat16 else torch.from_numpy(out)
+        bf16 = dtype == torch.bfloat16
+        back = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16) if bf16 else torch.from_numpy(out)
         assert torch.isfinite(back).all(), (eb, back)  # rounding 2 eb q gave inf before the clamp
         assert within(np.abs(_f64(back) - _f64(x)), eb, _f64(x))
 

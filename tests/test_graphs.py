@@ -89,6 +89,65 @@ def test_streams_sharing_a_graph_get_their_own_results(fresh):
 
 
 @gpu
+def test_held_graphs_were_captured_on_streams_of_their_own(fresh):
+    """torch keys cuBLAS's workspace by stream: graphs captured on one stream would share it.  A dropped
+    graph's stream is taken again, so there are no more streams than graphs held at once, plus one."""
+    fresh(graphs=2)
+    with torch.inference_mode():
+        x = torch.ones(16, device="cuda")
+        for k in range(5):
+            graphs.run(lambda v: v + k, (x,), key=(k,), owner=None, pixels=16)
+            held = [e.stream for e in graphs._GRAPHS.values() if e is not None]
+            assert len({id(s.torch) for s in held}) == len(held) == min(k + 1, 2)
+        assert len({id(s.torch) for s in held + graphs._FREE_STREAMS}) <= 3
+
+
+def _split_k(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Few outputs over a long inner dimension: cuBLAS splits the sum, its partial sums in the workspace."""
+    return a @ b
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_different_graphs_replayed_side_by_side_get_their_own_results(fresh, dtype, monkeypatch):
+    """Two graphs of GEMMs, each replayed on a thread and stream of its own at the same time, give what the
+    eager GEMM gives on that stream (graphs captured on one shared stream overwrote each other's partial sums)."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = {"left": (24, 1 << 16, 24), "right": (40, 1 << 15, 40)}
+    with torch.inference_mode():
+        for key, (m, k, n) in shapes.items():
+            a, b = (torch.randn(m, k, device="cuda", dtype=dtype, generator=g),
+                    torch.randn(k, n, device="cuda", dtype=dtype, generator=g))
+            graphs.run(_split_k, (a, b), key=(key,), owner=None, pixels=m * n)
+    errors = []
+
+    def work(key: str):
+        m, k, n = shapes[key]
+        s = torch.cuda.Stream()
+        gen = torch.Generator(device="cuda").manual_seed(len(key))
+        try:
+            with torch.inference_mode(), torch.cuda.stream(s):
+                for _ in range(40):
+                    a = torch.randn(m, k, device="cuda", dtype=dtype, generator=gen)
+                    b = torch.randn(k, n, device="cuda", dtype=dtype, generator=gen)
+                    got = graphs.run(_split_k, (a, b), key=(key,), owner=None, pixels=m * n)
+                    want = _split_k(a, b)
+                    if not torch.allclose(got, want, rtol=1e-4, atol=1e-3 * k ** 0.5):
+                        errors.append((key, float((got - want).abs().max())))
+            s.synchronize()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    pool = [threading.Thread(target=work, args=(key,)) for key in shapes for _ in range(2)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert errors == [] and graphs.count() == 2
+
+
+@gpu
 def test_limits_drop_the_oldest_and_skip_large_inputs(fresh):
     fresh(graphs=2, graph_pixels=100)
     with torch.inference_mode():

@@ -30,6 +30,13 @@ time, one per key; a graph dropped from the cache waits for its last replay firs
 launching work on their own streams meanwhile, but a device-wide synchronisation during a capture
 fails (in whichever thread): the codec's and pipeline's go through ``synchronize`` /
 ``outside_capture``, which wait for a capture to end.
+
+Each held graph was captured on a stream of its own, which no other held graph was captured on
+(``_capture_stream``; a stream goes back to the pool once its graph is dropped and reset).  torch keys
+cuBLAS's workspace by handle and stream and a capture bakes its address into the graph: graphs
+captured on one shared stream shared one workspace, and two of them replayed side by side on two
+lanes' streams (a float64 hyper-synthesis of one tile and another's) overwrote each other's partial
+sums: the scales, hence the table indexes, of some tiles were wrong, and their files did not decode.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ class _Graph:
     outputs: object  # a tensor, or a tuple / dict of tensors, in the graph's memory
     owner: object  # what the graph reads beside its inputs (the model's weights): kept alive with it
     kept: object  # more tensors it reads (``keep``'s: the gains of its quality), kept alive with it
+    stream: "_CaptureStream"  # captured on it, which no other held graph was: it holds the graph's cuBLAS workspace
     done: torch.cuda.Event = field(default_factory=torch.cuda.Event)  # recorded after each replay's outputs are out
     lock: threading.Lock = field(default_factory=threading.Lock)
     retired: bool = False  # dropped from the cache: a caller still holding it runs eagerly instead
@@ -156,10 +164,15 @@ def _capture(fn, inputs: tuple[torch.Tensor, ...], owner, keep) -> _Graph | None
     device = inputs[0].device
     caller = torch.cuda.current_stream(device)
     static = tuple(t.clone() for t in inputs)
-    cap = _capture_stream(device)
+    own = _capture_stream(device)
+    cap = own.torch
     cap.wait_stream(caller)
-    with torch.cuda.stream(cap):
-        fn(*static)  # warm-up: cuDNN's plans, workspaces, the gains' cached tensors
+    try:
+        with torch.cuda.stream(cap):
+            fn(*static)  # warm-up: cuDNN's plans, workspaces, the gains' cached tensors
+    except BaseException:
+        _FREE_STREAMS.append(own)
+        raise
     caller.wait_stream(cap)
     kept = keep() if keep is not None else None
     graph = torch.cuda.CUDAGraph()
@@ -173,13 +186,15 @@ def _capture(fn, inputs: tuple[torch.Tensor, ...], owner, keep) -> _Graph | None
         # with its cupy work (the coders', on the legacy stream) and with everything else on the caller's
         torch.cuda.set_stream(caller)
         _settle(device)
+        del graph
+        _FREE_STREAMS.append(own)
         if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e):
             return None  # this key runs eagerly; others still capture
         _BROKEN = True
         warnings.warn(f"visemz: a network pass did not capture as a CUDA graph; CUDA graphs are off in this "
                       f"process, every pass runs eagerly: {e}", RuntimeWarning, stacklevel=3)
         return None
-    return _Graph(graph, static, outputs, owner, kept)
+    return _Graph(graph, static, outputs, owner, kept, own)
 
 
 def _settle(device) -> None:
@@ -189,23 +204,32 @@ def _settle(device) -> None:
         pass
 
 
-_STREAMS: dict = {}  # device index -> (cupy stream, torch view of it): the captures' own stream
+@dataclass(frozen=True)
+class _CaptureStream:
+    raw: object  # the cupy stream that owns the CUDA stream
+    torch: torch.cuda.ExternalStream  # torch's view of it
+    device: int
 
 
-def _capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """A stream of this device that nothing else uses.  torch.cuda.Stream() hands out one of a pool of 32
-    shared streams in turn (and torch.cuda.graph's default capture stream is one of them), so after 32
-    pipeline lanes a lane could get the very stream a capture is recording: its work would go into the
-    graph.  A stream made by cupy is outside that pool."""
+_FREE_STREAMS: list[_CaptureStream] = []  # capture streams whose graph was dropped (taken under _CAPTURE_LOCK)
+
+
+def _capture_stream(device: torch.device) -> _CaptureStream:
+    """A stream of this device that nothing else uses and no held graph was captured on: one freed by a dropped
+    graph, or a new one (so there are at most as many as graphs held at once, plus one).  Made by cupy,
+    outside torch's pool of 32 shared streams, which torch.cuda.Stream() hands out in turn (and
+    torch.cuda.graph's default capture stream is one of them): after 32 pipeline lanes a lane could get the
+    very stream a capture is recording, and its work would go into the graph."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _STREAMS:
-        from ..cuda import require_cupy
+    for k, s in enumerate(_FREE_STREAMS):
+        if s.device == index:
+            return _FREE_STREAMS.pop(k)
+    from ..cuda import require_cupy
 
-        cp = require_cupy()
-        with cp.cuda.Device(index):
-            raw = cp.cuda.Stream(non_blocking=True)
-        _STREAMS[index] = (raw, torch.cuda.ExternalStream(raw.ptr, device=torch.device("cuda", index)))
-    return _STREAMS[index][1]
+    cp = require_cupy()
+    with cp.cuda.Device(index):
+        raw = cp.cuda.Stream(non_blocking=True)
+    return _CaptureStream(raw, torch.cuda.ExternalStream(raw.ptr, device=torch.device("cuda", index)), index)
 
 
 def _insert(key: tuple, entry: _Graph | None) -> None:
@@ -229,6 +253,10 @@ def _retire(entry: _Graph) -> None:
     with entry.lock:
         entry.retired = True
         entry.done.synchronize()
+        # the graph goes before its stream is reused: torch may clear that stream's cuBLAS workspace as it does
+        entry.graph.reset()
+    with _CAPTURE_LOCK:
+        _FREE_STREAMS.append(entry.stream)
 
 
 def _replay(entry: _Graph, inputs: tuple[torch.Tensor, ...]):
