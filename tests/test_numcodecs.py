@@ -74,6 +74,16 @@ def test_bad_config_names_the_value(config):
         get_codec(config)
 
 
+def test_numpy_numbers_make_a_json_config():
+    """A config built from NumPy's numbers (read from an array's attributes, say) is accepted and stays JSON."""
+    codec = get_codec({"id": "visemz", "max_error": np.int64(2), "tile": np.int64(512), "quality": np.float32(3)})
+    config = json.loads(json.dumps(codec.get_config()))
+    assert (config["max_error"], config["tile"], config["quality"]) == (2, 512, 3.0)
+    for bad in ({"id": "visemz", "max_error": np.bool_(True)}, {"id": "visemz", "tile": np.float64(512)}):
+        with pytest.raises(InvalidArgumentError, match=next(k for k in bad if k != "id")):
+            get_codec(bad)
+
+
 # ----------------------------------------------------------------------------------- float codecs
 def _special_floats(dtype: str) -> np.ndarray:
     info = np.finfo(dtype)

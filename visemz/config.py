@@ -139,12 +139,17 @@ def real_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def whole_number(value) -> bool:
+    """Whether ``value`` is an integer (NumPy's too): not a bool (Python counts bools as ints), a float, None."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_region(region, shape: tuple[int, ...] | None = None) -> tuple[int, int, int, int]:
     """A region (y0, y1, x0, x1) as four ints: integers (NumPy's too), each window's start before its end and, given
     an image's ``shape`` (H, W, ...), within it; else InvalidArgumentError naming the region.  Here, without torch,
     so that a command checks it before it opens a file."""
     if not isinstance(region, (tuple, list)) or len(region) != 4 or \
-            not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in region):
+            not all(whole_number(v) for v in region):
         raise InvalidArgumentError(f"region={region!r}: expected four integers (y0, y1, x0, x1)")
     y0, y1, x0, x1 = (int(v) for v in region)
     if not (0 <= y0 < y1 and 0 <= x0 < x1):

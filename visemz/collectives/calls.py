@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .. import defaults
+from ..config import whole_number
 from ..errors import InvalidArgumentError, PeerFailedError, UnsupportedFormatError, VisemzError
 from ..floats import ErrorBounded, Lossless
 from ..floats.dtypes import FLOATS
@@ -148,7 +149,7 @@ def check_sizes(tensors, what: str) -> None:
 
 def check_root(src, w: int, what: str) -> int:
     """``src`` as a rank of a group of ``w``; InvalidArgumentError naming it if it is not one."""
-    if isinstance(src, bool) or not isinstance(src, (int, np.integer)) or not 0 <= src < w:
+    if not whole_number(src) or not 0 <= src < w:
         raise InvalidArgumentError(f"{what}: src={src!r} is not a rank of this group (0 to {w - 1})")
     return int(src)
 

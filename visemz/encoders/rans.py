@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import cuda, defaults
 from .. import device as dev
+from ..config import whole_number
 from ..errors import CorruptStreamError, InvalidArgumentError
 from . import decode_ints
 from . import layout as L
@@ -107,7 +108,7 @@ def _decode_coded(parsed: RL.Parsed, t: np.ndarray, tables: CdfTables) -> np.nda
 # ------------------------------------------------------------------ shared steps
 def check_skip_freq(freq) -> int:
     """A skip threshold: 0 (skip none) or a zero frequency in 1..2**16; InvalidArgumentError naming it otherwise."""
-    if isinstance(freq, bool) or not isinstance(freq, (int, np.integer)) or not 0 <= freq <= RL.TOTAL_FREQ:
+    if not whole_number(freq) or not 0 <= freq <= RL.TOTAL_FREQ:
         raise InvalidArgumentError(f"skip_freq={freq!r}: expected 0 (skip none) or a frequency in 1..{RL.TOTAL_FREQ}")
     return int(freq)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from ..config import whole_number
 from ..errors import InvalidArgumentError, UnsupportedFormatError
 from ..io.files import IMAGE_EXTENSIONS
 from ..io.loaders import load_image
@@ -26,7 +27,7 @@ class View:
     gray: bool = False
 
     def __post_init__(self):
-        if self.crop is not None and (isinstance(self.crop, bool) or not isinstance(self.crop, int) or self.crop < 1):
+        if self.crop is not None and (not whole_number(self.crop) or self.crop < 1):
             raise InvalidArgumentError(f"crop={self.crop!r}: expected a positive whole number of pixels")
 
     @property

@@ -18,13 +18,13 @@ It follows numcodecs' Codec shape: ``codec_id``, ``encode``/``decode``, ``get_co
 
 from __future__ import annotations
 
-import numbers
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import cuda
+from ..config import real_number
 from ..encoders import decode_ints, encode_ints, stream
 from ..encoders import layout as L
 from ..errors import CorruptStreamError, InvalidArgumentError, LimitExceededError
@@ -55,8 +55,7 @@ class ErrorBounded:
     codec_id: str = "visemz-error-bounded"
 
     def __post_init__(self):
-        if isinstance(self.eb, bool) or not isinstance(self.eb, numbers.Real) or \
-                not (np.isfinite(self.eb) and self.eb > 0):
+        if not real_number(self.eb) or not (np.isfinite(self.eb) and self.eb > 0):
             raise InvalidArgumentError(f"eb={self.eb!r}: the error bound must be a finite number > 0")
         object.__setattr__(self, "eb", float(self.eb))  # NumPy scalars too: the stream and a config hold a float64
         if self.predictor not in PREDICTORS:

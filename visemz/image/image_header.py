@@ -16,6 +16,7 @@ import re
 import numpy as np
 
 from .. import container
+from ..config import real_number, whole_number
 from ..encoders import ENTROPIES, stream
 from ..encoders import layout as L
 from ..encoders import rans_layout as RL
@@ -69,15 +70,6 @@ MODEL_ID = re.compile(r"[0-9a-f]{16}")  # xxh64 of the weights file, in hex: als
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def is_int(v) -> bool:
-    """A JSON integer (``True`` is not one, though Python counts bools as ints)."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)  # the container refused inf and NaN
-
-
 def _bad(field: str, value, want: str) -> CorruptStreamError:
     return CorruptStreamError(f"image header {field} {value!r}: expected {want}")
 
@@ -85,7 +77,7 @@ def _bad(field: str, value, want: str) -> CorruptStreamError:
 def check(h: dict, sections: dict) -> dict:
     """Validate an image header strictly, before anything is decoded; returns it."""
     fmt = h.get("format")
-    if not is_int(fmt):
+    if not whole_number(fmt):
         raise _bad("format", fmt, "an integer")
     if fmt in FORMATS_NOT_READ:
         raise UnsupportedFormatError(f"image format {fmt} ({FORMATS_NOT_READ[fmt]}) is not read "
@@ -110,7 +102,7 @@ def check(h: dict, sections: dict) -> dict:
                                      f"{[tile_index.INDEX, tile_index.TILES]}")
         return h
     symbols = h["symbols"]
-    if not (isinstance(symbols, dict) and all(isinstance(v, list) and all(is_int(s) for s in v)
+    if not (isinstance(symbols, dict) and all(isinstance(v, list) and all(whole_number(s) for s in v)
                                               for v in symbols.values())):
         raise _bad("symbols", symbols, "an object of symbol shapes")
     need = residual_sections(h["residual"], meta, fmt)
@@ -132,7 +124,7 @@ def image_meta(h: dict) -> ImageMeta:
 
 
 def _shape(shape) -> tuple[int, ...]:
-    if not (isinstance(shape, list) and len(shape) in (2, 3) and all(is_int(s) and s >= 1 for s in shape)):
+    if not (isinstance(shape, list) and len(shape) in (2, 3) and all(whole_number(s) and s >= 1 for s in shape)):
         raise _bad("shape", shape, "[H, W] or [H, W, C] of sizes >= 1")
     if len(shape) == 3 and shape[2] > MAX_CHANNELS:
         raise _bad("shape", shape, f"at most {MAX_CHANNELS} channels")
@@ -143,7 +135,7 @@ def _shape(shape) -> tuple[int, ...]:
 def _range(rng, dtype: str) -> tuple[float, float]:
     """[lo, hi], the values 0 and 1 stand for: uint8's are always [0, 255]; uint16's two levels of 0..65535;
     float32's two float32 values (what the encoder wrote: the image's own minimum and maximum)."""
-    if not (isinstance(rng, list) and len(rng) == 2 and all(is_number(v) for v in rng) and rng[0] <= rng[1]):
+    if not (isinstance(rng, list) and len(rng) == 2 and all(real_number(v) for v in rng) and rng[0] <= rng[1]):
         raise _bad("range", rng, "[lo, hi], two numbers with lo <= hi")
     lo, hi = float(rng[0]), float(rng[1])
     if dtype == "uint8" and (lo, hi) != (0.0, 255.0):
@@ -179,7 +171,7 @@ def _max_error(e, mode, meta: ImageMeta, fmt: int) -> None:
         raise CorruptStreamError(f"image header max_error {e!r} and residual {mode!r}: both null or neither")
     top = max_error_limit(meta.dtype)
     whole = meta.dtype != "float32"
-    if not (is_number(e) and 0 <= e <= top and (not whole or float(e).is_integer())):
+    if not (real_number(e) and 0 <= e <= top and (not whole or float(e).is_integer())):
         raise _bad("max_error", e, f"{'a whole number' if whole else 'a number'} in 0..{top:g}")
     expected = residual.mode_for(meta, e)
     learned = mode == "learned" and expected == "int" and fmt >= LEARNED  # the prior codes what "int" would
@@ -226,10 +218,11 @@ def check_tiles(h: dict, height: int, width: int, symbols: list[str]) -> tiling.
         raise CorruptStreamError(f"image header tiles {t!r} do not hold exactly {sorted(TILE_KEYS)}")
     size, halo, rows_cols = t["size"], t["halo"], t["grid"]
     tiling.check_tile(size, "image header tiles.size", CorruptStreamError)
-    if not (isinstance(halo, list) and len(halo) == 2 and all(is_int(v) and 0 <= v <= size for v in halo)):
+    if not (isinstance(halo, list) and len(halo) == 2 and all(whole_number(v) and 0 <= v <= size for v in halo)):
         raise _bad("tiles.halo", halo, f"two sizes in 0..{size}")
     grid = tiling.Grid(size, height, width)
-    if not (isinstance(rows_cols, list) and all(is_int(v) for v in rows_cols) and rows_cols == [grid.rows, grid.cols]):
+    if not (isinstance(rows_cols, list) and all(whole_number(v) for v in rows_cols)
+            and rows_cols == [grid.rows, grid.cols]):
         raise CorruptStreamError(f"image tile grid {rows_cols!r} does not cover a {grid.height} x {grid.width} "
                                  f"padded image with tiles of {size}")
     if t["symbols"] != symbols:

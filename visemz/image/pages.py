@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .. import container
+from ..config import whole_number
 from ..errors import CorruptStreamError, LimitExceededError
 from . import tiling
 from .pixels import DTYPES, check_pixels
@@ -116,7 +117,7 @@ def _parse(c: container.Container) -> tuple[tuple[int, ...], str, list[memoryvie
     container.check_meta(meta, META_KEYS, KIND, FORMAT, DTYPES)
     shape = meta["shape"]
     if not (isinstance(shape, list) and len(shape) in (3, 4)
-            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape)):
+            and all(whole_number(s) and s >= 1 for s in shape)):
         raise CorruptStreamError(f"pages shape {shape!r} is not [P, H, W] or [P, H, W, C]")
     if shape[0] > MAX_PAGES:
         raise LimitExceededError(f"pages file claims {shape[0]} pages; the limit is {MAX_PAGES}")

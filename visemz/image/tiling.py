@@ -102,9 +102,9 @@ def check_tile(tile, name: str = "tile", error: type[VisemzError] = InvalidArgum
     """``tile`` if it is a core tile size, a multiple of 64 pixels in 64..MAX_TILE, else ``error`` naming
     ``name`` and the value: the one rule of the writer (an argument: ``InvalidArgumentError``), the reader
     (a header: ``CorruptStreamError``) and ``VISEMZ_TILE``, so that every file written is read back."""
-    if isinstance(tile, bool) or not isinstance(tile, int) or tile % PAD or not PAD <= tile <= MAX_TILE:
+    if not config.whole_number(tile) or tile % PAD or not PAD <= tile <= MAX_TILE:
         raise error(f"{name}={tile!r}: expected a multiple of {PAD} pixels in {PAD}..{MAX_TILE}")
-    return tile
+    return int(tile)
 
 
 # the tile rule is this module's (config.RULES says why), so VISEMZ_TILE is checked here, when tiling is

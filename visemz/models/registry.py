@@ -18,9 +18,9 @@ int8 with per-channel scales (weights.py).
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
+from ..config import real_number, whole_number
 from ..errors import InvalidArgumentError
 
 # CompressAI's lambda ladder (qualities 1..8 of its zoo, MSE)
@@ -77,14 +77,14 @@ def check_slices(slices, M: int) -> tuple[int, ...]:
     """Channel slices as a tuple of positive ints adding up to M (e.g. (64,) * 5 or ELIC's uneven
     (16, 16, 32, 64, M - 128)), or InvalidArgumentError naming them."""
     if not (isinstance(slices, (tuple, list)) and slices
-            and all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in slices) and sum(slices) == M):
+            and all(whole_number(g) and g >= 1 for g in slices) and sum(slices) == M):
         raise InvalidArgumentError(f"slices={slices!r}: expected positive channel counts adding up to M={M}")
-    return tuple(slices)
+    return tuple(int(g) for g in slices)
 
 
 def check_quality(quality) -> float:
     """A quality as a float in [1, 8], or InvalidArgumentError naming the bad value."""
-    if isinstance(quality, bool) or not isinstance(quality, numbers.Real):
+    if not real_number(quality):
         raise InvalidArgumentError(f"quality={quality!r}: expected a number in [{QUALITY_MIN:g}, {QUALITY_MAX:g}]")
     q = float(quality)
     if not (QUALITY_MIN <= q <= QUALITY_MAX):  # NaN fails this too

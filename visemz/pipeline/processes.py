@@ -21,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from .. import defaults
+from ..config import whole_number
 from ..errors import InvalidArgumentError, VisemzError
 
 MAX_PROCESSES = 64
@@ -32,9 +33,9 @@ class WorkerFailedError(VisemzError):
 
 
 def check_processes(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PROCESSES:
+    if not whole_number(n) or not 1 <= n <= MAX_PROCESSES:
         raise InvalidArgumentError(f"processes={n!r}: expected an integer in 1..{MAX_PROCESSES}")
-    return n
+    return int(n)
 
 
 def run(n: int, job, *args, device: str | None = None):
