@@ -250,6 +250,33 @@ def test_every_bad_file_fails_alone_with_its_reason(cli, tmp_path, monkeypatch):
     assert r.exit_code == 1 and rows["\\xff-odd.png"]["max_error"] <= 255 and "error" in rows["zero.png"]
 
 
+def test_a_png_header_declares_the_values_it_decodes_to(tmp_path):
+    """Every kind of PNG: the values its header declares (colour type, a tRNS chunk) are the values it decodes to, so
+    that the limit refuses from the header exactly what it would refuse after decoding."""
+    import PIL.Image
+
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)
+    gray = rgb[..., 0]
+    kinds = {
+        "gray": PIL.Image.fromarray(gray), "gray16": PIL.Image.fromarray(gray.astype(np.uint16) * 257),
+        "rgb": PIL.Image.fromarray(rgb), "rgba": PIL.Image.fromarray(np.dstack([rgb, gray])),
+        "gray-alpha": PIL.Image.fromarray(np.dstack([gray, gray]), "LA"),
+        "palette": PIL.Image.fromarray(rgb).quantize(16),
+    }
+    extra = {"palette-trns": ("palette", {"transparency": 0}), "rgb-trns": ("rgb", {"transparency": (0, 0, 0)}),
+             "gray-trns": ("gray", {"transparency": 0})}
+    paths = {}
+    for name, im in kinds.items():
+        im.save(paths.setdefault(name, tmp_path / f"{name}.png"))
+    for name, (base, options) in extra.items():
+        kinds[base].save(paths.setdefault(name, tmp_path / f"{name}.png"), **options)
+    for name, path in paths.items():
+        data = path.read_bytes()
+        assert (b"tRNS" in data) == name.endswith("trns"), name
+        assert loaders.declared_values(data, ".png") == loaders.load(path).pixels.size, name
+
+
 def test_an_image_over_the_pixel_limit_is_refused_from_its_header(tmp_path, monkeypatch):
     """A PNG, TIFF or .npy whose header declares more values than the limit is refused before it is decoded (a
     PNG of zeros holds a huge image in a few bytes); a file within the limit, or of another format, decodes."""

@@ -18,6 +18,7 @@ import io
 import math
 import os
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,10 +122,9 @@ def decode(data: bytes, ext: str) -> tuple[np.ndarray, bool]:
 def declared_values(data: bytes, ext: str) -> int | None:
     """The number of values a file's header declares (a PNG's IHDR, a TIFF's pages, a .npy's shape), read without
     decoding; None for other formats or a header that cannot be read (decoding then reports it)."""
-    png = _png_header(data)
+    png = png_header(io.BytesIO(data))
     if png is not None:
-        width, height, colour = png
-        return width * height * PNG_CHANNELS.get(colour, 4)
+        return png.width * png.height * png.channels
     try:
         if ext == ".npy":
             f = io.BytesIO(data)
@@ -156,7 +156,7 @@ def load_image(path: Path) -> np.ndarray:
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_GRAY_ALPHA = 4  # the IHDR chunk's colour type of a gray and alpha PNG
-PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}  # channels by IHDR colour type (a palette PNG decodes to RGB)
+MAX_PNG_CHUNKS = 4096  # chunks before the image data that png_header reads before giving up
 
 
 def _opencv(data: bytes) -> np.ndarray:
@@ -174,15 +174,44 @@ def _opencv(data: bytes) -> np.ndarray:
 
 def _gray_alpha_png(data: bytes) -> bool:
     """Whether the bytes are a PNG whose header says gray and alpha."""
-    png = _png_header(data)
-    return png is not None and png[2] == PNG_GRAY_ALPHA
+    png = png_header(io.BytesIO(data))
+    return png is not None and png.colour == PNG_GRAY_ALPHA
 
 
-def _png_header(data: bytes) -> tuple[int, int, int] | None:
-    """(width, height, colour type) from a PNG's IHDR chunk (the first after the signature); None for other bytes."""
-    if data[:8] != PNG_SIGNATURE or data[12:16] != b"IHDR" or len(data) <= 25:
+@dataclass(frozen=True)
+class PngHeader:
+    width: int
+    height: int
+    depth: int  # bits per sample
+    colour: int  # the IHDR colour type
+    transparency: bool  # a tRNS chunk before the image data
+
+    @property
+    def channels(self) -> int:
+        """Channels of the decoded image: OpenCV expands a palette to RGB, and a palette or RGB image with a tRNS
+        chunk to RGBA (a gray one stays gray); this loader turns OpenCV's gray and alpha back into two channels."""
+        if self.colour in (2, 3):
+            return 4 if self.transparency else 3
+        return {0: 1, 4: 2, 6: 4}.get(self.colour, 4)
+
+
+def png_header(f) -> PngHeader | None:
+    """A PNG's header from a binary stream at the file's start: IHDR (the first chunk after the signature) and
+    whether a tRNS chunk comes before the image data, read chunk by chunk up to the first IDAT (at most
+    ``MAX_PNG_CHUNKS``); None for other bytes or a header cut short."""
+    head = f.read(33)
+    if len(head) < 33 or head[:8] != PNG_SIGNATURE or head[12:16] != b"IHDR":
         return None
-    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big"), data[25]
+    width, height, depth, colour = struct.unpack(">IIBB", head[16:26])
+    for _ in range(MAX_PNG_CHUNKS):
+        chunk = f.read(8)
+        if len(chunk) < 8:
+            return None
+        length, kind = struct.unpack(">I4s", chunk)
+        if kind in (b"IDAT", b"IEND", b"tRNS"):
+            return PngHeader(width, height, depth, colour, kind == b"tRNS")
+        f.seek(length + 4, 1)  # data and CRC
+    return None
 
 
 def _tiff(data: bytes) -> tuple[np.ndarray, bool]:

@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
+from ..io import loaders
+
 # dtypes the codec takes, as NumPy's little-endian type strings
 RAW_DTYPES = {"|u1": "uint8", "<u2": "uint16", "<f4": "float32"}
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
 MAX_CHUNKS = 4096  # header chunks/markers/boxes scanned before giving up
 
@@ -85,22 +86,13 @@ def raw_layout(path: Path) -> RawLayout | None:
 
 # ------------------------------------------------------------------ decode targets
 def _png(path: Path) -> DecodeTarget | None:
+    """Gray, RGB and RGBA PNGs of 8 or 16 bits without a tRNS chunk (palette, gray and alpha, transparency: CPU)."""
     with open(path, "rb") as f:
-        head = f.read(33)
-        if head[:8] != PNG_SIGNATURE or head[12:16] != b"IHDR":
-            return None
-        width, height, depth, color = struct.unpack(">IIBB", head[16:26])
-        channels = {0: 1, 2: 3, 6: 4}.get(color)  # gray, RGB, RGBA (palette and gray+alpha: CPU)
-        if channels is None or depth not in (8, 16) or not width or not height:
-            return None
-        for _ in range(MAX_CHUNKS):  # chunks before the image data
-            length, kind = struct.unpack(">I4s", f.read(8))
-            if kind in (b"IDAT", b"IEND"):
-                return DecodeTarget(height, width, channels, "uint8" if depth == 8 else "uint16")
-            if kind == b"tRNS":
-                return None
-            f.seek(length + 4, 1)  # data and CRC
-    return None
+        png = loaders.png_header(f)
+    if png is None or png.colour not in (0, 2, 6) or png.transparency or png.depth not in (8, 16) \
+            or not png.width or not png.height:
+        return None
+    return DecodeTarget(png.height, png.width, png.channels, "uint8" if png.depth == 8 else "uint16")
 
 
 _SOF_SUPPORTED = {0xC0, 0xC1, 0xC2}  # baseline, extended and progressive Huffman
