@@ -259,7 +259,8 @@ def test_planar_tiff_pages_are_read_with_channels_last(tmp_path):
     rgb = np.random.default_rng(2).integers(0, 65535, (20, 30, 3), dtype=np.uint16)
     planar = np.moveaxis(rgb, -1, 0)
     tifffile.imwrite(tmp_path / "planar.tif", planar, photometric="rgb", planarconfig="separate")
-    assert tifffile.TiffFile(tmp_path / "planar.tif").pages[0].axes == "SYX"
+    with tifffile.TiffFile(tmp_path / "planar.tif") as tif:
+        assert tif.pages[0].axes == "SYX"
     pic = loaders.load(tmp_path / "planar.tif")
     assert not pic.paged
     np.testing.assert_array_equal(pic.pixels, rgb)
