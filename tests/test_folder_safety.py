@@ -275,6 +275,8 @@ def test_a_png_header_declares_the_values_it_decodes_to(tmp_path):
         data = path.read_bytes()
         assert (b"tRNS" in data) == name.endswith("trns"), name
         assert loaders.declared_values(data, ".png") == loaders.load(path).pixels.size, name
+    cut = paths["rgb"].read_bytes()[:33]  # IHDR only: the channels a transparency chunk would add are counted
+    assert loaders.declared_values(cut, ".png") == 12 * 10 * 4
 
 
 def test_an_image_over_the_pixel_limit_is_refused_from_its_header(tmp_path, monkeypatch):

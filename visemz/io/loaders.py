@@ -184,34 +184,37 @@ class PngHeader:
     height: int
     depth: int  # bits per sample
     colour: int  # the IHDR colour type
-    transparency: bool  # a tRNS chunk before the image data
+    transparency: bool | None  # a tRNS chunk before the image data (None: the chunks before it could not be read)
 
     @property
     def channels(self) -> int:
         """Channels of the decoded image: OpenCV expands a palette to RGB, and a palette or RGB image with a tRNS
-        chunk to RGBA (a gray one stays gray); this loader turns OpenCV's gray and alpha back into two channels."""
+        chunk to RGBA (a gray one stays gray); this loader turns OpenCV's gray and alpha back into two channels.
+        Where the chunks could not be read, the most the image may decode to."""
         if self.colour in (2, 3):
-            return 4 if self.transparency else 3
+            return 3 if self.transparency is False else 4
         return {0: 1, 4: 2, 6: 4}.get(self.colour, 4)
 
 
 def png_header(f) -> PngHeader | None:
     """A PNG's header from a binary stream at the file's start: IHDR (the first chunk after the signature) and
     whether a tRNS chunk comes before the image data, read chunk by chunk up to the first IDAT (at most
-    ``MAX_PNG_CHUNKS``); None for other bytes or a header cut short."""
+    ``MAX_PNG_CHUNKS``); None for other bytes or an IHDR cut short."""
     head = f.read(33)
     if len(head) < 33 or head[:8] != PNG_SIGNATURE or head[12:16] != b"IHDR":
         return None
     width, height, depth, colour = struct.unpack(">IIBB", head[16:26])
+    transparency = None
     for _ in range(MAX_PNG_CHUNKS):
         chunk = f.read(8)
         if len(chunk) < 8:
-            return None
+            break
         length, kind = struct.unpack(">I4s", chunk)
         if kind in (b"IDAT", b"IEND", b"tRNS"):
-            return PngHeader(width, height, depth, colour, kind == b"tRNS")
+            transparency = kind == b"tRNS"
+            break
         f.seek(length + 4, 1)  # data and CRC
-    return None
+    return PngHeader(width, height, depth, colour, transparency)
 
 
 def _tiff(data: bytes) -> tuple[np.ndarray, bool]:

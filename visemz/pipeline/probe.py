@@ -89,7 +89,7 @@ def _png(path: Path) -> DecodeTarget | None:
     """Gray, RGB and RGBA PNGs of 8 or 16 bits without a tRNS chunk (palette, gray and alpha, transparency: CPU)."""
     with open(path, "rb") as f:
         png = loaders.png_header(f)
-    if png is None or png.colour not in (0, 2, 6) or png.transparency or png.depth not in (8, 16) \
+    if png is None or png.colour not in (0, 2, 6) or png.transparency is not False or png.depth not in (8, 16) \
             or not png.width or not png.height:
         return None
     return DecodeTarget(png.height, png.width, png.channels, "uint8" if png.depth == 8 else "uint16")
