@@ -114,8 +114,8 @@ class Defaults:
     #: X-ray's files were byte for byte the same).
     implicit_gemm: int = 1  # VISEMZ_IMPLICIT_GEMM
     #: Image codec on a GPU: CUDA graphs of the networks' passes kept at most (``models/graphs.py``: one per
-    #: model, pass, input shape and quality, captured at its first use; least recently used dropped); 0: none,
-    #: every operator launched from Python.
+    #: model, pass, input shape and quality, captured at its first use; least recently used dropped, each on a
+    #: capture stream of its own with torch's cuBLAS workspace for it); 0: none, every operator launched from Python.
     graphs: int = 16  # VISEMZ_GRAPHS
     #: Image codec on a GPU: largest input (pixels of the image or tile window) whose passes are graphed.  A
     #: graph keeps its own GPU memory for the activations, about one eager pass's peak.
