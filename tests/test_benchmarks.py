@@ -204,6 +204,20 @@ def test_pipeline_arguments():
         assert e.value.code == 2
 
 
+def test_pipeline_names_the_runs_whose_bytes_differ_from_one_stream(tmp_path):
+    one, other = tmp_path / "one", tmp_path / "other"
+    for folder, byte in ((one, b"a"), (other, b"b")):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub/x.png.vsz").write_bytes(b"same")
+        (folder / "y.png.vsz").write_bytes(byte)
+        (folder / "visemz-manifest.json").write_bytes(byte)  # not an output file: left out
+    assert list(bench_pipeline.vsz_digests(one)) == ["sub/x.png.vsz", "y.png.vsz"]
+    same = bench_pipeline.vsz_digests(other) == bench_pipeline.vsz_digests(one)
+    runs = [{"label": "b"}, {"label": "c2", "same_bytes_as_one_stream": True},
+            {"label": "c4", "same_bytes_as_one_stream": same}]
+    assert bench_pipeline.differing_runs({"runs": runs}) == ["c4"]
+
+
 def test_pipeline_runs_every_part_on_the_cpu(tmp_path, model_weights):
     data_dir = tmp_path / "data"
     (data_dir / "kodak").mkdir(parents=True)
@@ -221,6 +235,7 @@ def test_pipeline_runs_every_part_on_the_cpu(tmp_path, model_weights):
                           "c: decompress 2 streams"]
     assert "a: compressai-loop" in labels and any(lbl.startswith("d: nvjpeg q") for lbl in labels)
     assert all(r["failed"] == 0 and r["done"] == r["files"] and r["images_per_s"] > 0 for r in report["runs"])
+    assert report["runs"][1]["same_bytes_as_one_stream"] is True and bench_pipeline.differing_runs(report) == []
     q = report["quality"]
     # same weights, same symbols: CompressAI's reconstruction is visemz's
     assert abs(q["compressai"]["psnr"] - q["visemz"]["psnr"]) < 0.01

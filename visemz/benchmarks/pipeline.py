@@ -24,7 +24,9 @@ entropy stage; run again with VISEMZ_ENTROPY_BATCH=0 for one launch per stream).
 
 With --max-error E every visemz run codes with that bound and (a) and (d) are left out: they compare lossy
 files at matched quality.  Each setting is warmed up on the distinct images first; times are medians of
---repeat runs with torch.cuda.synchronize() around each.  images/s counts files, MB/s the decoded input
+--repeat runs with torch.cuda.synchronize() around each.  Every (c) run's files must be byte for byte
+(b)'s (``same_bytes_as_one_stream``): a run that writes other bytes fails the benchmark after its report is
+written, since its rate would be a corrupt job's.  images/s counts files, MB/s the decoded input
 bytes, bpp is bits per pixel of the outputs, Mpx/s the images' pixels (megapixels) a second, PSNR (dB) is
 the mean over the distinct images (null where they decode exactly) beside their largest error.  Ratios
 compare settings measured in the same run.  The device name is printed and stored in the JSON.
@@ -33,6 +35,7 @@ compare settings measured in the same run.  The device name is printed and store
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -191,6 +194,17 @@ def compress_row(label: str, src: Path, distinct: Path, out: Path, cfg: Compress
                calls_per_nvcomp_launch=round(calls / n, 2) if n else None), dst
 
 
+def vsz_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every .vsz file under ``folder``, by its relative path."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*.vsz"))}
+
+
+def differing_runs(report: dict) -> list[str]:
+    """The labels of runs whose files are not the one-stream run's."""
+    return [r["label"] for r in report["runs"] if r.get("same_bytes_as_one_stream") is False]
+
+
 def launches() -> tuple[int, int]:
     """(grouped nvCOMP launches, ints-stream calls they served) so far in this process (encoders/grouping.py)."""
     counts = gpu.group_counts().values()
@@ -336,6 +350,9 @@ def single_gpu(args, work: Path) -> dict:
         r, dst = compress_row(f"c: visemz {n} streams", folder.src, folder.distinct, out, cfg(n), args.repeat)
         runs.append(r)
         multi[n] = (r, dst)
+    reference = vsz_digests(single_dst)
+    for r, dst in multi.values():
+        r["same_bytes_as_one_stream"] = vsz_digests(dst) == reference
     best_n = max(multi, key=lambda n: multi[n][0]["images_per_s"])
     best = multi[best_n][0]
     dec = {1: decompress_row("b: decompress 1 stream", single_dst, out, DecompressConfig("npy", device, 1),
@@ -470,6 +487,8 @@ def main(argv=None) -> None:
     if report is not None:
         writers.write_atomic(args.out, (json.dumps(report, indent=1) + "\n").encode())
         print_table(report)
+        if differing_runs(report):
+            raise SystemExit(f"several streams wrote other bytes than one stream: {differing_runs(report)}")
 
 
 if __name__ == "__main__":
