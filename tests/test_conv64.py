@@ -85,6 +85,28 @@ def test_layers_equal_torchs_on_the_gpu():
 
 
 @pytest.mark.gpu
+@torch.no_grad()
+def test_weights_prepared_on_a_busy_stream_are_read_right_on_another():
+    """A layer's weights are prepared for the kernel once, on the stream of the first call, and cached for every
+    stream: a second stream must not read them before the first stream, still busy, has written them."""
+    optional("triton")
+    assert conv64.available()
+    layer = torch.nn.Conv2d(48, 48, 3, padding=1).double().cuda()
+    x = torch.randn(1, 48, 32, 32, dtype=torch.float64, device="cuda")
+    want = layer(x)
+    busy, other = torch.cuda.Stream(), torch.cuda.Stream()
+    busy.wait_stream(torch.cuda.current_stream())
+    other.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(200_000_000)  # the first call's stream has queued work ahead of the preparation
+        conv64.conv2d(x, layer)
+    with torch.cuda.stream(other):
+        got = conv64.conv2d(x, layer)  # the cached weights
+    torch.cuda.synchronize()
+    assert close(got, want)
+
+
+@pytest.mark.gpu
 def test_native_forward_takes_the_kernel_for_wide_layers(monkeypatch):
     """A prior-like stack through ``native_forward``: the wide layers go to conv64 (ReLUs fused), the narrow one to
     ATen, and the result is the modules' own forward up to float64 rounding; the setting turns the kernel off."""

@@ -15,7 +15,7 @@ import torch
 from .cuda import as_cupy, is_gpu_array
 from .encoders import decode_ints
 
-__all__ = ["as_numpy", "torch_to_ints", "ints_to_torch", "use_gpu"]
+__all__ = ["as_numpy", "torch_to_ints", "ints_to_torch", "use_gpu", "published"]
 
 
 def use_gpu(index: int, share: bool = False) -> int:
@@ -60,3 +60,13 @@ def ints_to_torch(buf, device: str, **bounds) -> torch.Tensor:
     if device.startswith("cuda"):
         return torch.as_tensor(decode_ints(buf, device="cuda", **bounds), device=device)
     return torch.from_numpy(decode_ints(buf, **bounds))
+
+
+def published(t: torch.Tensor) -> torch.Tensor:
+    """``t``, made on this thread's stream for a cache that every stream reads (a layer's weights as a kernel takes
+    them), once this stream has finished writing it: another stream (a pipeline lane's) reading it from the cache
+    would not wait for this stream's queued work, and would read the memory before the copy lands.  One host wait
+    per cached tensor; none during a CUDA graph capture, whose warm-up fills such caches first."""
+    if t.is_cuda and not torch.cuda.is_current_stream_capturing():
+        torch.cuda.current_stream(t.device).synchronize()
+    return t

@@ -298,9 +298,7 @@ def _channels_cached(shape: tuple, device: str):
     c = torch.arange(shape[1], dtype=torch.int32, device=device).view(1, -1, *([1] * (len(shape) - 2)))
     c = c.expand(*shape).contiguous()
     if c.is_cuda:
-        # built on this thread's stream; other streams (pipeline lanes) read the cached tensor later
-        torch.cuda.current_stream(c.device).synchronize()
-        return c
+        return dev.published(c)  # built on this thread's stream; other streams (pipeline lanes) read the cached tensor
     a = c.numpy()
     a.flags.writeable = False
     return a

@@ -39,6 +39,7 @@ import warnings
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from ..device import published
 from . import probes
 
 BLOCK_M, BLOCK_K = 128, 16  # output positions per program; input channels per tensor-core step
@@ -249,7 +250,7 @@ def _prepared(weight: torch.Tensor, key, make) -> torch.Tensor:
     hit = entries.get(key)
     if hit is None or hit[0] != stamp:
         with torch.no_grad():
-            hit = entries[key] = (stamp, make(weight).contiguous())
+            hit = entries[key] = (stamp, published(make(weight).contiguous()))
     return hit[1]
 
 

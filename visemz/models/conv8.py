@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..device import published
 from . import probes
 from .integer_prior import SHIFT, IntegerLayer, IntegerNet, requantised, run_layer
 
@@ -131,5 +132,5 @@ def _prepared(layer: IntegerLayer, n_out: int) -> tuple[torch.Tensor, torch.Tens
         mult = torch.zeros(n_out, dtype=torch.int64, device=layer.weight.device)
         if layer.mult is not None:
             mult[:o] = layer.mult
-        made[n_out] = (weight.contiguous(), bias, mult)
+        made[n_out] = (weight.contiguous(), bias, published(mult))  # one wait for the three (one stream)
     return made[n_out]
