@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import defaults
+from ..device import published
 from . import probes
 from .residual_prior import (
     LOG_SCALE_RANGE,
@@ -328,7 +329,9 @@ class IntegerNet:
         trunk's integers)."""
         conv = nn.Conv2d(self.features, self.reduced, 1).to(self.reduce_weight.device)
         conv.weight.data, conv.bias.data = self.reduce_weight, self.reduce_bias
-        return conv.double().eval().requires_grad_(False)
+        conv = conv.double().eval().requires_grad_(False)
+        published(conv.bias)  # converted on this thread's stream; every stream reads the cached layer
+        return conv
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"reduce.weight": self.reduce_weight, "reduce.bias": self.reduce_bias}
