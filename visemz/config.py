@@ -8,6 +8,7 @@ in force).
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from collections.abc import Callable, Mapping
@@ -142,6 +143,17 @@ def real_number(value) -> bool:
 def whole_number(value) -> bool:
     """Whether ``value`` is an integer (NumPy's too): not a bool (Python counts bools as ints), a float, None."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_max_error(max_error) -> float | None:
+    """None, or ``max_error`` as a float when it is a finite number >= 0 (whether it must be whole depends on the
+    image's dtype: ``pixels.check_max_error``), else InvalidArgumentError naming it.  Here, without torch, so that a
+    command and the Zarr codec check it before any work."""
+    if max_error is None:
+        return None
+    if not real_number(max_error) or not math.isfinite(max_error) or max_error < 0:
+        raise InvalidArgumentError(f"max_error={max_error!r}: expected a finite number >= 0 (0: lossless)")
+    return float(max_error)
 
 
 def check_region(region, shape: tuple[int, ...] | None = None) -> tuple[int, int, int, int]:

@@ -31,7 +31,7 @@ from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_copy
 
 from . import api
-from .config import real_number, whole_number
+from .config import check_max_error, whole_number
 from .errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
 from .floats import ErrorBounded, Lossless
 from .floats.error_bounded import error_bound_config
@@ -57,10 +57,9 @@ class Visemz(Codec):
     def __init__(self, quality: float = registry.DEFAULT_QUALITY, max_error=None, model: str = registry.DEFAULT_MODEL,
                  device: str | None = None, layout: str = "hwc", tile: int | None = None):
         self.quality = registry.check_quality(quality)
-        if max_error is not None and (not real_number(max_error) or not math.isfinite(max_error) or max_error < 0):
-            raise InvalidArgumentError(f"max_error={max_error!r}: expected None or a finite number >= 0")
-        if max_error is not None:  # NumPy's numbers too: the codec's config is JSON
-            max_error = int(max_error) if whole_number(max_error) else float(max_error)
+        e = check_max_error(max_error)
+        if e is not None:  # NumPy's numbers too: the codec's config is JSON
+            max_error = int(max_error) if whole_number(max_error) else e
         registry.spec(model, "gray")  # names a bad model now, not at the first chunk
         if device not in DEVICES:
             raise InvalidArgumentError(f"device={device!r}: expected one of {list(DEVICES)}")

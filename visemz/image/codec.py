@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import container, cuda, defaults
+from .. import config, container, cuda, defaults
 from .. import device as dev
 from ..encoders import encode_ints
 from ..errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormatError
@@ -275,7 +275,7 @@ class ImageCodec:
     def _decode(self, buf, region, host: bool):
         f = self._open(buf)
         meta, h = f.meta, f.header
-        box = tiling.check_region(region, meta.shape) if region is not None else (0, meta.height, 0, meta.width)
+        box = config.check_region(region, meta.shape) if region is not None else (0, meta.height, 0, meta.width)
         shape = (box[1] - box[0], box[3] - box[2], *meta.shape[2:])
         e, mode = h["max_error"], h["residual"]
         out = None

@@ -23,9 +23,8 @@ import numpy as np
 import torch
 
 from .. import container
-from ..config import whole_number
+from ..config import check_region, whole_number
 from ..errors import CorruptStreamError, LimitExceededError
-from . import tiling
 from .pixels import DTYPES, check_pixels
 
 KIND = "pages"
@@ -86,7 +85,7 @@ def decode(buf, decode_image: Callable, region=None) -> tuple[object, bool]:
         return decode_image(f.images[0], region), False  # the codec validates image files (and refuses other kinds)
     shape, dtype = f.stack
     if region is not None:
-        y0, y1, x0, x1 = tiling.check_region(region, shape[1:])
+        y0, y1, x0, x1 = check_region(region, shape[1:])
         shape = (shape[0], y1 - y0, x1 - x0, *shape[3:])
     stack = None
     for k, page in enumerate(f.images):

@@ -84,13 +84,9 @@ def as_tensor(image, device: str) -> torch.Tensor:
 
 
 def check_max_error(max_error, dtype: str):
-    if max_error is None:
+    e = config.check_max_error(max_error)
+    if e is None:
         return None
-    if not config.real_number(max_error):  # not '2', not True
-        raise InvalidArgumentError(f"max_error={max_error!r} is not a number")
-    e = float(max_error)
-    if not np.isfinite(e) or e < 0:
-        raise InvalidArgumentError(f"max_error={max_error!r} must be a finite number >= 0")
     if dtype in MAX_ERROR and e > MAX_ERROR[dtype]:
         raise InvalidArgumentError(f"max_error={max_error!r} exceeds the largest bound of a {dtype} image, "
                                    f"{MAX_ERROR[dtype]:g}")

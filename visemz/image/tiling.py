@@ -112,11 +112,6 @@ def check_tile(tile, name: str = "tile", error: type[VisemzError] = InvalidArgum
 check_tile(defaults.get("tile"), "VISEMZ_TILE")
 
 
-def check_region(region, shape: tuple[int, ...]) -> Box:
-    """A region (y0, y1, x0, x1) of an image of ``shape``, checked: non-empty, within the image."""
-    return config.check_region(region, shape)
-
-
 def _batches(tiles: list[int], key: Callable[[int], object], size: int) -> list[list[int]]:
     """Consecutive tiles with the same window (same ``key``), at most ``size`` per batch."""
     out: list[list[int]] = []

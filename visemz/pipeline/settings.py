@@ -6,7 +6,6 @@ raised before the destination is created, never a failure repeated for every fil
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .. import config, cuda
@@ -59,7 +58,7 @@ def check_compress(cfg: CompressConfig) -> str:
     and ``refine.check_steps``, which the job calls before any file.)"""
     registry.spec(cfg.model, "gray")  # names the known architectures
     registry.check_quality(cfg.quality)
-    check_max_error(cfg.max_error)
+    config.check_max_error(cfg.max_error)
     if cfg.entropy not in entropy.KINDS:
         raise InvalidArgumentError(f"entropy {cfg.entropy!r}: expected one of {', '.join(sorted(entropy.KINDS))}")
     if cfg.loader and cfg.loader not in LOADERS:
@@ -85,13 +84,3 @@ def check_decompress(cfg: DecompressConfig) -> str:
     """Check a decompression's settings; returns the device."""
     config.check("streams", cfg.streams)
     return cuda.resolve(cfg.device)
-
-
-def check_max_error(max_error) -> None:
-    """None, or a finite number >= 0 (whether it must be whole depends on each image's dtype)."""
-    if max_error is None:
-        return
-    if not config.real_number(max_error) or not math.isfinite(max_error) or max_error < 0:
-        raise InvalidArgumentError(f"max_error={max_error!r}: expected a finite number >= 0 (0: lossless)")
-
-
