@@ -91,15 +91,17 @@ def test_streams_sharing_a_graph_get_their_own_results(fresh):
 @gpu
 def test_held_graphs_were_captured_on_streams_of_their_own(fresh):
     """torch keys cuBLAS's workspace by stream: graphs captured on one stream would share it.  A dropped
-    graph's stream is taken again, so there are no more streams than graphs held at once, plus one."""
+    graph's stream is taken again, so there are no more streams than graphs held at once, plus one (the pool
+    keeps what earlier work left there: ``clear`` gives graphs back, not their streams)."""
     fresh(graphs=2)
+    pooled = {id(s.torch) for s in graphs._FREE_STREAMS}
     with torch.inference_mode():
         x = torch.ones(16, device="cuda")
         for k in range(5):
             graphs.run(lambda v: v + k, (x,), key=(k,), owner=None, pixels=16)
             held = [e.stream for e in graphs._GRAPHS.values() if e is not None]
             assert len({id(s.torch) for s in held}) == len(held) == min(k + 1, 2)
-        assert len({id(s.torch) for s in held + graphs._FREE_STREAMS}) <= 3
+        assert len({id(s.torch) for s in held + graphs._FREE_STREAMS}) <= max(len(pooled), 3)
 
 
 def _split_k(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -109,8 +109,11 @@ __device__ __forceinline__ void eb_encode_tile(const typename F::bits* __restric
         u[j] = i < n ? (u32)(PRED == 2 ? __ldg(x + i) : __ldcs(x + i)) : 0u;
         if constexpr (PRED == 2) above[j] = i < n && i >= row ? (u32)__ldg(x + i - row) : 0u;
     }
-    if (PRED != 0 && lane == 31 && first > 0) before = (u32)__ldg(x + first - 1);  // lane 31: previous_step reads it there
-    if (PRED == 2 && lane == 31 && first > row) before_above = (u32)__ldg(x + first - 1 - row);
+    // Lane 31 loads the value before the warp's first (previous_step reads it there), and only while
+    // that value exists: a warp past the end codes nothing but must not read beyond x.
+    const bool has_before = PRED != 0 && lane == 31 && first > 0 && first <= n;
+    if (has_before) before = (u32)__ldg(x + first - 1);
+    if (PRED == 2 && has_before && first > row) before_above = (u32)__ldg(x + first - 1 - row);
     u32 flags = 0, worst = 0, quiet = 0, quiet_worst = 0;  // quiet: neighbours' flags, dropped
 #pragma unroll
     for (int j = 0; j < PB_PER_WARP; ++j) {
