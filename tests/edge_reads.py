@@ -124,11 +124,35 @@ def ints(cp, policy: str) -> None:
         assert edge == encode_ints(cp.asarray(host), policy=policy, entropy="none"), (policy, n)
 
 
+IMAGE_SHAPES = {"gray8": ((1, 37), (13, 300), (67, 45)), "gray16": ((1, 37), (13, 300), (67, 45)),
+                "rgb8": ((1, 37, 3), (9, 70, 3), (67, 45, 3))}
+
+
+def image(cp, kind: str) -> None:
+    """``visemz.compress`` of a CUDA image (weights from ``VISEMZ_WEIGHTS_DIR``, as the test's): lossy,
+    lossless and near-lossless."""
+    import visemz
+
+    dtype = np.uint16 if kind == "gray16" else np.uint8
+    for shape in IMAGE_SHAPES[kind]:
+        rng = np.random.default_rng(shape[1])
+        ramp = np.add.outer(np.arange(shape[0]), np.arange(shape[1])) * (3 if dtype == np.uint8 else 700)
+        host = ((ramp.reshape(shape[:2] + (1,) * (len(shape) - 2)) + rng.integers(0, 9, shape))
+                % np.iinfo(dtype).max).astype(dtype)
+        for max_error in (None, 0, 2):
+            edge = visemz.compress(torch.as_tensor(at_edge(cp, host), device="cuda"), max_error=max_error,
+                                   device="cuda")
+            pooled = visemz.compress(torch.as_tensor(cp.asarray(host), device="cuda"), max_error=max_error,
+                                     device="cuda")
+            assert edge == pooled, (kind, shape, max_error)
+
+
 CASES = {
     **{f"eb-{d}-{p}": (error_bounded, d, p) for d in ("float32", "float16", "bfloat16")
        for p in ("none", "lorenzo", "lorenzo2d")},
     **{f"lossless-{d}": (lossless, d) for d in ("float32", "float16", "bfloat16")},
     **{f"ints-{p}": (ints, p) for p in ("global", "block")},
+    **{f"image-{k}": (image, k) for k in IMAGE_SHAPES},
 }
 
 
