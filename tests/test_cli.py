@@ -41,6 +41,8 @@ GOOD = {
     "top.npy": ("float32", (20, 30)),
     "c/stack16.tif": ("uint16", (3, 20, 30)),  # multi-page TIFFs: one file of kind "pages" each
     "c/rgbstack.tif": ("uint8", (2, 18, 25, 3)),
+    "ct/slice.tif": ("int16", (30, 40)),  # CT in Hounsfield units
+    "ct/volume.npy": ("int16", (3, 20, 30)),
 }
 BAD = ("bad/corrupt.png", "bad/empty.png", "bad/notes.tif", "bad/mixed_pages.tif")
 
@@ -49,6 +51,8 @@ def _array(dtype, shape, seed):
     rng = np.random.default_rng(seed)
     if dtype == "float32":
         return rng.standard_normal(shape).astype(np.float32)
+    if dtype == "int16":
+        return rng.integers(-1024, 3072, shape).astype(dtype)
     return rng.integers(0, 4096 if dtype == "uint16" else 256, shape).astype(dtype)
 
 
@@ -355,6 +359,11 @@ def test_verify_uses_the_datas_peak_and_16_bit_losses_are_warned_once(cli, tmp_p
     assert row["psnr"] == round(10 * np.log10(4095 ** 2 / np.mean(err ** 2)), 3)
     r = cli("verify", xray, tmp_path / "xd", "--device", "cpu")
     assert "(peak 4095)" in r.stdout and r.stdout.strip().endswith(f"largest max error {row['max_error']:g}")
+    ct = tmp_path / "ct"  # signed: the span's bits, -1024..3071 is 12-bit
+    ct.mkdir()
+    tifffile.imwrite(ct / "c.tif", rng.integers(-1024, 3072, (48, 64)).astype(np.int16))
+    assert cli("compress", ct, tmp_path / "cd", "--device", "cpu", "--max-error", "8").exit_code == 0
+    assert strict_json(cli("verify", ct, tmp_path / "cd", "--device", "cpu", "--json").stdout)[0]["peak"] == 4095
 
 
 def test_progress_lines_with_total_and_eta_when_not_on_a_terminal(cli, tmp_path):

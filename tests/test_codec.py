@@ -30,11 +30,13 @@ def _image(dtype: str, shape: tuple, seed: int = 0) -> np.ndarray:
         return rng.integers(0, 256, shape, dtype=np.uint8)
     if dtype == "uint16":
         return rng.integers(0, 4096, shape, dtype=np.uint16)  # 12-bit detector data in 16-bit words
+    if dtype == "int16":
+        return rng.integers(-1024, 3072, shape, dtype=np.int16)  # a CT slice's Hounsfield units
     return (rng.standard_normal(shape) * 40 + 1000).astype(np.float32)
 
 
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("dtype", ["uint8", "uint16", "float32"])
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "int16", "float32"])
 @pytest.mark.parametrize("shape", [(24, 40), (24, 40, 1), (24, 40, 3), (24, 40, 4)])
 def test_roundtrip_keeps_dtype_and_shape(model, dtype, shape):
     img = _image(dtype, shape)
@@ -51,6 +53,8 @@ def test_odd_sizes(shape):
 
 
 def _adversarial(dtype: str) -> list[np.ndarray]:
+    if dtype == "int16":  # the uint16 images shifted to -32768..32767: both ends of the signed range
+        return [(a.astype(np.int32) - 32768).astype(np.int16) for a in _adversarial("uint16")]
     top = {"uint8": 255, "uint16": 65535}.get(dtype)
     h, w = 40, 57  # both padded (to 64 x 64)
     yy, xx = np.mgrid[:h, :w]
@@ -68,7 +72,8 @@ def _adversarial(dtype: str) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    "dtype,bounds", [("uint8", (0, 1, 3, 10)), ("uint16", (0, 7, 300)), ("float32", (0, 1e-3, 0.25, 1000.0))]
+    "dtype,bounds", [("uint8", (0, 1, 3, 10)), ("uint16", (0, 7, 300)), ("int16", (0, 7)),
+                     ("float32", (0, 1e-3, 0.25, 1000.0))]
 )
 def test_error_bound_holds(dtype, bounds):
     for img in _adversarial(dtype) + [_image(dtype, (50, 61, 3), seed=9)]:
@@ -84,6 +89,26 @@ def test_error_bound_on_a_camera_image():
     for e in (0, 2):
         buf = visemz.compress(img, model="balle2016", quality=3, max_error=e)
         assert max_abs_error(visemz.decompress(buf), img) <= e
+
+
+def test_int16_images_are_coded_as_their_uint16_twins_and_come_back_int16():
+    """CT slices in Hounsfield units: the header names int16 and its range in int16 levels; a region, a torch
+    tensor and every bound come back int16, within the bound, the ends of the signed range included."""
+    img = _image("int16", (40, 57), seed=4)
+    img[0, :2] = (-32768, 32767)
+    for e in (None, 0, 3):
+        buf = visemz.compress(torch.from_numpy(img), quality=2, max_error=e)
+        meta = container.unpack(buf).meta
+        assert meta["dtype"] == "int16" and meta["range"] == [-32768.0, 32767.0]
+        out, part = visemz.decompress(buf), visemz.decompress(buf, region=(3, 30, 10, 50))
+        assert out.dtype == part.dtype == np.int16 and out.shape == img.shape
+        if e is not None:
+            assert max_abs_error(out, img) <= e and max_abs_error(part, img[3:30, 10:50]) <= e
+    buf = visemz.compress(img[1:], max_error=0)
+    assert container.unpack(buf).meta["range"] == [float(img[1:].min()), float(img[1:].max())]  # the image's levels
+    for bad in ([-32769, 0], [0, 32768], [0.5, 3]):
+        with pytest.raises(CorruptStreamError, match="int16"):
+            visemz.decompress(with_meta(buf, range=bad))
 
 
 def test_torch_input():

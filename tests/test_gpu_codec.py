@@ -63,6 +63,27 @@ def test_error_bound_holds_across_devices(gpu_cpu_codecs, model):
                                  atol=e or 0.0)
 
 
+def test_int16_images_across_devices(gpu_cpu_codecs):
+    """An int16 image (CUDA tensor or NumPy) written on either device reads back int16 within its bound on both,
+    the ends of the signed range included; the GPU's tensor decode is int16 too."""
+    import torch
+
+    gpu, cpu = gpu_cpu_codecs
+    img = np.random.default_rng(5).integers(-1024, 3072, (70, 90)).astype(np.int16)
+    img[0, :2] = (-32768, 32767)
+    with parity() as p:
+        for e in (0, 2):
+            for enc, dec in ((gpu, cpu), (cpu, gpu)):
+                src = torch.from_numpy(img).cuda() if enc is gpu else img
+                buf = enc.compress(src, max_error=e)
+                out = dec.decompress(buf)
+                p.same(f"E={e} written on {enc.device}: int16 on {dec.device}", out.dtype == np.int16, str(out.dtype))
+                p.same_array(f"E={e} written on {enc.device}, read on {dec.device}", out, img, atol=e)
+            t = gpu.decompress_tensor(buf)
+            p.same(f"E={e}: the GPU's tensor decode is an int16 CUDA tensor", t.is_cuda and t.dtype == torch.int16,
+                   f"{t.device} {t.dtype}")
+
+
 def test_cupy_input(gpu_cpu_codecs):
     cp = optional("cupy")
     gpu, _ = gpu_cpu_codecs

@@ -35,8 +35,10 @@ def _planes(dtype: str) -> dict[str, np.ndarray]:
                       data.camera()[300:428, 400:496]])  # 4 planes: the gray model, as a batch
     if dtype == "uint8":
         return {"2d": cam, "hwc": rgb, "zhw": stack}
-    scale = {"uint16": 257, "float32": 1 / 255, "float16": 1 / 255}[dtype]
-    return {k: (v.astype(np.float64) * scale).astype(dtype) for k, v in {"2d": cam, "hwc": rgb, "zhw": stack}.items()}
+    scale = {"uint16": 257, "int16": 257, "float32": 1 / 255, "float16": 1 / 255}[dtype]
+    shift = -32768 if dtype == "int16" else 0  # the signed range, both ends
+    return {k: (v.astype(np.float64) * scale + shift).astype(dtype)
+            for k, v in {"2d": cam, "hwc": rgb, "zhw": stack}.items()}
 
 
 def _psnr(a: np.ndarray, b: np.ndarray, peak: float) -> float:
@@ -151,7 +153,7 @@ def test_float_codecs_refuse_other_dtypes(codec, dtype):
 
 # ----------------------------------------------------------------------------------- image codec
 @pytest.mark.parametrize(("dtype", "max_error"), [("uint8", 0), ("uint8", 3), ("uint16", 0), ("uint16", 200),
-                                                  ("float32", 0.004)])
+                                                  ("int16", 0), ("int16", 200), ("float32", 0.004)])
 @pytest.mark.parametrize("layout", ["2d", "hwc", "zhw"])
 def test_image_codec_max_error(dtype, max_error, layout):
     x = _planes(dtype)[layout]
@@ -172,7 +174,7 @@ def test_image_codec_lossy_psnr_floor():
     assert _psnr(y, cam, 255) >= 34  # measured 35.05 dB with mbt2018-mean (CPU)
 
 
-@pytest.mark.parametrize(("shape", "dtype"), [((8, 8), "int16"), ((8, 8), "float64"), ((8, 8), "bool"),
+@pytest.mark.parametrize(("shape", "dtype"), [((8, 8), "int32"), ((8, 8), "float64"), ((8, 8), "bool"),
                                               ((64,), "uint8"), ((2, 2, 8, 8), "uint16")])
 def test_image_codec_refuses_chunk(shape, dtype):
     with pytest.raises(UnsupportedFormatError,

@@ -23,7 +23,7 @@ def _codec(device: str | None) -> ImageCodec:
 
 def compress(image, *, model: str = DEFAULT_MODEL, quality: float = DEFAULT_QUALITY, max_error=None,
              device: str | None = None, tile: int | None = None, refine: int | None = None) -> bytes:
-    """Compress an HxW or HxWxC image (uint8, uint16 or float32; NumPy, cupy or torch) to .vsz bytes;
+    """Compress an HxW or HxWxC image (uint8, uint16, int16 or float32; NumPy, cupy or torch) to .vsz bytes;
     ``quality`` is a float in [1, 8] on CompressAI's lambda ladder (with ``max_error``, also ``"auto"``: the
     smallest file of a few qualities).  An image larger than ``tile``
     pixels (a multiple of 64; default ``VISEMZ_TILE``) is compressed tile by tile.  ``refine``: steps

@@ -278,7 +278,7 @@ def _described(p: Path, root: Path | None) -> dict:
     shape, paged = c.meta.get("shape"), c.kind == "pages"
     if c.kind in ("image", "pages") and isinstance(shape, list) and len(shape) - paged in (2, 3) \
             and all(isinstance(s, int) and s > 0 for s in shape):
-        raw = math.prod(shape) * {"uint8": 1, "uint16": 2, "float32": 4}.get(c.meta.get("dtype"), 1)
+        raw = math.prod(shape) * {"uint8": 1, "uint16": 2, "int16": 2, "float32": 4}.get(c.meta.get("dtype"), 1)
         pixels = measure.pixel_count(shape, paged)
         out.update(pixels=pixels, bpp=round(measure.bpp(len(data), pixels), 4), ratio=round(raw / len(data), 3))
     return out

@@ -7,7 +7,7 @@
 ``visemz``: the learned image codec (``visemz.compress``) on 2-D (H, W) chunks and 3-D chunks,
 read as (H, W, C) (``layout="hwc"``, as ``visemz.compress`` reads an image) or as a stack of planes
 (Z, H, W) (``layout="zhw"``), which is moved to (H, W, Z) and so coded as Z gray planes (Z = 3 goes
-through the RGB model, the image codec's rule for three channels); uint8, uint16 and float32.
+through the RGB model, the image codec's rule for three channels); uint8, uint16, int16 and float32.
 The .vsz bytes carry shape, dtype and value range; the layout lives in the codec's config.
 A chunk larger than a tile (``tile``, default ``VISEMZ_TILE``) is compressed tile by tile (image
 format 5), so a large chunk needs no more GPU memory than a tile batch.

@@ -33,12 +33,15 @@ from . import image_header, latents, residual, residual_coder, tile_index, tilin
 from .image_header import CONTEXT, FORMAT, FORMATS_READ, KIND, LEARNED, TILED_FORMATS  # beside the header's schema
 from .pixels import (
     PAD,
+    SIGNED_OFFSET,
     ImageMeta,
     as_tensor,
     check_max_error,
+    coded_view,
     denormalise,
     describe,
     from_batch,
+    signed_view,
 )
 from .refine import RefineSettings, settings_for
 
@@ -148,7 +151,7 @@ class ImageCodec:
             raise InvalidArgumentError(f"image_format={image_format!r}: this build writes {list(FORMATS_READ)}")
         if quality == "auto" and max_error is None:
             raise InvalidArgumentError('quality="auto" chooses between lossy qualities for max_error: give max_error')
-        t = self._tensor(image)
+        t, signed = coded_view(self._tensor(image))
         meta = describe(t)
         e = check_max_error(max_error, meta.dtype)
         q = registry.check_quality(AUTO_START[meta.variant] if quality == "auto" else quality)
@@ -157,7 +160,7 @@ class ImageCodec:
         # which a bounded error cannot use: it is often the smaller file, and it keeps any bound (formats from 6: the
         # block-coded residual of earlier ones has neither)
         also_lossless = bool(e) and (image_format is None or image_format >= LEARNED) and _sparse_values(t, meta)
-        kw = dict(model=model, image_format=image_format, tile=tile, refine=refine)
+        kw = dict(model=model, image_format=image_format, tile=tile, refine=refine, signed=signed)
 
         def file_at(q: float) -> bytes:
             best = self._compress(t, meta, q, e, **kw)
@@ -174,8 +177,9 @@ class ImageCodec:
         return as_tensor(image, "cpu" if isinstance(image, np.ndarray) else self.device)
 
     def _compress(self, t: torch.Tensor, meta: ImageMeta, q: float, e, *, model: str, image_format: int | None,
-                  tile: int | None, refine, levels_too: bool = True) -> bytes:
+                  tile: int | None, refine, signed: str | None = None, levels_too: bool = True) -> bytes:
         """One file of ``t`` at checked quality ``q`` and bound ``e`` (``check_max_error``'s: levels, or None);
+        ``signed``: the signed dtype ``t`` is the coded view of (``coded_view``), which the header names;
         ``levels_too`` as ``residual_coder.encode``'s."""
         tile = defaults.get("tile") if tile is None else tiling.check_tile(tile)
         refining = settings_for(defaults.get("refine") if refine is None else refine)
@@ -214,9 +218,10 @@ class ImageCodec:
                     tiles[i][0].update(extra)
             for i in range(len(tiles), grid.count):  # without max_error: every tile, coded and dropped
                 symbols_of(i)
+        shift = SIGNED_OFFSET[signed] if signed else 0  # the header speaks of the image's own levels
         header = {
-            "format": image_format, "model": spec.name, "model_id": model_id, "quality": q, "dtype": meta.dtype,
-            "shape": list(meta.shape), "range": [meta.lo, meta.hi],
+            "format": image_format, "model": spec.name, "model_id": model_id, "quality": q,
+            "dtype": signed or meta.dtype, "shape": list(meta.shape), "range": [meta.lo - shift, meta.hi - shift],
             "max_error": e, "residual": mode, "entropy": self.enc["entropy"],
         }
         if image_format >= LEARNED:
@@ -274,6 +279,10 @@ class ImageCodec:
 
     def _decode(self, buf, region, host: bool):
         f = self._open(buf)
+        return signed_view(self._decode_file(f, region, host), f.header["dtype"])
+
+    def _decode_file(self, f: "_File", region, host: bool):
+        """The coded image's pixels (``coded_view``'s: uint16 for an int16 file) of ``region`` or the whole."""
         meta, h = f.meta, f.header
         box = config.check_region(region, meta.shape) if region is not None else (0, meta.height, 0, meta.width)
         shape = (box[1] - box[0], box[3] - box[2], *meta.shape[2:])

@@ -24,7 +24,7 @@ from ..errors import CorruptStreamError, InvalidArgumentError, UnsupportedFormat
 from ..models import registry
 from . import differences as differences_coder
 from . import latents, residual, residual_coder, tile_index, tiling
-from .pixels import DTYPES, MAX_CHANNELS, ImageMeta, check_pixels, max_error_limit
+from .pixels import DTYPES, MAX_CHANNELS, ImageMeta, check_pixels, coded_meta, max_error_limit
 
 KIND = "image"
 # 1: fixed-rate N=64/M=96 models, one per integer quality 1-4 (visemz 0.1), no longer decoded;
@@ -85,7 +85,7 @@ def check(h: dict, sections: dict) -> dict:
     if fmt not in FORMATS_READ:
         raise UnsupportedFormatError(f"image format {fmt} (this build reads formats {list(FORMATS_READ)})")
     container.check_meta(h, META_KEYS_OF[fmt], KIND, fmt, DTYPES)
-    meta = ImageMeta(h["dtype"], _shape(h["shape"]), *_range(h["range"], h["dtype"]))
+    meta = coded_meta(h["dtype"], _shape(h["shape"]), *_range(h["range"], h["dtype"]))
     _model(h["model"], h["model_id"], meta, fmt)
     try:
         registry.check_quality(h["quality"])
@@ -119,8 +119,8 @@ def check(h: dict, sections: dict) -> dict:
 
 
 def image_meta(h: dict) -> ImageMeta:
-    """The image a checked header describes."""
-    return ImageMeta(h["dtype"], tuple(h["shape"]), float(h["range"][0]), float(h["range"][1]))
+    """The coded image a checked header describes (an int16 image's uint16 twin: ``pixels.coded_meta``)."""
+    return coded_meta(h["dtype"], tuple(h["shape"]), float(h["range"][0]), float(h["range"][1]))
 
 
 def _shape(shape) -> tuple[int, ...]:
@@ -133,8 +133,9 @@ def _shape(shape) -> tuple[int, ...]:
 
 
 def _range(rng, dtype: str) -> tuple[float, float]:
-    """[lo, hi], the values 0 and 1 stand for: uint8's are always [0, 255]; uint16's two levels of 0..65535;
-    float32's two float32 values (what the encoder wrote: the image's own minimum and maximum)."""
+    """[lo, hi], the values 0 and 1 stand for: uint8's are always [0, 255]; uint16's two levels of 0..65535,
+    int16's of -32768..32767; float32's two float32 values (what the encoder wrote: the image's own minimum and
+    maximum)."""
     if not (isinstance(rng, list) and len(rng) == 2 and all(real_number(v) for v in rng) and rng[0] <= rng[1]):
         raise _bad("range", rng, "[lo, hi], two numbers with lo <= hi")
     lo, hi = float(rng[0]), float(rng[1])
@@ -142,6 +143,8 @@ def _range(rng, dtype: str) -> tuple[float, float]:
         raise _bad("range", rng, "[0, 255] for uint8")
     if dtype == "uint16" and not (lo.is_integer() and hi.is_integer() and 0 <= lo and hi <= 65535):
         raise _bad("range", rng, "two levels in 0..65535 for uint16")
+    if dtype == "int16" and not (lo.is_integer() and hi.is_integer() and -32768 <= lo and hi <= 32767):
+        raise _bad("range", rng, "two levels in -32768..32767 for int16")
     if dtype == "float32" and not all(abs(v) <= FLOAT32_MAX and float(np.float32(v)) == v for v in (lo, hi)):
         raise _bad("range", rng, "two float32 values")
     return lo, hi

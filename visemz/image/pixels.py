@@ -1,8 +1,10 @@
 """Images <-> model tensors: dtypes, value ranges, channel layouts, padding.
 
-Inputs are HxW or HxWxC arrays (NumPy, cupy or torch) of uint8, uint16 or float32.
+Inputs are HxW or HxWxC arrays (NumPy, cupy or torch) of uint8, uint16, int16 or float32.
 uint8 maps 0..255 to [0, 1]; uint16 and float32 map their own [min, max] to [0, 1]
-and keep that range in the file header.  Three channels use the RGB models; any other
+and keep that range in the file header.  int16 (CT slices in Hounsfield units, signed detector
+data) is coded as the uint16 image of x + 32768, which is exact both ways; its header names
+int16 and gives its range in its own levels.  Three channels use the RGB models; any other
 channel count is coded as a batch of grayscale planes.
 """
 
@@ -17,14 +19,16 @@ import torch.nn.functional as F
 from .. import config, defaults
 from ..errors import InvalidArgumentError, LimitExceededError, UnsupportedFormatError
 
-DTYPES = ("uint8", "uint16", "float32")
+DTYPES = ("uint8", "uint16", "float32", "int16")  # what an image may be, in a file's header too
+CODED = ("uint8", "uint16", "float32")  # what the codec codes: a signed image as its unsigned twin
+SIGNED_OFFSET = {"int16": 32768}  # a signed image is coded as the uint16 image of x + its offset
 PAD = 64  # the models downsample by 64 (hyperprior); pad to a multiple of it
 MAX_PIXELS = 1 << 30  # the format's ceiling on an image's values; VISEMZ_MAX_PIXELS sets the limit in force
 MAX_CHANNELS = 64
 NUMERIC_KINDS = "biufc"  # the NumPy dtype kinds torch holds (the others are refused by name before any copy)
 # The largest error bound per dtype: an integer image's whole range (a larger bound allows nothing more),
 # a float32 image's largest float32 (the bound must be one, so a decoder can hold the file to it).
-MAX_ERROR = {"uint8": 255, "uint16": 65535, "float32": float(np.finfo(np.float32).max)}
+MAX_ERROR = {"uint8": 255, "uint16": 65535, "int16": 65535, "float32": float(np.finfo(np.float32).max)}
 
 
 def check_pixels(values: int, what: str) -> None:
@@ -97,9 +101,36 @@ def check_max_error(max_error, dtype: str):
     return e
 
 
-def describe(t: torch.Tensor) -> ImageMeta:
+def coded_view(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
+    """(the image the codec codes, the signed dtype it stands for or None): an int16 image as the uint16 image of
+    x + 32768, on its own device; any other as it is."""
     name = str(t.dtype).replace("torch.", "")
-    if name not in DTYPES:
+    if name not in SIGNED_OFFSET:
+        return t, None
+    return (t.to(torch.int32) + SIGNED_OFFSET[name]).to(torch.uint16), name
+
+
+def signed_view(px, dtype: str):
+    """Decoded pixels (NumPy or torch) of a coded image back in the file's ``dtype``: an int16 image's uint16
+    twin minus 32768; any other dtype as they are."""
+    if dtype not in SIGNED_OFFSET:
+        return px
+    if isinstance(px, np.ndarray):
+        return (px.astype(np.int32) - SIGNED_OFFSET[dtype]).astype(dtype)
+    return (px.to(torch.int32) - SIGNED_OFFSET[dtype]).to(getattr(torch, dtype))
+
+
+def coded_meta(dtype: str, shape: tuple[int, ...], lo: float, hi: float) -> ImageMeta:
+    """The coded image's meta of a header's ``dtype`` and ``range`` (a signed image's range shifted as its pixels)."""
+    if dtype not in SIGNED_OFFSET:
+        return ImageMeta(dtype, shape, lo, hi)
+    return ImageMeta("uint16", shape, lo + SIGNED_OFFSET[dtype], hi + SIGNED_OFFSET[dtype])
+
+
+def describe(t: torch.Tensor) -> ImageMeta:
+    """The meta of a coded image (``coded_view``'s), or an error naming a dtype or shape the codec does not take."""
+    name = str(t.dtype).replace("torch.", "")
+    if name not in CODED:
         raise UnsupportedFormatError(f"image dtype {name} is not supported: use one of {list(DTYPES)}")
     if t.dim() not in (2, 3):
         raise UnsupportedFormatError(f"image of shape {tuple(t.shape)}: expected HxW or HxWxC")

@@ -266,8 +266,8 @@ def save_image(path: Path, img: np.ndarray, fmt: str, paged: bool = False) -> by
         return buf.getvalue()
     if paged:
         raise InputError(f"{path.name}: a multi-page image cannot be PNG; use --format tiff or npy")
-    if img.dtype == np.float32:
-        raise InputError(f"{path.name}: float32 images cannot be PNG; use --format tiff or npy")
+    if img.dtype in (np.float32, np.int16):
+        raise InputError(f"{path.name}: {img.dtype} images cannot be PNG; use --format tiff or npy")
     channels = img.shape[2] if img.ndim == 3 else 1
     if channels not in (1, 2, 3, 4) or (channels == 2 and img.dtype != np.uint8):
         raise InputError(f"{path.name}: a {channels}-channel {img.dtype} image cannot be written as PNG here; use "

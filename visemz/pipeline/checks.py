@@ -20,9 +20,11 @@ LOST_RANGE_WARNING = 0.01
 
 def data_peak(ref: np.ndarray) -> float:
     """The PSNR peak of ``ref``: for integers, 2^bits - 1 for the bits its largest value uses (at
-    least 8); for floats, ``measure.peak`` (the value range)."""
+    least 8; for signed data, the bits its span from the smallest value uses: CT's -1024..3071 is
+    12-bit); for floats, ``measure.peak`` (the value range)."""
     if np.issubdtype(ref.dtype, np.integer) and ref.size:
-        bits = max(8, int(ref.max()).bit_length())
+        low = min(0, int(ref.min())) if np.issubdtype(ref.dtype, np.signedinteger) else 0
+        bits = max(8, (int(ref.max()) - low).bit_length())
         return float(min((1 << bits) - 1, measure.integer_peak(ref.dtype)))
     return measure.peak(ref)
 

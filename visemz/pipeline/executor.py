@@ -90,7 +90,7 @@ class CpuLane:
         pass
 
 
-_TORCH_DTYPES = {"uint8": "uint8", "uint16": "uint16", "float32": "float32"}
+_TORCH_DTYPES = {"uint8": "uint8", "uint16": "uint16", "int16": "int16", "float32": "float32"}
 
 
 class CudaLane:

@@ -198,7 +198,8 @@ def check_settings(cfg: CompressConfig) -> str:
 
 
 class _LossCheck:
-    """Decodes the job's first lossy 16-bit image and warns when its error took much of the range."""
+    """Decodes the job's first lossy 16-bit image (uint16 or int16) and warns when its error took much of the
+    range."""
 
     def __init__(self, cfg: CompressConfig):
         self.wanted = cfg.max_error is None
@@ -206,7 +207,7 @@ class _LossCheck:
         self.warnings: list[str] = []
 
     def __call__(self, rel: str, pic: loaders.Picture, data: bytes, codec: ImageCodec, first: _FirstUse) -> None:
-        if not self.wanted or str(pic.pixels.dtype) not in ("uint16", "torch.uint16"):
+        if not self.wanted or str(pic.pixels.dtype).replace("torch.", "") not in ("uint16", "int16"):
             return
         with self.lock:
             if not self.wanted:
