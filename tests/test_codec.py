@@ -111,6 +111,19 @@ def test_int16_images_are_coded_as_their_uint16_twins_and_come_back_int16():
             visemz.decompress(with_meta(buf, range=bad))
 
 
+def test_the_int16_view_is_x_plus_32768_and_comes_back_for_every_value():
+    from visemz.image.pixels import coded_view, signed_view
+
+    x = np.arange(-32768, 32768, dtype=np.int16)
+    coded, signed = coded_view(torch.from_numpy(x))
+    assert signed == "int16" and coded.dtype == torch.uint16
+    np.testing.assert_array_equal(coded.view(torch.int16).numpy().view(np.uint16), x.astype(np.int32) + 32768)
+    for px in (coded, coded.view(torch.int16).numpy().view(np.uint16)):  # a tensor and a NumPy decode
+        back = signed_view(px, "int16")
+        assert str(back.dtype).replace("torch.", "") == "int16"
+        np.testing.assert_array_equal(np.asarray(back), x)
+
+
 def test_torch_input():
     img = torch.from_numpy(_image("uint8", (33, 47, 3)))
     out = visemz.decompress(visemz.compress(img, max_error=0))

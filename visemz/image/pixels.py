@@ -103,21 +103,22 @@ def check_max_error(max_error, dtype: str):
 
 def coded_view(t: torch.Tensor) -> tuple[torch.Tensor, str | None]:
     """(the image the codec codes, the signed dtype it stands for or None): an int16 image as the uint16 image of
-    x + 32768, on its own device; any other as it is."""
+    x + 32768, on its own device; any other as it is.  x + 32768 modulo 2^16 is x with its sign bit flipped, so
+    one int16 copy and a view make it (no int32 copy of a large image)."""
     name = str(t.dtype).replace("torch.", "")
     if name not in SIGNED_OFFSET:
         return t, None
-    return (t.to(torch.int32) + SIGNED_OFFSET[name]).to(torch.uint16), name
+    return (t ^ -SIGNED_OFFSET[name]).view(torch.uint16), name
 
 
 def signed_view(px, dtype: str):
     """Decoded pixels (NumPy or torch) of a coded image back in the file's ``dtype``: an int16 image's uint16
-    twin minus 32768; any other dtype as they are."""
+    twin minus 32768 (the sign bit flipped back, as ``coded_view``); any other dtype as they are."""
     if dtype not in SIGNED_OFFSET:
         return px
     if isinstance(px, np.ndarray):
-        return (px.astype(np.int32) - SIGNED_OFFSET[dtype]).astype(dtype)
-    return (px.to(torch.int32) - SIGNED_OFFSET[dtype]).to(getattr(torch, dtype))
+        return px.view(np.int16) ^ np.int16(-SIGNED_OFFSET[dtype])
+    return px.view(torch.int16) ^ -SIGNED_OFFSET[dtype]
 
 
 def coded_meta(dtype: str, shape: tuple[int, ...], lo: float, hi: float) -> ImageMeta:

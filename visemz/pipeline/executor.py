@@ -34,6 +34,7 @@ import torch
 from .. import config, cuda, defaults
 from ..defaults import cpu_threads
 from ..errors import InvalidArgumentError, VisemzError
+from ..image.pixels import DTYPES  # what a lane uploads as it is: the dtypes an image may have
 from .results import ItemResult
 
 _END = object()  # end of a queue's stream
@@ -90,7 +91,6 @@ class CpuLane:
         pass
 
 
-_TORCH_DTYPES = {"uint8": "uint8", "uint16": "uint16", "int16": "int16", "float32": "float32"}
 
 
 class CudaLane:
@@ -127,7 +127,7 @@ class CudaLane:
         if isinstance(pixels, torch.Tensor) and pixels.is_cuda:
             pixels.record_stream(self.stream)  # made on a loader's stream, used (and freed) here
             return pixels
-        if not isinstance(pixels, np.ndarray) or pixels.dtype.name not in _TORCH_DTYPES or pixels.size == 0:
+        if not isinstance(pixels, np.ndarray) or pixels.dtype.name not in DTYPES or pixels.size == 0:
             return pixels  # the codec names what is wrong with it
         return self._upload(pixels)
 
@@ -143,7 +143,7 @@ class CudaLane:
         dev.copy_(host, non_blocking=True)
         self._uploaded = torch.cuda.Event()
         self._uploaded.record(self.stream)
-        return dev.view(getattr(torch, _TORCH_DTYPES[arr.dtype.name])).reshape(arr.shape)
+        return dev.view(getattr(torch, arr.dtype.name)).reshape(arr.shape)
 
     def finish(self) -> None:
         """Wait for this lane's queued GPU work, so its outputs can leave the lane."""
